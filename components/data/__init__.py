@@ -1,0 +1,1 @@
+"""prepare_dataset: instruction data in, tokenized train/eval splits out."""

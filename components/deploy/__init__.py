@@ -1,0 +1,1 @@
+"""deploy: serve the tuned model (KServe + vLLM on a cluster, `transformers serve` locally) and smoke-test it."""

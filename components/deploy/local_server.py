@@ -1,0 +1,61 @@
+"""The local deployment: `transformers serve` on a free localhost port, smoke-tested, stopped unless kept."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+
+from components.deploy.smoke import chat_completion, wait_healthy
+
+SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, startup_timeout: float = 180.0) -> dict:
+    """Start `transformers serve` on the model, send one chat completion, and stop it unless ``keep_serving``.
+
+    Returns ``endpoint`` (the OpenAI-compatible base URL), ``served_model_name``, ``smoke_reply`` and,
+    when kept, the server's ``pid`` (stop it with ``kill <pid>``).
+    """
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "transformers.cli.transformers", "serve", model_path,
+        "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", "warning",
+    ]
+    log = open(log_path, "ab")
+    # Own session: a kept server outlives this step's process without being killed with it.
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    endpoint = f"http://127.0.0.1:{port}/v1"
+    try:
+        wait_healthy(f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None)
+        reply = chat_completion(endpoint, model_path, SMOKE_PROMPT)
+    except BaseException as e:
+        _stop(proc)
+        with open(log_path, "rb") as f:
+            tail = f.read()[-2000:].decode(errors="replace")
+        raise RuntimeError(f"local server failed: {e}\n--- {log_path} ---\n{tail}") from None
+    result = {"endpoint": endpoint, "served_model_name": model_path, "smoke_reply": reply}
+    if keep_serving:
+        result["pid"] = proc.pid
+    else:
+        _stop(proc)
+    return result
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

@@ -1,0 +1,1 @@
+"""Base models: resolving a model reference, and the tiny offline Qwen3 the local run trains."""

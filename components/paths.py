@@ -1,0 +1,29 @@
+"""Where things live on the shared volumes, and how they are named for users.
+
+Two long-lived ReadWriteMany claims are mounted at fixed paths on every step that needs them: one for
+data and caches, one for models and checkpoints (KServe serves from it after the run ends). Every run
+writes under ``runs/<KFP run id>/`` so concurrent and recurring runs never collide. Locally the same
+layout lives under a workspace folder instead of the mounts.
+"""
+
+from __future__ import annotations
+
+import os
+
+DATA_MOUNT = "/mnt/data"
+MODEL_MOUNT = "/mnt/models"
+
+
+def run_dir(root: str, run_id: str) -> str:
+    """The run-scoped folder under a volume root (``<root>/runs/<run_id>``)."""
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        raise ValueError(f"run_id {run_id!r} is not a valid folder name; pass the KFP run id")
+    return os.path.join(root, "runs", run_id)
+
+
+def pvc_uri(claim: str, root: str, path: str) -> str:
+    """``pvc://<claim>/<path relative to the claim's mount>``, the form KServe's storageUri takes."""
+    rel = os.path.relpath(path, root)
+    if rel.startswith(".."):
+        raise ValueError(f"{path} is not under the volume mounted at {root}")
+    return f"pvc://{claim}/{rel}"

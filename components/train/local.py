@@ -1,0 +1,30 @@
+"""The local training backend: ``torchrun --standalone --nproc_per_node N -m components.train.sft``.
+
+The same trainer entry point the cluster job's pods run, as N CPU processes talking over gloo.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections import deque
+
+
+def run_torchrun(config_path: str, nproc_per_node: int, env: dict | None = None) -> None:
+    """Run the trainer under torchrun and stream its output; raise with the last lines on failure."""
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run",
+        "--standalone",  # single node, free rendezvous port: concurrent local runs do not collide
+        "--nproc_per_node", str(nproc_per_node),
+        "-m", "components.train.sft", "--config", config_path,
+    ]
+    print("running:", " ".join(cmd), flush=True)
+    tail: deque[str] = deque(maxlen=40)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line.rstrip())
+            print(line, end="", flush=True)
+        code = proc.wait()
+    if code != 0:
+        raise RuntimeError(f"torchrun exited with code {code}; last lines:\n" + "\n".join(tail))

@@ -1,0 +1,82 @@
+"""Parameter checks shared by ``python -m pipelines.run`` (before submitting) and the validate_inputs task.
+
+Each check returns a message that names the parameter and the fix; all problems are reported together.
+"""
+
+from __future__ import annotations
+
+import re
+
+METHODS = ("full", "lora", "qlora")
+TRAIN_BACKENDS = ("pytorchjob", "local")
+DEPLOY_BACKENDS = ("kserve-vllm", "kserve-huggingface", "local")
+DEEPSPEED_CONFIGS = ("zero3", "zero2", "none")
+
+# Kubernetes object names: claims and secrets are DNS-1123 subdomains; InferenceService names become
+# Service/host names, so they must be DNS-1035 labels (start with a letter) of at most 63 characters.
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def _name_error(field: str, value: str, pattern: re.Pattern, limit: int, what: str) -> str | None:
+    if len(value) <= limit and pattern.match(value):
+        return None
+    suggestion = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:limit] or "my-name"
+    return f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); e.g. {suggestion!r}"
+
+
+def _choice(params: dict, field: str, choices: tuple) -> str | None:
+    if params[field] in choices:
+        return None
+    return f"{field}={params[field]!r} is not one of {', '.join(choices)}"
+
+
+def check_parameters(p: dict) -> list[str]:
+    """All problems with the pipeline parameters ``p`` (empty when they are fine)."""
+    errors = [
+        _choice(p, "method", METHODS),
+        _choice(p, "train_backend", TRAIN_BACKENDS),
+        _choice(p, "deploy_backend", DEPLOY_BACKENDS),
+        _name_error("data_pvc", p["data_pvc"], _DNS1123_SUBDOMAIN, 253, "claim name"),
+        _name_error("model_pvc", p["model_pvc"], _DNS1123_SUBDOMAIN, 253, "claim name"),
+        _name_error("serving_name", p["serving_name"], _DNS1035_LABEL, 63, "DNS-1035 name"),
+    ]
+    if p["hf_token_secret"]:
+        errors.append(_name_error("hf_token_secret", p["hf_token_secret"], _DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if not (p["deepspeed_config"] in DEEPSPEED_CONFIGS or p["deepspeed_config"].endswith(".json")):
+        errors.append(f"deepspeed_config={p['deepspeed_config']!r} is not one of {', '.join(DEEPSPEED_CONFIGS)} or a .json path")
+    for field in ("num_nodes", "gpus_per_node", "per_device_train_batch_size", "gradient_accumulation_steps"):
+        if p[field] < 1:
+            errors.append(f"{field}={p[field]} must be at least 1")
+    if p["max_seq_length"] < 64:
+        errors.append(f"max_seq_length={p['max_seq_length']} is too short for a chat template; use at least 64")
+    if not 0 < p["learning_rate"] < 1:
+        errors.append(f"learning_rate={p['learning_rate']} must be between 0 and 1 (typical: 1e-5 full, 1e-4 LoRA)")
+    if p["num_train_epochs"] <= 0 and p["max_steps"] <= 0:
+        errors.append("num_train_epochs and max_steps are both <= 0; set num_train_epochs > 0 or max_steps > 0")
+    if not 0 <= p["warmup_ratio"] < 1:
+        errors.append(f"warmup_ratio={p['warmup_ratio']} must be in [0, 1)")
+    if p["eval_size"] <= 0 or (p["eval_size"] >= 1 and p["eval_size"] != int(p["eval_size"])):
+        errors.append(f"eval_size={p['eval_size']} must be a fraction in (0, 1) or a whole number of conversations")
+    if p["eval_gpus"] < 0 or p["serving_gpus"] < 0:
+        errors.append("eval_gpus and serving_gpus must be >= 0")
+    if p["min_loss_improvement"] < 0 or p["min_loss_improvement"] >= 1:
+        errors.append(f"min_loss_improvement={p['min_loss_improvement']} must be a fraction in [0, 1)")
+    if p["max_model_len"] < p["max_seq_length"]:
+        errors.append(
+            f"max_model_len={p['max_model_len']} is shorter than max_seq_length={p['max_seq_length']}; "
+            "serve at least the length the model was trained on"
+        )
+    if p["train_backend"] == "local" and p["num_nodes"] != 1:
+        errors.append(f"num_nodes={p['num_nodes']} with train_backend=local: a local run has one node; set num_nodes=1")
+    if p["method"] == "qlora" and p["deepspeed_config"] == "zero3":
+        errors.append("method=qlora with deepspeed_config=zero3 is not supported (4-bit weights cannot be partitioned); use zero2 or none")
+    if p["train_backend"] == "pytorchjob" and p["deploy_backend"] == "local":
+        errors.append("deploy_backend=local needs train_backend=local (the model is on the cluster's volume); use kserve-vllm")
+    if p["deploy_backend"].startswith("kserve") and p["serving_gpus"] < 1:
+        errors.append(f"serving_gpus={p['serving_gpus']} with deploy_backend={p['deploy_backend']}: vLLM needs at least 1 GPU")
+    if not p["model_name_or_path"].strip():
+        errors.append("model_name_or_path is empty; give a Hub id such as Qwen/Qwen3-30B-A3B or a mounted folder")
+    if not p["dataset_source"].strip():
+        errors.append("dataset_source is empty; give builtin:sample, a JSONL path or a Hub dataset id")
+    return [e for e in errors if e]

@@ -1,0 +1,75 @@
+"""validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested."""
+
+from kfp import dsl
+
+from components.version import COMPONENTS_IMAGE
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def validate_inputs(
+    model_name_or_path: str,
+    dataset_source: str,
+    max_seq_length: int,
+    eval_size: float,
+    method: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    per_device_train_batch_size: int,
+    gradient_accumulation_steps: int,
+    learning_rate: float,
+    num_train_epochs: float,
+    max_steps: int,
+    warmup_ratio: float,
+    deepspeed_config: str,
+    train_backend: str,
+    data_pvc: str,
+    model_pvc: str,
+    hf_token_secret: str,
+    eval_gpus: int,
+    min_loss_improvement: float,
+    deploy_backend: str,
+    serving_name: str,
+    serving_gpus: int,
+    max_model_len: int,
+):
+    """Check the run's parameters together and fail with every problem listed, each naming the fix.
+
+    The same checks run in ``python -m pipelines.run`` before a run is submitted; this task repeats them
+    because runs started from the KFP UI or a schedule never pass through the CLI.
+
+    Args:
+        model_name_or_path: Hugging Face Hub id, mounted folder, or ``builtin:tiny-qwen3``.
+        dataset_source: ``builtin:sample``, a JSONL path on a mounted volume, or a Hub dataset id.
+        max_seq_length: tokens per training row.
+        eval_size: held-out fraction (< 1) or conversation count (>= 1).
+        method: ``full``, ``lora`` or ``qlora``.
+        num_nodes: training nodes (PyTorchJob Master + Workers).
+        gpus_per_node: GPUs per training node (torchrun processes per node; CPU processes locally).
+        per_device_train_batch_size: rows per GPU per step.
+        gradient_accumulation_steps: steps per optimizer update.
+        learning_rate: peak learning rate.
+        num_train_epochs: passes over the training split.
+        max_steps: stop after this many optimizer steps; -1 runs all epochs.
+        warmup_ratio: fraction of steps of linear warm-up.
+        deepspeed_config: ``zero3``, ``zero2``, ``none`` or a JSON path in the trainer image.
+        train_backend: ``pytorchjob`` (cluster) or ``local`` (torchrun subprocess).
+        data_pvc: ReadWriteMany claim for datasets and caches.
+        model_pvc: ReadWriteMany claim for checkpoints and the final model.
+        hf_token_secret: Secret (key ``HF_TOKEN``) with a Hugging Face token; optional.
+        eval_gpus: GPUs for the evaluation pod.
+        min_loss_improvement: relative eval-loss improvement required to deploy.
+        deploy_backend: ``kserve-vllm``, ``kserve-huggingface`` or ``local``.
+        serving_name: InferenceService name.
+        serving_gpus: GPUs per serving replica (vLLM tensor-parallel size).
+        max_model_len: serving context length.
+    """
+    params = dict(locals())  # every argument, taken before anything else binds a local name
+    import logging
+
+    from components.validate.checks import check_parameters
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    errors = check_parameters(params)
+    if errors:
+        raise ValueError("invalid parameters: " + "; ".join(errors))
+    logging.getLogger("validate_inputs").info("parameters are valid: %s", params)

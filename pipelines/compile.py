@@ -1,0 +1,64 @@
+"""Compile the pipeline to ``compiled/llm_finetune.yaml`` (the file users upload in the KFP UI).
+
+    python -m pipelines.compile            # write it
+    python -m pipelines.compile --check    # exit 1 and show the difference when the checked-in file is stale
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+import tempfile
+from pathlib import Path
+
+import yaml
+
+COMPILED = Path(__file__).resolve().parents[1] / "compiled" / "llm_finetune.yaml"
+
+
+def compile_pipeline(path: Path) -> Path:
+    """Compile the cluster variant of the pipeline to ``path``."""
+    from kfp import compiler
+
+    from pipelines.llm_finetune import build_pipeline
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    compiler.Compiler().compile(build_pipeline("cluster"), str(path))
+    return path
+
+
+def same_pipeline(a: str, b: str) -> bool:
+    """Whether two compiled YAML texts hold the same documents.
+
+    KFP's header comment lists dict defaults in an unstable key order, so text equality would call
+    an unchanged pipeline stale; the documents themselves are what KFP reads.
+    """
+    return list(yaml.safe_load_all(a)) == list(yaml.safe_load_all(b))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m pipelines.compile``."""
+    parser = argparse.ArgumentParser(prog="python -m pipelines.compile", description=__doc__.split("\n")[0])
+    parser.add_argument("--check", action="store_true", help="fail if the checked-in YAML differs from the source")
+    parser.add_argument("--output", type=Path, default=COMPILED, help=f"where to write (default {COMPILED})")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        fresh = compile_pipeline(Path(tmp) / "llm_finetune.yaml").read_text()
+    current = args.output.read_text() if args.output.exists() else ""
+    if current and same_pipeline(fresh, current):
+        print(f"{args.output} is up to date")
+        return 0
+    if not args.check:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(fresh)
+        print(f"wrote {args.output}")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(
+        current.splitlines(True), fresh.splitlines(True), str(args.output), "compiled from source"))
+    print(f"\n{args.output} is stale: run `python -m pipelines.compile` and commit it", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

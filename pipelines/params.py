@@ -1,0 +1,122 @@
+"""Pipeline parameters: presets, ``--params FILE`` and ``-p key=value`` overrides, typed and checked.
+
+The pipeline function's signature is the single source of names, types and defaults; a preset is a
+YAML file of overrides; later sources win (preset < params file < -p). Every problem is a UsageError
+naming the key and the fix.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from pathlib import Path
+
+import yaml
+
+from pipelines.errors import UsageError
+
+PRESETS_DIR = Path(__file__).with_name("presets")
+LOCAL_PRESET = "local-tiny"
+CLUSTER_PRESET = "qwen3-30b-a3b-full"
+
+
+def parameter_specs() -> dict[str, tuple[type, object]]:
+    """``{name: (type, default)}`` for every pipeline parameter, from the pipeline's signature."""
+    from pipelines.llm_finetune import build_pipeline
+
+    sig = inspect.signature(build_pipeline("cluster").pipeline_func)
+    return {name: (p.annotation, p.default) for name, p in sig.parameters.items()}
+
+
+def preset_names() -> list[str]:
+    """Names of the bundled presets."""
+    return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
+
+
+def load_preset(name: str) -> dict:
+    """The overrides a preset sets."""
+    path = PRESETS_DIR / f"{name}.yaml"
+    if not path.exists():
+        raise UsageError(f"unknown preset {name!r}; choose one of: {', '.join(preset_names())}")
+    return yaml.safe_load(path.read_text()) or {}
+
+
+def coerce(name: str, value, specs: dict) -> object:
+    """``value`` as the parameter's declared type, or a UsageError that shows an example."""
+    if name not in specs:
+        raise UsageError(f"unknown parameter {name!r}; valid parameters: {', '.join(sorted(specs))}")
+    kind, default = specs[name]
+    example = f"-p {name}={json.dumps(default) if kind in (dict, list) else default}"
+    if kind in (int, float) and isinstance(value, str):
+        try:  # YAML 1.1 reads "1e-5" (no dot) as a string
+            value = kind(value)
+        except ValueError:
+            pass
+    if kind is str and isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    if kind is bool and isinstance(value, bool):
+        return value
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if kind in (dict, list):
+        if isinstance(value, str):
+            try:
+                value = yaml.safe_load(value)
+            except yaml.YAMLError:
+                pass
+        if isinstance(value, kind):
+            return value
+    raise UsageError(f"parameter {name!r} expects {kind.__name__}, got {value!r}; e.g. {example}")
+
+
+def parse_override(text: str) -> tuple[str, object]:
+    """``key=value`` from ``-p``; the value is read as YAML (numbers, booleans, JSON objects/lists)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise UsageError(f"-p {text!r} is not KEY=VALUE; e.g. -p learning_rate=1e-5")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw  # free text (a path with ':' say) stays a string
+    if value is None:
+        value = ""
+    return key.strip(), value
+
+
+def resolve(preset: str, params_file: str | None = None, overrides: list[str] = ()) -> dict:
+    """The full parameter set: pipeline defaults, then the preset, the params file, then ``-p`` overrides."""
+    specs = parameter_specs()
+    layers = [load_preset(preset)]
+    if params_file:
+        try:
+            data = yaml.safe_load(Path(params_file).read_text())
+        except OSError as e:
+            raise UsageError(f"--params {params_file}: {e.strerror}; pass an existing YAML file") from None
+        except yaml.YAMLError as e:
+            raise UsageError(f"--params {params_file}: not valid YAML ({e}); fix the file") from None
+        if not isinstance(data, dict):
+            raise UsageError(f"--params {params_file}: expected a mapping of parameter: value")
+        layers.append(data)
+    layers.append(dict(parse_override(o) for o in overrides))
+    params = {name: default for name, (_, default) in specs.items()}
+    for layer in layers:
+        for key, value in layer.items():
+            params[key] = coerce(key, value, specs)
+    return params
+
+
+def check(params: dict) -> None:
+    """Raise one UsageError listing every invalid parameter value (the validate_inputs checks)."""
+    from components.validate.checks import check_parameters
+
+    errors = check_parameters({k: params[k] for k in inspect.signature(_validate_signature()).parameters})
+    if errors:
+        raise UsageError("invalid parameters: " + "; ".join(errors))
+
+
+def _validate_signature():
+    from components.validate.component import validate_inputs
+
+    return validate_inputs.python_func

@@ -1,0 +1,60 @@
+"""`python -m pipelines.run` as users call it: help, render, and one clear line for every bad input."""
+
+import socket
+
+import pytest
+import yaml
+
+from tests.conftest import run_cli
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_help_works_without_cluster_or_gpu():
+    result = run_cli("pipelines.run", "--help", timeout=30)
+    assert result.returncode == 0
+    for flag in ("--host", "--preset", "--params", "-p KEY=VALUE", "--schedule", "--experiment", "--namespace",
+                 "--render", "--summary-json"):
+        assert flag in result.stdout
+
+
+def test_render_writes_compiled_pipeline_and_resolved_params(tmp_path):
+    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "learning_rate=1e-5",
+                     "--render", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    params = yaml.safe_load((tmp_path / "params.yaml").read_text())
+    assert params["learning_rate"] == 1e-5 and params["num_nodes"] == 2
+    assert (tmp_path / "llm_finetune.yaml").read_text().startswith("# PIPELINE DEFINITION")
+
+
+BAD_INPUTS = [
+    (["--preset", "nope"], "unknown preset 'nope'"),
+    (["-p", "learnin_rate=1e-5"], "unknown parameter 'learnin_rate'; valid parameters:"),
+    (["-p", "learning_rate"], "is not KEY=VALUE"),
+    (["-p", "num_nodes=two"], "parameter 'num_nodes' expects int"),
+    (["-p", "model_pvc=Models!"], "model_pvc='Models!' is not a valid Kubernetes claim name"),
+    (["--host", "http://127.0.0.1:9", "--schedule", "0 3 * * 0"], "prepend a seconds field"),
+    (["--host", "http://127.0.0.1:9", "--schedule", "0 0 25 * * 0"], "hour"),
+    (["--schedule", "0 0 3 * * 0"], "--schedule creates a recurring run on Kubeflow Pipelines; pass --host"),
+    (["--preset", "qwen3-30b-a3b-full"], "pass --host URL (or KFP_HOST) to submit it"),
+]
+
+
+@pytest.mark.parametrize("args, message", BAD_INPUTS, ids=[" ".join(a) for a, _ in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line_and_no_traceback(args, message, tmp_path):
+    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), *args, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stderr.startswith("error: ") and message in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    assert not (tmp_path / "ws").exists()  # nothing ran, nothing was written
+
+
+def test_unreachable_host_is_one_clear_line():
+    result = run_cli("pipelines.run", "--host", f"http://127.0.0.1:{_closed_port()}", timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.startswith("error: ") and "127.0.0.1" in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
