@@ -41,20 +41,27 @@ def parse_config(path: str):
     unknown = sorted(set(data) - valid)
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; valid keys are {sorted(valid)}")
+    # Our own checks first: building TrainingArguments already sets up devices and process groups.
+    method = data.get("method", "full")
+    if method not in METHODS:
+        raise ValueError(f"{path}: method {method!r} is not one of {list(METHODS)}")
+    dataset_path = data.get("dataset_path", "")
+    if not dataset_path or not Path(dataset_path, "dataset_dict.json").exists():
+        raise ValueError(f"{path}: dataset_path {dataset_path!r} is not a prepared dataset; run prepare_dataset first")
     (cfg,) = parser.parse_dict(data)
-    if cfg.method not in METHODS:
-        raise ValueError(f"{path}: method {cfg.method!r} is not one of {list(METHODS)}")
-    if not cfg.dataset_path or not Path(cfg.dataset_path, "dataset_dict.json").exists():
-        raise ValueError(f"{path}: dataset_path {cfg.dataset_path!r} is not a prepared dataset; run prepare_dataset first")
     return cfg
 
 
 def _non_defaults(cfg) -> dict:
-    """The fields a user set: the full TrainingArguments dump is 100+ keys of noise."""
-    from components.train.config import SFTConfig
+    """The fields a user set: the full TrainingArguments dump is 100+ keys of noise.
 
-    defaults = SFTConfig(output_dir=cfg.output_dir).to_dict()
-    return {k: v for k, v in cfg.to_dict().items() if defaults.get(k) != v or k == "output_dir"}
+    Defaults come from the dataclass fields: building a second TrainingArguments would re-initialise
+    accelerate's process state on this rank only and break the process group.
+    """
+    import dataclasses
+
+    defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
+    return {k: v for k, v in cfg.to_dict().items() if k == "output_dir" or (k in defaults and defaults[k] != v)}
 
 
 def pad_collator(pad_token_id: int):
