@@ -88,6 +88,8 @@ def build_trainer_config(
         "save_total_limit": 2,
         "report_to": [],
         "remove_unused_columns": False,
+        # Rows are padded per batch (until packing): batching similar lengths halves the padding work.
+        "train_sampling_strategy": "group_by_length",
         "dataloader_num_workers": 0 if use_cpu else 2,
     }
     if use_cpu:
