@@ -34,23 +34,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", help="KFP namespace (multi-user Kubeflow)")
     p.add_argument("--pipeline-name", default="llm-finetune", help="KFP pipeline to add a version to")
     p.add_argument("--run-name", help="run name (default: <preset>-<UTC time>)")
-    p.add_argument("--render", metavar="DIR", help="write the compiled pipeline and resolved parameters; submit nothing")
+    p.add_argument("--render", metavar="DIR",
+                   help="write the compiled pipeline, resolved parameters, trainer config and Kubernetes manifests; submit nothing")
     p.add_argument("--summary-json", metavar="FILE", help="write the outcome (status, model_uri, metrics, endpoint, wall_seconds)")
     p.add_argument("--workspace", default="workspace", help="local runs: folder for data, models and KFP outputs")
     p.add_argument("--keep-serving", action="store_true", help="local runs: leave the model server running")
     return p
-
-
-def render(params: dict, out_dir: Path) -> list[Path]:
-    """Write the compiled pipeline and the resolved parameters into ``out_dir``."""
-    from pipelines.compile import compile_pipeline
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = [compile_pipeline(out_dir / "llm_finetune.yaml"), out_dir / "params.yaml"]
-    import yaml
-
-    written[1].write_text(yaml.safe_dump(params, sort_keys=True, allow_unicode=True))
-    return written
 
 
 def submit_run(args, params: dict, preset: str) -> dict:
@@ -96,7 +85,9 @@ def _main(args) -> int:
     P.check(params)
 
     if args.render:
-        for path in render(params, Path(args.render)):
+        from pipelines.render import render
+
+        for path in render(params, Path(args.render), namespace=args.namespace or "default"):
             print(f"wrote {path}")
         return 0
     if args.host:

@@ -2,12 +2,11 @@
 
 import json
 import socket
-import sys
 import urllib.parse
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.conftest import run_cli
 
 
 @pytest.mark.slow

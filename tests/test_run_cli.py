@@ -1,5 +1,6 @@
 """`python -m pipelines.run` as users call it: help, render, and one clear line for every bad input."""
 
+import json
 import socket
 
 import pytest
@@ -58,3 +59,29 @@ def test_unreachable_host_is_one_clear_line():
     assert result.returncode == 2
     assert result.stderr.startswith("error: ") and "127.0.0.1" in result.stderr
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_render_includes_the_manifests_the_run_would_create(tmp_path, reference):
+    from tests.crd_schema import crd_errors
+
+    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "--render", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    job = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
+    isvc_text = (tmp_path / "inferenceservice.yaml").read_text()
+    isvc = yaml.safe_load(isvc_text)
+    assert crd_errors(job, "kubeflow.org_pytorchjobs.yaml") == []
+    assert crd_errors(isvc, "serving.kserve.io_inferenceservices.yaml") == []
+    assert job["metadata"]["namespace"] == isvc["metadata"]["namespace"] == "team-a"
+    assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # 2 nodes: Master + 1 Worker
+    config = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][-1]
+    assert config == "/mnt/models/runs/render-preview/train/train_config.json"
+    trainer = json.loads((tmp_path / "train_config.json").read_text())
+    assert trainer["deepspeed"].endswith("zero3.json") and trainer["bf16"] is True
+    assert isvc["spec"]["predictor"]["model"]["storageUri"] == "pvc://llm-models/runs/render-preview/train/final"
+    assert "&id" not in isvc_text  # plain YAML, no anchors
+
+
+def test_render_of_the_local_preset_has_no_cluster_manifests(tmp_path):
+    result = run_cli("pipelines.run", "--preset", "local-tiny", "--render", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["llm_finetune.yaml", "params.yaml", "train_config.json"]

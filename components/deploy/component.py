@@ -56,20 +56,13 @@ def deploy_model(
         if keep_serving:
             log.info("server kept running (pid %s); stop it with: kill %s", result["pid"], result["pid"])
     else:
-        from components.deploy.inference_service import build_inference_service, deploy_inference_service
+        from components.deploy.inference_service import deploy_inference_service, inference_service_for_run
         from components.kube import current_namespace
 
-        manifest = build_inference_service(
-            name=serving_name,
-            namespace=current_namespace(),
-            storage_uri=model.metadata["uri"],
-            runtime=deploy_backend,
-            gpus=serving_gpus,
-            max_model_len=max_model_len,
-            served_model_name=serving_name,
-            node_selector=node_selector,
-            tolerations=tolerations,
-            labels={"pipelines.kubeflow.org/run-id": run_id},
+        manifest = inference_service_for_run(
+            run_id=run_id, namespace=current_namespace(), storage_uri=model.metadata["uri"],
+            deploy_backend=deploy_backend, serving_name=serving_name, serving_gpus=serving_gpus,
+            max_model_len=max_model_len, node_selector=node_selector, tolerations=tolerations,
         )
         result = deploy_inference_service(manifest)
     log.info("endpoint %s answered: %r", result["endpoint"], result["smoke_reply"])

@@ -115,22 +115,13 @@ def train_model(
     else:
         from components.kube import current_namespace
         from components.train.launch import run_pytorchjob
-        from components.train.pytorchjob import build_pytorchjob, job_name_for
+        from components.train.pytorchjob import job_name_for, pytorchjob_for_run
 
         job_name = job_name_for(run_id)
-        manifest = build_pytorchjob(
-            name=job_name,
-            namespace=current_namespace(),
-            image=trainer_image,
-            config_path=config_path.replace(model_root, MODEL_MOUNT, 1),
-            num_nodes=num_nodes,
-            gpus_per_node=gpus_per_node,
-            data_pvc=data_pvc,
-            model_pvc=model_pvc,
-            hf_token_secret=hf_token_secret,
-            node_selector=node_selector,
-            tolerations=tolerations,
-            labels={"pipelines.kubeflow.org/run-id": run_id},
+        manifest = pytorchjob_for_run(
+            run_id=run_id, namespace=current_namespace(), config_path=config_path.replace(model_root, MODEL_MOUNT, 1),
+            trainer_image=trainer_image, num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc,
+            model_pvc=model_pvc, hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
         )
         with open(os.path.join(out_dir, "pytorchjob.json"), "w") as f:
             json.dump(manifest, f, indent=2)

@@ -1,0 +1,268 @@
+"""The KServe InferenceService (serving.kserve.io/v1beta1) that serves the tuned model, and its rollout.
+
+Two runtimes, both KServe ClusterServingRuntimes that read the model KServe mounts read-only at
+``/mnt/models`` from ``storageUri: pvc://claim/path``:
+
+- ``kserve-vllm``: ``kserve-vllmserver`` runs vLLM's own OpenAI server (``vllm.entrypoints.openai.api_server``),
+  so its OpenAI routes are ``/v1/...``.
+- ``kserve-huggingface``: ``kserve-huggingfaceserver``, KServe's model server with the vLLM backend, serves
+  them under ``/openai/v1/...``.
+
+KServe appends the InferenceService's ``args`` to the runtime's, so ours come last and win over the
+runtime's defaults (``--served-model-name={{.Name}}`` / ``--model_name={{.Name}}``).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from components.deploy.smoke import chat_completion
+from components.kube import call_api, load_api_client, unstartable_pod_reason
+
+GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
+# KServe labels every pod of a service with its name.
+POD_LABEL = "serving.kserve.io/inferenceservice"
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Per GPU of the predictor: vLLM's CPU side (tokenizer, scheduler, one worker process per GPU) and the
+# host memory a safetensors load passes through. The runtimes' own 1 CPU / 2Gi would OOM on a 30B model.
+CPU_PER_GPU = 4
+MEMORY_GI_PER_GPU = 40
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """A KServe serving runtime as this package uses it."""
+
+    runtime: str  # ClusterServingRuntime name
+    model_format: str  # predictor.model.modelFormat.name it supports
+    openai_route: str  # where its OpenAI-compatible API lives under the service URL
+    served_name_flag: str  # the argument naming the model in requests
+
+
+RUNTIMES = {
+    "kserve-vllm": Runtime("kserve-vllmserver", "vLLM", "/v1", "--served-model-name"),
+    "kserve-huggingface": Runtime("kserve-huggingfaceserver", "huggingface", "/openai/v1", "--model_name"),
+}
+
+
+def _runtime_args(runtime: str, gpus: int, max_model_len: int, served_model_name: str) -> list[str]:
+    if runtime == "kserve-vllm":
+        return [f"--served-model-name={served_model_name}", f"--tensor-parallel-size={gpus}",
+                f"--max-model-len={max_model_len}"]
+    # KServe's own flags, then vLLM engine flags, which its server accepts with the vLLM backend.
+    return ["--backend=vllm", f"--model_name={served_model_name}", f"--max_model_len={max_model_len}",
+            f"--tensor-parallel-size={gpus}"]
+
+
+def build_inference_service(*, name: str, namespace: str, storage_uri: str, runtime: str, gpus: int,
+                            max_model_len: int, served_model_name: str, node_selector: dict, tolerations: list,
+                            labels: dict | None = None) -> dict:
+    """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
+
+    Args:
+        name: service name, a DNS-1035 label (KServe's rule; it also names the pods and the URL).
+        namespace: where it runs (the model claim must be in the same namespace).
+        storage_uri: ``pvc://claim/path`` of the model folder (config, weights, tokenizer); s3://, gs://, hf://
+            work too.
+        runtime: a key of ``RUNTIMES``.
+        gpus: GPUs per replica, vLLM's tensor-parallel size (must divide the model's attention heads).
+        max_model_len: longest prompt + completion in tokens; bounds the KV cache vLLM reserves.
+        served_model_name: the ``model`` clients put in requests.
+        node_selector: node labels for the predictor pods.
+        tolerations: tolerations for the predictor pods, as Kubernetes JSON.
+        labels: put on the InferenceService.
+
+    Raises:
+        ValueError: naming the field, for a bad name, runtime, GPU count, length or storage URI.
+    """
+    if not _DNS1035.match(name) or len(name) > 63:
+        raise ValueError(f"name {name!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
+                         "starts with a letter; <= 63)")
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIMES)}")
+    if gpus < 1:
+        raise ValueError(f"gpus must be >= 1 (vLLM's tensor-parallel size), got {gpus}")
+    if max_model_len < 1:
+        raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")
+    if "://" not in storage_uri:
+        raise ValueError(f"storage_uri {storage_uri!r} must be a URI such as pvc://claim/path")
+    if not served_model_name:
+        raise ValueError("served_model_name must not be empty")
+    rt = RUNTIMES[runtime]
+    resources = {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GI_PER_GPU * gpus}Gi", "nvidia.com/gpu": str(gpus)}
+    predictor = {
+        "model": {
+            "modelFormat": {"name": rt.model_format},
+            "runtime": rt.runtime,
+            "storageUri": storage_uri,
+            "args": _runtime_args(runtime, gpus, max_model_len, served_model_name),
+            "resources": {"requests": dict(resources), "limits": dict(resources)},  # two objects: no YAML anchors
+        },
+    }
+    if node_selector:
+        predictor["nodeSelector"] = dict(node_selector)
+    if tolerations:
+        predictor["tolerations"] = list(tolerations)
+    metadata = {"name": name, "namespace": namespace}
+    if labels:
+        metadata["labels"] = dict(labels)
+    return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": {"predictor": predictor}}
+
+
+RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
+
+
+def inference_service_for_run(*, run_id: str, namespace: str, storage_uri: str, deploy_backend: str,
+                              serving_name: str, serving_gpus: int, max_model_len: int, node_selector: dict,
+                              tolerations: list) -> dict:
+    """The InferenceService of one KFP run, from the pipeline's parameter names (the deploy step and ``--render``)."""
+    return build_inference_service(
+        name=serving_name, namespace=namespace, storage_uri=storage_uri, runtime=deploy_backend, gpus=serving_gpus,
+        max_model_len=max_model_len, served_model_name=serving_name, node_selector=node_selector,
+        tolerations=tolerations, labels={RUN_ID_LABEL: run_id},
+    )
+
+
+def merge_patch_to(current, desired):
+    """The RFC 7386 merge patch that turns ``current`` into ``desired`` (keys ``desired`` lacks become null)."""
+    if not isinstance(current, dict) or not isinstance(desired, dict):
+        return desired
+    patch = {key: None for key in current if key not in desired}
+    for key, value in desired.items():
+        if key not in current:
+            patch[key] = value
+        elif current[key] != value:
+            patch[key] = merge_patch_to(current[key], value)
+    return patch
+
+
+def _served_name(manifest: dict, rt: Runtime) -> str:
+    flag = rt.served_name_flag + "="
+    named = [a[len(flag):] for a in manifest["spec"]["predictor"]["model"].get("args", []) if a.startswith(flag)]
+    return named[-1] if named else manifest["metadata"]["name"]  # the runtimes default to the service name
+
+
+def _ready(isvc: dict, generation: int) -> bool:
+    status = isvc.get("status") or {}
+    # A Ready left over from the previous spec says nothing about ours.
+    if status.get("observedGeneration", generation) < generation:
+        return False
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+
+def _not_ready_reasons(isvc: dict) -> str:
+    status = isvc.get("status") or {}
+    reasons = [f"{c['type']}={c.get('status')} ({c.get('reason', '')}): {c.get('message', '')}".replace(" (): ", ": ")
+               for c in status.get("conditions") or [] if c.get("status") != "True"]
+    failure = (status.get("modelStatus") or {}).get("lastFailureInfo") or {}
+    if failure:
+        reasons.append(f"model: {failure.get('reason', '')}: {failure.get('message', '')}")
+    return "; ".join(reasons) or "no status conditions yet"
+
+
+def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: float = 10.0,
+                             api_client=None, smoke_prompt: str = "Hello",
+                             pending_timeout_seconds: float = 900.0) -> dict:
+    """Create, or patch in place when it exists; wait for Ready; smoke-test; roll back on any failure.
+
+    Waits until the service is Ready for this spec (``status.observedGeneration``), failing fast on pods
+    that cannot start (bad image, crash loop, Unschedulable past ``pending_timeout_seconds``). The smoke
+    test is one chat completion (``components.deploy.smoke.chat_completion``) on the runtime's OpenAI route
+    under the in-cluster address (``status.address.url``, else ``status.url``). On failure the previous
+    spec is restored (merge patch), or the new service is deleted, and the error says which.
+
+    Args:
+        manifest: from ``build_inference_service``.
+        timeout_seconds: how long the rollout may take to become Ready (model download and load included).
+        poll_seconds: interval between status polls.
+        api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
+        smoke_prompt: the user message of the smoke test.
+        pending_timeout_seconds: how long a predictor pod may stay Unschedulable.
+
+    Returns:
+        ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``.
+
+    Raises:
+        RuntimeError: a pod cannot start or the smoke test failed (after the rollback).
+        TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
+    """
+    api_client = api_client or load_api_client()
+    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    model = manifest["spec"]["predictor"]["model"]
+    rt = next((r for r in RUNTIMES.values() if r.runtime == model.get("runtime")), None)
+    if rt is None:
+        raise ValueError(f"runtime {model.get('runtime')!r} is not one of {[r.runtime for r in RUNTIMES.values()]}")
+    retry_delay = min(1.0, poll_seconds)
+    ref = (GROUP, VERSION, namespace, PLURAL)
+
+    def get():
+        return call_api(custom.get_namespaced_custom_object, *ref, name, retry_delay=retry_delay)
+
+    def patch(body):
+        return call_api(custom.patch_namespaced_custom_object, *ref, name, body, retry_delay=retry_delay)
+
+    try:
+        previous = get()
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        previous = None
+    if previous is None:
+        applied = call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
+        print(f"created InferenceService {namespace}/{name}", flush=True)
+    else:
+        applied = patch({"metadata": {"labels": manifest["metadata"].get("labels", {})},
+                         "spec": merge_patch_to(previous["spec"], manifest["spec"])})
+        generation = applied["metadata"].get("generation")
+        print(f"patched InferenceService {namespace}/{name} (generation {generation})", flush=True)
+
+    def roll_back() -> str:
+        if previous is None:
+            try:
+                call_api(custom.delete_namespaced_custom_object, *ref, name, retry_delay=retry_delay)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+            return "deleted the new InferenceService"
+        patch({"spec": merge_patch_to(get()["spec"], previous["spec"])})
+        return "restored the previous spec"
+
+    try:
+        isvc = _wait_ready(get, core, name=name, namespace=namespace,
+                           generation=applied["metadata"].get("generation", 1), timeout_seconds=timeout_seconds, poll_seconds=poll_seconds,
+                           pending_timeout_seconds=pending_timeout_seconds, retry_delay=retry_delay)
+    except (RuntimeError, TimeoutError) as exc:
+        raise type(exc)(f"InferenceService {namespace}/{name} {exc}; {roll_back()}") from exc
+    status, served = isvc["status"], _served_name(manifest, rt)
+    # The in-cluster address: this step runs in the cluster, where the external URL may not resolve.
+    in_cluster = ((status.get("address") or {}).get("url") or status["url"]).rstrip("/")
+    try:
+        reply = chat_completion(in_cluster + rt.openai_route, served, smoke_prompt)
+    except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
+        raise RuntimeError(f"InferenceService {namespace}/{name} is Ready but failed the smoke test: {exc}; "
+                           f"{roll_back()}") from exc
+    print(f"InferenceService {namespace}/{name} is Ready and answered the smoke test", flush=True)
+    return {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served, "smoke_reply": reply}
+
+
+def _wait_ready(get, core, *, name, namespace, generation, timeout_seconds, poll_seconds, pending_timeout_seconds,
+                retry_delay) -> dict:
+    deadline = time.monotonic() + timeout_seconds
+    unschedulable_since: dict = {}
+    while True:
+        isvc = get()
+        if _ready(isvc, generation) and (isvc.get("status") or {}).get("url"):
+            return isvc
+        pods = call_api(core.list_namespaced_pod, namespace, label_selector=f"{POD_LABEL}={name}",
+                        retry_delay=retry_delay).items
+        if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
+            raise RuntimeError(f"cannot start: {why}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"was not Ready after {timeout_seconds:.0f}s: {_not_ready_reasons(isvc)}")
+        time.sleep(poll_seconds)
