@@ -43,6 +43,9 @@ def check_parameters(p: dict) -> list[str]:
     ]
     if p["hf_token_secret"]:
         errors.append(_name_error("hf_token_secret", p["hf_token_secret"], _DNS1123_SUBDOMAIN, 253, "Secret name"))
+    else:
+        # Pods get an optional secretKeyRef: a missing Secret is fine, an empty name is rejected by Kubernetes.
+        errors.append("hf_token_secret is empty; name a Secret with key HF_TOKEN (it may be absent: the reference is optional), e.g. 'hf-token'")
     if not (p["deepspeed_config"] in DEEPSPEED_CONFIGS or p["deepspeed_config"].endswith(".json")):
         errors.append(f"deepspeed_config={p['deepspeed_config']!r} is not one of {', '.join(DEEPSPEED_CONFIGS)} or a .json path")
     for field in ("num_nodes", "gpus_per_node", "per_device_train_batch_size", "gradient_accumulation_steps"):
