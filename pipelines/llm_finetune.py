@@ -66,6 +66,14 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         hf_token_secret: str = "hf-token",
         node_selector: dict = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         tolerations: list = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        affinity: dict = {},
+        job_cleanup: str = "keep",
+        active_deadline_seconds: int = 0,
+        queue_name: str = "",
+        priority_class: str = "",
+        gang_scheduling: bool = False,
+        min_nodes: int = 0,
+        max_restarts: int = 3,
         eval_gpus: int = 8,
         eval_max_samples: int = 512,
         min_loss_improvement: float = 0.0,
@@ -84,7 +92,10 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             gradient_accumulation_steps=gradient_accumulation_steps, learning_rate=learning_rate,
             num_train_epochs=num_train_epochs, max_steps=max_steps, warmup_ratio=warmup_ratio,
             deepspeed_config=deepspeed_config, train_backend=train_backend, data_pvc=data_pvc, model_pvc=model_pvc,
-            hf_token_secret=hf_token_secret, eval_gpus=eval_gpus, min_loss_improvement=min_loss_improvement,
+            hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
+            job_cleanup=job_cleanup, active_deadline_seconds=active_deadline_seconds, queue_name=queue_name,
+            priority_class=priority_class, gang_scheduling=gang_scheduling, min_nodes=min_nodes,
+            max_restarts=max_restarts, eval_gpus=eval_gpus, min_loss_improvement=min_loss_improvement,
             deploy_backend=deploy_backend, serving_name=serving_name, serving_gpus=serving_gpus,
             max_model_len=max_model_len,
         ).set_display_name("Validate inputs").set_caching_options(False)
@@ -102,9 +113,11 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             num_train_epochs=num_train_epochs, max_steps=max_steps, warmup_ratio=warmup_ratio, seed=seed,
             deepspeed_config=deepspeed_config, train_backend=train_backend, trainer_image=trainer_image,
             data_pvc=data_pvc, model_pvc=model_pvc, hf_token_secret=hf_token_secret,
-            node_selector=node_selector, tolerations=tolerations, data_root=data_root, model_root=model_root,
-            run_id=run_id,
-        ).set_display_name("Train (PyTorchJob)" if cluster else "Train (local torchrun)").set_caching_options(False)
+            node_selector=node_selector, tolerations=tolerations, affinity=affinity, job_cleanup=job_cleanup,
+            active_deadline_seconds=active_deadline_seconds, queue_name=queue_name, priority_class=priority_class,
+            gang_scheduling=gang_scheduling, min_nodes=min_nodes, max_restarts=max_restarts,
+            data_root=data_root, model_root=model_root, run_id=run_id,
+        ).set_display_name("Train (PyTorchJob / TrainJob)" if cluster else "Train (local torchrun)").set_caching_options(False)
 
         evaluate = evaluate_model(
             dataset=prepare.outputs["dataset"], model=train.outputs["model"], model_name_or_path=model_name_or_path,

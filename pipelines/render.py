@@ -37,15 +37,17 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     )
     written.append(_write(out_dir / "train_config.json", json.dumps(cfg, indent=2, sort_keys=True)))
 
-    if params["train_backend"] == "pytorchjob":
-        from components.train.pytorchjob import pytorchjob_for_run
+    if params["train_backend"] != "local":
+        from components.train.launch import training_job_for_run
 
-        job = pytorchjob_for_run(
+        job = training_job_for_run(
             run_id=RENDER_RUN_ID, namespace=namespace, config_path=os.path.join(train_dir, "train_config.json"),
-            **{k: params[k] for k in ("trainer_image", "num_nodes", "gpus_per_node", "data_pvc", "model_pvc",
+            **{k: params[k] for k in ("train_backend", "affinity", "active_deadline_seconds", "queue_name",
+                                      "priority_class", "gang_scheduling", "min_nodes", "max_restarts",
+                                      "trainer_image", "num_nodes", "gpus_per_node", "data_pvc", "model_pvc",
                                       "hf_token_secret", "node_selector", "tolerations")},
         )
-        written.append(_write(out_dir / "pytorchjob.yaml", yaml.safe_dump(job, sort_keys=False)))
+        written.append(_write(out_dir / f"{job['kind'].lower()}.yaml", yaml.safe_dump(job, sort_keys=False)))
     if params["deploy_backend"].startswith("kserve"):
         from components.deploy.inference_service import inference_service_for_run
 

@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components import kube
+from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.train.launch import run_pytorchjob
 from components.train.pytorchjob import MAX_JOB_NAME, build_pytorchjob, job_name_for
 from tests.crd_schema import crd_errors
@@ -134,6 +134,62 @@ def test_nccl_defaults_are_overridable():
     assert tuned["NCCL_DEBUG"] == "INFO" and tuned["NCCL_IB_HCA"] == "mlx5"
 
 
+def test_run_policy_and_scheduling_are_parameters():
+    job = manifest(clean_pod_policy="All", ttl_seconds_after_finished=600, active_deadline_seconds=7200,
+                   priority_class="llm-training", queue_name="team-llm-h100")
+    assert crd_errors(job, CRD) == []
+    assert job["spec"]["runPolicy"] == {"backoffLimit": 0, "cleanPodPolicy": "All", "ttlSecondsAfterFinished": 600,
+                                        "activeDeadlineSeconds": 7200}
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-llm-h100"
+    for spec in job["spec"]["pytorchReplicaSpecs"].values():
+        assert spec["template"]["spec"]["priorityClassName"] == "llm-training"
+        assert "kueue.x-k8s.io/queue-name" not in spec["template"]["metadata"]["labels"]  # Kueue reads the job's
+    assert "ttlSecondsAfterFinished" not in manifest(ttl_seconds_after_finished=None)["spec"]["runPolicy"]
+
+
+def test_gang_scheduling_asks_for_all_pods_at_once():
+    job = manifest(num_nodes=4, gang_scheduling=True, priority_class="llm-training")
+    assert crd_errors(job, CRD) == []
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 4, "priorityClass": "llm-training"}
+    assert "schedulingPolicy" not in manifest()["spec"]["runPolicy"]
+
+
+def test_affinity_is_passed_through():
+    affinity = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
+        "topologyKey": "topology.kubernetes.io/zone",
+        "labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": NAME}}}}]}}
+    job = manifest(affinity=affinity)
+    assert crd_errors(job, CRD) == []
+    assert all(s["template"]["spec"]["affinity"] == affinity for s in job["spec"]["pytorchReplicaSpecs"].values())
+
+
+def test_elastic_job_is_all_workers_with_a_c10d_rendezvous():
+    job = manifest(num_nodes=4, min_nodes=2, max_restarts=5, gang_scheduling=True)
+    assert crd_errors(job, CRD) == []
+    specs = job["spec"]["pytorchReplicaSpecs"]
+    # The webhook requires a Worker spec for an elastic policy.
+    assert set(specs) == {"Worker"} and specs["Worker"]["replicas"] == 4
+    assert specs["Worker"]["restartPolicy"] == "OnFailure"  # a failed pod restarts and rejoins
+    assert job["spec"]["elasticPolicy"] == {"minReplicas": 2, "maxReplicas": 4, "maxRestarts": 5, "rdzvBackend": "c10d"}
+    assert job["spec"]["runPolicy"]["backoffLimit"] == 5
+    assert job["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2}
+    assert specs["Worker"]["template"]["spec"]["containers"][0]["args"][:2] == ["--nnodes", "2:4"]
+
+
+@pytest.mark.parametrize("options,field", [
+    ({"clean_pod_policy": "Never"}, "clean_pod_policy"),
+    ({"ttl_seconds_after_finished": -1}, "ttl_seconds_after_finished"),
+    ({"active_deadline_seconds": 0}, "active_deadline_seconds"),
+    ({"queue_name": "q", "gang_scheduling": True}, "gang_scheduling"),
+    ({"min_nodes": 3}, "min_nodes"),
+    ({"min_nodes": 0}, "min_nodes"),
+    ({"min_nodes": 1, "max_restarts": -1}, "max_restarts"),
+])
+def test_bad_run_policy_is_a_value_error_naming_the_field(options, field):
+    with pytest.raises(ValueError, match=field):
+        manifest(num_nodes=2, **options)
+
+
 @pytest.mark.parametrize("field,value", [
     ("name", "Bad_Name"), ("name", "1job"), ("name", "a" * (MAX_JOB_NAME + 1)),
     ("num_nodes", 0), ("gpus_per_node", 0), ("image", ""),
@@ -205,7 +261,8 @@ def test_success_streams_every_line_once_and_reports(capsys):
         ))
         result = run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 1
-    assert result == {"name": NAME, "namespace": NS, "state": "Succeeded", "reason": "PyTorchJobSucceeded",
+    assert result == {"name": NAME, "namespace": NS, "kind": "PyTorchJob", "state": "Succeeded",
+                      "reason": "PyTorchJobSucceeded",
                       "message": f"PyTorchJob {NAME} is successfully completed."}
     assert stream_lines(capsys.readouterr().out) == [
         "loading model", "step 1 loss 2.1", "step 2 loss 1.9", "step 3 loss 1.7", "saved final/"]
@@ -370,6 +427,84 @@ def test_timeout_deletes_the_job():
         with pytest.raises(TimeoutError, match="did not finish"):
             run_pytorchjob(manifest(num_nodes=1), api_client=api.client, timeout_seconds=0.2, **FAST)
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1
+
+
+@pytest.mark.parametrize("cleanup,deleted_on_success,deleted_on_failure", [
+    ("keep", False, False), ("on-success", True, False), ("always", True, True),
+])
+def test_cleanup_deletes_finished_jobs_per_policy(cleanup, deleted_on_success, deleted_on_failure):
+    def failed(job):
+        api.set_container_state(NS, MASTER, "terminated", exit_code=1, reason="Error")
+        api.set_condition(job, "Failed", reason="PyTorchJobFailed", message="1 Master replica(s) failed.")
+
+    for end, expect_deleted in ((succeeded, deleted_on_success), (lambda api: failed, deleted_on_failure)):
+        with FakeKubeAPI() as api:
+            api.on_get("pytorchjobs", api.steps(running_master(api, "x"), end(api)))
+            try:
+                run_pytorchjob(manifest(num_nodes=1), api_client=api.client, cleanup=cleanup, **FAST)
+            except RuntimeError:
+                assert end is not succeeded
+            assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == int(expect_deleted)
+
+
+def test_unknown_cleanup_policy_fails_before_anything_is_created():
+    with FakeKubeAPI() as api:
+        with pytest.raises(ValueError, match="cleanup"):
+            run_pytorchjob(manifest(num_nodes=1), api_client=api.client, cleanup="sometimes", **FAST)
+        assert api.requests == []
+
+
+@pytest.mark.parametrize("exists", [False, True])
+def test_on_created_gets_the_job_once_as_soon_as_it_exists(exists):
+    seen = []
+    with FakeKubeAPI() as api:
+        if exists:
+            api.put_object("kubeflow.org", "v1", "pytorchjobs", manifest(num_nodes=1))
+        api.on_get("pytorchjobs", api.steps(
+            lambda job: seen.append("first GET") if not seen else None,
+            running_master(api, "a"), lambda job: None, succeeded(api)))
+        run_pytorchjob(manifest(num_nodes=1), api_client=api.client, on_created=seen.append, **FAST)
+    assert len(seen) == 2 and seen[0] == "first GET"
+    assert seen[1]["metadata"]["name"] == NAME and seen[1]["metadata"]["uid"]
+
+
+def test_failure_report_shows_the_failing_workers_log_not_the_masters():
+    worker = f"{NAME}-worker-0"
+
+    def worker_dies(job):
+        api.log(NS, MASTER, "rank 0 waiting in allreduce")
+        api.log(NS, worker, "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB")
+        api.set_container_state(NS, worker, "terminated", exit_code=1, reason="Error")
+        api.set_condition(job, "Failed", reason="PyTorchJobFailed", message="1 Worker replica(s) failed.")
+
+    with FakeKubeAPI() as api:
+        def both(job):
+            running_master(api, "up")(job)
+            api.add_pod(NS, worker, JOB_LABELS)
+        api.on_get("pytorchjobs", api.steps(both, worker_dies))
+        with pytest.raises(RuntimeError) as err:
+            run_pytorchjob(manifest(num_nodes=2), api_client=api.client, **FAST)
+    assert f"lines of {worker}" in str(err.value) and "CUDA out of memory" in str(err.value)
+
+
+def test_failure_without_a_failed_pod_reports_rank_0_of_an_elastic_job():
+    workers = [f"{NAME}-worker-{i}" for i in range(2)]
+
+    def up(job):
+        for w in workers:
+            api.add_pod(NS, w, JOB_LABELS)
+            api.log(NS, w, f"{w}: step 1200/5000")
+        api.set_condition(job, "Running")
+
+    def deadline(job):
+        api.set_condition(job, "Failed", reason="DeadlineExceeded", message="Job was active longer than specified deadline")
+
+    with FakeKubeAPI() as api:
+        api.on_get("pytorchjobs", api.steps(up, deadline))
+        with pytest.raises(RuntimeError) as err:
+            run_pytorchjob(manifest(num_nodes=2, min_nodes=1), api_client=api.client, **FAST)
+    assert "DeadlineExceeded" in str(err.value)
+    assert f"lines of {workers[0]}:\n{workers[0]}: step 1200/5000" in str(err.value)
 
 
 # -- the command line ------------------------------------------------------------------------------------

@@ -85,3 +85,15 @@ def test_render_of_the_local_preset_has_no_cluster_manifests(tmp_path):
     result = run_cli("pipelines.run", "--preset", "local-tiny", "--render", str(tmp_path))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llm_finetune.yaml", "params.yaml", "train_config.json"]
+
+
+def test_render_with_trainjob_backend_writes_a_valid_trainjob(tmp_path, reference):
+    from tests.crd_schema import crd_errors
+
+    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "train_backend=trainjob",
+                     "--render", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert not (tmp_path / "pytorchjob.yaml").exists()
+    job = yaml.safe_load((tmp_path / "trainjob.yaml").read_text())
+    assert job["kind"] == "TrainJob" and job["spec"]["trainer"]["numNodes"] == 2
+    assert crd_errors(job, "trainer.kubeflow.org_trainjobs.yaml") == []

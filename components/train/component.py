@@ -31,6 +31,14 @@ def train_model(
     hf_token_secret: str,
     node_selector: dict,
     tolerations: list,
+    affinity: dict,
+    job_cleanup: str,
+    active_deadline_seconds: int,
+    queue_name: str,
+    priority_class: str,
+    gang_scheduling: bool,
+    min_nodes: int,
+    max_restarts: int,
     data_root: str,
     model_root: str,
     run_id: str,
@@ -38,9 +46,10 @@ def train_model(
 ) -> NamedTuple("TrainOutputs", [("model_uri", str), ("job_name", str)]):
     """Fine-tune the base model on the prepared dataset and record where the result is.
 
-    With ``train_backend=pytorchjob`` this small CPU pod writes the trainer config to the model volume,
-    creates a PyTorchJob (Master + Workers, ``gpus_per_node`` GPUs each) running
-    ``torchrun -m components.train.sft``, follows it to the end and fails with the job's reason. With
+    With ``train_backend=pytorchjob`` (or ``trainjob``, Trainer v2) this small CPU pod writes the trainer
+    config to the model volume, creates the job (``num_nodes`` pods of ``gpus_per_node`` GPUs) running
+    ``torchrun -m components.train.sft``, follows it to the end and fails with the job's reason; a retried
+    pod re-attaches to the job instead of creating a second one, and cancelling the run deletes it. With
     ``local`` it runs the same entry point under ``torchrun --nproc_per_node gpus_per_node`` here.
 
     Args:
@@ -58,13 +67,21 @@ def train_model(
         warmup_ratio: fraction of steps of linear warm-up.
         seed: training seed.
         deepspeed_config: ``zero3``, ``zero2``, ``none`` or a JSON path in the trainer image.
-        train_backend: ``pytorchjob`` or ``local``.
+        train_backend: ``pytorchjob`` (Training Operator v1), ``trainjob`` (Trainer v2) or ``local``.
         trainer_image: image the job's pods run.
         data_pvc: data claim, mounted by the job's pods.
         model_pvc: model claim, mounted by the job's pods; outputs go under ``runs/<run_id>/train``.
         hf_token_secret: Secret with key ``HF_TOKEN`` for gated models; referenced, never read.
         node_selector: node labels for the job's pods (JSON object).
         tolerations: tolerations for the job's pods (JSON list).
+        affinity: affinity for the job's pods (JSON object; {} for none).
+        job_cleanup: ``keep``, ``on-success`` or ``always``: delete the job when it ends.
+        active_deadline_seconds: fail the job after this long; 0 for no deadline.
+        queue_name: Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``); empty for none.
+        priority_class: pods' PriorityClass (PyTorchJob only); empty for none.
+        gang_scheduling: all pods scheduled together (``runPolicy.schedulingPolicy``; PyTorchJob only).
+        min_nodes: elastic training down to this many nodes (PyTorchJob only); 0 for a fixed size.
+        max_restarts: elastic restarts before the job fails (with min_nodes).
         data_root: where the data volume is mounted in this step.
         model_root: where the model volume is mounted in this step.
         run_id: the KFP run id; names the job and scopes the output folder.
@@ -114,18 +131,28 @@ def train_model(
         run_torchrun(config_path, gpus_per_node)
     else:
         from components.kube import current_namespace
-        from components.train.launch import run_pytorchjob
-        from components.train.pytorchjob import job_name_for, pytorchjob_for_run
+        from components.train.launch import run_training_job, training_job_for_run
+        from components.train.pytorchjob import job_name_for
 
         job_name = job_name_for(run_id)
-        manifest = pytorchjob_for_run(
-            run_id=run_id, namespace=current_namespace(), config_path=config_path.replace(model_root, MODEL_MOUNT, 1),
-            trainer_image=trainer_image, num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc,
-            model_pvc=model_pvc, hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
+        manifest = training_job_for_run(
+            train_backend=train_backend, affinity=affinity, active_deadline_seconds=active_deadline_seconds,
+            queue_name=queue_name, priority_class=priority_class, gang_scheduling=gang_scheduling,
+            min_nodes=min_nodes, max_restarts=max_restarts, run_id=run_id, namespace=current_namespace(),
+            config_path=config_path.replace(model_root, MODEL_MOUNT, 1), trainer_image=trainer_image,
+            num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc, model_pvc=model_pvc,
+            hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
         )
-        with open(os.path.join(out_dir, "pytorchjob.json"), "w") as f:
-            json.dump(manifest, f, indent=2)
-        run_pytorchjob(manifest)
+
+        def record(job: dict) -> None:
+            # KFP uploads outputs only when the step returns: the job's identity goes to the volume now.
+            with open(os.path.join(out_dir, f"{job['kind'].lower()}.json"), "w") as f:
+                json.dump(job, f, indent=2)
+            logging.getLogger("train_model").info(
+                "%s %s/%s uid %s", job["kind"], job["metadata"]["namespace"], job["metadata"]["name"],
+                job["metadata"].get("uid", "?"))
+
+        run_training_job(manifest, cleanup=job_cleanup, on_created=record)
 
     final_dir = os.path.join(out_dir, "final")
     uri = final_dir if local else pvc_uri(model_pvc, model_root, final_dir)

@@ -60,7 +60,11 @@ def job_name_for(run_id: str, prefix: str = "sft") -> str:
     return name
 
 
-def _validate(name: str, image: str, num_nodes: int, gpus_per_node: int) -> None:
+CLEAN_POD_POLICIES = ("None", "Running", "All")
+
+
+def validate_job(name: str, image: str, num_nodes: int, gpus_per_node: int) -> None:
+    """Raise ValueError, naming the field, for a job name, image, node or GPU count the cluster would reject."""
     if not _DNS1035.match(name) or len(name) > MAX_JOB_NAME:
         raise ValueError(
             f"name {name!r} must be a DNS-1035 label of at most {MAX_JOB_NAME} characters (lowercase letters, "
@@ -74,43 +78,44 @@ def _validate(name: str, image: str, num_nodes: int, gpus_per_node: int) -> None
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
 
 
-def _claim(name: str) -> k8s.V1PersistentVolumeClaimVolumeSource:
-    return k8s.V1PersistentVolumeClaimVolumeSource(claim_name=name)
+def _validate_run_policy(num_nodes: int, clean_pod_policy: str, ttl_seconds_after_finished: int | None,
+                         active_deadline_seconds: int | None, queue_name: str, gang_scheduling: bool,
+                         min_nodes: int | None, max_restarts: int) -> None:
+    if clean_pod_policy not in CLEAN_POD_POLICIES:
+        raise ValueError(f"clean_pod_policy {clean_pod_policy!r} must be one of {', '.join(CLEAN_POD_POLICIES)}")
+    if ttl_seconds_after_finished is not None and ttl_seconds_after_finished < 0:
+        raise ValueError(f"ttl_seconds_after_finished must be >= 0 (or None: keep), got {ttl_seconds_after_finished}")
+    if active_deadline_seconds is not None and active_deadline_seconds < 1:
+        raise ValueError(f"active_deadline_seconds must be >= 1 (or None: no limit), got {active_deadline_seconds}")
+    if queue_name and gang_scheduling:
+        raise ValueError("queue_name and gang_scheduling are exclusive: Kueue already admits the whole job at once; "
+                         "gang_scheduling is for Volcano or scheduler-plugins without Kueue")
+    if min_nodes is not None and not 1 <= min_nodes <= num_nodes:
+        raise ValueError(f"min_nodes must be between 1 and num_nodes={num_nodes} (or None: not elastic), got {min_nodes}")
+    if max_restarts < 0:
+        raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
 
 
-def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str, num_nodes: int,
-                     gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                     node_selector: dict, tolerations: list, labels: dict,
-                     shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi",
-                     nccl_env: dict | None = None) -> dict:
-    """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
+# Shared with the TrainJob (components/train/trainjob.py): the same pods, whichever operator runs them.
+TRAINER_VOLUME_MOUNTS = [
+    k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
+    k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT),
+    k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+]
 
-    Args:
-        name: job name, a DNS-1035 label of at most ``MAX_JOB_NAME`` characters (see ``job_name_for``).
-        namespace: where the job runs (the pipeline's namespace: the claims and the Secret live there).
-        image: the trainer image (CUDA PyTorch, DeepSpeed, this package).
-        config_path: the trainer config as the pods see it (under ``MODEL_MOUNT``).
-        num_nodes: pods; 1 is a lone Master, N adds N - 1 Workers.
-        gpus_per_node: GPUs per pod, also torchrun's processes per pod (``nprocPerNode``).
-        data_pvc: ReadWriteMany claim mounted at ``DATA_MOUNT`` (datasets, Hugging Face cache).
-        model_pvc: ReadWriteMany claim mounted at ``MODEL_MOUNT`` (config, checkpoints, final model).
-        hf_token_secret: Secret holding key ``HF_TOKEN``; referenced (optional), never read.
-        node_selector: node labels every pod must match (e.g. the H100 pool).
-        tolerations: tolerations for GPU-node taints, as Kubernetes JSON.
-        labels: put on the job and on every pod.
-        shm_size: size of the memory-backed ``/dev/shm`` (NCCL and dataloader workers); counts toward ``memory``.
-        cpu: CPU request and limit per pod.
-        memory: memory request and limit per pod.
-        nccl_env: NCCL variables merged over ``NCCL_DEFAULTS``.
 
-    Returns:
-        The manifest, serialized with the Kubernetes client's own rules (camelCase keys, no nulls).
+def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1Volume]:
+    """The two claims and the memory-backed ``/dev/shm`` the trainer's pods mount (``TRAINER_VOLUME_MOUNTS``)."""
+    return [
+        k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=data_pvc)),
+        k8s.V1Volume(name="models",
+                     persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=model_pvc)),
+        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
+    ]
 
-    Raises:
-        ValueError: naming the field, for an invalid name, image, node count or GPU count.
-    """
-    _validate(name, image, num_nodes, gpus_per_node)
-    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
+
+def trainer_env(hf_token_secret: str, nccl_env: dict | None) -> list[k8s.V1EnvVar]:
+    """The trainer container's environment: the HF token by Secret reference, the cache on the data claim, NCCL."""
     env = [
         # optional: public models need no token, and a missing Secret must not block the pod.
         k8s.V1EnvVar(name="HF_TOKEN", value_from=k8s.V1EnvVarSource(
@@ -119,20 +124,83 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         # node's ephemeral storage, where they would risk eviction.
         k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
     ]
-    env += [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
+    return env + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
+
+
+def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str]:
+    """torchrun's arguments (no shell): the operators inject the rendezvous as ``PET_*`` variables."""
+    return ["--nnodes", nnodes, "--nproc_per_node", str(gpus_per_node),
+            "-m", "components.train.sft", "--config", config_path]
+
+
+def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str, num_nodes: int,
+                     gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
+                     node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
+                     shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi",
+                     nccl_env: dict | None = None, clean_pod_policy: str = "None",
+                     ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
+                     active_deadline_seconds: int | None = None, queue_name: str = "",
+                     gang_scheduling: bool = False, priority_class: str = "",
+                     min_nodes: int | None = None, max_restarts: int = 3) -> dict:
+    """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
+
+    Args:
+        name: job name, a DNS-1035 label of at most ``MAX_JOB_NAME`` characters (see ``job_name_for``).
+        namespace: where the job runs (the pipeline's namespace: the claims and the Secret live there).
+        image: the trainer image (CUDA PyTorch, DeepSpeed, this package).
+        config_path: the trainer config as the pods see it (under ``MODEL_MOUNT``).
+        num_nodes: pods; 1 is a lone Master, N adds N - 1 Workers (elastic: up to N Workers).
+        gpus_per_node: GPUs per pod, also torchrun's processes per pod (``nprocPerNode``).
+        data_pvc: ReadWriteMany claim mounted at ``DATA_MOUNT`` (datasets, Hugging Face cache).
+        model_pvc: ReadWriteMany claim mounted at ``MODEL_MOUNT`` (config, checkpoints, final model).
+        hf_token_secret: Secret holding key ``HF_TOKEN``; referenced (optional), never read.
+        node_selector: node labels every pod must match (e.g. the H100 pool).
+        tolerations: tolerations for GPU-node taints, as Kubernetes JSON.
+        labels: put on the job and on every pod.
+        affinity: pod affinity as Kubernetes JSON (e.g. keep the pods in one network block); None: none.
+        shm_size: size of the memory-backed ``/dev/shm`` (NCCL and dataloader workers); counts toward ``memory``.
+        cpu: CPU request and limit per pod.
+        memory: memory request and limit per pod.
+        nccl_env: NCCL variables merged over ``NCCL_DEFAULTS``.
+        clean_pod_policy: pods the operator deletes when the job ends: ``None`` (keep them and their
+            logs; they hold no GPUs once finished), ``Running`` or ``All``.
+        ttl_seconds_after_finished: the operator deletes the finished job (and its pods) after this long;
+            None keeps it until someone deletes it.
+        active_deadline_seconds: the operator fails the job once it has run this long; None: no limit.
+        queue_name: Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``): Kueue admits the job, all
+            pods at once, when the queue's quota has room; empty: no Kueue.
+        gang_scheduling: ``runPolicy.schedulingPolicy.minAvailable`` = all pods, for the operator's
+            Volcano or scheduler-plugins gang scheduling (without Kueue): no pod holds GPUs while
+            another one cannot be placed.
+        priority_class: the pods' PriorityClass (Kueue and the scheduler preempt by it); empty: default.
+        min_nodes: None is a static job (any failed pod fails it). A number makes it elastic: all pods
+            are Workers, torchrun's c10d rendezvous runs with between ``min_nodes`` and ``num_nodes``
+            pods, and a failed pod is restarted and rejoins, up to ``max_restarts`` times (the trainer
+            resumes from its last checkpoint).
+        max_restarts: restarts an elastic job may use before it fails; unused by a static job.
+
+    Returns:
+        The manifest, serialized with the Kubernetes client's own rules (camelCase keys, no nulls).
+
+    Raises:
+        ValueError: naming the field, for an invalid name, image, node or GPU count, or run policy.
+    """
+    validate_job(name, image, num_nodes, gpus_per_node)
+    _validate_run_policy(num_nodes, clean_pod_policy, ttl_seconds_after_finished, active_deadline_seconds,
+                         queue_name, gang_scheduling, min_nodes, max_restarts)
+    elastic = min_nodes is not None
+    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
+    # Elastic: torchrun waits for at least min_nodes pods at the c10d rendezvous the operator points
+    # PET_RDZV_ENDPOINT at (Worker 0), and takes up to num_nodes.
+    nnodes = f"{min_nodes}:{num_nodes}" if elastic else str(num_nodes)
     container = k8s.V1Container(
         name=kfc.PYTORCHJOB_CONTAINER,  # the operator's webhook and env injection look for "pytorch"
         image=image,
         command=["torchrun"],
-        args=["--nnodes", str(num_nodes), "--nproc_per_node", str(gpus_per_node),
-              "-m", "components.train.sft", "--config", config_path],
-        env=env,
+        args=torchrun_args(nnodes, gpus_per_node, config_path),
+        env=trainer_env(hf_token_secret, nccl_env),
         resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
-        volume_mounts=[
-            k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
-            k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT),
-            k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-        ],
+        volume_mounts=TRAINER_VOLUME_MOUNTS,
     )
     template = k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(
@@ -145,32 +213,50 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
             containers=[container],
             node_selector=dict(node_selector) or None,
             tolerations=list(tolerations) or None,
-            volumes=[
-                k8s.V1Volume(name="data", persistent_volume_claim=_claim(data_pvc)),
-                k8s.V1Volume(name="models", persistent_volume_claim=_claim(model_pvc)),
-                k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
-            ],
+            affinity=affinity or None,
+            priority_class_name=priority_class or None,
+            volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
         ),
     )
-    def replicas(n: int) -> kf.KubeflowOrgV1ReplicaSpec:
-        return kf.KubeflowOrgV1ReplicaSpec(replicas=n, restart_policy=RESTART_POLICY, template=template)
+    # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
+    restart_policy = "OnFailure" if elastic else RESTART_POLICY
 
-    replica_specs = {kfc.REPLICA_TYPE_MASTER: replicas(1)}
-    if num_nodes > 1:
-        replica_specs[kfc.REPLICA_TYPE_WORKER] = replicas(num_nodes - 1)
+    def replicas(n: int) -> kf.KubeflowOrgV1ReplicaSpec:
+        return kf.KubeflowOrgV1ReplicaSpec(replicas=n, restart_policy=restart_policy, template=template)
+
+    if elastic:
+        # The webhook requires a Worker spec for an elastic policy; Worker 0 hosts the rendezvous.
+        replica_specs = {kfc.REPLICA_TYPE_WORKER: replicas(num_nodes)}
+        elastic_policy = kf.KubeflowOrgV1ElasticPolicy(
+            min_replicas=min_nodes, max_replicas=num_nodes, max_restarts=max_restarts, rdzv_backend="c10d")
+    else:
+        replica_specs = {kfc.REPLICA_TYPE_MASTER: replicas(1)}
+        if num_nodes > 1:
+            replica_specs[kfc.REPLICA_TYPE_WORKER] = replicas(num_nodes - 1)
+        elastic_policy = None
+    scheduling_policy = None
+    if gang_scheduling:
+        scheduling_policy = kf.KubeflowOrgV1SchedulingPolicy(
+            min_available=min_nodes if elastic else num_nodes, priority_class=priority_class or None)
+    job_labels = dict(labels)
+    if queue_name:
+        job_labels[kfc.LOCAL_QUEUE_LABEL] = queue_name
     job = kf.KubeflowOrgV1PyTorchJob(
         api_version=kfc.API_VERSION,
         kind=kfc.PYTORCHJOB_KIND,
-        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=dict(labels)),
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, labels=job_labels),
         spec=kf.KubeflowOrgV1PyTorchJobSpec(
             # Explicit: the operator counts "auto" (its default) as 1 process per pod in WORLD_SIZE.
             nproc_per_node=str(gpus_per_node),
             pytorch_replica_specs=replica_specs,
+            elastic_policy=elastic_policy,
             run_policy=kf.KubeflowOrgV1RunPolicy(
-                backoff_limit=BACKOFF_LIMIT,
-                # Keep finished pods (they hold no GPUs) so their logs can be read; TTL removes them with the job.
-                clean_pod_policy="None",
-                ttl_seconds_after_finished=TTL_SECONDS_AFTER_FINISHED,
+                # Only counted for OnFailure/Always: elastic restarts are bounded by max_restarts.
+                backoff_limit=max_restarts if elastic else BACKOFF_LIMIT,
+                clean_pod_policy=clean_pod_policy,
+                ttl_seconds_after_finished=ttl_seconds_after_finished,
+                active_deadline_seconds=active_deadline_seconds,
+                scheduling_policy=scheduling_policy,
             ),
         ),
     )
@@ -182,15 +268,17 @@ RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 
 def pytorchjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_image: str, num_nodes: int,
                        gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                       node_selector: dict, tolerations: list) -> dict:
+                       node_selector: dict, tolerations: list, **options) -> dict:
     """The PyTorchJob of one KFP run, from the pipeline's parameter names: named and labelled by the run id.
 
-    The train step, ``python -m components.train.launch`` and ``python -m pipelines.run --render`` all
-    build the job through here, so what is rendered is what runs.
+    ``options`` are ``build_pytorchjob``'s keyword parameters (affinity, resources, NCCL, run policy,
+    Kueue queue, gang scheduling, priority class, elastic min_nodes/max_restarts). The train step,
+    ``python -m components.train.launch`` and ``python -m pipelines.run --render`` all build the job
+    through here, so what is rendered is what runs.
     """
     return build_pytorchjob(
         name=job_name_for(run_id), namespace=namespace, image=trainer_image, config_path=config_path,
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc, model_pvc=model_pvc,
         hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
-        labels={RUN_ID_LABEL: run_id},
+        labels={RUN_ID_LABEL: run_id}, **options,
     )

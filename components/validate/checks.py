@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 
 METHODS = ("full", "lora", "qlora")
-TRAIN_BACKENDS = ("pytorchjob", "local")
+TRAIN_BACKENDS = ("pytorchjob", "trainjob", "local")
+JOB_CLEANUP = ("keep", "on-success", "always")
 DEPLOY_BACKENDS = ("kserve-vllm", "kserve-huggingface", "local")
 DEEPSPEED_CONFIGS = ("zero3", "zero2", "none")
 
@@ -74,10 +75,26 @@ def check_parameters(p: dict) -> list[str]:
         errors.append(f"num_nodes={p['num_nodes']} with train_backend=local: a local run has one node; set num_nodes=1")
     if p["method"] == "qlora" and p["deepspeed_config"] == "zero3":
         errors.append("method=qlora with deepspeed_config=zero3 is not supported (4-bit weights cannot be partitioned); use zero2 or none")
-    if p["train_backend"] == "pytorchjob" and p["deploy_backend"] == "local":
+    if p["train_backend"] != "local" and p["deploy_backend"] == "local":
         errors.append("deploy_backend=local needs train_backend=local (the model is on the cluster's volume); use kserve-vllm")
     if p["deploy_backend"].startswith("kserve") and p["serving_gpus"] < 1:
         errors.append(f"serving_gpus={p['serving_gpus']} with deploy_backend={p['deploy_backend']}: vLLM needs at least 1 GPU")
+    errors.append(_choice(p, "job_cleanup", JOB_CLEANUP))
+    if p["queue_name"]:
+        errors.append(_name_error("queue_name", p["queue_name"], _DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
+    if p["priority_class"]:
+        errors.append(_name_error("priority_class", p["priority_class"], _DNS1123_SUBDOMAIN, 253, "PriorityClass name"))
+    if p["queue_name"] and p["gang_scheduling"]:
+        errors.append("queue_name and gang_scheduling both set: Kueue admits the job as a whole already; use one")
+    if p["active_deadline_seconds"] < 0 or p["min_nodes"] < 0 or p["max_restarts"] < 0:
+        errors.append("active_deadline_seconds, min_nodes and max_restarts must be >= 0 (0 means not set)")
+    if p["min_nodes"] > p["num_nodes"]:
+        errors.append(f"min_nodes={p['min_nodes']} is more than num_nodes={p['num_nodes']}; use 0 for a fixed-size job")
+    if p["train_backend"] == "trainjob":
+        for field in ("priority_class", "gang_scheduling", "min_nodes"):
+            if p[field]:
+                errors.append(f"{field} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
+                              "(Trainer v2 keeps it there), or use train_backend=pytorchjob")
     if not p["model_name_or_path"].strip():
         errors.append("model_name_or_path is empty; give a Hub id such as Qwen/Qwen3-30B-A3B or a mounted folder")
     if not p["dataset_source"].strip():

@@ -25,6 +25,15 @@ def validate_inputs(
     data_pvc: str,
     model_pvc: str,
     hf_token_secret: str,
+    node_selector: dict,
+    tolerations: list,
+    job_cleanup: str,
+    active_deadline_seconds: int,
+    queue_name: str,
+    priority_class: str,
+    gang_scheduling: bool,
+    min_nodes: int,
+    max_restarts: int,
     eval_gpus: int,
     min_loss_improvement: float,
     deploy_backend: str,
@@ -32,10 +41,14 @@ def validate_inputs(
     serving_gpus: int,
     max_model_len: int,
 ):
-    """Check the run's parameters together and fail with every problem listed, each naming the fix.
+    """Check the run's parameters and the cluster, and fail with every problem listed, each naming the fix.
 
-    The same checks run in ``python -m pipelines.run`` before a run is submitted; this task repeats them
-    because runs started from the KFP UI or a schedule never pass through the CLI.
+    The parameter checks also run in ``python -m pipelines.run`` before a run is submitted; this task
+    repeats them because runs started from the KFP UI or a schedule never pass through the CLI. On a
+    cluster (``train_backend`` other than ``local``) it then runs the preflight: the job and
+    InferenceService APIs are installed, both claims exist, are Bound and ReadWriteMany, the token
+    Secret has its key, the runner's service account may do what the steps do, and enough GPU nodes
+    match the node selector. All of it before any GPU is requested.
 
     Args:
         model_name_or_path: Hugging Face Hub id, mounted folder, or ``builtin:tiny-qwen3``.
@@ -52,10 +65,19 @@ def validate_inputs(
         max_steps: stop after this many optimizer steps; -1 runs all epochs.
         warmup_ratio: fraction of steps of linear warm-up.
         deepspeed_config: ``zero3``, ``zero2``, ``none`` or a JSON path in the trainer image.
-        train_backend: ``pytorchjob`` (cluster) or ``local`` (torchrun subprocess).
+        train_backend: ``pytorchjob``, ``trainjob`` (cluster) or ``local`` (torchrun subprocess).
         data_pvc: ReadWriteMany claim for datasets and caches.
         model_pvc: ReadWriteMany claim for checkpoints and the final model.
         hf_token_secret: Secret (key ``HF_TOKEN``) with a Hugging Face token; optional.
+        node_selector: node labels of the GPU pods (checked against the cluster's nodes).
+        tolerations: tolerations of the GPU pods (checked against the nodes' taints).
+        job_cleanup: ``keep``, ``on-success`` or ``always``.
+        active_deadline_seconds: training job deadline; 0 for none.
+        queue_name: Kueue LocalQueue; empty for none.
+        priority_class: PriorityClass of the training pods; empty for none.
+        gang_scheduling: schedule all training pods together.
+        min_nodes: elastic lower bound; 0 for a fixed-size job.
+        max_restarts: elastic restarts.
         eval_gpus: GPUs for the evaluation pod.
         min_loss_improvement: relative eval-loss improvement required to deploy.
         deploy_backend: ``kserve-vllm``, ``kserve-huggingface`` or ``local``.
@@ -69,7 +91,15 @@ def validate_inputs(
     from components.validate.checks import check_parameters
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    log = logging.getLogger("validate_inputs")
     errors = check_parameters(params)
     if errors:
         raise ValueError("invalid parameters: " + "; ".join(errors))
-    logging.getLogger("validate_inputs").info("parameters are valid: %s", params)
+    log.info("parameters are valid: %s", params)
+    if train_backend != "local":
+        from components.validate.preflight import preflight
+
+        problems = preflight(params)
+        if problems:
+            raise ValueError("cluster preflight: " + "; ".join(problems))
+        log.info("cluster preflight passed")

@@ -11,6 +11,11 @@ pods (list with ``labelSelector``) and ``pods/<name>/log`` (``container``, ``pre
 ``tailLines``, ``timestamps``); errors as ``Status`` objects (``AlreadyExists`` 409, ``NotFound`` 404,
 ``Conflict`` 409, ``BadRequest`` 400).
 
+For the cluster preflight it also serves API discovery (``/apis/<group>/<version>``, for the resources
+registered with ``install_crd``), core/v1 PersistentVolumeClaims and Secrets (get), Nodes (list with
+``labelSelector``) and ``SelfSubjectAccessReview`` (allowed unless ``deny`` says otherwise). ``forbid``
+answers a path with 403 Forbidden, as RBAC would.
+
 The controller side is scripted: ``on_get(plural, fn)`` calls ``fn(obj)`` on every GET of such an object,
 before answering, so a scenario advances one step per poll (``steps(...)`` builds such a function from a
 sequence). ``fail_next``/``drop_next`` inject HTTP errors or dropped connections. Every request is logged.
@@ -110,6 +115,10 @@ class FakeKubeAPI:
         self.requests: list[Request] = []
         self._controllers: dict[str, list] = {}
         self._faults: list[_Fault] = []
+        self.core: dict[tuple, dict] = {}  # (plural, namespace or "", name) -> PVCs, Secrets, Nodes
+        self.crds: dict[tuple, list] = {}  # (group, version) -> discovery APIResource entries
+        self.denied: set[tuple] = set()  # (verb, group, resource, subresource) a SelfSubjectAccessReview refuses
+        self.forbidden: list[str] = []  # path fragments answered 403
         self._server: ThreadingHTTPServer | None = None
         self.client: k8s.ApiClient | None = None
 
@@ -243,6 +252,54 @@ class FakeKubeAPI:
             for line in lines:
                 pod.log.append((time.time_ns(), line))
 
+    def install_crd(self, group: str, version: str, plural: str, kind: str, namespaced: bool = True) -> None:
+        """Make ``plural`` discoverable under ``/apis/<group>/<version>``, as an installed CRD is."""
+        with self.lock:
+            self.crds.setdefault((group, version), []).append(
+                {"name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
+                 "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"]})
+
+    def add_pvc(self, namespace: str, name: str, *, phase: str = "Bound", access_modes=("ReadWriteMany",),
+                storage: str = "1Ti") -> None:
+        """A PersistentVolumeClaim in ``phase`` with these access modes."""
+        self._put_core("persistentvolumeclaims", namespace, name, {
+            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "spec": {"accessModes": list(access_modes), "resources": {"requests": {"storage": storage}}},
+            "status": {"phase": phase, **({"accessModes": list(access_modes)} if phase == "Bound" else {})}})
+
+    def add_secret(self, namespace: str, name: str, data: dict) -> None:
+        """A Secret holding ``data`` (plain values; stored base64-encoded like the real API)."""
+        import base64
+
+        self._put_core("secrets", namespace, name, {
+            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+
+    def add_node(self, name: str, labels: dict, *, gpus: int = 8, taints: list | None = None,
+                 unschedulable: bool = False) -> None:
+        """A Node with ``gpus`` allocatable ``nvidia.com/gpu``, these labels and taints."""
+        allocatable = {"cpu": "190", "memory": "2000Gi", "pods": "110"}
+        if gpus:
+            allocatable["nvidia.com/gpu"] = str(gpus)
+        self._put_core("nodes", "", name, {
+            "apiVersion": "v1", "kind": "Node",
+            "metadata": {"labels": dict(labels)},
+            "spec": {"taints": list(taints or []), **({"unschedulable": True} if unschedulable else {})},
+            "status": {"allocatable": allocatable, "capacity": dict(allocatable)}})
+
+    def deny(self, verb: str, resource: str, group: str = "", subresource: str = "") -> None:
+        """SelfSubjectAccessReviews for this verb on this resource answer allowed: false."""
+        self.denied.add((verb, group, resource, subresource))
+
+    def forbid(self, path_contains: str) -> None:
+        """Requests whose path contains ``path_contains`` answer 403 Forbidden."""
+        self.forbidden.append(path_contains)
+
+    def _put_core(self, plural: str, namespace: str, name: str, obj: dict) -> None:
+        with self.lock:
+            obj.setdefault("metadata", {}).update(name=name, **({"namespace": namespace} if namespace else {}))
+            self.core[(plural, namespace, name)] = self._stamp(obj)
+
     def requests_for(self, method: str, path_contains: str = "") -> list[Request]:
         """Logged requests with this method whose path contains ``path_contains``."""
         with self.lock:
@@ -274,8 +331,18 @@ class FakeKubeAPI:
                     return None
                 return _status(fault.status, "InternalError", "injected failure")
             parts = path.strip("/").split("/")
+            if any(fragment in path for fragment in self.forbidden):
+                return _status(403, "Forbidden", f"{method} {path} is forbidden: the service account may not do this")
             if parts[:2] == ["api", "v1"] and len(parts) >= 5 and parts[2] == "namespaces" and parts[4] == "pods":
                 return self._pods(method, parts[3], parts[5:], query)
+            if parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[2] == "namespaces" and method == "GET":
+                return self._core_get(parts[4], parts[3], parts[5])
+            if parts == ["api", "v1", "nodes"] and method == "GET":
+                return self._core_list("nodes", query)
+            if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] and method == "POST":
+                return self._access_review(body)
+            if parts[0] == "apis" and len(parts) == 3 and method == "GET":
+                return self._discovery(parts[1], parts[2])
             if parts[0] == "apis" and len(parts) in (6, 7) and parts[3] == "namespaces":
                 _, group, version, _, namespace, plural, *rest = parts
                 return self._custom(method, (group, version, plural, namespace), rest[0] if rest else None,
@@ -329,6 +396,34 @@ class FakeKubeAPI:
             self.objects[key] = new
             return 200, new, "application/json"
         return _status(405, "MethodNotAllowed", f"{method} is not supported")
+
+    def _core_get(self, plural, namespace, name):
+        obj = self.core.get((plural, namespace, name))
+        if obj is None:
+            return _status(404, "NotFound", f'{plural} "{name}" not found', name, "", plural)
+        return 200, obj, "application/json"
+
+    def _core_list(self, plural, query):
+        wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
+        items = [copy.deepcopy(o) for (p, _, _), o in sorted(self.core.items()) if p == plural
+                 and all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        kind = {"nodes": "NodeList"}[plural]
+        return 200, {"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}, \
+            "application/json"
+
+    def _access_review(self, body):
+        attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
+        key = (attrs.get("verb", ""), attrs.get("group", ""), attrs.get("resource", ""), attrs.get("subresource", ""))
+        allowed = key not in self.denied
+        review = {**body, "status": {"allowed": allowed, **({} if allowed else {"reason": "no RBAC rule allows it"})}}
+        return 201, review, "application/json"
+
+    def _discovery(self, group, version):
+        resources = self.crds.get((group, version))
+        if resources is None:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
+                     "resources": resources}, "application/json"
 
     def _pods(self, method, namespace, rest, query):
         if method != "GET":

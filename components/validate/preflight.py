@@ -1,0 +1,194 @@
+"""Cluster preflight: will this run's jobs be able to start here? Checked before any GPU is requested.
+
+    problems = preflight(params)   # [] when the cluster is ready for these parameters
+
+What it checks, each failure one message naming the fix:
+- the APIs the backends use are installed (PyTorchJob or TrainJob; InferenceService for KServe), by API
+  discovery, which every authenticated user may read;
+- both claims exist, are Bound and ReadWriteMany (the job's pods on several nodes mount them at once);
+- the Hugging Face token Secret has key ``HF_TOKEN`` (a missing Secret is only a warning: public models
+  need no token, and the pods reference it as optional);
+- this service account may do what the launcher and the deployer do (SelfSubjectAccessReview);
+- enough schedulable nodes match the node selector, tolerate their taints and have ``gpus_per_node``
+  allocatable ``nvidia.com/gpu`` (Nodes are cluster-scoped: without a ClusterRole to list them this
+  check is skipped with a warning).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from components.kube import call_api, current_namespace, load_api_client
+
+log = logging.getLogger(__name__)
+
+# (group, version, plural, what installs it) per backend.
+TRAIN_APIS = {
+    "pytorchjob": ("kubeflow.org", "v1", "pytorchjobs", "the Kubeflow Training Operator (v1)"),
+    "trainjob": ("trainer.kubeflow.org", "v1alpha1", "trainjobs", "Kubeflow Trainer (v2)"),
+}
+SERVING_API = ("serving.kserve.io", "v1beta1", "inferenceservices", "KServe")
+
+# What the launcher (components/train/launch.py) and deployer (components/deploy/inference_service.py)
+# call, as (verb, group, resource, subresource); manifests/rbac/role.yaml grants exactly these.
+LAUNCHER_ACCESS = {
+    "pytorchjob": [("create", "kubeflow.org", "pytorchjobs", ""), ("get", "kubeflow.org", "pytorchjobs", ""),
+                   ("delete", "kubeflow.org", "pytorchjobs", "")],
+    "trainjob": [("create", "trainer.kubeflow.org", "trainjobs", ""), ("get", "trainer.kubeflow.org", "trainjobs", ""),
+                 ("delete", "trainer.kubeflow.org", "trainjobs", "")],
+}
+POD_ACCESS = [("list", "", "pods", ""), ("get", "", "pods", "log")]
+DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
+                   ("get", "serving.kserve.io", "inferenceservices", ""),
+                   ("patch", "serving.kserve.io", "inferenceservices", ""),
+                   ("delete", "serving.kserve.io", "inferenceservices", "")]
+GPU = "nvidia.com/gpu"
+HF_TOKEN_KEY = "HF_TOKEN"
+
+
+def _missing_api(custom: k8s.CustomObjectsApi, group: str, version: str, plural: str, what: str) -> str | None:
+    try:
+        resources = call_api(custom.get_api_resources, group, version).resources
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        resources = []
+    if any(r.name == plural for r in resources):
+        return None
+    return f"{plural}.{group}/{version} is not served by this cluster: install {what}"
+
+
+def _claim_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str) -> str | None:
+    try:
+        pvc = call_api(core.read_namespaced_persistent_volume_claim, name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return (f"{field}={name!r}: PersistentVolumeClaim not found in namespace {namespace}; create it "
+                    "(manifests/ has a ReadWriteMany claim: kubectl apply -k manifests/)")
+        if exc.status == 403:
+            return f"{field}={name!r}: may not read PersistentVolumeClaims in {namespace}; apply manifests/rbac"
+        raise
+    phase = pvc.status.phase if pvc.status else None
+    modes = (pvc.status.access_modes if pvc.status and pvc.status.access_modes else pvc.spec.access_modes) or []
+    if "ReadWriteMany" not in modes:
+        return (f"{field}={name!r} has access modes {', '.join(modes) or 'none'}: the job's pods on several nodes "
+                "mount it at once, so it must be ReadWriteMany (use an RWX storage class: NFS, CephFS, a CSI file store)")
+    if phase != "Bound":
+        return (f"{field}={name!r} is {phase}, not Bound: its storage class cannot provision it "
+                f"(kubectl describe pvc {name} -n {namespace})")
+    return None
+
+
+def _secret_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+    try:
+        secret = call_api(core.read_namespaced_secret, name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            log.warning("hf_token_secret=%r: Secret not found in %s; fine for public models, gated ones will "
+                        "fail to download (kubectl create secret generic %s --from-literal=%s=hf_...)",
+                        name, namespace, name, HF_TOKEN_KEY)
+            return None
+        if exc.status == 403:
+            log.warning("hf_token_secret=%r: may not read it to check its key (see manifests/rbac)", name)
+            return None
+        raise
+    data = secret.data or {}
+    if HF_TOKEN_KEY not in data:
+        return (f"hf_token_secret={name!r} has no key {HF_TOKEN_KEY} (it has: {', '.join(sorted(data)) or 'none'}); "
+                f"the pods read the token from that key")
+    if not base64.b64decode(data[HF_TOKEN_KEY]).strip():
+        return f"hf_token_secret={name!r}: key {HF_TOKEN_KEY} is empty"
+    return None
+
+
+def _access_problems(authz: k8s.AuthorizationV1Api, namespace: str, wanted: list[tuple]) -> list[str]:
+    problems = []
+    for verb, group, resource, subresource in wanted:
+        review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=k8s.V1ResourceAttributes(namespace=namespace, verb=verb, group=group,
+                                                         resource=resource, subresource=subresource or None)))
+        if not call_api(authz.create_self_subject_access_review, review).status.allowed:
+            what = f"{resource}/{subresource}" if subresource else resource
+            problems.append(f"this service account may not {verb} {what}{'.' + group if group else ''} in {namespace}: "
+                            "apply manifests/rbac (kubectl apply -k manifests/) for the pipeline runner")
+    return problems
+
+
+def _tolerates(tolerations: list, taint: dict) -> bool:
+    for tol in tolerations:
+        if tol.get("effect") and tol["effect"] != taint.get("effect"):
+            continue
+        if tol.get("operator") == "Exists":
+            if not tol.get("key") or tol["key"] == taint.get("key"):
+                return True
+        elif tol.get("key") == taint.get("key") and tol.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _gpu_node_problem(core: k8s.CoreV1Api, node_selector: dict, tolerations: list, num_nodes: int,
+                      gpus_per_node: int) -> str | None:
+    selector = ",".join(f"{k}={v}" for k, v in sorted(node_selector.items()))
+    try:
+        nodes = call_api(core.list_node, label_selector=selector or None).items
+    except ApiException as exc:
+        if exc.status != 403:
+            raise
+        log.warning("may not list Nodes (cluster-scoped): GPU capacity not checked; a cluster admin can "
+                    "grant it with kubectl apply -k manifests/cluster")
+        return None
+    usable = []
+    for node in nodes:
+        taints = [t.to_dict() for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")]
+        gpus = int((node.status.allocatable or {}).get(GPU, "0"))
+        if not node.spec.unschedulable and gpus >= gpus_per_node and all(_tolerates(tolerations, t) for t in taints):
+            usable.append(node.metadata.name)
+    if len(usable) >= num_nodes:
+        return None
+    where = f"matching node_selector {node_selector}" if node_selector else "in the cluster"
+    return (f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {len(nodes)} nodes "
+            f"{where} are schedulable, tolerated and have >= {gpus_per_node} allocatable {GPU}; "
+            "check node_selector, tolerations and gpus_per_node against kubectl get nodes -L nvidia.com/gpu.product")
+
+
+def preflight(params: dict, api_client=None, namespace: str | None = None) -> list[str]:
+    """Every reason this cluster cannot run the pipeline with ``params`` (empty when it can).
+
+    Args:
+        params: pipeline parameters; reads ``train_backend``, ``deploy_backend``, ``data_pvc``, ``model_pvc``,
+            ``hf_token_secret``, ``num_nodes``, ``gpus_per_node``, ``node_selector`` and ``tolerations``.
+        api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
+        namespace: where the run's jobs go; default: this pod's namespace.
+
+    Returns:
+        One message per problem, each naming the parameter or resource and the fix. Warnings (an absent
+        optional Secret, Nodes that may not be listed) are logged, not returned.
+    """
+    train, deploy = params["train_backend"], params["deploy_backend"]
+    if train == "local" and deploy == "local":
+        return []
+    api_client = api_client or load_api_client()
+    namespace = namespace or current_namespace()
+    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
+    authz = k8s.AuthorizationV1Api(api_client)
+    problems: list = []
+    wanted: list = []
+    if train in TRAIN_APIS:
+        problems.append(_missing_api(custom, *TRAIN_APIS[train]))
+        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS
+    if deploy.startswith("kserve"):
+        problems.append(_missing_api(custom, *SERVING_API))
+        wanted += DEPLOYER_ACCESS + [("list", "", "pods", "")]  # it waits on the predictor's pods
+    problems.append(_claim_problem(core, namespace, "data_pvc", params["data_pvc"]))
+    problems.append(_claim_problem(core, namespace, "model_pvc", params["model_pvc"]))
+    if train in TRAIN_APIS:
+        problems.append(_secret_problem(core, namespace, params["hf_token_secret"]))
+    problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
+    if train in TRAIN_APIS:
+        problems.append(_gpu_node_problem(core, params["node_selector"], params["tolerations"], params["num_nodes"],
+                                          params["gpus_per_node"]))
+    return [p for p in problems if p]

@@ -1,0 +1,253 @@
+"""manifests/: the runner's RBAC grants exactly what the code calls, the claims are ReadWriteMany, and
+the kustomization builds with its parameters applied.
+
+The Role is checked against the API calls the launcher and preflight really make (the fake API server's
+request log of full runs) plus the deployer's calls (read from its source), so a new call without a
+rule, or a rule nothing calls, fails here.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import signal
+import subprocess
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from components import kube
+from components.deploy import inference_service
+from components.train.launch import run_training_job
+from components.train.pytorchjob import job_name_for, pytorchjob_for_run
+from components.train.trainjob import trainjob_for_run
+from components.validate.preflight import (
+    DEPLOYER_ACCESS,
+    LAUNCHER_ACCESS,
+    POD_ACCESS,
+    preflight,
+)
+from tests.fakes.k8s_api import FakeKubeAPI
+from tests.test_preflight import PARAMS, ready_cluster
+
+ROOT = Path(__file__).resolve().parents[1]
+MANIFESTS = ROOT / "manifests"
+NS = "team-llm"
+RUN_ID = "run-1"
+NAME = job_name_for(RUN_ID)
+
+
+def documents(path: Path) -> list[dict]:
+    return [d for d in yaml.safe_load_all(path.read_text()) if d]
+
+
+def ours() -> list[Path]:
+    """Our YAML files (manifests/serving/ belongs to the deploy step)."""
+    return sorted(p for p in MANIFESTS.rglob("*.yaml") if "serving" not in p.relative_to(MANIFESTS).parts)
+
+
+def resources(kind: str) -> list[dict]:
+    return [d for p in ours() for d in documents(p) if d.get("kind") == kind]
+
+
+def test_every_file_parses_and_names_its_objects():
+    assert ours(), "manifests/ is empty"
+    for path in ours():
+        for doc in documents(path):
+            assert doc.get("apiVersion") and doc.get("kind"), path
+            if doc["kind"] != "Kustomization":
+                assert doc["metadata"]["name"], path
+
+
+def test_claims_are_read_write_many_and_named_like_the_pipeline_defaults():
+    claims = {c["metadata"]["name"]: c for c in resources("PersistentVolumeClaim")}
+    assert set(claims) == {PARAMS["data_pvc"], PARAMS["model_pvc"]}
+    for claim in claims.values():
+        assert claim["spec"]["accessModes"] == ["ReadWriteMany"]
+        assert claim["spec"]["resources"]["requests"]["storage"]
+
+
+# -- RBAC: exactly what the code calls ----------------------------------------------------------------
+
+def rule_for(method: str, path: str) -> tuple | None:
+    """(namespaced, apiGroup, resource, verb) RBAC needs for one request; None when every account may."""
+    parts = path.strip("/").split("/")
+    if parts[0] == "apis" and len(parts) == 3:
+        return None  # API discovery: system:discovery
+    if parts[1:] == ["authorization.k8s.io", "v1", "selfsubjectaccessreviews"]:
+        return None  # system:basic-user
+    group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
+    namespaced = rest[0] == "namespaces"
+    if namespaced:
+        rest = rest[2:]
+    resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
+    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update",
+            "GET": "get" if name else "list"}[method]
+    return namespaced, group, f"{resource}/{sub}" if sub else resource, verb
+
+
+def launcher_rules(manifest: dict, plural: str, pod_label: str, done: str) -> set[tuple]:
+    """The RBAC rules behind a job that succeeds and is cleaned up, one re-attached that fails, one cancelled."""
+    group, version = manifest["apiVersion"].split("/")
+    pod, container = f"{NAME}-master-0", "pytorch" if plural == "pytorchjobs" else "node"
+    needed = set()
+
+    def running(api):
+        def step(job):
+            api.add_pod(NS, pod, {pod_label: NAME}, container=container)
+            api.log(NS, pod, "step 1")
+        return step
+
+    def failed(api):
+        def step(job):
+            api.set_container_state(NS, pod, "terminated", exit_code=1)
+            api.set_condition(job, "Failed", reason="Failed")
+        return step
+
+    with FakeKubeAPI() as api:
+        api.on_get(plural, api.steps(running(api), lambda job: api.set_condition(job, done)))
+        run_training_job(manifest, api_client=api.client, poll_seconds=0.01, cleanup="always")
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
+    with FakeKubeAPI() as api:
+        api.put_object(group, version, plural, manifest)
+        api.on_get(plural, api.steps(running(api), failed(api)))
+        with pytest.raises(RuntimeError):  # reads the failing pod's log tail
+            run_training_job(manifest, api_client=api.client, poll_seconds=0.01)
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
+    with FakeKubeAPI() as api:
+        api.on_get(plural, running(api))
+        timer = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGTERM))
+        timer.start()
+        try:
+            with pytest.raises(SystemExit):
+                run_training_job(manifest, api_client=api.client, poll_seconds=0.01)
+        finally:
+            timer.cancel()
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
+    return needed
+
+
+def scripted_runs() -> set[tuple]:
+    """The RBAC rules behind every request of full launcher and preflight runs, both job kinds."""
+    args = {"run_id": RUN_ID, "namespace": NS, "config_path": "/mnt/models/c.json", "trainer_image": "img:1",
+            "num_nodes": 1, "gpus_per_node": 8, "data_pvc": "llm-data", "model_pvc": "llm-models",
+            "hf_token_secret": "hf-token", "node_selector": {}, "tolerations": []}
+    needed = launcher_rules(pytorchjob_for_run(**args), "pytorchjobs", "training.kubeflow.org/job-name", "Succeeded")
+    needed |= launcher_rules(trainjob_for_run(**args), "trainjobs", "jobset.sigs.k8s.io/jobset-name", "Complete")
+    for train in ("pytorchjob", "trainjob"):
+        with FakeKubeAPI() as api:
+            assert preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client, namespace=NS) == []
+            needed |= {rule_for(r.method, r.path) for r in api.requests}
+    return needed - {None}
+
+
+def deployer_rules() -> set[tuple]:
+    """The deployer's API calls, read from its source: ``call_api(custom.<method>, ...)`` and ``core.<method>``."""
+    verbs = {"create_namespaced_custom_object": "create", "get_namespaced_custom_object": "get",
+             "patch_namespaced_custom_object": "patch", "delete_namespaced_custom_object": "delete",
+             "replace_namespaced_custom_object": "update", "list_namespaced_custom_object": "list"}
+    core = {"list_namespaced_pod": ("pods", "list"), "read_namespaced_pod_log": ("pods/log", "get"),
+            "read_namespaced_pod": ("pods", "get")}
+    tree = ast.parse(Path(inference_service.__file__).read_text())
+    rules = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
+            if node.value.id == "custom":
+                assert node.attr in verbs, f"the deployer calls CustomObjectsApi.{node.attr}: map it to a verb here"
+                rules.add((True, inference_service.GROUP, inference_service.PLURAL, verbs[node.attr]))
+            elif node.value.id == "core":
+                assert node.attr in core, f"the deployer calls CoreV1Api.{node.attr}: map it to a verb here"
+                rules.add((True, "", *core[node.attr]))
+    assert rules, "no API calls found in the deployer: has it moved?"
+    return rules
+
+
+def granted(role: dict, namespaced: bool) -> set[tuple]:
+    return {(namespaced, g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"]}
+
+
+@pytest.fixture(scope="module")
+def needed_rules():
+    previous = kube.API_RETRY_WINDOW_SECONDS
+    kube.API_RETRY_WINDOW_SECONDS = 3.0
+    try:
+        return scripted_runs() | deployer_rules()
+    finally:
+        kube.API_RETRY_WINDOW_SECONDS = previous
+
+
+def test_role_grants_exactly_what_the_code_calls(needed_rules):
+    (role,) = resources("Role")
+    assert granted(role, True) == {r for r in needed_rules if r[0]}
+
+
+def test_cluster_role_grants_only_listing_nodes(needed_rules):
+    (cluster_role,) = resources("ClusterRole")
+    assert granted(cluster_role, False) == {r for r in needed_rules if not r[0]} == {(False, "", "nodes", "list")}
+
+
+def test_secret_access_is_limited_to_the_token_secret():
+    (role,) = resources("Role")
+    (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
+    assert rule["resourceNames"] == [PARAMS["hf_token_secret"]] and rule["verbs"] == ["get"]
+
+
+def test_preflight_reviews_what_the_role_grants_to_the_runner():
+    (role,) = resources("Role")
+    reviewed = {(True, g, f"{r}/{s}" if s else r, v)
+                for v, g, r, s in [*LAUNCHER_ACCESS["pytorchjob"], *LAUNCHER_ACCESS["trainjob"], *POD_ACCESS,
+                                   *DEPLOYER_ACCESS]}
+    # The rest of the Role is preflight's own reads, which it checks by making them.
+    assert granted(role, True) - reviewed == {(True, "", "persistentvolumeclaims", "get"), (True, "", "secrets", "get")}
+
+
+# -- kustomize ------------------------------------------------------------------------------------------
+
+def kustomize(path: Path) -> list[dict]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl (with its built-in kustomize) is not installed")
+    proc = subprocess.run(["kubectl", "kustomize", str(path)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return [d for d in yaml.safe_load_all(proc.stdout) if d]
+
+
+def test_kustomization_builds_the_namespaced_prerequisites():
+    built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(MANIFESTS)}
+    assert set(built) == {("Role", "llm-post-training-runner"), ("RoleBinding", "llm-post-training-runner"),
+                          ("PersistentVolumeClaim", "llm-data"), ("PersistentVolumeClaim", "llm-models")}
+    namespaces = {d["metadata"]["namespace"] for d in built.values()}
+    (subject,) = built[("RoleBinding", "llm-post-training-runner")]["subjects"]
+    assert len(namespaces) == 1 and subject["namespace"] in namespaces
+    assert subject == {"kind": "ServiceAccount", "name": "default-editor", "namespace": subject["namespace"]}
+
+
+def test_parameters_reach_every_resource(tmp_path):
+    copy = tmp_path / "manifests"
+    shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("serving"))
+    params = copy / "params.yaml"
+    text = params.read_text()
+    for old, new in [("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
+                     ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
+                     ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf")]:
+        assert old in text
+        text = text.replace(old, new)
+    params.write_text(text)
+    kustomization = copy / "kustomization.yaml"
+    kustomization.write_text(kustomization.read_text().replace("namespace: kubeflow-user-example-com",
+                                                               "namespace: kubeflow"))
+    built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(copy)}
+    assert built[("RoleBinding", "llm-post-training-runner")]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
+    assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
+    (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
+    assert secrets["resourceNames"] == ["team-hf"]
+    assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
+
+
+def test_cluster_kustomization_builds():
+    kinds = sorted(d["kind"] for d in kustomize(MANIFESTS / "cluster"))
+    assert kinds == ["ClusterRole", "ClusterRoleBinding"]

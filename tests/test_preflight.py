@@ -1,0 +1,168 @@
+"""Cluster preflight against the fake API server, through the real kubernetes client."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from components import kube
+from components.validate.preflight import preflight
+from tests.fakes.k8s_api import FakeKubeAPI
+
+NS = "team-llm"
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
+PARAMS = {
+    "train_backend": "pytorchjob", "deploy_backend": "kserve-vllm", "data_pvc": "llm-data", "model_pvc": "llm-models",
+    "hf_token_secret": "hf-token", "num_nodes": 2, "gpus_per_node": 8, "node_selector": H100,
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+}
+
+
+@pytest.fixture(autouse=True)
+def short_api_outages(monkeypatch):
+    monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
+
+
+def ready_cluster(api: FakeKubeAPI) -> FakeKubeAPI:
+    """Everything the reference run needs: operator, trainer, KServe, claims, token, two H100 nodes."""
+    api.install_crd("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+    api.install_crd("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+    api.install_crd("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService")
+    api.add_pvc(NS, "llm-data")
+    api.add_pvc(NS, "llm-models")
+    api.add_secret(NS, "hf-token", {"HF_TOKEN": "hf_abc"})
+    for i in range(2):
+        api.add_node(f"gpu-{i}", {**H100, "kubernetes.io/hostname": f"gpu-{i}"}, gpus=8, taints=[GPU_TAINT])
+    api.add_node("cpu-0", {"kubernetes.io/hostname": "cpu-0"}, gpus=0)
+    return api
+
+
+def check(api: FakeKubeAPI, **overrides) -> list[str]:
+    return preflight({**PARAMS, **overrides}, api_client=api.client, namespace=NS)
+
+
+def test_a_ready_cluster_passes():
+    with FakeKubeAPI() as api:
+        assert check(ready_cluster(api)) == []
+        assert check(api, train_backend="trainjob") == []
+        assert check(api, deploy_backend="local", train_backend="pytorchjob") == []
+
+
+def test_a_local_run_asks_nothing_of_a_cluster():
+    assert preflight({**PARAMS, "train_backend": "local", "deploy_backend": "local"}, api_client=object()) == []
+
+
+@pytest.mark.parametrize("backend,missing,needle", [
+    ("pytorchjob", ("kubeflow.org", "v1"), "pytorchjobs.kubeflow.org/v1 is not served by this cluster: install the "
+                                            "Kubeflow Training Operator"),
+    ("trainjob", ("trainer.kubeflow.org", "v1alpha1"), "trainjobs.trainer.kubeflow.org/v1alpha1 is not served by this "
+                                                        "cluster: install Kubeflow Trainer"),
+    ("pytorchjob", ("serving.kserve.io", "v1beta1"), "inferenceservices.serving.kserve.io/v1beta1 is not served by "
+                                                      "this cluster: install KServe"),
+])
+def test_missing_apis_are_named(backend, missing, needle):
+    with FakeKubeAPI() as api:
+        del ready_cluster(api).crds[missing]
+        (problem,) = check(api, train_backend=backend)
+        assert problem.startswith(needle)
+
+
+def test_claims_must_exist_be_bound_and_read_write_many():
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        del api.core[("persistentvolumeclaims", NS, "llm-data")]
+        api.add_pvc(NS, "llm-models", access_modes=("ReadWriteOnce",))
+        api.add_pvc(NS, "pending", phase="Pending")
+        problems = check(api) + check(api, model_pvc="pending")
+    assert len(problems) == 4, problems  # llm-data missing (twice), llm-models RWO, pending
+    assert problems[0].startswith("data_pvc='llm-data': PersistentVolumeClaim not found in namespace team-llm")
+    assert problems[1].startswith("model_pvc='llm-models' has access modes ReadWriteOnce") and "ReadWriteMany" in problems[1]
+    assert problems[3].startswith("model_pvc='pending' is Pending, not Bound")
+
+
+def test_absent_token_secret_is_a_warning_and_a_wrong_key_a_failure(caplog):
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        with caplog.at_level(logging.WARNING):
+            assert check(api, hf_token_secret="no-such-secret") == []
+        assert "hf_token_secret='no-such-secret': Secret not found" in caplog.text
+        api.add_secret(NS, "wrong-key", {"token": "hf_abc"})
+        api.add_secret(NS, "empty", {"HF_TOKEN": " "})
+        assert check(api, hf_token_secret="wrong-key") == [
+            "hf_token_secret='wrong-key' has no key HF_TOKEN (it has: token); the pods read the token from that key"]
+        assert check(api, hf_token_secret="empty") == ["hf_token_secret='empty': key HF_TOKEN is empty"]
+
+
+def test_the_secret_value_never_appears_in_messages_or_logs(caplog):
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        api.add_secret(NS, "other", {"TOKEN": "hf_live_secret_value"})
+        with caplog.at_level(logging.DEBUG):
+            problems = check(api, hf_token_secret="other")
+    assert "hf_live_secret_value" not in " ".join(problems) + caplog.text
+
+
+def test_missing_permissions_are_each_named():
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        api.deny("create", "pytorchjobs", group="kubeflow.org")
+        api.deny("get", "pods", subresource="log")
+        api.deny("patch", "inferenceservices", group="serving.kserve.io")
+        problems = check(api)
+    assert problems == [
+        "this service account may not create pytorchjobs.kubeflow.org in team-llm: apply manifests/rbac "
+        "(kubectl apply -k manifests/) for the pipeline runner",
+        "this service account may not get pods/log in team-llm: apply manifests/rbac "
+        "(kubectl apply -k manifests/) for the pipeline runner",
+        "this service account may not patch inferenceservices.serving.kserve.io in team-llm: apply manifests/rbac "
+        "(kubectl apply -k manifests/) for the pipeline runner",
+    ]
+
+
+def test_reviews_ask_about_the_runs_namespace_and_the_backends_resources():
+    with FakeKubeAPI() as api:
+        check(ready_cluster(api), train_backend="trainjob", deploy_backend="local")
+        reviews = [r.body["spec"]["resourceAttributes"] for r in api.requests_for("POST", "selfsubjectaccessreviews")]
+    assert {r["namespace"] for r in reviews} == {NS}
+    assert {(r["verb"], r["resource"], r.get("subresource", "")) for r in reviews} == {
+        ("create", "trainjobs", ""), ("get", "trainjobs", ""), ("delete", "trainjobs", ""),
+        ("list", "pods", ""), ("get", "pods", "log")}
+
+
+@pytest.mark.parametrize("change,expect", [
+    (lambda api: api.add_node("gpu-1", H100, gpus=4, taints=[GPU_TAINT]), "only 1 of 2 nodes"),
+    (lambda api: api.add_node("gpu-1", H100, gpus=8, taints=[GPU_TAINT], unschedulable=True), "only 1 of 2 nodes"),
+    (lambda api: api.add_node("gpu-1", H100, gpus=8, taints=[{"key": "dedicated", "value": "infer",
+                                                              "effect": "NoSchedule"}]), "only 1 of 2 nodes"),
+    (lambda api: api.add_node("gpu-1", {"nvidia.com/gpu.product": "NVIDIA-A100"}, gpus=8), "only 1 of 1 nodes"),
+])
+def test_too_few_matching_gpu_nodes_fail_with_the_counts(change, expect):
+    with FakeKubeAPI() as api:
+        change(ready_cluster(api))
+        (problem,) = check(api)
+    assert problem.startswith("num_nodes=2 x gpus_per_node=8: " + expect)
+    assert "node_selector" in problem and ">= 8 allocatable nvidia.com/gpu" in problem
+
+
+def test_a_prefer_no_schedule_taint_does_not_block():
+    with FakeKubeAPI() as api:
+        ready_cluster(api).add_node("gpu-1", H100, gpus=8, taints=[GPU_TAINT, {"key": "x", "effect": "PreferNoSchedule"}])
+        assert check(api) == []
+
+
+def test_nodes_the_runner_may_not_list_are_a_warning(caplog):
+    with FakeKubeAPI() as api:
+        ready_cluster(api).forbid("/api/v1/nodes")
+        with caplog.at_level(logging.WARNING):
+            assert check(api, num_nodes=64) == []
+    assert "may not list Nodes" in caplog.text
+
+
+def test_transient_errors_are_retried():
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        api.fail_next(2, status=503, path_contains="/persistentvolumeclaims/")
+        api.drop_next(1, path_contains="selfsubjectaccessreviews")
+        assert check(api) == []

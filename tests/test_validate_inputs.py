@@ -1,0 +1,75 @@
+"""validate_inputs as the pipeline runs it: parameter checks, then the cluster preflight.
+
+The preflight talks to the fake API server through a kubeconfig, exactly as the step would load
+credentials outside a pod: nothing in the code under test is replaced.
+"""
+
+import pytest
+import yaml
+
+from components import kube
+from components.validate.component import validate_inputs
+from pipelines import params as P
+from tests.fakes.k8s_api import FakeKubeAPI
+
+H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A fake cluster the kubernetes client reaches through ~/.kube/config, with the reference run's prerequisites."""
+    monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
+    with FakeKubeAPI() as api:
+        host = api.client.configuration.host
+        # The client reads $KUBECONFIG once at import; ~/.kube/config is expanded at each load.
+        kubeconfig = tmp_path / ".kube" / "config"
+        kubeconfig.parent.mkdir()
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": host}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "runner", "namespace": "default"}}],
+            "users": [{"name": "runner", "user": {"token": "not-a-secret"}}],
+        }))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        api.install_crd("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+        api.install_crd("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService")
+        api.add_pvc("default", "llm-data")
+        api.add_pvc("default", "llm-models")
+        api.add_secret("default", "hf-token", {"HF_TOKEN": "hf_abc"})
+        for i in range(2):
+            api.add_node(f"gpu-{i}", {**H100, "kubernetes.io/hostname": f"gpu-{i}"}, gpus=8,
+                         taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
+        yield api
+
+
+def _inputs(**overrides) -> dict:
+    params = P.resolve("qwen3-30b-a3b-full", overrides=[f"{k}={v}" for k, v in overrides.items()])
+    import inspect
+
+    return {k: params[k] for k in inspect.signature(validate_inputs.python_func).parameters}
+
+
+def test_reference_run_passes_parameter_checks_and_preflight(cluster):
+    validate_inputs.python_func(**_inputs())
+    assert cluster.requests_for("GET", "persistentvolumeclaims/llm-data")
+
+
+def test_missing_claim_and_too_few_gpu_nodes_fail_before_any_job(cluster):
+    with pytest.raises(ValueError) as e:
+        validate_inputs.python_func(**_inputs(model_pvc="llm-checkpoints", num_nodes=3))
+    message = str(e.value)
+    assert message.startswith("cluster preflight: ")
+    assert "llm-checkpoints" in message and "3" in message
+    assert not cluster.requests_for("POST", "pytorchjobs")
+
+
+def test_invalid_parameters_fail_before_the_cluster_is_asked(cluster):
+    with pytest.raises(ValueError, match="invalid parameters: .*min_nodes=3 is more than num_nodes=2"):
+        validate_inputs.python_func(**_inputs(min_nodes=3))
+    assert cluster.requests == []
+
+
+def test_trainjob_refuses_knobs_that_belong_to_its_runtime():
+    params = P.resolve("qwen3-30b-a3b-full", overrides=["train_backend=trainjob", "priority_class=high"])
+    with pytest.raises(Exception, match="priority_class with train_backend=trainjob: set it in the ClusterTrainingRuntime"):
+        P.check(params)
