@@ -77,10 +77,17 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         eval_gpus: int = 8,
         eval_max_samples: int = 512,
         min_loss_improvement: float = 0.0,
+        min_perplexity_improvement: float = 0.0,
+        eval_prompts: str = "builtin:sample",
+        max_new_tokens: int = 512,
+        lm_eval_tasks: list = [],
+        max_task_regression: float = 0.01,
         deploy_backend: str = "kserve-vllm",
         serving_name: str = "qwen3-30b-a3b-sft",
         serving_gpus: int = 4,
         max_model_len: int = 8192,
+        deployment_mode: str = "Standard",
+        canary_traffic_percent: int = 0,
         keep_serving: bool = False,
     ) -> Outputs:
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
@@ -97,7 +104,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             priority_class=priority_class, gang_scheduling=gang_scheduling, min_nodes=min_nodes,
             max_restarts=max_restarts, eval_gpus=eval_gpus, min_loss_improvement=min_loss_improvement,
             deploy_backend=deploy_backend, serving_name=serving_name, serving_gpus=serving_gpus,
-            max_model_len=max_model_len,
+            max_model_len=max_model_len, max_new_tokens=max_new_tokens, lm_eval_tasks=lm_eval_tasks,
+            deployment_mode=deployment_mode, canary_traffic_percent=canary_traffic_percent,
         ).set_display_name("Validate inputs").set_caching_options(False)
 
         prepare = prepare_dataset(
@@ -122,6 +130,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         evaluate = evaluate_model(
             dataset=prepare.outputs["dataset"], model=train.outputs["model"], model_name_or_path=model_name_or_path,
             eval_max_samples=eval_max_samples, min_loss_improvement=min_loss_improvement, data_root=data_root,
+            min_perplexity_improvement=min_perplexity_improvement, eval_prompts=eval_prompts,
+            max_new_tokens=max_new_tokens, lm_eval_tasks=lm_eval_tasks, max_task_regression=max_task_regression,
         ).set_display_name("Evaluate base vs tuned").set_caching_options(False)
 
         with dsl.If(evaluate.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
@@ -129,6 +139,7 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
                 model=train.outputs["model"], deploy_backend=deploy_backend, serving_name=serving_name,
                 serving_gpus=serving_gpus, max_model_len=max_model_len, keep_serving=keep_serving,
                 node_selector=node_selector, tolerations=tolerations, run_id=run_id,
+                deployment_mode=deployment_mode, canary_traffic_percent=canary_traffic_percent,
             ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
         with dsl.Else(name="evaluation-not-passed"):
             skipped = skip_deployment(reason=evaluate.outputs["reason"]).set_display_name("Skip deployment")

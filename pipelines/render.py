@@ -55,9 +55,16 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             run_id=RENDER_RUN_ID, namespace=namespace,
             storage_uri=pvc_uri(params["model_pvc"], MODEL_MOUNT, os.path.join(train_dir, "final")),
             **{k: params[k] for k in ("deploy_backend", "serving_name", "serving_gpus", "max_model_len",
-                                      "node_selector", "tolerations")},
+                                      "node_selector", "tolerations", "deployment_mode", "canary_traffic_percent")},
         )
         written.append(_write(out_dir / "inferenceservice.yaml", yaml.safe_dump(isvc, sort_keys=False)))
+    if params["deploy_backend"] == "kserve-vllm":
+        from components.deploy.serving_runtime import SERVING_RUNTIME_FILE, serving_runtime_manifest
+
+        # For clusters without KServe's built-in runtime; it ships in the source checkout (manifests/serving).
+        if SERVING_RUNTIME_FILE.is_file():
+            runtime = serving_runtime_manifest(namespace)
+            written.append(_write(out_dir / "servingruntime.yaml", yaml.safe_dump(runtime, sort_keys=False)))
     return written
 
 

@@ -247,3 +247,138 @@ def test_smoke_failure_restores_the_previous_spec():
         assert api.requests_for("DELETE") == []
         after = api.get_object(*GVP, NS, NAME)
     assert after["spec"] == before["spec"] and after["metadata"]["uid"] == before["metadata"]["uid"]
+
+
+# -- deployment mode, canary, startup probe ----------------------------------------------------------------
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_knative_canary_manifest_matches_the_crd(runtime):
+    assert crd_errors(isvc(runtime, deployment_mode="Knative", canary_traffic_percent=10), CRD) == []
+
+
+def test_deployment_mode_is_kserves_annotation():
+    standard = isvc()
+    assert standard["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Standard"}
+    assert "canaryTrafficPercent" not in standard["spec"]["predictor"]
+    assert "annotations" not in standard["spec"]["predictor"]
+    knative = isvc(deployment_mode="Knative")
+    assert knative["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Knative"}
+    # Knative would fail a revision still loading after its default 10 minutes.
+    assert knative["spec"]["predictor"]["annotations"] == {"serving.knative.dev/progress-deadline": "1830s"}
+
+
+def test_canary_splits_traffic_and_tags_the_new_revision():
+    manifest = isvc(deployment_mode="Knative", canary_traffic_percent=10)
+    assert manifest["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    assert manifest["metadata"]["annotations"]["serving.kserve.io/enable-tag-routing"] == "true"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"canary_traffic_percent": 10}, "canary_traffic_percent=10 needs deployment_mode='Knative'"),
+    ({"deployment_mode": "Knative", "canary_traffic_percent": 100}, "canary_traffic_percent must be 0"),
+    ({"deployment_mode": "RawDeployment"}, "deployment_mode 'RawDeployment' is not one of .*use 'Standard'"),
+    ({"deployment_mode": "Serverless"}, "use 'Knative'"),
+])
+def test_bad_mode_or_canary_is_a_value_error_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        isvc(**overrides)
+
+
+def test_startup_probe_only_where_the_runtime_has_none():
+    """KServe's vLLM runtime already waits 30 minutes for the model; its Hugging Face runtime has no probe."""
+    assert "startupProbe" not in isvc("kserve-vllm")["spec"]["predictor"]["model"]
+    probe = isvc("kserve-huggingface")["spec"]["predictor"]["model"]["startupProbe"]
+    assert probe["httpGet"] == {"path": "/openai/v1/models", "port": 8080}
+    assert probe["initialDelaySeconds"] + probe["failureThreshold"] * probe["periodSeconds"] >= 1800
+    runtimes = require_reference() / "runtimes"
+    vllm = yaml.safe_load((runtimes / "runtime_kserve-vllmserver.yaml").read_text())["spec"]["containers"][0]
+    hf = yaml.safe_load((runtimes / "runtime_kserve-huggingfaceserver.yaml").read_text())["spec"]["containers"][0]
+    assert "startupProbe" in vllm and "startupProbe" not in hf
+    assert RUNTIMES["kserve-vllm"].has_startup_probe and not RUNTIMES["kserve-huggingface"].has_startup_probe
+
+
+def test_inference_service_for_run_keeps_its_old_call_and_takes_the_new_keywords():
+    from components.deploy.inference_service import inference_service_for_run
+
+    common = dict(run_id="r1", namespace=NS, storage_uri=STORAGE, deploy_backend="kserve-vllm", serving_name=NAME,
+                  serving_gpus=8, max_model_len=4096, node_selector={}, tolerations=[])
+    old = inference_service_for_run(**common)
+    assert old["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    assert old["metadata"]["labels"] == {"pipelines.kubeflow.org/run-id": "r1"}
+    new = inference_service_for_run(**common, deployment_mode="Knative", canary_traffic_percent=25)
+    assert new["spec"]["predictor"]["canaryTrafficPercent"] == 25
+    assert crd_errors(new, CRD) == []
+
+
+def test_changing_the_mode_of_an_existing_service_is_refused_before_any_change():
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        existing = isvc(deployment_mode="Knative")
+        existing["status"] = {"observedGeneration": 1, "url": model_server.url, "deploymentMode": "Serverless",
+                              "conditions": [{"type": "Ready", "status": "True"}]}
+        api.put_object(*GVP, existing)
+        with pytest.raises(ValueError, match="runs in deployment mode Knative.*pass deployment_mode='Knative'"):
+            deploy_inference_service(isvc(), api_client=api.client, **FAST)
+        assert api.requests_for("PATCH") == [] and api.requests_for("POST") == []
+
+
+def test_canary_smoke_test_goes_to_the_new_revision():
+    """With a canary, the shared address reaches the old revision 90% of the time: test the new one by its tag."""
+    with FakeKubeAPI() as api, OpenAIServer() as canary, OpenAIServer(fail=True) as stable:
+        before = isvc(deployment_mode="Knative", storage_uri="pvc://llm-models/runs/previous/train/final")
+        before["status"] = {"observedGeneration": 1, "url": stable.url, "deploymentMode": "Knative",
+                            "conditions": [{"type": "Ready", "status": "True"}]}
+        api.put_object(*GVP, before)
+
+        ready = becomes_ready(api, "http://qwen3-30b-a3b-sft.team-llm.example.invalid", address=stable.url)
+
+        def rolled_out(obj):
+            ready(obj)
+            obj["status"]["components"] = {"predictor": {"traffic": [
+                {"tag": "prev", "percent": 90, "url": stable.url, "revisionName": "p-00001"},
+                {"tag": "latest", "percent": 10, "url": canary.url, "revisionName": "p-00002", "latestRevision": True},
+            ]}}
+
+        api.on_get("inferenceservices", rolled_out)
+        manifest = isvc(deployment_mode="Knative", canary_traffic_percent=10)
+        result = deploy_inference_service(manifest, api_client=api.client, **FAST)
+        after = api.get_object(*GVP, NS, NAME)
+    assert len(canary.requests) == 1 and stable.requests == []
+    assert result["endpoint"] == "http://qwen3-30b-a3b-sft.team-llm.example.invalid/v1"
+    assert after["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    assert after["metadata"]["annotations"]["serving.kserve.io/enable-tag-routing"] == "true"
+
+
+def _sigterm_after(seconds: float) -> threading.Timer:
+    import os
+    import signal
+
+    timer = threading.Timer(seconds, os.kill, args=(os.getpid(), signal.SIGTERM))
+    timer.start()
+    return timer
+
+
+def test_sigterm_during_the_rollout_deletes_the_new_service(capsys):
+    with FakeKubeAPI() as api:
+        api.on_get("inferenceservices", lambda obj: None)  # never Ready
+        timer = _sigterm_after(0.3)
+        with pytest.raises(SystemExit) as exit_:
+            deploy_inference_service(isvc(), api_client=api.client, timeout_seconds=30, **FAST)
+        timer.join()
+        assert api.get_object(*GVP, NS, NAME) is None
+    assert exit_.value.code == 143
+    assert "cancelled (SIGTERM)" in capsys.readouterr().out
+
+
+def test_sigterm_during_the_rollout_restores_the_previous_spec():
+    import signal
+
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        before = existing_service(api, model_server.url)
+        api.on_get("inferenceservices", lambda obj: None)  # the new generation never becomes Ready
+        timer = _sigterm_after(0.3)
+        with pytest.raises(SystemExit):
+            deploy_inference_service(isvc(), api_client=api.client, timeout_seconds=30, **FAST)
+        timer.join()
+        after = api.get_object(*GVP, NS, NAME)
+    assert after["spec"] == before["spec"] and after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again

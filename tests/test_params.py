@@ -63,6 +63,9 @@ def test_params_file_must_be_a_mapping(tmp_path):
     ("num_nodes=2", "num_nodes=2 with train_backend=local"),
     ("learning_rate=5", "learning_rate=5.0 must be between 0 and 1"),
     ("max_model_len=128", "max_model_len=128 is shorter than max_seq_length=512"),
+    ("canary_traffic_percent=10", "canary_traffic_percent needs deployment_mode=Knative"),
+    ("deployment_mode=Serverless", "deployment_mode='Serverless' is not one of Standard, Knative"),
+    ("lm_eval_tasks=[1]", "lm_eval_tasks=[1] must be a list of task names"),
 ])
 def test_invalid_values_name_the_field(override, message):
     params = P.resolve("local-tiny", overrides=[override])

@@ -79,6 +79,9 @@ def test_render_includes_the_manifests_the_run_would_create(tmp_path, reference)
     assert trainer["deepspeed"].endswith("zero3.json") and trainer["bf16"] is True
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == "pvc://llm-models/runs/render-preview/train/final"
     assert "&id" not in isvc_text  # plain YAML, no anchors
+    runtime = yaml.safe_load((tmp_path / "servingruntime.yaml").read_text())
+    assert crd_errors(runtime, "serving.kserve.io_servingruntimes.yaml") == []
+    assert runtime["metadata"]["namespace"] == "team-a"
 
 
 def test_render_of_the_local_preset_has_no_cluster_manifests(tmp_path):

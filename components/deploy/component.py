@@ -19,12 +19,14 @@ def deploy_model(
     node_selector: dict,
     tolerations: list,
     run_id: str,
+    deployment_mode: str = "Standard",
+    canary_traffic_percent: int = 0,
 ) -> NamedTuple("DeployOutputs", [("endpoint", str), ("served_model_name", str), ("smoke_reply", str)]):
     """Serve the tuned model and prove it answers one chat completion.
 
     ``kserve-vllm`` / ``kserve-huggingface`` create (or update in place) an InferenceService whose
     ``storageUri`` is the model's ``pvc://`` URI, wait for Ready, smoke-test the OpenAI route and roll
-    back on failure. ``local`` starts ``transformers serve`` on a free localhost port.
+    back on failure or when the run is cancelled. ``local`` starts ``transformers serve`` on a free localhost port.
 
     Args:
         model: train_model's output (metadata ``uri`` and ``path``).
@@ -36,6 +38,10 @@ def deploy_model(
         node_selector: node labels for the predictor pods (JSON object).
         tolerations: tolerations for the predictor pods (JSON list).
         run_id: the KFP run id, recorded as a label.
+        deployment_mode: KServe's ``Standard`` (Deployment + Service) or ``Knative`` (revisions, scale to zero,
+            canary); an existing service keeps its mode (changing it is an error: delete the service first).
+        canary_traffic_percent: Knative only: share of traffic (1-99) for the new model while the previous
+            revision keeps the rest; the smoke test goes to the new revision. 0: all traffic at once.
 
     Returns:
         endpoint: the OpenAI-compatible base URL.
@@ -63,6 +69,7 @@ def deploy_model(
             run_id=run_id, namespace=current_namespace(), storage_uri=model.metadata["uri"],
             deploy_backend=deploy_backend, serving_name=serving_name, serving_gpus=serving_gpus,
             max_model_len=max_model_len, node_selector=node_selector, tolerations=tolerations,
+            deployment_mode=deployment_mode, canary_traffic_percent=canary_traffic_percent,
         )
         result = deploy_inference_service(manifest)
     log.info("endpoint %s answered: %r", result["endpoint"], result["smoke_reply"])

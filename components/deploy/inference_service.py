@@ -10,12 +10,20 @@ Two runtimes, both KServe ClusterServingRuntimes that read the model KServe moun
 
 KServe appends the InferenceService's ``args`` to the runtime's, so ours come last and win over the
 runtime's defaults (``--served-model-name={{.Name}}`` / ``--model_name={{.Name}}``).
+
+Deployment modes (annotation ``serving.kserve.io/deploymentMode``): ``Standard`` (a Deployment, Service
+and HPA; KServe's default, formerly RawDeployment) and ``Knative`` (a Knative Service, formerly
+Serverless; revisions, so ``canaryTrafficPercent`` can send part of the traffic to the new model while the
+previous one keeps the rest). KServe cannot switch an existing service between modes.
 """
 
 from __future__ import annotations
 
 import re
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kubernetes import client as k8s
@@ -32,6 +40,17 @@ _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # host memory a safetensors load passes through. The runtimes' own 1 CPU / 2Gi would OOM on a 30B model.
 CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 40
+DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
+DEPLOYMENT_MODES = ("Standard", "Knative")
+# What KServe still accepts and normalises to the current names.
+LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
+# Knative gives each revision tagged URLs ("latest", "prev"), so a canary's smoke test reaches the new model.
+TAG_ROUTING_ANNOTATION = "serving.kserve.io/enable-tag-routing"
+# Loading 60 GB of weights from a network volume, then CUDA graph capture: allow 30 minutes, as KServe's
+# vLLM runtime does in its own startupProbe (60 x 30 s).
+STARTUP_PROBE = {"failureThreshold": 60, "periodSeconds": 30, "timeoutSeconds": 10, "initialDelaySeconds": 30}
+# Knative fails a revision that is not Ready within its progress deadline (10 minutes by default).
+PROGRESS_DEADLINE_ANNOTATION = "serving.knative.dev/progress-deadline"
 
 
 @dataclass(frozen=True)
@@ -42,11 +61,12 @@ class Runtime:
     model_format: str  # predictor.model.modelFormat.name it supports
     openai_route: str  # where its OpenAI-compatible API lives under the service URL
     served_name_flag: str  # the argument naming the model in requests
+    has_startup_probe: bool  # the runtime's container already gives a slow model load time
 
 
 RUNTIMES = {
-    "kserve-vllm": Runtime("kserve-vllmserver", "vLLM", "/v1", "--served-model-name"),
-    "kserve-huggingface": Runtime("kserve-huggingfaceserver", "huggingface", "/openai/v1", "--model_name"),
+    "kserve-vllm": Runtime("kserve-vllmserver", "vLLM", "/v1", "--served-model-name", True),
+    "kserve-huggingface": Runtime("kserve-huggingfaceserver", "huggingface", "/openai/v1", "--model_name", False),
 }
 
 
@@ -61,7 +81,8 @@ def _runtime_args(runtime: str, gpus: int, max_model_len: int, served_model_name
 
 def build_inference_service(*, name: str, namespace: str, storage_uri: str, runtime: str, gpus: int,
                             max_model_len: int, served_model_name: str, node_selector: dict, tolerations: list,
-                            labels: dict | None = None) -> dict:
+                            labels: dict | None = None, deployment_mode: str = "Standard",
+                            canary_traffic_percent: int = 0) -> dict:
     """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
 
     Args:
@@ -76,9 +97,13 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         node_selector: node labels for the predictor pods.
         tolerations: tolerations for the predictor pods, as Kubernetes JSON.
         labels: put on the InferenceService.
+        deployment_mode: ``Standard`` (Deployment + Service) or ``Knative`` (revisions, scale to zero, canary).
+        canary_traffic_percent: Knative only: the share of traffic (1-99) the new model gets while the
+            previous revision keeps the rest; 0 sends it all traffic. Promote later by removing the field.
 
     Raises:
-        ValueError: naming the field, for a bad name, runtime, GPU count, length or storage URI.
+        ValueError: naming the field, for a bad name, runtime, GPU count, length, storage URI, deployment
+            mode or canary percentage.
     """
     if not _DNS1035.match(name) or len(name) > 63:
         raise ValueError(f"name {name!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
@@ -93,6 +118,15 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         raise ValueError(f"storage_uri {storage_uri!r} must be a URI such as pvc://claim/path")
     if not served_model_name:
         raise ValueError("served_model_name must not be empty")
+    if deployment_mode not in DEPLOYMENT_MODES:
+        hint = f" (KServe's new name for {deployment_mode!r})" if deployment_mode in LEGACY_DEPLOYMENT_MODES else ""
+        raise ValueError(f"deployment_mode {deployment_mode!r} is not one of {list(DEPLOYMENT_MODES)}; use "
+                         f"{LEGACY_DEPLOYMENT_MODES.get(deployment_mode, 'Standard')!r}{hint}")
+    if not 0 <= canary_traffic_percent <= 99:
+        raise ValueError(f"canary_traffic_percent must be 0 (no canary) to 99, got {canary_traffic_percent}")
+    if canary_traffic_percent and deployment_mode != "Knative":
+        raise ValueError(f"canary_traffic_percent={canary_traffic_percent} needs deployment_mode='Knative' "
+                         "(Standard mode has one Deployment and no traffic split); set it to 0")
     rt = RUNTIMES[runtime]
     resources = {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GI_PER_GPU * gpus}Gi", "nvidia.com/gpu": str(gpus)}
     predictor = {
@@ -104,11 +138,22 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
             "resources": {"requests": dict(resources), "limits": dict(resources)},  # two objects: no YAML anchors
         },
     }
+    if not rt.has_startup_probe:
+        # Also keeps the pod un-Ready until the OpenAI route answers: the runtime has no readiness probe.
+        predictor["model"]["startupProbe"] = {"httpGet": {"path": rt.openai_route + "/models", "port": 8080},
+                                              **STARTUP_PROBE}
+    annotations = {DEPLOYMENT_MODE_ANNOTATION: deployment_mode}
+    if deployment_mode == "Knative":
+        wait = STARTUP_PROBE["initialDelaySeconds"] + STARTUP_PROBE["failureThreshold"] * STARTUP_PROBE["periodSeconds"]
+        predictor["annotations"] = {PROGRESS_DEADLINE_ANNOTATION: f"{wait}s"}
+    if canary_traffic_percent:
+        predictor["canaryTrafficPercent"] = canary_traffic_percent
+        annotations[TAG_ROUTING_ANNOTATION] = "true"
     if node_selector:
         predictor["nodeSelector"] = dict(node_selector)
     if tolerations:
         predictor["tolerations"] = list(tolerations)
-    metadata = {"name": name, "namespace": namespace}
+    metadata = {"name": name, "namespace": namespace, "annotations": annotations}
     if labels:
         metadata["labels"] = dict(labels)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": {"predictor": predictor}}
@@ -119,12 +164,14 @@ RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 
 def inference_service_for_run(*, run_id: str, namespace: str, storage_uri: str, deploy_backend: str,
                               serving_name: str, serving_gpus: int, max_model_len: int, node_selector: dict,
-                              tolerations: list) -> dict:
+                              tolerations: list, deployment_mode: str = "Standard",
+                              canary_traffic_percent: int = 0) -> dict:
     """The InferenceService of one KFP run, from the pipeline's parameter names (the deploy step and ``--render``)."""
     return build_inference_service(
         name=serving_name, namespace=namespace, storage_uri=storage_uri, runtime=deploy_backend, gpus=serving_gpus,
         max_model_len=max_model_len, served_model_name=serving_name, node_selector=node_selector,
-        tolerations=tolerations, labels={RUN_ID_LABEL: run_id},
+        tolerations=tolerations, labels={RUN_ID_LABEL: run_id}, deployment_mode=deployment_mode,
+        canary_traffic_percent=canary_traffic_percent,
     )
 
 
@@ -187,9 +234,14 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
     Returns:
         ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``.
 
+    With a canary (``canaryTrafficPercent``, Knative) on an existing service, the smoke test goes to the new
+    revision's tagged URL. SIGTERM (the KFP run cancelled) rolls back the same way and exits with 143.
+
     Raises:
+        ValueError: the existing service runs in another deployment mode (nothing is changed).
         RuntimeError: a pod cannot start or the smoke test failed (after the rollback).
         TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
+        SystemExit: 143 after SIGTERM, once rolled back.
     """
     api_client = api_client or load_api_client()
     custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
@@ -213,14 +265,11 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         if exc.status != 404:
             raise
         previous = None
-    if previous is None:
-        applied = call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
-        print(f"created InferenceService {namespace}/{name}", flush=True)
-    else:
-        applied = patch({"metadata": {"labels": manifest["metadata"].get("labels", {})},
-                         "spec": merge_patch_to(previous["spec"], manifest["spec"])})
-        generation = applied["metadata"].get("generation")
-        print(f"patched InferenceService {namespace}/{name} (generation {generation})", flush=True)
+    wanted_mode = manifest["metadata"].get("annotations", {}).get(DEPLOYMENT_MODE_ANNOTATION)
+    if previous is not None and (running := _deployment_mode(previous)) and wanted_mode and running != wanted_mode:
+        raise ValueError(f"InferenceService {namespace}/{name} runs in deployment mode {running}, and KServe cannot "
+                         f"change an existing service's mode to {wanted_mode}: pass deployment_mode={running!r}, "
+                         f"or delete it first (kubectl delete inferenceservice -n {namespace} {name})")
 
     def roll_back() -> str:
         if previous is None:
@@ -233,22 +282,79 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         patch({"spec": merge_patch_to(get()["spec"], previous["spec"])})
         return "restored the previous spec"
 
-    try:
-        isvc = _wait_ready(get, core, name=name, namespace=namespace,
-                           generation=applied["metadata"].get("generation", 1), timeout_seconds=timeout_seconds, poll_seconds=poll_seconds,
-                           pending_timeout_seconds=pending_timeout_seconds, retry_delay=retry_delay)
-    except (RuntimeError, TimeoutError) as exc:
-        raise type(exc)(f"InferenceService {namespace}/{name} {exc}; {roll_back()}") from exc
-    status, served = isvc["status"], _served_name(manifest, rt)
-    # The in-cluster address: this step runs in the cluster, where the external URL may not resolve.
-    in_cluster = ((status.get("address") or {}).get("url") or status["url"]).rstrip("/")
-    try:
-        reply = chat_completion(in_cluster + rt.openai_route, served, smoke_prompt)
-    except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
-        raise RuntimeError(f"InferenceService {namespace}/{name} is Ready but failed the smoke test: {exc}; "
-                           f"{roll_back()}") from exc
-    print(f"InferenceService {namespace}/{name} is Ready and answered the smoke test", flush=True)
+    with _sigterm_cancels():
+        try:
+            if previous is None:
+                applied = call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
+                print(f"created InferenceService {namespace}/{name}", flush=True)
+            else:
+                applied = patch({"metadata": {key: manifest["metadata"].get(key, {}) for key in ("labels", "annotations")},
+                                 "spec": merge_patch_to(previous["spec"], manifest["spec"])})
+                generation = applied["metadata"].get("generation")
+                print(f"patched InferenceService {namespace}/{name} (generation {generation})", flush=True)
+            try:
+                isvc = _wait_ready(get, core, name=name, namespace=namespace,
+                                   generation=applied["metadata"].get("generation", 1), timeout_seconds=timeout_seconds,
+                                   poll_seconds=poll_seconds, pending_timeout_seconds=pending_timeout_seconds,
+                                   retry_delay=retry_delay)
+            except (RuntimeError, TimeoutError) as exc:
+                raise type(exc)(f"InferenceService {namespace}/{name} {exc}; {roll_back()}") from exc
+            status, served = isvc["status"], _served_name(manifest, rt)
+            canary = "canaryTrafficPercent" in manifest["spec"]["predictor"] and previous is not None
+            try:
+                reply = chat_completion(_smoke_url(status, canary) + rt.openai_route, served, smoke_prompt)
+            except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
+                raise RuntimeError(f"InferenceService {namespace}/{name} is Ready but failed the smoke test: {exc}; "
+                                   f"{roll_back()}") from exc
+        except _Cancelled:
+            # KFP cancelled the run mid-rollout: leave the service as it was before this step.
+            print(f"the run was cancelled (SIGTERM); InferenceService {namespace}/{name}: {roll_back()}", flush=True)
+            raise SystemExit(128 + signal.SIGTERM) from None
+    print(f"InferenceService {namespace}/{name} is Ready and answered the smoke test"
+          + (f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
+             if canary else ""), flush=True)
     return {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served, "smoke_reply": reply}
+
+
+class _Cancelled(BaseException):
+    """SIGTERM arrived: KFP cancelled the run (a BaseException so no ``except Exception`` swallows it)."""
+
+
+@contextmanager
+def _sigterm_cancels():
+    """Turn SIGTERM into ``_Cancelled`` while the block runs; restore the previous handler afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the rollback
+        raise _Cancelled()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        # None: the previous handler was not installed from Python; the default is what it did.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _deployment_mode(isvc: dict) -> str | None:
+    """The mode KServe runs ``isvc`` in (status first, as KServe decides), in current names; None if unknown."""
+    mode = ((isvc.get("status") or {}).get("deploymentMode")
+            or ((isvc.get("metadata") or {}).get("annotations") or {}).get(DEPLOYMENT_MODE_ANNOTATION))
+    return LEGACY_DEPLOYMENT_MODES.get(mode, mode)
+
+
+def _smoke_url(status: dict, canary: bool) -> str:
+    """Where the smoke test goes: a canary's own revision (tag ``latest``, with tag routing), else the
+    in-cluster address (this step runs in the cluster, where the external URL may not resolve)."""
+    if canary:
+        traffic = ((status.get("components") or {}).get("predictor") or {}).get("traffic") or []
+        latest = next((t["url"] for t in traffic if t.get("tag") == "latest" and t.get("url")), None)
+        if latest:
+            return latest.rstrip("/")
+    return ((status.get("address") or {}).get("url") or status["url"]).rstrip("/")
 
 
 def _wait_ready(get, core, *, name, namespace, generation, timeout_seconds, poll_seconds, pending_timeout_seconds,

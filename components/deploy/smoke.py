@@ -1,7 +1,7 @@
 """The smoke test every deployment gets: one chat completion on an OpenAI-compatible route.
 
-The same client checks a local `transformers serve`, KServe's vLLM runtime (``/openai/v1``) and its
-Hugging Face runtime (``/openai/v1`` too; vLLM's own server uses ``/v1``): callers pass the base URL
+The same client checks a local `transformers serve` (``/v1``), KServe's vLLM runtime (vLLM's own server,
+``/v1``) and its Hugging Face runtime (KServe's model server, ``/openai/v1``): callers pass the base URL
 including the route prefix.
 """
 

@@ -1,97 +1,257 @@
-"""Compare the base and the tuned model on the held-out split, token for token.
+"""Compare the base and the tuned model on the held-out split, token for token, and on a prompt set.
 
 Both models see exactly the same eval rows and score exactly the same label tokens (assistant
-tokens for chat data), so the difference in loss is the effect of fine-tuning and nothing else.
+tokens for chat data), so the difference in loss is the effect of fine-tuning and nothing else. Both
+answer the same prompts with greedy decoding, side by side in the report. Optional lm-evaluation-harness
+tasks add benchmark scores. On GPUs with vLLM installed, vLLM does the scoring and generation (each model
+in its own process); otherwise transformers, with ``device_map="auto"`` over the GPUs when there are any.
 """
 
 from __future__ import annotations
 
-import json
+import html
+import importlib.util
 import logging
 import math
 import time
 
+from components.evaluate.harness import check_tasks, run_tasks
+from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
+
 log = logging.getLogger("evaluate_model")
 
 
-def heldout_loss(model_path: str, dataset_path: str, max_samples: int = 0, batch_size: int = 8) -> dict:
-    """Token-weighted mean cross-entropy of ``model_path`` on the ``eval`` split's label tokens."""
+def _perplexity(loss: float) -> float:
+    return math.exp(min(loss, 50.0))  # a random model's loss can overflow exp()
+
+
+def load_eval_rows(dataset_path: str, max_samples: int = 0):
+    """The ``eval`` split of a prepared dataset, its first ``max_samples`` rows (0 = all)."""
     import datasets
+
+    try:
+        splits = datasets.load_from_disk(dataset_path)
+    except FileNotFoundError:
+        raise ValueError(f"dataset {dataset_path!r} is not a prepared dataset; run prepare_dataset first") from None
+    if "eval" not in splits:
+        raise ValueError(f"dataset {dataset_path!r} has no 'eval' split (it has {sorted(splits)}); "
+                         "run prepare_dataset with eval_size > 0")
+    rows = splits["eval"]
+    return rows.select(range(min(max_samples, len(rows)))) if max_samples > 0 else rows
+
+
+def load_causal_lm(model_path: str):
+    """The model for scoring: bf16 spread over every GPU (``device_map="auto"``), or float32 on CPU."""
     import torch
     from transformers import AutoModelForCausalLM
 
+    if torch.cuda.is_available():
+        return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, device_map="auto").eval()
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+
+
+def _label_nll(model, rows, batch_size: int) -> tuple[float, int]:
+    import torch
+
     from components.train.sft import pad_collator
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.bfloat16 if device == "cuda" else torch.float32
-    rows = datasets.load_from_disk(dataset_path)["eval"]
-    if max_samples > 0:
-        rows = rows.select(range(min(max_samples, len(rows))))
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype).to(device).eval()
     collate = pad_collator(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     total_nll, total_tokens = 0.0, 0
     with torch.no_grad():
         for start in range(0, len(rows), batch_size):
-            batch = {k: v.to(device) for k, v in collate([rows[i] for i in range(start, min(start + batch_size, len(rows)))]).items()}
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits.float()
-            # Shift so that tokens < n predict n, as the causal LM loss does.
-            targets = batch["labels"][:, 1:]
-            nll = torch.nn.functional.cross_entropy(
-                logits[:, :-1].reshape(-1, logits.size(-1)), targets.reshape(-1), ignore_index=-100, reduction="sum"
-            )
-            total_nll += nll.item()
-            total_tokens += int((targets != -100).sum())
-    if total_tokens == 0:
+            batch = collate([rows[i] for i in range(start, min(start + batch_size, len(rows)))])
+            labels = batch.pop("labels").to(model.device)
+            # Everything else goes to the model: packed rows carry position_ids (per-example attention).
+            # use_cache=False: with a KV cache transformers ignores position_ids when building the mask.
+            logits = model(**{k: v.to(model.device) for k, v in batch.items()}, use_cache=False).logits
+            for i in range(len(labels)):  # one row at a time in float32: a batch of 150k-vocab logits would not fit
+                # Shift so that tokens < n predict n, as the causal LM loss does.
+                total_nll += torch.nn.functional.cross_entropy(
+                    logits[i, :-1].float(), labels[i, 1:], ignore_index=-100, reduction="sum").item()
+            total_tokens += int((labels[:, 1:] != -100).sum())
+    return total_nll, total_tokens
+
+
+def heldout_loss(model_path: str, dataset_path: str, max_samples: int = 0, batch_size: int = 8) -> dict:
+    """Token-weighted mean cross-entropy of ``model_path`` on the ``eval`` split's label tokens."""
+    rows = load_eval_rows(dataset_path, max_samples)
+    return _loss_dict(*_label_nll(load_causal_lm(model_path), rows, batch_size), len(rows), dataset_path)
+
+
+def _loss_dict(nll: float, tokens: int, rows: int, dataset_path: str) -> dict:
+    if tokens == 0:
         raise ValueError(f"{dataset_path}: the eval split has no label tokens to score")
-    loss = total_nll / total_tokens
-    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": total_tokens, "rows": len(rows)}
+    loss = nll / tokens
+    return {"eval_loss": loss, "perplexity": _perplexity(loss), "tokens": tokens, "rows": rows}
 
 
-def gate(base: dict, tuned: dict, min_loss_improvement: float) -> tuple[bool, str]:
-    """Pass when the tuned loss is lower than the base loss by at least ``min_loss_improvement`` (a fraction)."""
+def generate_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
+    """Greedy answers of ``model`` to each conversation in ``prompts`` (chat template, generation prompt)."""
+    import torch
+
+    tokenizer.padding_side = "left"  # generation continues from the right end of every row
+    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
+    answers = []
+    with torch.no_grad():
+        for start in range(0, len(texts), batch_size):
+            enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(model.device)
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.pad_token_id)
+            answers += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    return [a.strip() for a in answers]
+
+
+def score_model(model_path: str, rows, prompts: list[list[dict]], max_new_tokens: int, dataset_path: str,
+                batch_size: int = 8) -> dict:
+    """Held-out loss and prompt answers of one model: vLLM (own process) on GPUs where installed, else transformers."""
+    import torch
+
+    gpus = torch.cuda.device_count()
+    if gpus and importlib.util.find_spec("vllm") is not None:
+        from components.evaluate.isolated import run_isolated
+        from components.evaluate.vllm_scoring import score_with_vllm
+
+        return run_isolated(score_with_vllm, model_path, rows.to_list(), prompts, max_new_tokens, gpus)
+    from transformers import AutoTokenizer
+
+    model = load_causal_lm(model_path)
+    result = _loss_dict(*_label_nll(model, rows, batch_size), len(rows), dataset_path)
+    result["answers"] = generate_answers(model, AutoTokenizer.from_pretrained(model_path), prompts, max_new_tokens)
+    del model
+    if gpus:
+        torch.cuda.empty_cache()  # room for the next model
+    return result
+
+
+def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity_improvement: float = 0.0,
+         base_tasks: dict | None = None, tuned_tasks: dict | None = None,
+         max_task_regression: float = 0.01) -> tuple[bool, str]:
+    """Pass when every rule holds; the reason names each rule's numbers, and the fix when one fails.
+
+    Rules: the tuned eval loss is lower than the base's by at least ``min_loss_improvement`` (a fraction);
+    its perplexity is lower by at least ``min_perplexity_improvement`` (a fraction); and on each
+    lm-evaluation-harness task the tuned score is at most ``max_task_regression`` (absolute, in the task
+    metric's units; accuracies are 0..1) worse than the base's. A model that is worse on held-out loss never passes.
+    """
+    failures, notes = [], []
     improvement = (base["eval_loss"] - tuned["eval_loss"]) / base["eval_loss"]
+    loss_line = f"eval_loss {base['eval_loss']:.4f} -> {tuned['eval_loss']:.4f} ({improvement:+.1%})"
     if improvement >= min_loss_improvement and tuned["eval_loss"] < base["eval_loss"]:
-        return True, f"eval_loss {base['eval_loss']:.4f} -> {tuned['eval_loss']:.4f} ({improvement:+.1%}), required >= {min_loss_improvement:.1%}"
-    return False, (
-        f"eval_loss {base['eval_loss']:.4f} -> {tuned['eval_loss']:.4f} ({improvement:+.1%}) is short of the required "
-        f"{min_loss_improvement:.1%} improvement; not deploying (lower min_loss_improvement to accept it)"
-    )
+        notes.append(f"{loss_line}, required >= {min_loss_improvement:.1%}")
+    else:
+        failures.append(f"{loss_line} is short of the required {min_loss_improvement:.1%} improvement "
+                        "(lower min_loss_improvement to accept it)")
+    base_ppl = base.get("perplexity", _perplexity(base["eval_loss"]))
+    tuned_ppl = tuned.get("perplexity", _perplexity(tuned["eval_loss"]))
+    ppl_improvement = (base_ppl - tuned_ppl) / base_ppl
+    ppl_line = f"perplexity {base_ppl:.2f} -> {tuned_ppl:.2f} ({ppl_improvement:+.1%})"
+    if ppl_improvement >= min_perplexity_improvement:
+        notes.append(f"{ppl_line}, required >= {min_perplexity_improvement:.1%}")
+    else:
+        failures.append(f"{ppl_line} is short of the required {min_perplexity_improvement:.1%} improvement "
+                        "(lower min_perplexity_improvement to accept it)")
+    for task, b in sorted((base_tasks or {}).items()):
+        t = (tuned_tasks or {})[task]
+        line = f"{task} {b['metric']} {b['score']:.4f} -> {t['score']:.4f}"
+        regression = b["score"] - t["score"] if b.get("higher_is_better", True) else t["score"] - b["score"]
+        if regression > max_task_regression:
+            failures.append(f"{line} regresses by more than {max_task_regression:.4f} "
+                            "(raise max_task_regression to accept it)")
+        else:
+            notes.append(line)
+    if failures:
+        return False, "; ".join(failures) + "; not deploying"
+    return True, "; ".join(notes)
 
 
-def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: int, min_loss_improvement: float) -> dict:
-    """Score base and tuned on the same held-out tokens; return metrics, the gate decision and a Markdown report."""
+def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: int, min_loss_improvement: float,
+             *, min_perplexity_improvement: float = 0.0, eval_prompts: str = BUILTIN_PROMPTS,
+             max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01) -> dict:
+    """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
+    decision and a Markdown report.
+
+    Args:
+        base_model, tuned_model: model folders (config, weights, tokenizer).
+        dataset_path: a prepared dataset (its ``eval`` split is scored).
+        max_samples: at most this many held-out rows, and examples per lm-eval task (0 = all).
+        min_loss_improvement, min_perplexity_improvement, max_task_regression: the gate rules (see ``gate``).
+        eval_prompts: ``builtin:sample`` (bundled Korean/English prompts) or a JSONL file of conversations.
+        max_new_tokens: length limit of each generated answer.
+        lm_eval_tasks: lm-evaluation-harness task names; empty: none run.
+
+    Raises:
+        ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
+    """
     started = time.time()
-    base = heldout_loss(base_model, dataset_path, max_samples)
-    log.info("base  eval_loss %.4f over %d tokens", base["eval_loss"], base["tokens"])
-    tuned = heldout_loss(tuned_model, dataset_path, max_samples)
-    log.info("tuned eval_loss %.4f over %d tokens", tuned["eval_loss"], tuned["tokens"])
-    passed, reason = gate(base, tuned, min_loss_improvement)
+    tasks = list(lm_eval_tasks or [])
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    prompts = load_prompts(eval_prompts)
+    check_tasks(tasks)
+    rows = load_eval_rows(dataset_path, max_samples)
+    log.info("evaluating %s (base) vs %s (tuned): %d held-out rows, %d prompts, tasks %s",
+             base_model, tuned_model, len(rows), len(prompts), tasks or "none")
+
+    import torch
+
+    gpus = torch.cuda.device_count()
+    use_vllm = bool(gpus) and importlib.util.find_spec("vllm") is not None
+    scores = {}
+    for role, path in (("base", base_model), ("tuned", tuned_model)):
+        t0 = time.time()
+        scores[role] = score_model(path, rows, prompts, max_new_tokens, dataset_path)
+        scores[role]["tasks"] = run_tasks(path, tasks, max_samples, use_vllm, gpus)
+        log.info("%-5s eval_loss %.4f over %d tokens, %d answers, %d tasks in %.1fs", role,
+                 scores[role]["eval_loss"], scores[role]["tokens"], len(prompts), len(tasks), time.time() - t0)
+    base, tuned = scores["base"], scores["tuned"]
+    passed, reason = gate(base, tuned, min_loss_improvement, min_perplexity_improvement=min_perplexity_improvement,
+                          base_tasks=base["tasks"], tuned_tasks=tuned["tasks"], max_task_regression=max_task_regression)
     metrics = {
         "base_eval_loss": base["eval_loss"],
         "eval_loss": tuned["eval_loss"],
         "base_perplexity": base["perplexity"],
         "perplexity": tuned["perplexity"],
         "eval_loss_delta": tuned["eval_loss"] - base["eval_loss"],
+        "perplexity_delta": tuned["perplexity"] - base["perplexity"],
         "tokens_evaluated": tuned["tokens"],
-        "seconds": round(time.time() - started, 2),
+        "prompts_answered": len(prompts),
     }
-    report = "\n".join([
-        "# Evaluation",
-        "",
-        f"**{'PASSED' if passed else 'NOT PASSED'}**: {reason}",
-        "",
-        "| model | eval loss | perplexity |",
-        "|---|---|---|",
+    for task in tasks:
+        metrics[f"base_{task}_{base['tasks'][task]['metric']}"] = base["tasks"][task]["score"]
+        metrics[f"{task}_{tuned['tasks'][task]['metric']}"] = tuned["tasks"][task]["score"]
+    metrics["seconds"] = round(time.time() - started, 2)
+    log.info("%s", reason)
+    report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason)
+    return {"metrics": metrics, "passed": passed, "reason": reason, "report": report,
+            "answers": {"base": base["answers"], "tuned": tuned["answers"]}}
+
+
+def _cell(text: str) -> str:
+    """Text safe inside one Markdown table cell: HTML-escaped, pipes escaped, newlines as <br>."""
+    return html.escape(text).replace("|", "\\|").replace("\n", "<br>") or "*(empty)*"
+
+
+def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, prompts: list[list[dict]],
+                 passed: bool, reason: str) -> str:
+    """The Markdown report the KFP UI renders: the decision, the numbers, task scores, answers side by side."""
+    lines = [
+        "# Evaluation", "",
+        f"**{'PASSED' if passed else 'NOT PASSED'}**: {reason}", "",
+        "| model | eval loss | perplexity |", "|---|---|---|",
         f"| base `{base_model}` | {base['eval_loss']:.4f} | {base['perplexity']:.2f} |",
         f"| tuned `{tuned_model}` | {tuned['eval_loss']:.4f} | {tuned['perplexity']:.2f} |",
+        f"| delta | {tuned['eval_loss'] - base['eval_loss']:+.4f} | {tuned['perplexity'] - base['perplexity']:+.2f} |",
         "",
         f"{tuned['tokens']} label tokens in {tuned['rows']} held-out rows, identical for both models.",
-    ])
-    log.info("%s", reason)
-    return {"metrics": metrics, "passed": passed, "reason": reason, "report": report}
+    ]
+    if base["tasks"]:
+        lines += ["", "## lm-evaluation-harness", "", "| task | metric | base | tuned | delta |", "|---|---|---|---|---|"]
+        for task, b in sorted(base["tasks"].items()):
+            t = tuned["tasks"][task]["score"]
+            lines.append(f"| {task} | {b['metric']} | {b['score']:.4f} | {t:.4f} | {t - b['score']:+.4f} |")
+    lines += ["", "## Answers (greedy)", "", "| # | prompt | base | tuned |", "|---|---|---|---|"]
+    for i, (messages, a, b) in enumerate(zip(prompts, base["answers"], tuned["answers"]), 1):
+        lines.append(f"| {i} | {_cell(messages[-1]['content'])} | {_cell(a)} | {_cell(b)} |")
+    return "\n".join(lines) + "\n"
 
-
-def write_json(obj: dict, path: str) -> None:
-    """Write ``obj`` as indented JSON."""
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)

@@ -10,6 +10,7 @@ import re
 METHODS = ("full", "lora", "qlora")
 TRAIN_BACKENDS = ("pytorchjob", "trainjob", "local")
 JOB_CLEANUP = ("keep", "on-success", "always")
+DEPLOYMENT_MODES = ("Standard", "Knative")
 DEPLOY_BACKENDS = ("kserve-vllm", "kserve-huggingface", "local")
 DEEPSPEED_CONFIGS = ("zero3", "zero2", "none")
 
@@ -95,6 +96,15 @@ def check_parameters(p: dict) -> list[str]:
             if p[field]:
                 errors.append(f"{field} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
                               "(Trainer v2 keeps it there), or use train_backend=pytorchjob")
+    errors.append(_choice(p, "deployment_mode", DEPLOYMENT_MODES))
+    if not 0 <= p["canary_traffic_percent"] < 100:
+        errors.append(f"canary_traffic_percent={p['canary_traffic_percent']} must be in [0, 100) (0 sends all traffic to the new model)")
+    elif p["canary_traffic_percent"] and p["deployment_mode"] != "Knative":
+        errors.append("canary_traffic_percent needs deployment_mode=Knative (KServe splits traffic between Knative revisions)")
+    if p["max_new_tokens"] < 1:
+        errors.append(f"max_new_tokens={p['max_new_tokens']} must be at least 1")
+    if not all(isinstance(t, str) and t.strip() for t in p["lm_eval_tasks"]):
+        errors.append(f"lm_eval_tasks={p['lm_eval_tasks']!r} must be a list of task names, e.g. [\"hellaswag\"]")
     if not p["model_name_or_path"].strip():
         errors.append("model_name_or_path is empty; give a Hub id such as Qwen/Qwen3-30B-A3B or a mounted folder")
     if not p["dataset_source"].strip():

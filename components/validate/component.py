@@ -40,6 +40,10 @@ def validate_inputs(
     serving_name: str,
     serving_gpus: int,
     max_model_len: int,
+    max_new_tokens: int,
+    lm_eval_tasks: list,
+    deployment_mode: str,
+    canary_traffic_percent: int,
 ):
     """Check the run's parameters and the cluster, and fail with every problem listed, each naming the fix.
 
@@ -84,6 +88,10 @@ def validate_inputs(
         serving_name: InferenceService name.
         serving_gpus: GPUs per serving replica (vLLM tensor-parallel size).
         max_model_len: serving context length.
+        max_new_tokens: generation length of the evaluation's side-by-side answers.
+        lm_eval_tasks: lm-evaluation-harness task names (empty: none).
+        deployment_mode: KServe ``Standard`` (Deployment) or ``Knative``.
+        canary_traffic_percent: Knative only: share of traffic for the new revision (0: all).
     """
     params = dict(locals())  # every argument, taken before anything else binds a local name
     import logging

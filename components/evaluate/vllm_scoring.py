@@ -1,0 +1,47 @@
+"""Held-out loss and prompt answers with vLLM, for GPU nodes whose image has vLLM installed.
+
+vLLM scores the held-out tokens with prompt log-probabilities (``prompt_logprobs=0`` returns the
+log-probability of each actual prompt token) and answers the prompt set with greedy decoding, on all the
+node's GPUs (tensor parallel). Packed rows are split back into their examples first, since vLLM sees one
+sequence per request; the numbers are then the same token-weighted mean as the transformers path.
+Run it through ``components.evaluate.isolated.run_isolated`` so each model's engine is torn down completely.
+"""
+
+from __future__ import annotations
+
+import math
+
+IGNORE_INDEX = -100
+
+
+def split_examples(row: dict) -> list[tuple[list[int], list[int]]]:
+    """The examples inside one dataset row as (input_ids, labels): a packed row (``position_ids``) is cut
+    where the positions restart at 0; segments without a scored label (the tail padding) are dropped."""
+    ids, labels = row["input_ids"], row["labels"]
+    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] if "position_ids" in row else [0]
+    bounds = starts[1:] + [len(ids)]
+    return [(ids[a:b], labels[a:b]) for a, b in zip(starts, bounds) if any(x != IGNORE_INDEX for x in labels[a:b])]
+
+
+def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]], max_new_tokens: int,
+                    gpus: int) -> dict:
+    """``eval_loss``, ``perplexity``, ``tokens``, ``rows`` and ``answers`` of ``model_path`` with vLLM on ``gpus`` GPUs."""
+    from vllm import LLM, SamplingParams
+
+    examples = [ex for row in rows for ex in split_examples(row)]
+    longest = max(len(ids) for ids, _ in examples)
+    llm = LLM(model=model_path, tensor_parallel_size=gpus, dtype="bfloat16",
+              max_model_len=max(longest + 1, 4096), enable_prefix_caching=False)
+    outputs = llm.generate([{"prompt_token_ids": ids} for ids, _ in examples],
+                           SamplingParams(max_tokens=1, prompt_logprobs=0))
+    nll, tokens = 0.0, 0
+    for out, (ids, labels) in zip(outputs, examples):
+        # prompt_logprobs[0] is None: the first token has no context. Labels are unshifted, like the trainer's.
+        for pos in range(1, len(ids)):
+            if labels[pos] != IGNORE_INDEX:
+                nll -= out.prompt_logprobs[pos][ids[pos]].logprob
+                tokens += 1
+    answers = [o.outputs[0].text for o in llm.chat(prompts, SamplingParams(temperature=0.0, max_tokens=max_new_tokens))]
+    loss = nll / tokens
+    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens, "rows": len(rows),
+            "answers": answers}
