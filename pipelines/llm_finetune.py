@@ -46,7 +46,13 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
     def llm_finetune(
         model_name_or_path: str = "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
         dataset_source: str = "builtin:sample",
+        dataset_format: str = "auto",
+        column_mapping: dict = {},
+        eval_source: str = "",
         max_seq_length: int = 4096,
+        over_length: str = "drop",
+        packing: bool = True,
+        num_proc: int = 8,
         eval_size: float = 0.05,
         method: str = "full",
         num_nodes: int = 2,
@@ -59,6 +65,9 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         warmup_ratio: float = 0.03,
         seed: int = 42,
         deepspeed_config: str = "zero3",
+        save_steps: int = 200,
+        save_total_limit: int = 2,
+        gpu_memory_gib: float = 80.0,
         train_backend: str = "pytorchjob",
         trainer_image: str = TRAINER_IMAGE,
         data_pvc: str = "llm-data",
@@ -93,12 +102,14 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
 
         validate = validate_inputs(
-            model_name_or_path=model_name_or_path, dataset_source=dataset_source, max_seq_length=max_seq_length,
+            model_name_or_path=model_name_or_path, dataset_source=dataset_source, dataset_format=dataset_format,
+            over_length=over_length, num_proc=num_proc, max_seq_length=max_seq_length,
             eval_size=eval_size, method=method, num_nodes=num_nodes, gpus_per_node=gpus_per_node,
             per_device_train_batch_size=per_device_train_batch_size,
             gradient_accumulation_steps=gradient_accumulation_steps, learning_rate=learning_rate,
             num_train_epochs=num_train_epochs, max_steps=max_steps, warmup_ratio=warmup_ratio,
-            deepspeed_config=deepspeed_config, train_backend=train_backend, data_pvc=data_pvc, model_pvc=model_pvc,
+            deepspeed_config=deepspeed_config, save_steps=save_steps, save_total_limit=save_total_limit,
+            gpu_memory_gib=gpu_memory_gib, train_backend=train_backend, data_pvc=data_pvc, model_pvc=model_pvc,
             hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
             job_cleanup=job_cleanup, active_deadline_seconds=active_deadline_seconds, queue_name=queue_name,
             priority_class=priority_class, gang_scheduling=gang_scheduling, min_nodes=min_nodes,
@@ -111,6 +122,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         prepare = prepare_dataset(
             dataset_source=dataset_source, model_name_or_path=model_name_or_path, max_seq_length=max_seq_length,
             eval_size=eval_size, seed=seed, data_pvc=data_pvc, data_root=data_root, run_id=run_id,
+            dataset_format=dataset_format, column_mapping=column_mapping, eval_source=eval_source,
+            packing=packing, over_length=over_length, num_proc=num_proc,
         ).after(validate).set_display_name("Prepare dataset").set_caching_options(False)
 
         train = train_model(
@@ -119,7 +132,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             per_device_train_batch_size=per_device_train_batch_size,
             gradient_accumulation_steps=gradient_accumulation_steps, learning_rate=learning_rate,
             num_train_epochs=num_train_epochs, max_steps=max_steps, warmup_ratio=warmup_ratio, seed=seed,
-            deepspeed_config=deepspeed_config, train_backend=train_backend, trainer_image=trainer_image,
+            deepspeed_config=deepspeed_config, save_steps=save_steps, save_total_limit=save_total_limit,
+            train_backend=train_backend, trainer_image=trainer_image,
             data_pvc=data_pvc, model_pvc=model_pvc, hf_token_secret=hf_token_secret,
             node_selector=node_selector, tolerations=tolerations, affinity=affinity, job_cleanup=job_cleanup,
             active_deadline_seconds=active_deadline_seconds, queue_name=queue_name, priority_class=priority_class,
@@ -173,6 +187,8 @@ def _attach_cluster_resources(prepare, train, evaluate, data_pvc, model_pvc, hf_
                                      optional=True)
         # Hub downloads land on the data volume once, not in every pod's ephemeral storage.
         task.set_env_variable("HF_HOME", f"{DATA_MOUNT}/cache/huggingface")
+    # Tokenisation runs num_proc processes: give the data step the CPUs for them.
+    prepare.set_cpu_request("8").set_memory_request("32G")
     evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
     evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
     kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE)

@@ -24,6 +24,8 @@ def train_model(
     warmup_ratio: float,
     seed: int,
     deepspeed_config: str,
+    save_steps: int,
+    save_total_limit: int,
     train_backend: str,
     trainer_image: str,
     data_pvc: str,
@@ -66,7 +68,9 @@ def train_model(
         max_steps: optimizer steps; -1 runs all epochs.
         warmup_ratio: fraction of steps of linear warm-up.
         seed: training seed.
-        deepspeed_config: ``zero3``, ``zero2``, ``none`` or a JSON path in the trainer image.
+        deepspeed_config: ``zero3``, ``zero2``, ``zero3_offload``, ``none`` or a JSON path in the trainer image.
+        save_steps: checkpoint every this many optimizer steps (a restarted job resumes from the last one).
+        save_total_limit: complete checkpoints kept on the model volume.
         train_backend: ``pytorchjob`` (Training Operator v1), ``trainjob`` (Trainer v2) or ``local``.
         trainer_image: image the job's pods run.
         data_pvc: data claim, mounted by the job's pods.
@@ -120,6 +124,8 @@ def train_model(
         warmup_ratio=warmup_ratio,
         seed=seed,
         deepspeed_config=deepspeed_config,
+        save_steps=save_steps,
+        save_total_limit=save_total_limit,
         use_cpu=local and not torch.cuda.is_available(),
         model_cache_dir=os.path.join(pod_data, "cache"),
     )

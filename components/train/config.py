@@ -14,10 +14,15 @@ from transformers import TrainingArguments
 
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
 METHODS = ("full", "lora", "qlora")
+# LoRA targets, by module name in transformers' Qwen3 and Qwen3-MoE code. Attention projections exist in
+# both; the dense MLP (gate/up/down_proj) only in Qwen3. Qwen3-MoE experts are fused 3-D tensors
+# (Qwen3MoeExperts), not nn.Linear modules, so PEFT cannot wrap them: MoE LoRA stays on attention.
+LORA_TARGETS_DENSE = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+LORA_TARGETS_MOE = "q_proj,k_proj,v_proj,o_proj"
 
 
 def deepspeed_config_path(name: str) -> str | None:
-    """The shipped DeepSpeed JSON for ``name`` (``zero2``, ``zero3``), a user's JSON path, or None for ``none``."""
+    """The shipped DeepSpeed JSON for ``name`` (``zero2``, ``zero3``, ``zero3_offload``), a user's JSON path, or None for ``none``."""
     if name in ("", "none"):
         return None
     shipped = DEEPSPEED_DIR / f"{name}.json"
@@ -27,6 +32,17 @@ def deepspeed_config_path(name: str) -> str | None:
         return name
     choices = sorted(p.stem for p in DEEPSPEED_DIR.glob("*.json"))
     raise ValueError(f"deepspeed_config {name!r} is unknown; use one of {choices + ['none']} or a path to a JSON file")
+
+
+def load_deepspeed_config(name_or_path: str) -> dict:
+    """The DeepSpeed JSON behind a name or path, as a dict (empty for ``none``)."""
+    path = deepspeed_config_path(name_or_path)
+    if path is None:
+        return {}
+    try:
+        return json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ValueError(f"deepspeed_config {name_or_path!r}: no such file") from None
 
 
 @dataclass
@@ -42,9 +58,36 @@ class SFTConfig(TrainingArguments):
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
     lora_dropout: float = field(default=0.05)
     lora_target_modules: str = field(
-        default="q_proj,k_proj,v_proj,o_proj",
-        metadata={"help": "comma-separated module names; attention projections exist in dense and MoE Qwen3"},
+        default=LORA_TARGETS_MOE,
+        metadata={"help": f"comma-separated module names: {LORA_TARGETS_DENSE} for dense Qwen3, "
+                          f"{LORA_TARGETS_MOE} for Qwen3-MoE (experts are fused tensors, not Linear layers)"},
     )
+    merge_lora: bool = field(
+        default=True,
+        metadata={"help": "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves it "
+                          "as a plain model; the adapter alone always goes to adapter/"},
+    )
+    router_aux_loss_coef: float = field(
+        default=0.001,
+        metadata={"help": "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off"},
+    )
+
+
+def check_combination(cfg: dict) -> list[str]:
+    """Errors for settings that cannot work together, each naming the field to change."""
+    errors = []
+    method = cfg.get("method", "full")
+    ds = load_deepspeed_config(cfg["deepspeed"]) if cfg.get("deepspeed") else {}
+    zero = ds.get("zero_optimization", {})
+    if method == "qlora":
+        if cfg.get("use_cpu"):
+            errors.append("method 'qlora' needs CUDA GPUs (bitsandbytes 4-bit); use method 'lora' or 'full' on CPU")
+        if zero.get("offload_param", {}).get("device", "none") != "none":
+            errors.append("method 'qlora' cannot be combined with ZeRO-3 parameter offload (4-bit weights do not "
+                          "offload); set deepspeed_config to 'none' or 'zero2'")
+    if cfg.get("use_cpu") and cfg.get("bf16"):
+        errors.append("bf16 is for GPUs; set bf16 false when use_cpu is true")
+    return errors
 
 
 def build_trainer_config(
@@ -64,8 +107,13 @@ def build_trainer_config(
     deepspeed_config: str,
     use_cpu: bool,
     model_cache_dir: str,
+    save_steps: int = 200,
+    save_total_limit: int = 2,
 ) -> dict:
-    """The config dict the pipeline writes for the trainer, from the pipeline's parameters."""
+    """The config dict the pipeline writes for the trainer, from the pipeline's parameters.
+
+    ``save_steps``/``save_total_limit``: checkpoint every N optimizer steps, keep the last K complete ones.
+    """
     cfg = {
         "model_name_or_path": model_name_or_path,
         "dataset_path": dataset_path,
@@ -84,11 +132,13 @@ def build_trainer_config(
         "model_cache_dir": model_cache_dir,
         "logging_steps": 5 if use_cpu else 10,
         "save_strategy": "steps",
-        "save_steps": 500,
-        "save_total_limit": 2,
-        "report_to": [],
+        "save_steps": save_steps,
+        "save_total_limit": save_total_limit,
+        # TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py sets the folder).
+        "report_to": ["tensorboard"],
+        "include_num_input_tokens_seen": "non_padding",
         "remove_unused_columns": False,
-        # Rows are padded per batch (until packing): batching similar lengths halves the padding work.
+        # Unpacked rows are padded per batch: batching similar lengths halves the padding work.
         "train_sampling_strategy": "group_by_length",
         "dataloader_num_workers": 0 if use_cpu else 2,
     }
@@ -97,9 +147,9 @@ def build_trainer_config(
         cfg.update(use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False)
     else:
         cfg.update(bf16=True, gradient_checkpointing=True, ddp_backend="nccl")
-        ds = deepspeed_config_path(deepspeed_config)
-        if ds:
-            cfg["deepspeed"] = ds
+    ds = deepspeed_config_path(deepspeed_config)
+    if ds:
+        cfg["deepspeed"] = ds
     return cfg
 
 

@@ -1,11 +1,12 @@
 """Supervised fine-tuning: the entry point every pod (or local process) of the training job runs.
 
-    torchrun --nproc_per_node 8 --nnodes 2 ... -m components.train.sft --config /mnt/models/runs/<id>/train_config.json
+    torchrun --nproc_per_node 8 --nnodes 2 ... -m components.train.sft --config /mnt/models/runs/<id>/train/train_config.json
 
-Reads the tokenized dataset written by prepare_dataset (no re-tokenisation), trains with the Hugging
-Face Trainer (DDP, or DeepSpeed when the config names a DeepSpeed JSON), resumes from the latest
-checkpoint in ``output_dir`` when there is one, and writes ``final/`` (model, tokenizer) and
-``metrics.json`` from rank 0.
+Reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with
+the Hugging Face Trainer: DDP, or DeepSpeed ZeRO-2/3 when the config names a DeepSpeed JSON; full
+fine-tuning or PEFT LoRA/QLoRA. Checkpoints every ``save_steps`` (complete-marker written last, last
+``save_total_limit`` kept), resumes from the newest complete one, logs progress on rank 0 and to
+TensorBoard, and ends with ``final/`` (see export.py) and ``metrics.json``.
 """
 
 from __future__ import annotations
@@ -20,16 +21,17 @@ from pathlib import Path
 
 log = logging.getLogger("sft")
 
+REQUIRED_COLUMNS = ("input_ids", "labels")
+
 
 def parse_config(path: str):
-    """Load an SFTConfig from a JSON or YAML file; unknown keys are an error that lists the valid ones."""
+    """Load an SFTConfig from a JSON or YAML file; unknown keys, bad combinations and a missing dataset are errors."""
     import dataclasses
 
     from transformers import HfArgumentParser
 
-    from components.train.config import METHODS, SFTConfig
+    from components.train.config import METHODS, SFTConfig, check_combination
 
-    parser = HfArgumentParser(SFTConfig)
     raw = Path(path).read_text()
     if path.endswith((".yaml", ".yml")):
         import yaml
@@ -45,11 +47,27 @@ def parse_config(path: str):
     method = data.get("method", "full")
     if method not in METHODS:
         raise ValueError(f"{path}: method {method!r} is not one of {list(METHODS)}")
+    errors = check_combination(data)
+    if errors:
+        raise ValueError(f"{path}: " + "; ".join(errors))
     dataset_path = data.get("dataset_path", "")
     if not dataset_path or not Path(dataset_path, "dataset_dict.json").exists():
         raise ValueError(f"{path}: dataset_path {dataset_path!r} is not a prepared dataset; run prepare_dataset first")
-    (cfg,) = parser.parse_dict(data)
+    _check_dataset(dataset_path)
+    (cfg,) = HfArgumentParser(SFTConfig).parse_dict(data)
     return cfg
+
+
+def _check_dataset(dataset_path: str) -> None:
+    import datasets
+
+    data = datasets.load_from_disk(dataset_path)
+    for split in ("train", "eval"):
+        if split not in data:
+            raise ValueError(f"{dataset_path}: no {split!r} split (found {list(data)}); run prepare_dataset again")
+        missing = [c for c in REQUIRED_COLUMNS if c not in data[split].column_names]
+        if missing:
+            raise ValueError(f"{dataset_path}: split {split!r} lacks columns {missing}; it must come from prepare_dataset")
 
 
 def _non_defaults(cfg) -> dict:
@@ -65,31 +83,77 @@ def _non_defaults(cfg) -> dict:
 
 
 def pad_collator(pad_token_id: int):
-    """Pad a batch of tokenized rows to its longest row (labels padded with -100)."""
+    """Collate tokenized rows into a batch; packed rows (``position_ids`` present) stay padding-free.
+
+    Unpacked rows: padded to the longest row, with ``attention_mask``. Packed rows: ``input_ids``,
+    ``labels`` and ``position_ids`` and no ``attention_mask``, so transformers builds a block-causal
+    mask per example from where ``position_ids`` restart (flash-attention: varlen kernels). The first
+    token of every example gets label -100: nothing predicts it from the previous example (as
+    ``DataCollatorWithFlattening`` does), so a packed row's loss is exactly its examples' loss.
+    """
     import torch
 
     def collate(rows):
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
         labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        mask = torch.zeros((len(rows), width), dtype=torch.long)
+        packed = "position_ids" in rows[0]
+        extra = torch.zeros((len(rows), width), dtype=torch.long)  # position_ids or attention_mask
         for i, r in enumerate(rows):
             n = len(r["input_ids"])
             ids[i, :n] = torch.tensor(r["input_ids"])
             labels[i, :n] = torch.tensor(r["labels"])
-            mask[i, :n] = 1
-        return {"input_ids": ids, "labels": labels, "attention_mask": mask}
+            if packed:
+                extra[i, :n] = torch.tensor(r["position_ids"])
+            else:
+                extra[i, :n] = 1
+        if packed:
+            labels[extra == 0] = -100
+            return {"input_ids": ids, "labels": labels, "position_ids": extra}
+        return {"input_ids": ids, "labels": labels, "attention_mask": extra}
 
     return collate
 
 
-def load_model(cfg, model_path: str):
-    """Load the base model for ``cfg.method``: full weights, or a PEFT LoRA/QLoRA wrapper."""
-    import torch
-    from transformers import AutoModelForCausalLM
+def _attn_implementation() -> str:
+    import importlib.util
 
-    dtype = torch.bfloat16 if cfg.bf16 else torch.float32
-    kwargs = {"dtype": dtype}
+    import torch
+
+    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    return "sdpa"  # with position_ids and no mask, transformers builds the packed block-causal mask
+
+
+def fp8_dequantize_kwargs(config) -> dict:
+    """``from_pretrained`` arguments that load an FP8 checkpoint dequantised (empty for other checkpoints)."""
+    quant = getattr(config, "quantization_config", None) or {}
+    if (quant if isinstance(quant, dict) else quant.to_dict()).get("quant_method") != "fp8":
+        return {}
+    from transformers import FineGrainedFP8Config
+
+    return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
+
+
+def load_model(cfg, model_path: str):
+    """Load the base model for ``cfg.method``: full weights, or a PEFT LoRA/QLoRA wrapper.
+
+    FP8 checkpoints (the seeds' Qwen3-30B-A3B-...-FP8) are dequantised while loading and trained in
+    bf16: FP8 training needs per-tensor scaling recipes the optimizer states and DeepSpeed do not
+    carry, and bf16 is what the served model is exported in. Qwen3-MoE gets the router load-balancing
+    loss (``router_aux_loss_coef``) and, under ZeRO-3, its sparse MoE block as a leaf module.
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    # DeepSpeed keeps fp32 master weights itself; plain DDP full fine-tuning needs fp32 weights for Adam.
+    low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
+    dtype = torch.bfloat16 if low_precision else torch.float32
+    kwargs = {"dtype": dtype, "attn_implementation": _attn_implementation()}
+    kwargs.update(fp8_dequantize_kwargs(config))
+    if config.model_type == "qwen3_moe":
+        kwargs.update(output_router_logits=cfg.router_aux_loss_coef > 0, router_aux_loss_coef=cfg.router_aux_loss_coef)
     if cfg.method == "qlora":
         from transformers import BitsAndBytesConfig
 
@@ -97,6 +161,17 @@ def load_model(cfg, model_path: str):
             load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True, bnb_4bit_compute_dtype=dtype
         )
     model = AutoModelForCausalLM.from_pretrained(model_path, **kwargs)
+    # With a KV cache, transformers does not look for packed rows in position_ids (and training never uses one).
+    model.config.use_cache = False
+    if config.model_type == "qwen3_moe" and _zero_stage(cfg) == 3:
+        # ZeRO-3 gathers parameters module by module as they run. Experts run only for the tokens routed
+        # to them, which differ between ranks: with per-expert modules the ranks wait on different gathers
+        # and hang. As a leaf, the whole block (router + experts) is gathered at once on every rank.
+        from deepspeed.utils import set_z3_leaf_modules
+        from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
+
+        leaves = set_z3_leaf_modules(model, [Qwen3MoeSparseMoeBlock])
+        log.info("ZeRO-3 leaf modules: %d x Qwen3MoeSparseMoeBlock", len(leaves))
     if cfg.method in ("lora", "qlora"):
         from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
@@ -109,23 +184,71 @@ def load_model(cfg, model_path: str):
     return model
 
 
+def _zero_stage(cfg) -> int:
+    from components.train.config import load_deepspeed_config
+
+    return load_deepspeed_config(cfg.deepspeed).get("zero_optimization", {}).get("stage", 0) if cfg.deepspeed else 0
+
+
+def _flops_per_token(model_path: str, seq_len: int) -> float:
+    from components.train.callbacks import flops_per_token
+    from components.train.memory import model_shape
+
+    shape = model_shape(json.loads(Path(model_path, "config.json").read_text()))
+    return flops_per_token(shape.active, shape.layers, shape.q_dim, seq_len)
+
+
+def _summary_metrics(trainer, result, eval_metrics: dict, started: float) -> dict:
+    # Trainer's training_loss averages only the steps run since the last resume; log_history spans the run.
+    losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
+    rates = [e["tokens_per_second_per_device"] for e in trainer.state.log_history if "tokens_per_second_per_device" in e]
+    mfus = [e["mfu"] for e in trainer.state.log_history if "mfu" in e]
+    metrics = {
+        "train_loss": sum(losses) / len(losses) if losses else result.training_loss,
+        "final_train_loss": losses[-1] if losses else result.training_loss,
+        "eval_loss": eval_metrics["eval_loss"],
+        "global_step": result.global_step,
+        "train_runtime_seconds": round(time.time() - started, 2),
+        "world_size": trainer.args.world_size,
+        "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
+        **{k: v for k, v in result.metrics.items() if k.endswith("per_second")},
+    }
+    if rates:
+        metrics["tokens_per_second_per_device"] = sum(rates) / len(rates)
+    if mfus:
+        metrics["mfu"] = sum(mfus) / len(mfus)
+    return metrics
+
+
 def main(cfg) -> dict:
     """Train according to ``cfg`` and return the final metrics (also written to metrics.json)."""
     import datasets
     from transformers import AutoTokenizer, Trainer
-    from transformers.trainer_utils import get_last_checkpoint
 
     from components.models.tiny import resolve_model
+    from components.train.callbacks import ProgressCallback, peak_flops
+    from components.train.checkpoints import CompleteMarkerCallback, latest_complete_checkpoint
+    from components.train.export import export_final
 
     started = time.time()
     rank = int(os.environ.get("RANK", "0"))
     model_path = resolve_model(cfg.model_name_or_path, cfg.model_cache_dir or os.path.join(cfg.output_dir, ".cache"))
     if rank == 0:
         log.info("config (non-default fields): %s", json.dumps(_non_defaults(cfg), default=str))
+    os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
+    if cfg.deepspeed and cfg.use_cpu:
+        # On CUDA accelerate starts deepspeed.comm; on CPU it only starts torch.distributed (gloo), and
+        # DeepSpeed would then see a world of one. Wrap the existing process group.
+        import deepspeed
+
+        deepspeed.init_distributed(dist_backend=cfg.ddp_backend)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     data = datasets.load_from_disk(cfg.dataset_path)
     model = load_model(cfg, model_path)
 
+    # The Trainer's rotation cannot tell complete from partial checkpoints: ours does it after the marker.
+    keep = cfg.save_total_limit or 0
+    cfg.save_total_limit = None
     trainer = Trainer(
         model=model,
         args=cfg,
@@ -133,27 +256,21 @@ def main(cfg) -> dict:
         eval_dataset=data["eval"],
         data_collator=pad_collator(tokenizer.pad_token_id),
         processing_class=tokenizer,
+        callbacks=[CompleteMarkerCallback(keep)],
     )
-    last = get_last_checkpoint(cfg.output_dir) if os.path.isdir(cfg.output_dir) else None
+    progress = ProgressCallback(_flops_per_token(model_path, cfg.max_seq_length), cfg.world_size, peak_flops())
+    # First in line, so the rates it adds to the logs reach TensorBoard and log_history too.
+    trainer.callback_handler.callbacks.insert(0, progress)
+    last = latest_complete_checkpoint(cfg.output_dir)
     if last and rank == 0:
         log.info("resuming from %s", last)
     result = trainer.train(resume_from_checkpoint=last)
     eval_metrics = trainer.evaluate()
-
-    final_dir = os.path.join(cfg.output_dir, "final")
-    trainer.save_model(final_dir)
-    metrics = {
-        "train_loss": result.training_loss,
-        "eval_loss": eval_metrics["eval_loss"],
-        "global_step": result.global_step,
-        "train_runtime_seconds": round(time.time() - started, 2),
-        "world_size": trainer.args.world_size,
-        **{k: v for k, v in result.metrics.items() if k.endswith("per_second")},
-    }
+    metrics = _summary_metrics(trainer, result, eval_metrics, started)
+    export_final(trainer, cfg, tokenizer, model_path, metrics)
     if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(final_dir)
         Path(cfg.output_dir, "metrics.json").write_text(json.dumps(metrics, indent=2))
-        log.info("final model in %s; metrics %s", final_dir, metrics)
+        log.info("metrics %s", metrics)
     return metrics
 
 
@@ -173,3 +290,10 @@ if __name__ == "__main__":
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     main(config)
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        # Leave together and tear the process group down: a rank that exits while gloo's threads are
+        # still running aborts with "terminate called without an active exception" (seen on 2 CPU ranks).
+        dist.barrier()
+        dist.destroy_process_group()

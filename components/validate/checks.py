@@ -11,8 +11,10 @@ METHODS = ("full", "lora", "qlora")
 TRAIN_BACKENDS = ("pytorchjob", "trainjob", "local")
 JOB_CLEANUP = ("keep", "on-success", "always")
 DEPLOYMENT_MODES = ("Standard", "Knative")
+DATASET_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference")
+OVER_LENGTH = ("drop", "truncate")
 DEPLOY_BACKENDS = ("kserve-vllm", "kserve-huggingface", "local")
-DEEPSPEED_CONFIGS = ("zero3", "zero2", "none")
+DEEPSPEED_CONFIGS = ("zero3", "zero2", "zero3_offload", "none")
 
 # Kubernetes object names: claims and secrets are DNS-1123 subdomains; InferenceService names become
 # Service/host names, so they must be DNS-1035 labels (start with a letter) of at most 63 characters.
@@ -63,6 +65,10 @@ def check_parameters(p: dict) -> list[str]:
         errors.append(f"warmup_ratio={p['warmup_ratio']} must be in [0, 1)")
     if p["eval_size"] <= 0 or (p["eval_size"] >= 1 and p["eval_size"] != int(p["eval_size"])):
         errors.append(f"eval_size={p['eval_size']} must be a fraction in (0, 1) or a whole number of conversations")
+    if p["save_steps"] < 1 or p["save_total_limit"] < 1:
+        errors.append("save_steps and save_total_limit must be at least 1 (checkpoints are how a failed job resumes)")
+    if p["gpu_memory_gib"] <= 0:
+        errors.append(f"gpu_memory_gib={p['gpu_memory_gib']} must be positive (80 for H100 80GB)")
     if p["eval_gpus"] < 0 or p["serving_gpus"] < 0:
         errors.append("eval_gpus and serving_gpus must be >= 0")
     if p["min_loss_improvement"] < 0 or p["min_loss_improvement"] >= 1:
@@ -97,6 +103,12 @@ def check_parameters(p: dict) -> list[str]:
                 errors.append(f"{field} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
                               "(Trainer v2 keeps it there), or use train_backend=pytorchjob")
     errors.append(_choice(p, "deployment_mode", DEPLOYMENT_MODES))
+    errors.append(_choice(p, "dataset_format", DATASET_FORMATS))
+    errors.append(_choice(p, "over_length", OVER_LENGTH))
+    if p["dataset_format"] == "preference":
+        errors.append("dataset_format=preference is kept for a later preference-tuning stage; SFT needs a chat or text format")
+    if p["num_proc"] < 1:
+        errors.append(f"num_proc={p['num_proc']} must be at least 1")
     if not 0 <= p["canary_traffic_percent"] < 100:
         errors.append(f"canary_traffic_percent={p['canary_traffic_percent']} must be in [0, 100) (0 sends all traffic to the new model)")
     elif p["canary_traffic_percent"] and p["deployment_mode"] != "Knative":
@@ -108,5 +120,14 @@ def check_parameters(p: dict) -> list[str]:
     if not p["model_name_or_path"].strip():
         errors.append("model_name_or_path is empty; give a Hub id such as Qwen/Qwen3-30B-A3B or a mounted folder")
     if not p["dataset_source"].strip():
-        errors.append("dataset_source is empty; give builtin:sample, a JSONL path or a Hub dataset id")
+        errors.append("dataset_source is empty; give builtin:sample, a file/folder/glob, pvc://claim/path or a Hub dataset id")
+    errors = [e for e in errors if e]
+    if not errors and p["train_backend"] != "local":
+        from components.train.memory import check_memory_fit
+
+        # Last, on parameters known to be valid: an estimate over bad inputs would only add noise.
+        errors.append(check_memory_fit(
+            p["model_name_or_path"], p["method"], p["deepspeed_config"], p["num_nodes"], p["gpus_per_node"],
+            p["max_seq_length"], p["per_device_train_batch_size"], gpu_memory_gib=p["gpu_memory_gib"],
+        ))
     return [e for e in errors if e]

@@ -9,6 +9,9 @@ from components.version import COMPONENTS_IMAGE
 def validate_inputs(
     model_name_or_path: str,
     dataset_source: str,
+    dataset_format: str,
+    over_length: str,
+    num_proc: int,
     max_seq_length: int,
     eval_size: float,
     method: str,
@@ -21,6 +24,9 @@ def validate_inputs(
     max_steps: int,
     warmup_ratio: float,
     deepspeed_config: str,
+    save_steps: int,
+    save_total_limit: int,
+    gpu_memory_gib: float,
     train_backend: str,
     data_pvc: str,
     model_pvc: str,
@@ -56,7 +62,12 @@ def validate_inputs(
 
     Args:
         model_name_or_path: Hugging Face Hub id, mounted folder, or ``builtin:tiny-qwen3``.
-        dataset_source: ``builtin:sample``, a JSONL path on a mounted volume, or a Hub dataset id.
+        dataset_source: comma-separated sources: ``builtin:sample``, files/folders/globs (JSONL, JSON,
+            Parquet, CSV, saved Arrow) on a mounted volume, ``pvc://claim/path``, ``hf://...`` or Hub ids
+            (``org/name?config=C&split=S&revision=R``).
+        dataset_format: ``auto`` or one of messages, sharegpt, alpaca, prompt_completion, text, preference.
+        over_length: ``drop`` or ``truncate`` examples longer than max_seq_length.
+        num_proc: tokenisation processes in prepare_dataset.
         max_seq_length: tokens per training row.
         eval_size: held-out fraction (< 1) or conversation count (>= 1).
         method: ``full``, ``lora`` or ``qlora``.
@@ -69,6 +80,10 @@ def validate_inputs(
         max_steps: stop after this many optimizer steps; -1 runs all epochs.
         warmup_ratio: fraction of steps of linear warm-up.
         deepspeed_config: ``zero3``, ``zero2``, ``none`` or a JSON path in the trainer image.
+        save_steps: checkpoint every this many optimizer steps.
+        save_total_limit: complete checkpoints kept.
+        gpu_memory_gib: memory per GPU, for the memory-fit estimate (parameters, ZeRO stage, sequence
+            length, micro-batch): a job that cannot fit fails here, naming the knob to change.
         train_backend: ``pytorchjob``, ``trainjob`` (cluster) or ``local`` (torchrun subprocess).
         data_pvc: ReadWriteMany claim for datasets and caches.
         model_pvc: ReadWriteMany claim for checkpoints and the final model.
