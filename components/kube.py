@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import calendar
 import math
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,3 +217,26 @@ class PodLogFollower:
             else:
                 cursor.last, cursor.at_last, seen_at_last = key, 1, 1
             self._out(f"[{pod_name}] {line}")
+
+
+class Cancelled(BaseException):
+    """SIGTERM arrived: KFP cancelled the run (a BaseException so no ``except Exception`` swallows it)."""
+
+
+@contextmanager
+def sigterm_cancels():
+    """Turn SIGTERM into ``Cancelled`` while the block runs; restore the previous handler afterwards."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # signal handlers can only be installed from the main thread
+        return
+
+    def handler(signum, frame):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up or rollback
+        raise Cancelled()
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        # None: the previous handler was not installed from Python; the default is what it did.
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)

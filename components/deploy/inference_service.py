@@ -21,16 +21,20 @@ from __future__ import annotations
 
 import re
 import signal
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.deploy.smoke import chat_completion
-from components.kube import call_api, load_api_client, unstartable_pod_reason
+from components.kube import (
+    Cancelled,
+    call_api,
+    load_api_client,
+    sigterm_cancels,
+    unstartable_pod_reason,
+)
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
 # KServe labels every pod of a service with its name.
@@ -282,7 +286,7 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         patch({"spec": merge_patch_to(get()["spec"], previous["spec"])})
         return "restored the previous spec"
 
-    with _sigterm_cancels():
+    with sigterm_cancels():
         try:
             if previous is None:
                 applied = call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
@@ -306,7 +310,7 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
             except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
                 raise RuntimeError(f"InferenceService {namespace}/{name} is Ready but failed the smoke test: {exc}; "
                                    f"{roll_back()}") from exc
-        except _Cancelled:
+        except Cancelled:
             # KFP cancelled the run mid-rollout: leave the service as it was before this step.
             print(f"the run was cancelled (SIGTERM); InferenceService {namespace}/{name}: {roll_back()}", flush=True)
             raise SystemExit(128 + signal.SIGTERM) from None
@@ -314,29 +318,6 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
           + (f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
              if canary else ""), flush=True)
     return {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served, "smoke_reply": reply}
-
-
-class _Cancelled(BaseException):
-    """SIGTERM arrived: KFP cancelled the run (a BaseException so no ``except Exception`` swallows it)."""
-
-
-@contextmanager
-def _sigterm_cancels():
-    """Turn SIGTERM into ``_Cancelled`` while the block runs; restore the previous handler afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the rollback
-        raise _Cancelled()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        # None: the previous handler was not installed from Python; the default is what it did.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _deployment_mode(isvc: dict) -> str | None:

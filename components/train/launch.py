@@ -18,9 +18,7 @@ import argparse
 import json
 import signal
 import sys
-import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 from kubeflow.training.constants import constants as kfc
@@ -28,9 +26,11 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.kube import (
+    Cancelled,
     PodLogFollower,
     call_api,
     load_api_client,
+    sigterm_cancels,
     unstartable_pod_reason,
 )
 from components.train import trainjob
@@ -72,29 +72,6 @@ KINDS = {
     trainjob.KIND: _Kind(trainjob.KIND, trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL, trainjob.NODE,
                          "Complete", "Failed", trainjob.POD_SELECTOR_LABEL),
 }
-
-
-class _Cancelled(BaseException):
-    """SIGTERM arrived: KFP cancelled the run (a BaseException so no ``except Exception`` swallows it)."""
-
-
-@contextmanager
-def _sigterm_cancels():
-    """Turn SIGTERM into ``_Cancelled`` while the block runs; restore the previous handler afterwards."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
-        return
-
-    def handler(signum, frame):
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up
-        raise _Cancelled()
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        # None: the previous handler was not installed from Python; the default is what it did.
-        signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
 
 
 def _condition(job: dict, kind: str) -> dict | None:
@@ -172,7 +149,7 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
     unschedulable_since: dict = {}
     deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
     state = None
-    with _sigterm_cancels():
+    with sigterm_cancels():
         try:
             try:
                 call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
@@ -222,7 +199,7 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
                     delete_job(f"still {state} after {timeout_seconds:.0f}s")
                     raise TimeoutError(f"{what} did not finish within {timeout_seconds:.0f}s (last state {state})")
                 time.sleep(poll_seconds)
-        except _Cancelled:
+        except Cancelled:
             delete_job("the run was cancelled (SIGTERM)")
             raise SystemExit(128 + signal.SIGTERM) from None
 
