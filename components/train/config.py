@@ -22,7 +22,11 @@ LORA_TARGETS_MOE = "q_proj,k_proj,v_proj,o_proj"
 
 
 def deepspeed_config_path(name: str) -> str | None:
-    """The shipped DeepSpeed JSON for ``name`` (``zero2``, ``zero3``, ``zero3_offload``), a user's JSON path, or None for ``none``."""
+    """The shipped DeepSpeed JSON for ``name`` (``zero2``, ``zero3``, ``zero3_offload``), a user's JSON path, or None for ``none``.
+
+    Shipped names resolve inside this process's own install: call it where the file is read (the trainer),
+    and write the name, not the result, into configs that another image reads.
+    """
     if name in ("", "none"):
         return None
     shipped = DEEPSPEED_DIR / f"{name}.json"
@@ -147,9 +151,10 @@ def build_trainer_config(
         cfg.update(use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False)
     else:
         cfg.update(bf16=True, gradient_checkpointing=True, ddp_backend="nccl")
-    ds = deepspeed_config_path(deepspeed_config)
-    if ds:
-        cfg["deepspeed"] = ds
+    # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
+    # this runs in the launcher's image and the trainer image installs the package somewhere else.
+    if deepspeed_config_path(deepspeed_config):
+        cfg["deepspeed"] = deepspeed_config
     return cfg
 
 

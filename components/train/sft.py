@@ -24,29 +24,107 @@ log = logging.getLogger("sft")
 REQUIRED_COLUMNS = ("input_ids", "labels")
 
 
-def parse_config(path: str):
-    """Load an SFTConfig from a JSON or YAML file; unknown keys, bad combinations and a missing dataset are errors."""
-    import dataclasses
-
-    from transformers import HfArgumentParser
-
-    from components.train.config import METHODS, SFTConfig, check_combination
-
-    raw = Path(path).read_text()
+def _read_config(path: str) -> dict:
+    """The config file's mapping; ValueError naming the file for a missing, empty or unparsable one."""
+    try:
+        raw = Path(path).read_text()
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such file (the trainer config the launcher writes)") from None
     if path.endswith((".yaml", ".yml")):
         import yaml
 
-        data = yaml.safe_load(raw)
+        try:
+            data = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
     else:
-        data = json.loads(raw)
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"{path}: not valid JSON: {exc}") from None
+    if data is None:
+        raise ValueError(f"{path}: the config is empty; it must be a mapping of SFTConfig fields")
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the config must be a mapping of SFTConfig fields, not a {type(data).__name__}")
+    return data
+
+
+_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
+
+
+def _type_error(name: str, value, hint) -> str | None:
+    """Why ``value`` does not fit the field's annotation ``hint``, or None.
+
+    HfArgumentParser.parse_dict does not check types, and a wrong one surfaces later as a traceback deep in
+    the Trainer, after the model has loaded; only plain scalar types are checked here (enums are strings).
+    """
+    import enum
+    import types
+    import typing
+
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    words = []
+    for option in options:
+        origin = typing.get_origin(option) or option
+        if option is type(None):
+            if value is None:
+                return None
+        elif option is bool:
+            if isinstance(value, bool):
+                return None
+        elif option in (int, float):
+            if isinstance(value, int if option is int else (int, float)) and not isinstance(value, bool):
+                return None
+        elif option is str or (isinstance(origin, type) and issubclass(origin, enum.Enum)):
+            if isinstance(value, str):
+                return None
+            option = str
+        elif isinstance(origin, type):
+            if isinstance(value, origin):
+                return None
+            words.append(f"a {origin.__name__}")
+            continue
+        else:
+            return None  # Any, Literal, ...: not checked
+        if option in _TYPE_WORDS and _TYPE_WORDS[option] not in words:
+            words.append(_TYPE_WORDS[option])
+    return f"{name} must be {' or '.join(words)}, got {value!r}" if words else None
+
+
+def parse_config(path: str):
+    """Load an SFTConfig from a JSON or YAML file; unknown keys, wrong types, bad combinations and a missing dataset are errors.
+
+    Every error is a ValueError naming the file and the field, raised before TrainingArguments is built
+    (which sets up devices and process groups) and before anything is written.
+    """
+    import dataclasses
+    import typing
+
+    from transformers import HfArgumentParser
+
+    from components.train.config import METHODS, SFTConfig, check_combination, deepspeed_config_path
+
+    data = _read_config(path)
+    hints = typing.get_type_hints(SFTConfig)
     valid = {f.name for f in dataclasses.fields(SFTConfig)}
     unknown = sorted(set(data) - valid)
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; valid keys are {sorted(valid)}")
-    # Our own checks first: building TrainingArguments already sets up devices and process groups.
+    for name, value in data.items():
+        if why := _type_error(name, value, hints[name]):
+            raise ValueError(f"{path}: {why}")
     method = data.get("method", "full")
     if method not in METHODS:
         raise ValueError(f"{path}: method {method!r} is not one of {list(METHODS)}")
+    if isinstance(data.get("deepspeed"), str):
+        # The launcher writes a setting's name (its image is not this one): resolve it in this install.
+        try:
+            data["deepspeed"] = deepspeed_config_path(data["deepspeed"])
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+        if data["deepspeed"] and not Path(data["deepspeed"]).is_file():
+            raise ValueError(f"{path}: deepspeed {data['deepspeed']!r}: no such file; use a shipped name "
+                             "(zero2, zero3, zero3_offload) or a JSON file on a mounted volume")
     errors = check_combination(data)
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))
@@ -173,14 +251,9 @@ def load_model(cfg, model_path: str):
         leaves = set_z3_leaf_modules(model, [Qwen3MoeSparseMoeBlock])
         log.info("ZeRO-3 leaf modules: %d x Qwen3MoeSparseMoeBlock", len(leaves))
     if cfg.method in ("lora", "qlora"):
-        from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+        from components.train.lora import apply_lora
 
-        if cfg.method == "qlora":
-            model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
-        model = get_peft_model(model, LoraConfig(
-            r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout,
-            target_modules=cfg.lora_target_modules.split(","), task_type="CAUSAL_LM",
-        ))
+        model = apply_lora(model, cfg)
     return model
 
 
