@@ -263,11 +263,13 @@ def _zero_stage(cfg) -> int:
     return load_deepspeed_config(cfg.deepspeed).get("zero_optimization", {}).get("stage", 0) if cfg.deepspeed else 0
 
 
-def _flops_per_token(model_path: str, seq_len: int) -> float:
+def _flops_per_token(config: dict, seq_len: int) -> float:
+    """Training FLOPs per token of the model whose ``config.json`` fields are ``config``."""
     from components.train.callbacks import flops_per_token
     from components.train.memory import model_shape
 
-    shape = model_shape(json.loads(Path(model_path, "config.json").read_text()))
+    # From the loaded model's config, not a file: a model named by Hub id has no folder to read.
+    shape = model_shape(config)
     return flops_per_token(shape.active, shape.layers, shape.q_dim, seq_len)
 
 
@@ -331,7 +333,7 @@ def main(cfg) -> dict:
         processing_class=tokenizer,
         callbacks=[CompleteMarkerCallback(keep)],
     )
-    progress = ProgressCallback(_flops_per_token(model_path, cfg.max_seq_length), cfg.world_size, peak_flops())
+    progress = ProgressCallback(_flops_per_token(model.config.to_dict(), cfg.max_seq_length), cfg.world_size, peak_flops())
     # First in line, so the rates it adds to the logs reach TensorBoard and log_history too.
     trainer.callback_handler.callbacks.insert(0, progress)
     last = latest_complete_checkpoint(cfg.output_dir)
