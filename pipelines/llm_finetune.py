@@ -83,6 +83,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         gang_scheduling: bool = False,
         min_nodes: int = 0,
         max_restarts: int = 3,
+        job_restarts: int = 2,
+        pending_timeout_seconds: int = 900,
         eval_gpus: int = 8,
         eval_max_samples: int = 512,
         min_loss_improvement: float = 0.0,
@@ -113,7 +115,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
             job_cleanup=job_cleanup, active_deadline_seconds=active_deadline_seconds, queue_name=queue_name,
             priority_class=priority_class, gang_scheduling=gang_scheduling, min_nodes=min_nodes,
-            max_restarts=max_restarts, eval_gpus=eval_gpus, min_loss_improvement=min_loss_improvement,
+            max_restarts=max_restarts, job_restarts=job_restarts, pending_timeout_seconds=pending_timeout_seconds,
+            eval_gpus=eval_gpus, min_loss_improvement=min_loss_improvement,
             deploy_backend=deploy_backend, serving_name=serving_name, serving_gpus=serving_gpus,
             max_model_len=max_model_len, max_new_tokens=max_new_tokens, lm_eval_tasks=lm_eval_tasks,
             deployment_mode=deployment_mode, canary_traffic_percent=canary_traffic_percent,
@@ -138,6 +141,7 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             node_selector=node_selector, tolerations=tolerations, affinity=affinity, job_cleanup=job_cleanup,
             active_deadline_seconds=active_deadline_seconds, queue_name=queue_name, priority_class=priority_class,
             gang_scheduling=gang_scheduling, min_nodes=min_nodes, max_restarts=max_restarts,
+            job_restarts=job_restarts, pending_timeout_seconds=pending_timeout_seconds,
             data_root=data_root, model_root=model_root, run_id=run_id,
         ).set_display_name("Train (PyTorchJob / TrainJob)" if cluster else "Train (local torchrun)").set_caching_options(False)
 

@@ -73,3 +73,26 @@ def test_trainjob_refuses_knobs_that_belong_to_its_runtime():
     params = P.resolve("qwen3-30b-a3b-full", overrides=["train_backend=trainjob", "priority_class=high"])
     with pytest.raises(Exception, match="priority_class with train_backend=trainjob: set it in the ClusterTrainingRuntime"):
         P.check(params)
+
+
+@pytest.mark.parametrize("override, message", [
+    ("job_restarts=-1", "job_restarts=-1 must be >= 0 (0: a failed job fails the step at once)"),
+    ("pending_timeout_seconds=10", "pending_timeout_seconds=10 must be at least 60"),
+])
+def test_restart_and_pending_limits_are_checked(override, message):
+    params = P.resolve("qwen3-30b-a3b-full", overrides=[override])
+    with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):
+        P.check(params)
+
+
+def test_restart_and_pending_limits_reach_the_launcher():
+    # The train step hands them to run_training_job; defaults: 2 re-runs, 15 minutes unschedulable.
+    import inspect
+
+    from components.train.component import train_model
+
+    params = P.resolve("qwen3-30b-a3b-full", overrides=["job_restarts=5", "pending_timeout_seconds=1800"])
+    assert params["job_restarts"] == 5 and params["pending_timeout_seconds"] == 1800
+    assert {"job_restarts", "pending_timeout_seconds"} <= set(inspect.signature(train_model.python_func).parameters)
+    defaults = P.resolve("qwen3-30b-a3b-full", overrides=[])
+    assert (defaults["job_restarts"], defaults["pending_timeout_seconds"]) == (2, 900)

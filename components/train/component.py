@@ -41,6 +41,8 @@ def train_model(
     gang_scheduling: bool,
     min_nodes: int,
     max_restarts: int,
+    job_restarts: int,
+    pending_timeout_seconds: int,
     data_root: str,
     model_root: str,
     run_id: str,
@@ -86,6 +88,10 @@ def train_model(
         gang_scheduling: all pods scheduled together (``runPolicy.schedulingPolicy``; PyTorchJob only).
         min_nodes: elastic training down to this many nodes (PyTorchJob only); 0 for a fixed size.
         max_restarts: elastic restarts before the job fails (with min_nodes).
+        job_restarts: times a job that failed for a retriable cause (pod evicted or preempted, node lost,
+            rendezvous/NCCL failure) is deleted and created again; it resumes from its last complete checkpoint.
+            Deterministic failures (OOMKilled, config errors, image errors) fail the step at once.
+        pending_timeout_seconds: fail the step when a job's pod stays unschedulable this long.
         data_root: where the data volume is mounted in this step.
         model_root: where the model volume is mounted in this step.
         run_id: the KFP run id; names the job and scopes the output folder.
@@ -158,7 +164,8 @@ def train_model(
                 "%s %s/%s uid %s", job["kind"], job["metadata"]["namespace"], job["metadata"]["name"],
                 job["metadata"].get("uid", "?"))
 
-        run_training_job(manifest, cleanup=job_cleanup, on_created=record)
+        run_training_job(manifest, cleanup=job_cleanup, on_created=record, job_restarts=job_restarts,
+                         pending_timeout_seconds=pending_timeout_seconds)
 
     final_dir = os.path.join(out_dir, "final")
     uri = final_dir if local else pvc_uri(model_pvc, model_root, final_dir)

@@ -95,6 +95,11 @@ def check_parameters(p: dict) -> list[str]:
         errors.append("queue_name and gang_scheduling both set: Kueue admits the job as a whole already; use one")
     if p["active_deadline_seconds"] < 0 or p["min_nodes"] < 0 or p["max_restarts"] < 0:
         errors.append("active_deadline_seconds, min_nodes and max_restarts must be >= 0 (0 means not set)")
+    if p["job_restarts"] < 0:
+        errors.append(f"job_restarts={p['job_restarts']} must be >= 0 (0: a failed job fails the step at once)")
+    if p["pending_timeout_seconds"] < 60:
+        errors.append(f"pending_timeout_seconds={p['pending_timeout_seconds']} must be at least 60: a cluster "
+                      "autoscaler needs minutes to add a GPU node")
     if p["min_nodes"] > p["num_nodes"]:
         errors.append(f"min_nodes={p['min_nodes']} is more than num_nodes={p['num_nodes']}; use 0 for a fixed-size job")
     if p["train_backend"] == "trainjob":

@@ -40,6 +40,8 @@ def validate_inputs(
     gang_scheduling: bool,
     min_nodes: int,
     max_restarts: int,
+    job_restarts: int,
+    pending_timeout_seconds: int,
     eval_gpus: int,
     min_loss_improvement: float,
     deploy_backend: str,
@@ -97,6 +99,8 @@ def validate_inputs(
         gang_scheduling: schedule all training pods together.
         min_nodes: elastic lower bound; 0 for a fixed-size job.
         max_restarts: elastic restarts.
+        job_restarts: re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL).
+        pending_timeout_seconds: how long a job's pod may stay unschedulable before the step fails.
         eval_gpus: GPUs for the evaluation pod.
         min_loss_improvement: relative eval-loss improvement required to deploy.
         deploy_backend: ``kserve-vllm``, ``kserve-huggingface`` or ``local``.
