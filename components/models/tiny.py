@@ -59,12 +59,11 @@ def build_tokenizer(corpus_path: Path = SAMPLE_DATA):
     return tok
 
 
-def build_model(tokenizer, seed: int = 0):
-    """A freshly initialised 4-layer Qwen3 sized for a CPU laptop run (about 1M parameters)."""
-    import torch
-    from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
+def tiny_config(tokenizer):
+    """The tiny model's Qwen3Config: 4 layers, hidden size 128, the tokenizer's vocabulary and special ids."""
+    from transformers import Qwen3Config
 
-    config = Qwen3Config(
+    return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
         intermediate_size=384,
@@ -78,8 +77,15 @@ def build_model(tokenizer, seed: int = 0):
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def build_model(tokenizer, seed: int = 0):
+    """A freshly initialised 4-layer Qwen3 sized for a CPU laptop run (about 1M parameters)."""
+    import torch
+    from transformers import GenerationConfig, Qwen3ForCausalLM
+
     torch.manual_seed(seed)
-    model = Qwen3ForCausalLM(config)
+    model = Qwen3ForCausalLM(tiny_config(tokenizer))
     model.generation_config = GenerationConfig(
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, max_new_tokens=64
     )
@@ -119,16 +125,6 @@ def materialize(cache_root: str) -> str:
     return str(target)
 
 
-def resolve_model(model_name_or_path: str, cache_root: str) -> str:
-    """Turn a model reference into something ``from_pretrained`` loads.
-
-    ``builtin:tiny-qwen3`` is built offline into the cache; anything else (a Hugging Face Hub id or a
-    local/mounted folder) is returned as is for ``from_pretrained`` to load.
-    """
-    if model_name_or_path == TINY_QWEN3:
-        return materialize(cache_root)
-    if model_name_or_path.startswith("builtin:"):
-        raise ValueError(
-            f"model_name_or_path {model_name_or_path!r} is not a built-in model; the only one is {TINY_QWEN3!r}"
-        )
-    return model_name_or_path
+# resolve_model lives with the Hub and FP8 handling; callers import it from here too. Imported last: hub
+# imports this module lazily, so neither import order is circular.
+from components.models.hub import resolve_model  # noqa: E402,F401
