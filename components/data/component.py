@@ -36,7 +36,10 @@ def prepare_dataset(
         dataset_source: ``builtin:sample``, a file/folder/glob on a mounted volume, ``pvc://<data_pvc>/path``,
             ``hf://...``, or a Hub id (``org/name?config=C&split=S&revision=R``); several separated by commas.
             Hub sources are cached only with a pinned ``revision``.
-        model_name_or_path: the base model whose tokenizer and chat template are used.
+        model_name_or_path: the base model whose tokenizer and chat template are used. It is resolved here,
+            on a CPU pod before any GPU is requested: a Hub id is downloaded into the HF cache on the data
+            volume, and an FP8 checkpoint is dequantised once into the bf16 copy that training and
+            evaluation load (``components.models.hub.resolve_model``; both reuse it by fingerprint).
         max_seq_length: the packed row length; longer examples are dropped or truncated (``over_length``).
         eval_size: held-out fraction (< 1) or number of examples (>= 1); ignored with ``eval_source``.
         seed: seeds the deterministic train/eval split.
