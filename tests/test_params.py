@@ -11,7 +11,7 @@ def test_every_preset_resolves_and_passes_the_checks():
         params = P.resolve(name)
         P.check(params)
         assert set(params) == set(P.parameter_specs())
-    assert set(P.preset_names()) >= {"qwen3-30b-a3b-full", "qwen3-30b-a3b-qlora", "local-tiny"}
+    assert set(P.preset_names()) >= {"qwen3-30b-a3b-full", "qwen3-30b-a3b-lora", "qwen3-32b-qlora", "local-tiny"}
 
 
 def test_cluster_preset_is_the_seeds_job():

@@ -14,11 +14,6 @@ from transformers import TrainingArguments
 
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
 METHODS = ("full", "lora", "qlora")
-# LoRA targets, by module name in transformers' Qwen3 and Qwen3-MoE code. Attention projections exist in
-# both; the dense MLP (gate/up/down_proj) only in Qwen3. Qwen3-MoE experts are fused 3-D tensors
-# (Qwen3MoeExperts), not nn.Linear modules, so PEFT cannot wrap them: MoE LoRA stays on attention.
-LORA_TARGETS_DENSE = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-LORA_TARGETS_MOE = "q_proj,k_proj,v_proj,o_proj"
 
 
 def deepspeed_config_path(name: str) -> str | None:
@@ -60,11 +55,16 @@ class SFTConfig(TrainingArguments):
     model_cache_dir: str = field(default="", metadata={"help": "where built-in models are built"})
     lora_r: int = field(default=16, metadata={"help": "LoRA rank: higher learns more, costs more memory"})
     lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
-    lora_dropout: float = field(default=0.05)
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={"help": "LoRA dropout; must stay 0 with adapters on fused expert tensors (PEFT refuses it there)"},
+    )
     lora_target_modules: str = field(
-        default=LORA_TARGETS_MOE,
-        metadata={"help": f"comma-separated module names: {LORA_TARGETS_DENSE} for dense Qwen3, "
-                          f"{LORA_TARGETS_MOE} for Qwen3-MoE (experts are fused tensors, not Linear layers)"},
+        default="",
+        metadata={"help": "comma-separated LoRA targets; empty chooses by model type (components/train/lora.py): "
+                          "all linear projections for dense Qwen3, attention plus the fused expert tensors "
+                          "(experts.gate_up_proj, experts.down_proj) for Qwen3-MoE. A plain name is an nn.Linear "
+                          "module; a dotted name is a parameter (PEFT target_parameters)"},
     )
     merge_lora: bool = field(
         default=True,
