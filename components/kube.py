@@ -11,8 +11,9 @@ import math
 import signal
 import threading
 import time
+from collections import deque
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import urllib3
@@ -42,6 +43,9 @@ API_RETRY_WINDOW_SECONDS = 300.0
 REQUEST_TIMEOUT_SECONDS = 60
 # since_seconds is counted on the node's clock, ours is not the same one: over-fetch and drop duplicates.
 LOG_OVERLAP_SECONDS = 5
+# The end of each pod's log stays in memory for failure reports: enough to reach past torchrun's
+# ChildFailedError summary to the error the rank printed above it.
+LOG_LINES_KEPT = 200
 
 
 def load_api_client() -> k8s.ApiClient:
@@ -129,6 +133,7 @@ class _LogCursor:
     at_last: int = 0  # lines printed carrying exactly that timestamp
     fetched_at: float | None = None  # monotonic time of the previous fetch
     done: bool = False  # the container had terminated before the last fetch: nothing more will come
+    recent: deque = field(default_factory=lambda: deque(maxlen=LOG_LINES_KEPT))  # the last lines printed
 
 
 class PodLogFollower:
@@ -137,7 +142,8 @@ class PodLogFollower:
     Each fetch asks for timestamps and, after the first, only the last few seconds (``sinceSeconds``);
     lines at or before the newest timestamp already printed are dropped. When a container restarts, the
     rest of the previous container's log is fetched (``previous``) before the new one's; a pod recreated
-    under the same name (new uid) starts afresh, since it may run on a node with another clock.
+    under the same name (new uid) starts afresh, since it may run on a node with another clock. The last
+    ``LOG_LINES_KEPT`` lines printed for each pod are kept for ``last_lines``.
     """
 
     def __init__(self, core: k8s.CoreV1Api, namespace: str, container: str, out=print, retry_delay: float = 1.0):
@@ -173,21 +179,15 @@ class PodLogFollower:
             self._print_new(name, cursor, text)
             cursor.fetched_at, cursor.done = started, terminated
 
-    def tail(self, pod_name: str, lines: int) -> str:
-        """The last ``lines`` lines of a pod's log (of the previous container if the current one has none)."""
-        for previous in (False, True):
-            text = self._read(pod_name, previous=previous, tail_lines=lines, timestamps=False)
-            if text and text.strip():
-                return text.rstrip("\n")
-        return ""
+    def last_lines(self, pod_name: str) -> list[str]:
+        """The last lines printed for the pod of that name (its latest uid), oldest first; poll first to drain."""
+        cursor = self._cursors.get(pod_name)
+        return list(cursor.recent) if cursor else []
 
-    def _read(self, pod_name: str, *, previous: bool = False, since_seconds: int | None = None,
-              tail_lines: int | None = None, timestamps: bool = True) -> str | None:
-        kwargs = {"container": self._container, "timestamps": timestamps, "previous": previous}
+    def _read(self, pod_name: str, *, previous: bool = False, since_seconds: int | None = None) -> str | None:
+        kwargs = {"container": self._container, "timestamps": True, "previous": previous}
         if since_seconds is not None:
             kwargs["since_seconds"] = since_seconds
-        if tail_lines is not None:
-            kwargs["tail_lines"] = tail_lines
         try:
             # Raw bytes: the client otherwise json-decodes a log that happens to be valid JSON.
             resp = call_api(self._core.read_namespaced_pod_log, pod_name, self._namespace,
@@ -204,7 +204,7 @@ class PodLogFollower:
             stamp, _, line = raw.partition(" ")
             key = _parse_timestamp(stamp)
             if key is None:  # not a kubelet timestamp: cannot be ordered, so never deduplicated
-                self._out(f"[{pod_name}] {raw}")
+                self._emit(pod_name, cursor, raw)
                 continue
             if cursor.last is not None and key < cursor.last:
                 continue
@@ -216,7 +216,11 @@ class PodLogFollower:
                 seen_at_last += 1
             else:
                 cursor.last, cursor.at_last, seen_at_last = key, 1, 1
-            self._out(f"[{pod_name}] {line}")
+            self._emit(pod_name, cursor, line)
+
+    def _emit(self, pod_name: str, cursor: _LogCursor, line: str) -> None:
+        cursor.recent.append(line)
+        self._out(f"[{pod_name}] {line}")
 
 
 class Cancelled(BaseException):

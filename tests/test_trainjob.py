@@ -192,7 +192,8 @@ def test_existing_trainjob_is_re_attached_and_cleaned_up_after_success(capsys):
         existing = api.put_object(GROUP, VERSION, PLURAL, manifest())
         api.on_get(PLURAL, api.steps(lambda job: api.set_condition(job, "Complete")))
         run_training_job(manifest(), api_client=api.client, cleanup="on-success", **FAST)
-        assert [r.method for r in api.requests if PLURAL in r.path] == ["POST", "GET", "DELETE"]
+        # 409, then a read of the existing job (live, or being deleted?), the poll that sees it Complete, the clean-up.
+        assert [r.method for r in api.requests if PLURAL in r.path] == ["POST", "GET", "GET", "DELETE"]
         assert api.get_object(GROUP, VERSION, PLURAL, NS, NAME) is None
     assert existing["metadata"]["uid"] and "re-attaching" in capsys.readouterr().out
 

@@ -34,7 +34,10 @@ NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN"}
 # A failed rank fails the job at once (restartPolicy Never): with a static torchrun rendezvous the other
 # ranks cannot carry on, and restarting one pod in place only leaves the rest hanging in NCCL. The failed
 # pod stays, holding no GPU, with its log for the launcher's report. The operator counts backoffLimit
-# only for OnFailure/Always; 0 records the same intent should the restart policy change.
+# only for OnFailure/Always; 0 records the same intent should the restart policy change. Recovery is the
+# launcher's: for a retriable cause (eviction, preemption, lost node, rendezvous/NCCL) it deletes the whole
+# job and creates it again under the same name, and the trainer resumes from its last complete checkpoint
+# (components/train/launch.py, ``job_restarts``).
 RESTART_POLICY = "Never"
 BACKOFF_LIMIT = 0
 # Finished jobs (and their pods' logs) stay a day for inspection, then the operator removes them.

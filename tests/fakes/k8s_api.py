@@ -19,6 +19,15 @@ answers a path with 403 Forbidden, as RBAC would.
 The controller side is scripted: ``on_get(plural, fn)`` calls ``fn(obj)`` on every GET of such an object,
 before answering, so a scenario advances one step per poll (``steps(...)`` builds such a function from a
 sequence). ``fail_next``/``drop_next`` inject HTTP errors or dropped connections. Every request is logged.
+
+Failures come in the shapes real clusters give them: ``evict_pod`` (the kubelet under node pressure),
+``preempt_pod`` (the scheduler), ``disrupt_pod`` (any other ``DisruptionTarget``: node shutdown, taint
+manager, pod GC of a lost node), and an OOM kill via ``set_container_state(..., reason="OOMKilled",
+exit_code=137)``. Deletion is not instant when it need not be: a ``propagationPolicy: Foreground`` DELETE
+leaves the object in place with ``metadata.deletionTimestamp`` and the ``foregroundDeletion`` finalizer for
+``deletion_gets`` GETs (controllers do not run on it; a create under its name answers 409 "object is being
+deleted"), then removes it and the pods it owns (``add_pod(owner=...)``) and answers 404, as the garbage
+collector does once the dependents are gone. A background DELETE removes the object at once.
 """
 
 from __future__ import annotations
@@ -33,6 +42,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client as k8s
+
+
+# The kubelet's eviction message (pkg/kubelet/eviction/helpers.go), trailing space included.
+EVICTION_MESSAGE = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
+                    "Container pytorch was using 1890Gi, request is 128Gi, has larger consumption of memory. ")
 
 
 @dataclass
@@ -119,6 +133,9 @@ class FakeKubeAPI:
         self.crds: dict[tuple, list] = {}  # (group, version) -> discovery APIResource entries
         self.denied: set[tuple] = set()  # (verb, group, resource, subresource) a SelfSubjectAccessReview refuses
         self.forbidden: list[str] = []  # path fragments answered 403
+        # GETs a foreground-deleted object survives, as while the garbage collector deletes its pods.
+        self.deletion_gets = 3
+        self._deleting: dict[tuple, int] = {}  # object key -> GETs it has left
         self._server: ThreadingHTTPServer | None = None
         self.client: k8s.ApiClient | None = None
 
@@ -188,9 +205,12 @@ class FakeKubeAPI:
                            "lastTransitionTime": _now(), "lastUpdateTime": _now()})
 
     def add_pod(self, namespace: str, name: str, labels: dict, *, container: str = "pytorch",
-                state: str = "running", reason: str = "", message: str = "", unschedulable: str | None = None) -> None:
-        """Create or replace a pod: ``state`` is running, waiting (with ``reason``/``message``) or terminated;
-        ``unschedulable`` (the scheduler's message) makes it Pending with PodScheduled=False."""
+                state: str = "running", reason: str = "", message: str = "", unschedulable: str | None = None,
+                owner: dict | None = None) -> None:
+        """Create or replace a pod (a new uid, an empty log): ``state`` is running, waiting (with
+        ``reason``/``message``) or terminated; ``unschedulable`` (the scheduler's message) makes it Pending with
+        PodScheduled=False; ``owner`` (a job as stored) makes it the job's controlled dependent, as the
+        operator creates its pods, so deleting the job removes it."""
         with self.lock:
             pod = {
                 "apiVersion": "v1", "kind": "Pod",
@@ -199,6 +219,10 @@ class FakeKubeAPI:
                 "spec": {"containers": [{"name": container, "image": "trainer:test"}]},
                 "status": {"phase": "Pending"},
             }
+            if owner is not None:
+                pod["metadata"]["ownerReferences"] = [{
+                    "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
+                    "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
             self.pods[(namespace, name)] = _Pod(pod)
             if unschedulable is None:
                 self.schedule_pod(namespace, name, state, reason=reason, message=message)
@@ -244,6 +268,42 @@ class FakeKubeAPI:
             cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": _now(),
                                               "finishedAt": _now()}}
             cs["state"] = {"running": {"startedAt": _now()}}
+
+    def disrupt_pod(self, namespace: str, name: str, condition_reason: str | None, message: str, *,
+                    pod_reason: str = "", exit_code: int = 137) -> None:
+        """The pod is ended from outside, as Kubernetes records it: phase Failed, a ``DisruptionTarget``
+        condition with ``condition_reason`` (None: an older cluster that sets none), ``pod_reason`` and
+        ``message`` on the pod status if given, and its container killed (``exit_code``, reason Error)."""
+        with self.lock:
+            status = self.pods[(namespace, name)].obj["status"]
+            conditions = [c for c in status.get("conditions", []) if c["type"] not in ("DisruptionTarget", "Ready")]
+            if condition_reason is not None:
+                conditions.append({"type": "DisruptionTarget", "status": "True", "reason": condition_reason,
+                                   "message": message, "lastTransitionTime": _now()})
+            conditions.append({"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()})
+            status["conditions"] = conditions
+            if pod_reason:
+                status.update(reason=pod_reason, message=message)
+            self.set_container_state(namespace, name, "terminated", reason="Error", exit_code=exit_code)
+
+    def evict_pod(self, namespace: str, name: str, message: str = EVICTION_MESSAGE) -> None:
+        """The kubelet evicts the pod under node pressure: reason Evicted, DisruptionTarget
+        TerminationByKubelet, the container killed at once (hard eviction: SIGKILL, exit 137, not OOMKilled)."""
+        self.disrupt_pod(namespace, name, "TerminationByKubelet", message, pod_reason="Evicted", exit_code=137)
+
+    def preempt_pod(self, namespace: str, name: str, scheduler: str = "default-scheduler") -> None:
+        """The scheduler preempts the pod for a higher-priority one: DisruptionTarget PreemptionByScheduler,
+        then a graceful delete (deletionTimestamp set; the kubelet marks it Failed after SIGTERM, exit 143).
+        ``remove_pod`` finishes the deletion."""
+        with self.lock:
+            self.disrupt_pod(namespace, name, "PreemptionByScheduler",
+                             f"{scheduler}: preempting to accommodate a higher priority pod", exit_code=143)
+            self.pods[(namespace, name)].obj["metadata"]["deletionTimestamp"] = _now()
+
+    def remove_pod(self, namespace: str, name: str) -> None:
+        """The pod object is gone (its deletion finished)."""
+        with self.lock:
+            del self.pods[(namespace, name)]
 
     def log(self, namespace: str, name: str, *lines: str) -> None:
         """Append lines to the pod's current container log, stamped now."""
@@ -356,7 +416,10 @@ class FakeKubeAPI:
         kind_ref = f"{plural}.{group}"
         if method == "POST":
             if obj is not None:
-                return _status(409, "AlreadyExists", f'{kind_ref} "{key[-1]}" already exists', key[-1], group, plural)
+                # The API server's wording when the name is held by an object still being deleted.
+                deleting = "object is being deleted: " if obj["metadata"].get("deletionTimestamp") else ""
+                return _status(409, "AlreadyExists", f'{deleting}{kind_ref} "{key[-1]}" already exists', key[-1],
+                               group, plural)
             new = self._stamp(copy.deepcopy(body))
             new["metadata"]["namespace"] = namespace
             new.pop("status", None)
@@ -365,6 +428,12 @@ class FakeKubeAPI:
         if obj is None:
             return _status(404, "NotFound", f'{kind_ref} "{key[-1]}" not found', key[-1], group, plural)
         if method == "GET":
+            if key in self._deleting:  # controllers leave a deleted object alone; the GC finishes it
+                if self._deleting[key] == 0:
+                    self._remove(key)
+                    return _status(404, "NotFound", f'{kind_ref} "{key[-1]}" not found', key[-1], group, plural)
+                self._deleting[key] -= 1
+                return 200, obj, "application/json"
             try:
                 for fn in self._controllers.get(plural, []):
                     fn(obj)
@@ -372,7 +441,15 @@ class FakeKubeAPI:
                 return _status(400, "BadRequest", f"fake controller raised {exc!r}")
             return 200, obj, "application/json"
         if method == "DELETE":
-            del self.objects[key]
+            if (body or {}).get("propagationPolicy") == "Foreground" and self.deletion_gets > 0:
+                # The object stays, marked, until its dependents are gone; the API server answers with it.
+                if key not in self._deleting:
+                    obj["metadata"]["deletionTimestamp"] = _now()
+                    obj["metadata"]["finalizers"] = [*obj["metadata"].get("finalizers", []), "foregroundDeletion"]
+                    obj["metadata"]["resourceVersion"] = str(time.time_ns())
+                    self._deleting[key] = self.deletion_gets
+                return 200, obj, "application/json"
+            self._remove(key)
             return _status(200, "", "", key[-1], group, plural, status="Success")
         if method in ("PATCH", "PUT"):
             if method == "PUT":
@@ -396,6 +473,14 @@ class FakeKubeAPI:
             self.objects[key] = new
             return 200, new, "application/json"
         return _status(405, "MethodNotAllowed", f"{method} is not supported")
+
+    def _remove(self, key):
+        """The object is gone, and (the garbage collector) the pods it controlled with it."""
+        uid = self.objects.pop(key)["metadata"]["uid"]
+        self._deleting.pop(key, None)
+        for pod_key in [k for k, p in self.pods.items()
+                        if any(ref.get("uid") == uid for ref in p.obj["metadata"].get("ownerReferences", []))]:
+            del self.pods[pod_key]
 
     def _core_get(self, plural, namespace, name):
         obj = self.core.get((plural, namespace, name))
