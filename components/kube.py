@@ -200,7 +200,11 @@ class PodLogFollower:
 
     def _print_new(self, pod_name: str, cursor: _LogCursor, text: str | None) -> None:
         seen_at_last = 0
-        for raw in (text or "").splitlines():
+        # Only "\n" ends a log line: the kubelet timestamps each one, and a "\r" inside (a progress bar
+        # redrawn in place) belongs to the line; splitting on it would strip the pieces of their timestamp.
+        for raw in (text or "").split("\n"):
+            if not raw:
+                continue
             stamp, _, line = raw.partition(" ")
             key = _parse_timestamp(stamp)
             if key is None:  # not a kubelet timestamp: cannot be ordered, so never deduplicated

@@ -17,7 +17,7 @@ import yaml
 
 from components import kube
 from components.paths import DATA_MOUNT, MODEL_MOUNT
-from components.train.launch import run_pytorchjob
+from components.train.launch import run_training_job
 from components.train.pytorchjob import MAX_JOB_NAME, build_pytorchjob, job_name_for
 from tests.crd_schema import crd_errors
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -247,7 +247,7 @@ def created(api):
 
 def stream_lines(out: str, pod: str = MASTER) -> list[str]:
     prefix = f"[{pod}] "
-    return [line[len(prefix):] for line in out.splitlines() if line.startswith(prefix)]
+    return [line[len(prefix):] for line in out.split("\n") if line.startswith(prefix)]
 
 
 def test_success_streams_every_line_once_and_reports(capsys):
@@ -259,7 +259,7 @@ def test_success_streams_every_line_once_and_reports(capsys):
             lambda job: None,
             succeeded(api, "step 3 loss 1.7", "saved final/"),
         ))
-        result = run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+        result = run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 1
     assert result == {"name": NAME, "namespace": NS, "kind": "PyTorchJob", "state": "Succeeded",
                       "reason": "PyTorchJobSucceeded",
@@ -279,7 +279,7 @@ def test_every_pod_of_a_multi_node_job_is_streamed_with_its_name(capsys):
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(created(api), both_running, logged(api, "rank 8 done", pod=worker),
                                             succeeded(api, "rank 0 done")))
-        run_pytorchjob(manifest(num_nodes=2), api_client=api.client, **FAST)
+        run_training_job(manifest(num_nodes=2), api_client=api.client, **FAST)
     out = capsys.readouterr().out
     assert stream_lines(out) == ["rank 0 up", "rank 0 done"]
     assert stream_lines(out, worker) == ["rank 8 up", "rank 8 done"]
@@ -295,7 +295,7 @@ def test_failed_job_raises_with_the_reason_and_the_master_log_tail():
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(created(api), running_master(api, "loading model"), failed))
         with pytest.raises(RuntimeError) as err:
-            run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+            run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         # The operator ended it: the job and its pods stay for inspection.
         assert api.requests_for("DELETE") == []
     message = str(err.value)
@@ -309,7 +309,7 @@ def test_unschedulable_pods_fail_fast_with_the_schedulers_message():
         api.on_get("pytorchjobs", api.steps(
             lambda job: api.add_pod(NS, MASTER, JOB_LABELS, unschedulable=why), created(api)))
         with pytest.raises(RuntimeError, match="Insufficient nvidia.com/gpu") as err:
-            run_pytorchjob(manifest(num_nodes=1), api_client=api.client, pending_timeout_seconds=0.05, **FAST)
+            run_training_job(manifest(num_nodes=1), api_client=api.client, pending_timeout_seconds=0.05, **FAST)
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1  # frees what the job holds
     assert MASTER in str(err.value)
 
@@ -323,7 +323,7 @@ def test_unschedulable_is_tolerated_within_the_pending_timeout():
             running_master(api, "up"),
             succeeded(api),
         ))
-        assert run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)["state"] == "Succeeded"
+        assert run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)["state"] == "Succeeded"
 
 
 @pytest.mark.parametrize("reason", ["ImagePullBackOff", "CreateContainerConfigError", "CrashLoopBackOff"])
@@ -334,7 +334,7 @@ def test_container_that_cannot_start_fails_fast(reason):
             lambda job: api.add_pod(NS, MASTER, JOB_LABELS, state="waiting", reason=reason, message=message),
             lambda job: None))
         with pytest.raises(RuntimeError, match=reason) as err:
-            run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+            run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1
     assert message in str(err.value)
 
@@ -343,7 +343,7 @@ def test_existing_job_is_re_attached_not_duplicated(capsys):
     with FakeKubeAPI() as api:
         existing = api.put_object("kubeflow.org", "v1", "pytorchjobs", manifest(num_nodes=1))
         api.on_get("pytorchjobs", api.steps(running_master(api, "resumed watching"), succeeded(api)))
-        result = run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+        result = run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 1  # answered 409 AlreadyExists
         stored = api.get_object("kubeflow.org", "v1", "pytorchjobs", NS, NAME)
         assert stored["metadata"]["uid"] == existing["metadata"]["uid"]
@@ -358,7 +358,7 @@ def test_transient_api_errors_are_retried():
         api.drop_next(4, method="GET", path_contains="/pods")
         api.fail_next(2, status=429, method="GET", path_contains="/log")
         api.on_get("pytorchjobs", api.steps(created(api), running_master(api, "a"), succeeded(api, "b")))
-        result = run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+        result = run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 3
         assert len(api.requests_for("GET", "/pods")) >= 4
     assert result["state"] == "Succeeded"
@@ -375,7 +375,7 @@ def test_a_dropped_create_response_re_attaches_to_the_job_it_created():
             return None if first_post else answer  # the create happened, its response was lost
 
         api.handle = create_then_drop
-        assert run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)["state"] == "Succeeded"
+        assert run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)["state"] == "Succeeded"
         assert len(api.requests_for("POST")) == 2 and len(api.objects) == 1
 
 
@@ -387,7 +387,7 @@ def test_sigterm_deletes_the_job_then_exits():
         timer.start()
         try:
             with pytest.raises(SystemExit) as exit_:
-                run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+                run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         finally:
             timer.cancel()
         assert exit_.value.code == 128 + signal.SIGTERM
@@ -405,7 +405,7 @@ def test_container_restart_mid_stream_prints_every_line_once(capsys):
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(created(api), running_master(api, "a1", "a2"), crash_and_restart,
                                             logged(api, "b2"), succeeded(api, "b3")))
-        run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+        run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
     assert stream_lines(capsys.readouterr().out) == [
         "a1", "a2", "a3", "a4 NCCL error", "b1 resuming from checkpoint-100", "b2", "b3"]
 
@@ -417,7 +417,7 @@ def test_pod_recreated_under_the_same_name_is_followed_afresh(capsys):
 
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(running_master(api, "a1"), recreate, succeeded(api, "b2")))
-        run_pytorchjob(manifest(num_nodes=1), api_client=api.client, **FAST)
+        run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
     assert stream_lines(capsys.readouterr().out) == ["a1", "b1", "b2"]
 
 
@@ -425,7 +425,7 @@ def test_timeout_deletes_the_job():
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(running_master(api, "slow"), lambda job: None))
         with pytest.raises(TimeoutError, match="did not finish"):
-            run_pytorchjob(manifest(num_nodes=1), api_client=api.client, timeout_seconds=0.2, **FAST)
+            run_training_job(manifest(num_nodes=1), api_client=api.client, timeout_seconds=0.2, **FAST)
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1
 
 
@@ -441,7 +441,7 @@ def test_cleanup_deletes_finished_jobs_per_policy(cleanup, deleted_on_success, d
         with FakeKubeAPI() as api:
             api.on_get("pytorchjobs", api.steps(running_master(api, "x"), end(api)))
             try:
-                run_pytorchjob(manifest(num_nodes=1), api_client=api.client, cleanup=cleanup, **FAST)
+                run_training_job(manifest(num_nodes=1), api_client=api.client, cleanup=cleanup, **FAST)
             except RuntimeError:
                 assert end is not succeeded
             assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == int(expect_deleted)
@@ -450,7 +450,7 @@ def test_cleanup_deletes_finished_jobs_per_policy(cleanup, deleted_on_success, d
 def test_unknown_cleanup_policy_fails_before_anything_is_created():
     with FakeKubeAPI() as api:
         with pytest.raises(ValueError, match="cleanup"):
-            run_pytorchjob(manifest(num_nodes=1), api_client=api.client, cleanup="sometimes", **FAST)
+            run_training_job(manifest(num_nodes=1), api_client=api.client, cleanup="sometimes", **FAST)
         assert api.requests == []
 
 
@@ -463,7 +463,7 @@ def test_on_created_gets_the_job_once_as_soon_as_it_exists(exists):
         api.on_get("pytorchjobs", api.steps(
             lambda job: seen.append("first GET") if not seen else None,
             running_master(api, "a"), lambda job: None, succeeded(api)))
-        run_pytorchjob(manifest(num_nodes=1), api_client=api.client, on_created=seen.append, **FAST)
+        run_training_job(manifest(num_nodes=1), api_client=api.client, on_created=seen.append, **FAST)
     assert len(seen) == 2 and seen[0] == "first GET"
     assert seen[1]["metadata"]["name"] == NAME and seen[1]["metadata"]["uid"]
 
@@ -483,7 +483,7 @@ def test_failure_report_shows_the_failing_workers_log_not_the_masters():
             api.add_pod(NS, worker, JOB_LABELS)
         api.on_get("pytorchjobs", api.steps(both, worker_dies))
         with pytest.raises(RuntimeError) as err:
-            run_pytorchjob(manifest(num_nodes=2), api_client=api.client, **FAST)
+            run_training_job(manifest(num_nodes=2), api_client=api.client, **FAST)
     assert f"lines of {worker}" in str(err.value) and "CUDA out of memory" in str(err.value)
 
 
@@ -502,7 +502,7 @@ def test_failure_without_a_failed_pod_reports_rank_0_of_an_elastic_job():
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(up, deadline))
         with pytest.raises(RuntimeError) as err:
-            run_pytorchjob(manifest(num_nodes=2, min_nodes=1), api_client=api.client, **FAST)
+            run_training_job(manifest(num_nodes=2, min_nodes=1), api_client=api.client, **FAST)
     assert "DeadlineExceeded" in str(err.value)
     assert f"lines of {workers[0]}:\n{workers[0]}: step 1200/5000" in str(err.value)
 
@@ -539,3 +539,15 @@ def test_bad_input_exits_2_with_one_error_line(bad, field):
     assert proc.stdout == ""
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and field in lines[0]
+
+
+def test_progress_bars_with_carriage_returns_are_printed_once(capsys):
+    # tqdm redraws its bar with "\r" inside one log line; the kubelet timestamps only "\n"-terminated lines.
+    # Split on "\r" too and the pieces lose their timestamp, escape de-duplication and repeat on every poll.
+    bar = "  0%|          | 0/10 [00:00<?, ?it/s]\r 10%|#         | 1/10 [00:01<00:09]\r 20%|##        | 2/10"
+    with FakeKubeAPI() as api:
+        api.on_get("pytorchjobs", api.steps(
+            created(api), running_master(api, "loading model", bar), logged(api, "step 2 loss 1.9"),
+            lambda job: None, lambda job: None, succeeded(api, "done")))
+        run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
+    assert stream_lines(capsys.readouterr().out) == ["loading model", bar, "step 2 loss 1.9", "done"]
