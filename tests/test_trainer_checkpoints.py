@@ -2,8 +2,13 @@
 
 import json
 import logging
+import os
+import signal
+from types import SimpleNamespace
 
-from components.train.checkpoints import MARKER, latest_complete_checkpoint, prune_checkpoints
+from transformers import TrainerControl, TrainerState
+
+from components.train.checkpoints import MARKER, SaveOnSigtermCallback, latest_complete_checkpoint, prune_checkpoints
 from components.train.config import build_trainer_config, check_combination, write_trainer_config
 from tests.conftest import run_cli
 
@@ -40,6 +45,21 @@ def test_prune_keeps_the_last_k_complete_and_the_newest_partial(tmp_path):
     _ckpt(tmp_path, 10, complete=False)  # may be being written right now
     prune_checkpoints(str(tmp_path), keep=2)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-10", "checkpoint-6", "checkpoint-8"]
+
+
+def test_sigterm_asks_for_a_checkpoint_and_a_stop_at_the_next_step_end():
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        callback = SaveOnSigtermCallback()
+        args, state = SimpleNamespace(device="cpu", world_size=1), TrainerState(global_step=7)
+        callback.on_train_begin(args, state, TrainerControl())
+        control = callback.on_step_end(args, state, TrainerControl())
+        assert not control.should_save and not control.should_training_stop and callback.stopped_at is None
+        os.kill(os.getpid(), signal.SIGTERM)  # handled: this process goes on to the step end
+        control = callback.on_step_end(args, state, TrainerControl())
+        assert control.should_save and control.should_training_stop and callback.stopped_at == 7
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _config(tmp_path, **over):

@@ -4,9 +4,11 @@
 
 Reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with
 the Hugging Face Trainer: DDP, or DeepSpeed ZeRO-2/3 when the config names a DeepSpeed JSON; full
-fine-tuning or PEFT LoRA/QLoRA. Checkpoints every ``save_steps`` (complete-marker written last, last
-``save_total_limit`` kept), resumes from the newest complete one, logs progress on rank 0 and to
-TensorBoard, and ends with ``final/`` (see export.py) and ``metrics.json``.
+fine-tuning or PEFT LoRA/QLoRA. Checkpoints every ``save_steps`` (DeepSpeed's shards only under DeepSpeed;
+complete-marker written last, last ``save_total_limit`` kept), resumes from the newest complete one, logs
+progress on rank 0 and to TensorBoard, and ends with ``final/`` (see export.py) and ``metrics.json``.
+On SIGTERM it saves a complete checkpoint at the end of the current step and exits with 143
+(checkpoints.py: what the pod's grace period must cover).
 """
 
 from __future__ import annotations
@@ -22,6 +24,10 @@ from pathlib import Path
 log = logging.getLogger("sft")
 
 REQUIRED_COLUMNS = ("input_ids", "labels")
+
+
+class TrainingInterrupted(Exception):
+    """Training stopped early on SIGTERM, after saving a complete checkpoint a re-run resumes from."""
 
 
 def _read_config(path: str) -> dict:
@@ -298,11 +304,16 @@ def _summary_metrics(trainer, result, eval_metrics: dict, started: float) -> dic
 def main(cfg) -> dict:
     """Train according to ``cfg`` and return the final metrics (also written to metrics.json)."""
     import datasets
-    from transformers import AutoTokenizer, Trainer
+    from transformers import AutoTokenizer
 
     from components.models.tiny import resolve_model
     from components.train.callbacks import ProgressCallback, peak_flops
-    from components.train.checkpoints import CompleteMarkerCallback, latest_complete_checkpoint
+    from components.train.checkpoints import (
+        CheckpointTrainer,
+        CompleteMarkerCallback,
+        SaveOnSigtermCallback,
+        latest_complete_checkpoint,
+    )
     from components.train.export import export_final
 
     started = time.time()
@@ -324,14 +335,15 @@ def main(cfg) -> dict:
     # The Trainer's rotation cannot tell complete from partial checkpoints: ours does it after the marker.
     keep = cfg.save_total_limit or 0
     cfg.save_total_limit = None
-    trainer = Trainer(
+    sigterm = SaveOnSigtermCallback()
+    trainer = CheckpointTrainer(
         model=model,
         args=cfg,
         train_dataset=data["train"],
         eval_dataset=data["eval"],
         data_collator=pad_collator(tokenizer.pad_token_id),
         processing_class=tokenizer,
-        callbacks=[CompleteMarkerCallback(keep)],
+        callbacks=[CompleteMarkerCallback(keep), sigterm],
     )
     progress = ProgressCallback(_flops_per_token(model.config.to_dict(), cfg.max_seq_length), cfg.world_size, peak_flops())
     # First in line, so the rates it adds to the logs reach TensorBoard and log_history too.
@@ -340,6 +352,9 @@ def main(cfg) -> dict:
     if last and rank == 0:
         log.info("resuming from %s", last)
     result = trainer.train(resume_from_checkpoint=last)
+    if sigterm.stopped_at is not None:
+        raise TrainingInterrupted(f"stopped by SIGTERM at step {sigterm.stopped_at} of {trainer.state.max_steps}; "
+                                  f"checkpoint-{sigterm.stopped_at} is complete and a re-run resumes from it")
     eval_metrics = trainer.evaluate()
     metrics = _summary_metrics(trainer, result, eval_metrics, started)
     export_final(trainer, cfg, tokenizer, model_path, metrics)
@@ -364,7 +379,15 @@ if __name__ == "__main__":
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    main(config)
+    from components.train.checkpoints import EXIT_SIGTERM
+
+    code = 0
+    try:
+        main(config)
+    except TrainingInterrupted as stop:
+        if os.environ.get("RANK", "0") == "0":
+            log.warning("%s", stop)
+        code = EXIT_SIGTERM  # non-zero: the job was interrupted, not finished
     import torch.distributed as dist
 
     if dist.is_initialized():
@@ -372,3 +395,4 @@ if __name__ == "__main__":
         # still running aborts with "terminate called without an active exception" (seen on 2 CPU ranks).
         dist.barrier()
         dist.destroy_process_group()
+    sys.exit(code)
