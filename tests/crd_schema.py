@@ -1,7 +1,7 @@
 """Check a manifest against the real CRD's OpenAPI v3 schema, offline, with jsonschema.
 
-The CRDs are the reference copies in ``../shared/reference/crds`` (see its README); tests that use them
-skip, with the reason, where that folder is absent.
+The CRDs are the reference copies in ``../shared/reference/crds`` (see its README; ``REFERENCE_DIR`` moves
+it); tests that use them skip, with the reason, where that folder is absent, and fail in CI (``CI=true``).
 
 The API server prunes fields a structural schema does not declare instead of rejecting them, so a typo
 in a manifest would vanish silently on a cluster. Here undeclared fields are errors: every object schema
@@ -16,18 +16,16 @@ import functools
 from pathlib import Path
 
 import jsonschema
-import pytest
 import yaml
 
-REFERENCE = Path(__file__).resolve().parents[1].parent / "shared" / "reference"
-CRDS = REFERENCE / "crds"
+from tests import conftest
+
+CRDS = conftest.REFERENCE / "crds"
 
 
 def require_reference() -> Path:
-    """The reference folder, or skip the calling test with the reason."""
-    if not CRDS.is_dir():
-        pytest.skip(f"reference CRDs not found at {CRDS} (they live beside the project, in shared/reference)")
-    return REFERENCE
+    """The reference folder, once its CRDs are there; else the calling test skips (fails in CI)."""
+    return conftest.require_reference("crds")
 
 
 def _strict(schema: dict) -> dict:
@@ -67,7 +65,8 @@ def _validator(filename: str, version: str) -> jsonschema.Draft7Validator:
 
 def crd_errors(manifest: dict, filename: str) -> list[str]:
     """Every way ``manifest`` breaks the CRD in ``filename`` (group, kind, served version, schema), as
-    ``path: message`` lines; empty when it conforms. Skips the test when the reference is absent."""
+    ``path: message`` lines; empty when it conforms. Skips the test (fails it in CI) when the reference
+    is absent."""
     require_reference()
     crd = _crd(filename)
     group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]

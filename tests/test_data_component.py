@@ -39,7 +39,7 @@ def test_component_writes_the_dataset_metadata_and_report(tokenizer_dir, tmp_pat
     assert len(ds["train"]) == md["train_rows"] and ds["train"].column_names == ["input_ids", "labels", "position_ids"]
     assert json.loads((tmp_path / "artifacts-run-1" / "dataset" / "stats.json").read_text())["rows_in"] == 50
     text = (tmp_path / "artifacts-run-1" / "report.md").read_text()
-    assert "| rows read | 50 |" in text and text.count("### Example ") == 3
+    assert "| read | 50 |" in text and text.count("### Example ") == 3
 
     # a recurring run with unchanged inputs reuses the cached result on the data volume
     again, _ = run_component(tmp_path, tokenizer_dir, source, "run-2")

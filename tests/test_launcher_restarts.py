@@ -12,7 +12,7 @@ from kubernetes import client as k8s
 
 from components import kube
 from components.train import launch
-from components.train.launch import RESTARTS_ANNOTATION, run_pytorchjob, run_training_job
+from components.train.launch import RESTARTS_ANNOTATION, run_training_job
 from components.train.pytorchjob import build_pytorchjob, job_name_for
 from components.train.trainjob import trainjob_for_run
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -179,7 +179,7 @@ def test_retriable_failure_re_runs_the_job_under_its_name_and_it_resumes(cause, 
         api.on_get("pytorchjobs", api.steps(
             pods_up(api, "step 100/400 loss 1.52", "saved checkpoint-100"), *failure(api),
             pods_up(api, "resuming from checkpoint-100"), succeeded(api, "step 400/400 loss 1.21")))
-        result = run_pytorchjob(manifest(), api_client=api.client, **FAST)
+        result = run_training_job(manifest(), api_client=api.client, **FAST)
         posts = api.requests_for("POST", "/pytorchjobs")
         (delete,) = api.requests_for("DELETE", f"/pytorchjobs/{NAME}")
         stored = api.get_object("kubeflow.org", "v1", "pytorchjobs", NS, NAME)
@@ -200,7 +200,7 @@ def test_re_run_waits_until_the_api_server_reports_the_old_job_gone(capsys):
         api.deletion_gets = 5
         api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), evicted(api), pods_up(api, "again"),
                                             succeeded(api)))
-        run_pytorchjob(manifest(), api_client=api.client, **FAST)
+        run_training_job(manifest(), api_client=api.client, **FAST)
         log = [(r.method, r.path) for r in api.requests if "/pytorchjobs" in r.path]
     delete_at = log.index(("DELETE", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/{NAME}"))
     create_at = [i for i, (m, _) in enumerate(log) if m == "POST"][1]
@@ -214,7 +214,7 @@ def test_a_retriable_failure_is_re_run_job_restarts_times_then_raised(capsys):
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(*[pods_up(api, "up"), evicted(api)] * 3))
         with pytest.raises(RuntimeError) as err:
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 3
         assert restarts_of(api.get_object("kubeflow.org", "v1", "pytorchjobs", NS, NAME)) == "2"
     out = capsys.readouterr().out
@@ -228,7 +228,7 @@ def test_job_restarts_0_never_re_runs():
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), evicted(api)))
         with pytest.raises(RuntimeError, match=r"already re-run 0 times \(job_restarts=0\)"):
-            run_pytorchjob(manifest(), api_client=api.client, job_restarts=0, **FAST)
+            run_training_job(manifest(), api_client=api.client, job_restarts=0, **FAST)
         assert len(api.requests_for("POST")) == 1 and api.requests_for("DELETE") == []
 
 
@@ -236,7 +236,7 @@ def test_on_created_sees_every_job_created():
     seen = []
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), evicted(api), pods_up(api, "up"), succeeded(api)))
-        run_pytorchjob(manifest(), api_client=api.client, on_created=seen.append, **FAST)
+        run_training_job(manifest(), api_client=api.client, on_created=seen.append, **FAST)
     assert [restarts_of(job) for job in seen] == ["0", "1"]
     assert seen[0]["metadata"]["uid"] != seen[1]["metadata"]["uid"]
 
@@ -278,7 +278,7 @@ def test_oom_killed_worker_is_reported_with_its_reason_exit_code_and_log_not_the
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(pods_up(api, "step 7"), oom_killed_worker(api)))
         with pytest.raises(RuntimeError) as err:
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
         assert len(api.requests_for("POST")) == 1 and api.requests_for("DELETE") == []  # kept for inspection
     message = str(err.value)
     assert f"pod {WORKER}: container pytorch was OOMKilled (exit code 137)" in message
@@ -322,7 +322,7 @@ def test_deterministic_failure_is_raised_at_once(cause):
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), failure(api)))
         with pytest.raises(RuntimeError) as err:
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
         assert len(api.requests_for("POST")) == 1 and api.requests_for("DELETE") == []
     assert why in str(err.value) and "not re-run" in str(err.value)
 
@@ -348,7 +348,7 @@ def test_retried_launcher_re_runs_a_job_that_failed_retriably(capsys):
     with FakeKubeAPI() as api:
         old = failed_job_exists(api, "1", evicted)
         api.on_get("pytorchjobs", once_created_again(old, api.steps(pods_up(api, "resuming"), succeeded(api))))
-        assert run_pytorchjob(manifest(), api_client=api.client, **FAST)["state"] == "Succeeded"
+        assert run_training_job(manifest(), api_client=api.client, **FAST)["state"] == "Succeeded"
         posts = api.requests_for("POST", "/pytorchjobs")
         assert len(posts) == 2 and restarts_of(posts[1].body) == "2"  # the first answered 409
     out = capsys.readouterr().out
@@ -360,7 +360,7 @@ def test_retried_launcher_raises_when_the_restarts_are_used():
         failed_job_exists(api, "2", evicted)
         api.on_get("pytorchjobs", lambda job: None)
         with pytest.raises(RuntimeError, match=r"already re-run 2 times \(job_restarts=2\)"):
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
         assert len(api.requests_for("POST")) == 1 and api.requests_for("DELETE") == []
 
 
@@ -368,11 +368,11 @@ def test_retried_launcher_raises_the_same_error_for_a_deterministic_failure():
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(pods_up(api, "step 100/400"), oom_killed_worker(api)))
         with pytest.raises(RuntimeError) as first:
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
     with FakeKubeAPI() as api:
         failed_job_exists(api, "0", oom_killed_worker)
         with pytest.raises(RuntimeError) as retried:
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
         assert api.requests_for("DELETE") == []
     assert str(retried.value) == str(first.value)
 
@@ -384,7 +384,7 @@ def test_retried_launcher_waits_out_a_deletion_in_progress_then_creates(capsys):
         k8s.CustomObjectsApi(api.client).delete_namespaced_custom_object(
             "kubeflow.org", "v1", NS, "pytorchjobs", NAME, body=k8s.V1DeleteOptions(propagation_policy="Foreground"))
         api.on_get("pytorchjobs", once_created_again(old, api.steps(pods_up(api, "resuming"), succeeded(api))))
-        assert run_pytorchjob(manifest(), api_client=api.client, **FAST)["state"] == "Succeeded"
+        assert run_training_job(manifest(), api_client=api.client, **FAST)["state"] == "Succeeded"
         posts = api.requests_for("POST", "/pytorchjobs")
         # The count carries over: the deleted job's failure was already counted when it was re-run.
         assert len(posts) == 2 and restarts_of(posts[1].body) == "1"
@@ -397,7 +397,7 @@ def test_a_deletion_that_never_finishes_is_an_error(monkeypatch):
         api.deletion_gets = 10**6  # a finalizer nobody removes
         api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), evicted(api)))
         with pytest.raises(RuntimeError, match="still being deleted after 0s.*foregroundDeletion"):
-            run_pytorchjob(manifest(), api_client=api.client, **FAST)
+            run_training_job(manifest(), api_client=api.client, **FAST)
 
 
 @pytest.mark.parametrize("kwargs,field", [({"job_restarts": -1}, "job_restarts"),
@@ -405,5 +405,5 @@ def test_a_deletion_that_never_finishes_is_an_error(monkeypatch):
 def test_bad_restart_settings_fail_before_anything_is_created(kwargs, field):
     with FakeKubeAPI() as api:
         with pytest.raises(ValueError, match=field):
-            run_pytorchjob(manifest(), api_client=api.client, **kwargs, **FAST)
+            run_training_job(manifest(), api_client=api.client, **kwargs, **FAST)
         assert api.requests == []

@@ -13,6 +13,8 @@ import unicodedata
 
 CHAT_FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion")
 FORMATS = (*CHAT_FORMATS, "text", "preference")
+# What a user may declare (prepare --format, the pipeline's dataset_format): a format, or auto to detect it.
+DATASET_FORMATS = ("auto", *FORMATS)
 ROLES = ("system", "user", "assistant")
 # ShareGPT's speaker names, mapped to OpenAI roles.
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant"}
@@ -27,6 +29,10 @@ REQUIRED = {
 }
 # Detection order matters: preference rows also have ``prompt``, so they are recognised first.
 DETECT_ORDER = ("messages", "sharegpt", "preference", "alpaca", "prompt_completion", "text")
+
+
+class DataError(ValueError):
+    """The data cannot be prepared; the message names the file/line/field and the fix."""
 
 
 class RowError(ValueError):

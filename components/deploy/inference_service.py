@@ -72,6 +72,8 @@ RUNTIMES = {
     "kserve-vllm": Runtime("kserve-vllmserver", "vLLM", "/v1", "--served-model-name", True),
     "kserve-huggingface": Runtime("kserve-huggingfaceserver", "huggingface", "/openai/v1", "--model_name", False),
 }
+# The pipeline's deploy_backend: a KServe runtime above, or local (components/deploy/local_server.py).
+DEPLOY_BACKENDS = (*RUNTIMES, "local")
 
 
 def _runtime_args(runtime: str, gpus: int, max_model_len: int, served_model_name: str) -> list[str]:

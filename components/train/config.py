@@ -14,6 +14,8 @@ from transformers import TrainingArguments
 
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
 METHODS = ("full", "lora", "qlora")
+# The shipped DeepSpeed configs (deepspeed/<name>.json) by name, and none: plain DDP.
+DEEPSPEED_CONFIGS = (*sorted(p.stem for p in DEEPSPEED_DIR.glob("*.json")), "none")
 
 
 def deepspeed_config_path(name: str) -> str | None:
@@ -29,8 +31,7 @@ def deepspeed_config_path(name: str) -> str | None:
         return str(shipped)
     if name.endswith(".json"):
         return name
-    choices = sorted(p.stem for p in DEEPSPEED_DIR.glob("*.json"))
-    raise ValueError(f"deepspeed_config {name!r} is unknown; use one of {choices + ['none']} or a path to a JSON file")
+    raise ValueError(f"deepspeed_config {name!r} is unknown; use one of {list(DEEPSPEED_CONFIGS)} or a path to a JSON file")
 
 
 def load_deepspeed_config(name_or_path: str) -> dict:
@@ -77,21 +78,37 @@ class SFTConfig(TrainingArguments):
     )
 
 
+def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:
+    """The error for a method that cannot run under the DeepSpeed config ``deepspeed_config`` (a name or a JSON
+    path, as ``deepspeed_config_path`` takes it), else None. The one rule: the trainer and validate_inputs ask here.
+
+    QLoRA under ZeRO-3 is refused. PEFT and accelerate support it only when bitsandbytes stores the packed
+    4-bit weights in the model's dtype (``bnb_4bit_quant_storage=torch.bfloat16``, PEFT's DeepSpeed guide), so
+    that ZeRO-3 partitions them like any other bf16 parameter. The trainer (sft.py) keeps bitsandbytes' default
+    uint8 storage. Parameter offload is no way out: with QLoRA it costs more GPU memory, not less (same guide).
+    ZeRO-2 and plain DDP work with either storage.
+    """
+    if method != "qlora":
+        return None
+    zero = load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
+    if zero.get("stage", 0) == 3:
+        return (f"method 'qlora' cannot run under ZeRO-3 (deepspeed_config {deepspeed_config!r}): the trainer keeps "
+                "bitsandbytes' default uint8 storage for 4-bit weights, which ZeRO-3 cannot partition; set "
+                "deepspeed_config to 'none' or 'zero2', or use method 'lora' under ZeRO-3")
+    return None
+
+
 def check_combination(cfg: dict) -> list[str]:
     """Errors for settings that cannot work together, each naming the field to change."""
     errors = []
     method = cfg.get("method", "full")
-    ds = load_deepspeed_config(cfg["deepspeed"]) if cfg.get("deepspeed") else {}
-    zero = ds.get("zero_optimization", {})
-    if method == "qlora":
-        if cfg.get("use_cpu"):
-            errors.append("method 'qlora' needs CUDA GPUs (bitsandbytes 4-bit); use method 'lora' or 'full' on CPU")
-        if zero.get("offload_param", {}).get("device", "none") != "none":
-            errors.append("method 'qlora' cannot be combined with ZeRO-3 parameter offload (4-bit weights do not "
-                          "offload); set deepspeed_config to 'none' or 'zero2'")
+    if method == "qlora" and cfg.get("use_cpu"):
+        errors.append("method 'qlora' needs CUDA GPUs (bitsandbytes 4-bit); use method 'lora' or 'full' on CPU")
+    if cfg.get("deepspeed"):
+        errors.append(check_method_deepspeed(method, cfg["deepspeed"]))
     if cfg.get("use_cpu") and cfg.get("bf16"):
         errors.append("bf16 is for GPUs; set bf16 false when use_cpu is true")
-    return errors
+    return [e for e in errors if e]
 
 
 def build_trainer_config(

@@ -431,14 +431,6 @@ def _failure_report(what: str, failed: dict, failure: Failure, rank0: str | None
             + (f"\nlast {FAILURE_TAIL_LINES} lines of {culprit}:\n{tail}" if tail else ""))
 
 
-def run_pytorchjob(manifest: dict, **kwargs) -> dict:
-    """``run_training_job`` for a PyTorchJob manifest (the train component's call; same arguments)."""
-    if manifest.get("kind") != kfc.PYTORCHJOB_KIND:
-        raise ValueError(f"run_pytorchjob needs a PyTorchJob manifest, got kind {manifest.get('kind')!r}; "
-                         "use run_training_job")
-    return run_training_job(manifest, **kwargs)
-
-
 def training_job_for_run(*, train_backend: str, affinity: dict, active_deadline_seconds: int, queue_name: str,
                          priority_class: str, gang_scheduling: bool, min_nodes: int, max_restarts: int,
                          **common) -> dict:

@@ -20,16 +20,12 @@ from kubeflow.training import models as kf
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 
-from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.train.pods import trainer_pod_template
 
 # The operator names pods and their headless Services ``<job>-worker-<index>``; Service names must be
 # DNS-1035 labels (<= 63 characters), which leaves 52 for the job with three-digit worker indexes.
 MAX_JOB_NAME = 52
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-
-# NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
-# the per-rank INFO flood. Callers override or add (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) per cluster.
-NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN"}
 
 # A failed rank fails the job at once (restartPolicy Never): with a static torchrun rendezvous the other
 # ranks cannot carry on, and restarting one pod in place only leaves the rest hanging in NCCL. The failed
@@ -99,43 +95,6 @@ def _validate_run_policy(num_nodes: int, clean_pod_policy: str, ttl_seconds_afte
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
 
 
-# Shared with the TrainJob (components/train/trainjob.py): the same pods, whichever operator runs them.
-TRAINER_VOLUME_MOUNTS = [
-    k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
-    k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT),
-    k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-]
-
-
-def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1Volume]:
-    """The two claims and the memory-backed ``/dev/shm`` the trainer's pods mount (``TRAINER_VOLUME_MOUNTS``)."""
-    return [
-        k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=data_pvc)),
-        k8s.V1Volume(name="models",
-                     persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=model_pvc)),
-        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
-    ]
-
-
-def trainer_env(hf_token_secret: str, nccl_env: dict | None) -> list[k8s.V1EnvVar]:
-    """The trainer container's environment: the HF token by Secret reference, the cache on the data claim, NCCL."""
-    env = [
-        # optional: public models need no token, and a missing Secret must not block the pod.
-        k8s.V1EnvVar(name="HF_TOKEN", value_from=k8s.V1EnvVarSource(
-            secret_key_ref=k8s.V1SecretKeySelector(name=hf_token_secret, key="HF_TOKEN", optional=True))),
-        # Base-model downloads (60 GB for Qwen3-30B-A3B) go to the shared data claim once, not to each
-        # node's ephemeral storage, where they would risk eviction.
-        k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
-    ]
-    return env + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
-
-
-def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str]:
-    """torchrun's arguments (no shell): the operators inject the rendezvous as ``PET_*`` variables."""
-    return ["--nnodes", nnodes, "--nproc_per_node", str(gpus_per_node),
-            "-m", "components.train.sft", "--config", config_path]
-
-
 def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str, num_nodes: int,
                      gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
                      node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
@@ -164,7 +123,7 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         shm_size: size of the memory-backed ``/dev/shm`` (NCCL and dataloader workers); counts toward ``memory``.
         cpu: CPU request and limit per pod.
         memory: memory request and limit per pod.
-        nccl_env: NCCL variables merged over ``NCCL_DEFAULTS``.
+        nccl_env: NCCL variables merged over ``pods.NCCL_DEFAULTS``.
         clean_pod_policy: pods the operator deletes when the job ends: ``None`` (keep them and their
             logs; they hold no GPUs once finished), ``Running`` or ``All``.
         ttl_seconds_after_finished: the operator deletes the finished job (and its pods) after this long;
@@ -192,34 +151,15 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
     _validate_run_policy(num_nodes, clean_pod_policy, ttl_seconds_after_finished, active_deadline_seconds,
                          queue_name, gang_scheduling, min_nodes, max_restarts)
     elastic = min_nodes is not None
-    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
     # Elastic: torchrun waits for at least min_nodes pods at the c10d rendezvous the operator points
     # PET_RDZV_ENDPOINT at (Worker 0), and takes up to num_nodes.
     nnodes = f"{min_nodes}:{num_nodes}" if elastic else str(num_nodes)
-    container = k8s.V1Container(
-        name=kfc.PYTORCHJOB_CONTAINER,  # the operator's webhook and env injection look for "pytorch"
-        image=image,
-        command=["torchrun"],
-        args=torchrun_args(nnodes, gpus_per_node, config_path),
-        env=trainer_env(hf_token_secret, nccl_env),
-        resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
-        volume_mounts=TRAINER_VOLUME_MOUNTS,
-    )
-    template = k8s.V1PodTemplateSpec(
-        metadata=k8s.V1ObjectMeta(
-            labels=dict(labels),
-            # An Istio sidecar never exits, so a finished pod would never complete, and it races the
-            # trainer for the rendezvous port at start-up.
-            annotations={kfc.ISTIO_SIDECAR_INJECTION: "false"},
-        ),
-        spec=k8s.V1PodSpec(
-            containers=[container],
-            node_selector=dict(node_selector) or None,
-            tolerations=list(tolerations) or None,
-            affinity=affinity or None,
-            priority_class_name=priority_class or None,
-            volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
-        ),
+    template = trainer_pod_template(
+        container_name=kfc.PYTORCHJOB_CONTAINER,  # the operator's webhook and env injection look for "pytorch"
+        image=image, nnodes=nnodes, gpus_per_node=gpus_per_node, config_path=config_path,
+        hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory, data_pvc=data_pvc,
+        model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
+        tolerations=tolerations, affinity=affinity, priority_class=priority_class,
     )
     # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
     restart_policy = "OnFailure" if elastic else RESTART_POLICY

@@ -17,15 +17,8 @@ from __future__ import annotations
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 
-from components.train.pytorchjob import (
-    RUN_ID_LABEL,
-    TRAINER_VOLUME_MOUNTS,
-    job_name_for,
-    torchrun_args,
-    trainer_env,
-    trainer_volumes,
-    validate_job,
-)
+from components.train.pods import trainer_pod_template
+from components.train.pytorchjob import RUN_ID_LABEL, job_name_for, validate_job
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
 RUNTIME = "torch-distributed"
@@ -37,6 +30,7 @@ PATCH_MANAGER = "llm-post-training.kubeflow.org/launcher"
 # each pod with its completion index, which the torch runtime makes the node rank.
 POD_SELECTOR_LABEL = "jobset.sigs.k8s.io/jobset-name"
 NODE_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
+
 
 def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, num_nodes: int,
                    gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
@@ -65,17 +59,24 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
         raise ValueError("runtime must name a ClusterTrainingRuntime, e.g. torch-distributed")
     if active_deadline_seconds is not None and active_deadline_seconds < 1:
         raise ValueError(f"active_deadline_seconds must be >= 1 (or None: no limit), got {active_deadline_seconds}")
-    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
+    template = trainer_pod_template(
+        container_name=NODE, image=image, nnodes=str(num_nodes), gpus_per_node=gpus_per_node,
+        config_path=config_path, hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory,
+        data_pvc=data_pvc, model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
+        tolerations=tolerations, affinity=affinity,
+    )
+    container, pod = template.spec.containers[0], template.spec
+    # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,
+    # and the runtime patch (merged by container name) adds only what the trainer fields cannot hold.
     pod_spec = {
-        "nodeSelector": dict(node_selector) or None,
-        "tolerations": list(tolerations) or None,
-        "affinity": affinity or None,
-        "volumes": trainer_volumes(data_pvc, model_pvc, shm_size),
-        "containers": [{"name": NODE, "volumeMounts": TRAINER_VOLUME_MOUNTS}],
+        "nodeSelector": pod.node_selector,
+        "tolerations": pod.tolerations,
+        "affinity": pod.affinity,
+        "volumes": pod.volumes,
+        "containers": [{"name": container.name, "volumeMounts": container.volume_mounts}],
     }
     pod_template = {
-        # An Istio sidecar never exits, so a finished pod would never complete (see build_pytorchjob).
-        "metadata": {"labels": dict(labels), "annotations": {kfc.ISTIO_SIDECAR_INJECTION: "false"}},
+        "metadata": {"labels": template.metadata.labels, "annotations": template.metadata.annotations},
         "spec": {k: v for k, v in pod_spec.items() if v is not None},
     }
     job_labels = dict(labels)
@@ -84,13 +85,13 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
     spec = {
         "runtimeRef": {"name": runtime},
         "trainer": {
-            "image": image,
-            "command": ["torchrun"],
-            "args": torchrun_args(str(num_nodes), gpus_per_node, config_path),
-            "env": trainer_env(hf_token_secret, nccl_env),
+            "image": container.image,
+            "command": container.command,
+            "args": container.args,
+            "env": container.env,
             "numNodes": num_nodes,
             "numProcPerNode": gpus_per_node,
-            "resourcesPerNode": {"requests": resources, "limits": resources},
+            "resourcesPerNode": {"requests": container.resources.requests, "limits": container.resources.limits},
         },
         "runtimePatches": [{
             "manager": PATCH_MANAGER,

@@ -1,20 +1,21 @@
 """Parameter checks shared by ``python -m pipelines.run`` (before submitting) and the validate_inputs task.
 
 Each check returns a message that names the parameter and the fix; all problems are reported together.
+The choices and the rules between settings belong to the modules that implement them and are imported
+from there, so a step and its check cannot disagree.
 """
 
 from __future__ import annotations
 
 import re
 
-METHODS = ("full", "lora", "qlora")
+from components.data.formats import DATASET_FORMATS
+from components.data.tokenizing import OVER_LENGTH
+from components.deploy.inference_service import DEPLOY_BACKENDS, DEPLOYMENT_MODES
+from components.train.config import DEEPSPEED_CONFIGS, METHODS, check_method_deepspeed
+from components.train.launch import CLEANUP_POLICIES
+
 TRAIN_BACKENDS = ("pytorchjob", "trainjob", "local")
-JOB_CLEANUP = ("keep", "on-success", "always")
-DEPLOYMENT_MODES = ("Standard", "Knative")
-DATASET_FORMATS = ("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference")
-OVER_LENGTH = ("drop", "truncate")
-DEPLOY_BACKENDS = ("kserve-vllm", "kserve-huggingface", "local")
-DEEPSPEED_CONFIGS = ("zero3", "zero2", "zero3_offload", "none")
 
 # Kubernetes object names: claims and secrets are DNS-1123 subdomains; InferenceService names become
 # Service/host names, so they must be DNS-1035 labels (start with a letter) of at most 63 characters.
@@ -80,13 +81,14 @@ def check_parameters(p: dict) -> list[str]:
         )
     if p["train_backend"] == "local" and p["num_nodes"] != 1:
         errors.append(f"num_nodes={p['num_nodes']} with train_backend=local: a local run has one node; set num_nodes=1")
-    if p["method"] == "qlora" and p["deepspeed_config"] == "zero3":
-        errors.append("method=qlora with deepspeed_config=zero3 is not supported (4-bit weights cannot be partitioned); use zero2 or none")
+    if p["deepspeed_config"] in DEEPSPEED_CONFIGS:
+        # A user's JSON lives on a volume this step may not mount: the trainer applies the rule when it reads it.
+        errors.append(check_method_deepspeed(p["method"], p["deepspeed_config"]))
     if p["train_backend"] != "local" and p["deploy_backend"] == "local":
         errors.append("deploy_backend=local needs train_backend=local (the model is on the cluster's volume); use kserve-vllm")
     if p["deploy_backend"].startswith("kserve") and p["serving_gpus"] < 1:
         errors.append(f"serving_gpus={p['serving_gpus']} with deploy_backend={p['deploy_backend']}: vLLM needs at least 1 GPU")
-    errors.append(_choice(p, "job_cleanup", JOB_CLEANUP))
+    errors.append(_choice(p, "job_cleanup", CLEANUP_POLICIES))
     if p["queue_name"]:
         errors.append(_name_error("queue_name", p["queue_name"], _DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
     if p["priority_class"]:

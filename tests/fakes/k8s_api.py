@@ -2,7 +2,7 @@
 
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(created, running_with_logs, succeeded))
-        run_pytorchjob(manifest, poll_seconds=0.01, api_client=api.client)
+        run_training_job(manifest, poll_seconds=0.01, api_client=api.client)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 1
 
 What it serves, shaped like the real API: custom objects (create, get, merge-patch or JSON-patch, replace,

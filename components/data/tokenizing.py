@@ -1,0 +1,192 @@
+"""Canonical rows in, training rows out: chat template, labels, over-length handling and packing.
+
+Chat rows are rendered with the model's chat template and only assistant tokens are labelled (-100
+elsewhere, so the model learns to answer, not to ask); ``text`` rows learn every token. Rows are tokenized
+in batches with ``num_proc`` workers; examples longer than ``max_seq_length`` are dropped or truncated
+(``OVER_LENGTH``), and each split is packed into rows of exactly ``max_seq_length`` tokens
+(:mod:`components.data.packing`) or kept one example per row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import numpy as np
+
+from components.data import sources
+from components.data.formats import DataError
+from components.data.packing import IGNORE_INDEX, packed_batches
+
+log = logging.getLogger("prepare_dataset")
+
+# What happens to an example longer than max_seq_length: dropped (counted), or cut to fit.
+OVER_LENGTH = ("drop", "truncate")
+
+
+def load_tokenizer(name_or_path: str, chat_template: str | None = None):
+    """The tokenizer, with ``chat_template`` (a Jinja file path or the template text) overriding the model's."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(name_or_path)
+    if chat_template:
+        tok.chat_template = Path(chat_template).read_text(encoding="utf-8") if os.path.isfile(chat_template) else chat_template
+    return tok
+
+
+def assistant_spans(text: str, messages: list[dict], end_token: str) -> list[tuple[int, int]]:
+    """Character spans of ``text`` (the rendered conversation) that the model learns: each assistant turn.
+
+    A span runs from the turn's content to the end-of-turn token after it (plus the newline the
+    template writes after it), so the model learns to stop. Templates may rewrite history (Qwen3 drops
+    ``<think>`` blocks from earlier turns), so the content is searched for in order rather than assumed
+    at a fixed offset; for a turn whose thinking was dropped, the answer part after ``</think>`` is.
+    """
+    spans, cursor = [], 0
+    for m in messages:
+        if m["role"] != "assistant":
+            continue
+        content = m["content"]
+        start = text.find(content, cursor)
+        if start < 0:
+            content = content.split("</think>")[-1].lstrip("\n")
+            start = text.find(content, cursor)
+        if start < 0:
+            raise DataError(f"the chat template does not render an assistant turn verbatim ({content[:60]!r}); "
+                            "use a template that keeps assistant content (--chat-template)")
+        end = start + len(content)
+        stop = text.find(end_token, end)
+        end = len(text) if stop < 0 else stop + len(end_token)
+        if text.startswith("\n", end):
+            end += 1
+        spans.append((start, end))
+        cursor = end
+    return spans
+
+
+def tokenize_batch(batch: dict, tokenizer, kind: str, max_seq_length: int, truncate: bool, template_kwargs: dict) -> dict:
+    """``datasets.map`` function: render, tokenize with offsets, label; truncate when asked.
+
+    Returns ``input_ids``, ``labels``, ``length`` (before truncation) and ``label_tokens`` (after).
+    """
+    if kind == "text":
+        eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+        encoded = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+        ids_list = [ids + eos for ids in encoded]
+        labels_list = [list(ids) for ids in ids_list]
+    else:
+        texts = tokenizer.apply_chat_template(batch["messages"], tokenize=False, **template_kwargs)
+        enc = tokenizer(texts, add_special_tokens=False)
+        ids_list, labels_list = enc["input_ids"], []
+        for i, (text, messages, ids) in enumerate(zip(texts, batch["messages"], ids_list)):
+            labels = [IGNORE_INDEX] * len(ids)
+            for a, b in assistant_spans(text, messages, tokenizer.eos_token):
+                # two lookups per turn in the tokenizer's own alignment, instead of a pass over every token
+                start, end = _token_at(enc, i, a, text, len(ids)), _token_at(enc, i, b, text, len(ids))
+                labels[start:end] = ids[start:end]
+            labels_list.append(labels)
+    out = {"input_ids": [], "labels": [], "length": [], "label_tokens": []}
+    for ids, labels in zip(ids_list, labels_list):
+        out["length"].append(len(ids))
+        if truncate and len(ids) > max_seq_length:
+            ids, labels = ids[:max_seq_length], labels[:max_seq_length]
+        out["input_ids"].append(ids)
+        out["labels"].append(labels)
+        out["label_tokens"].append(len(labels) - labels.count(IGNORE_INDEX))
+    return out
+
+
+def _token_at(enc, row: int, char: int, text: str, n_tokens: int) -> int:
+    """The first token that covers ``text[char:]`` (``n_tokens`` at the end of the text)."""
+    while char < len(text):
+        token = enc.char_to_token(row, char)
+        if token is not None:
+            return token
+        char += 1
+    return n_tokens
+
+
+def template_overhead(tokenizer, kind: str, template_kwargs: dict) -> int:
+    """Tokens every example costs before any content: the chat template's markup (or text's EOS)."""
+    if kind == "text":
+        return 1
+    empty = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
+    return len(tokenizer(tokenizer.apply_chat_template(empty, tokenize=False, **template_kwargs),
+                         add_special_tokens=False)["input_ids"])
+
+
+def check_tokenizer(tok, kind: str, max_seq_length: int, template_kwargs: dict) -> None:
+    """Raise a :class:`DataError` before any tokenizing when ``tok`` cannot render ``kind`` rows into
+    ``max_seq_length`` tokens: chat data without a chat template, or rows too short for the template's markup."""
+    if kind == "messages" and not tok.chat_template:
+        raise DataError("the tokenizer has no chat template, which chat data needs; use the model's instruct "
+                        "tokenizer or pass --chat-template FILE")
+    overhead = template_overhead(tok, kind, template_kwargs)
+    if max_seq_length <= overhead:
+        raise DataError(f"max_seq_length={max_seq_length} is not more than the chat template's own {overhead} tokens "
+                        "per example; raise max_seq_length")
+
+
+def tokenize(canonical, tok, kind: str, *, max_seq_length: int, over_length: str, num_proc: int,
+             template_kwargs: dict, work: Path):
+    """``canonical`` tokenized and labelled by :func:`tokenize_batch`, cached in ``work`` (a ``datasets.Dataset``)."""
+    log.info("tokenizing %d rows with %d process(es)", len(canonical), num_proc)
+    return canonical.map(
+        tokenize_batch, batched=True, batch_size=sources.BATCH_ROWS, num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=canonical.column_names, cache_file_name=str(work / "tokenized.arrow"),
+        new_fingerprint=hashlib.sha256(str(work).encode()).hexdigest()[:16],
+        fn_kwargs={"tokenizer": tok, "kind": kind, "max_seq_length": max_seq_length,
+                   "truncate": over_length == "truncate", "template_kwargs": template_kwargs},
+        desc="tokenize",
+    )
+
+
+def over_length_mask(lengths: np.ndarray, label_tokens: np.ndarray, max_seq_length: int,
+                     over_length: str) -> tuple[np.ndarray, int, dict]:
+    """Which tokenized examples are kept under ``over_length``: (mask, examples truncated, dropped per reason).
+
+    ``lengths`` are counted before truncation, ``label_tokens`` after it.
+    """
+    over = lengths > max_seq_length
+    if over_length == "drop":
+        return ~over, 0, {"over_length": int(over.sum())}
+    keep = label_tokens > 0  # truncation can cut away every assistant token
+    return keep, int(over.sum()), {"over_length_no_labels_left": int((~keep).sum())}
+
+
+def split_rows(tokenized, idx: np.ndarray, fitted: np.ndarray, label_tokens: np.ndarray, *, max_seq_length: int,
+               packing: bool, pad_id: int, path: Path):
+    """One split's training rows and counts: the examples ``idx`` of ``tokenized``, packed (into an Arrow
+    file at ``path``) or one per row. ``fitted`` and ``label_tokens`` are every example's token counts."""
+    import datasets
+
+    s = {"examples": len(idx), "tokens": int(fitted[idx].sum()), "label_tokens": int(label_tokens[idx].sum())}
+    if packing:
+        _write_stream(path, packed_batches(tokenized, idx, fitted[idx], max_seq_length, pad_id))
+        rows = datasets.Dataset.from_file(str(path))
+        s["rows"] = s["packed_rows"] = len(rows)
+        s["packing_efficiency"] = round(s["tokens"] / (s["packed_rows"] * max_seq_length), 4)
+    else:
+        rows = tokenized.select(idx).select_columns(["input_ids", "labels"])
+        s["rows"] = len(idx)
+    return rows, s
+
+
+def pad_id(tok) -> int:
+    """The id that fills a packed row's tail: the tokenizer's pad token, else its EOS, else 0."""
+    if tok.pad_token_id is not None:
+        return tok.pad_token_id
+    return tok.eos_token_id if tok.eos_token_id is not None else 0
+
+
+def _write_stream(path: Path, batches) -> None:
+    import pyarrow as pa
+
+    writer = None
+    for batch in batches:
+        if writer is None:
+            writer = pa.ipc.new_stream(str(path), batch.schema)
+        writer.write_batch(batch)
+    writer.close()

@@ -1,0 +1,53 @@
+"""One place per choice and per rule: validate_inputs checks with the definitions of the modules that implement
+them, so the check before any GPU is requested and the step that runs later cannot disagree."""
+
+import pytest
+
+from components.data import formats, tokenizing
+from components.deploy import inference_service
+from components.train import config, launch
+from components.train.config import check_combination, check_method_deepspeed
+from components.validate import checks
+from pipelines import params as P
+from pipelines.errors import UsageError
+
+
+def test_validate_checks_the_choices_the_steps_implement():
+    assert checks.METHODS is config.METHODS
+    assert checks.DEEPSPEED_CONFIGS is config.DEEPSPEED_CONFIGS
+    assert checks.CLEANUP_POLICIES is launch.CLEANUP_POLICIES
+    assert checks.DEPLOYMENT_MODES is inference_service.DEPLOYMENT_MODES
+    assert checks.DEPLOY_BACKENDS is inference_service.DEPLOY_BACKENDS
+    assert checks.DATASET_FORMATS is formats.DATASET_FORMATS
+    assert checks.OVER_LENGTH is tokenizing.OVER_LENGTH
+
+
+def test_every_deepspeed_choice_resolves_in_the_trainer():
+    for name in config.DEEPSPEED_CONFIGS:
+        path = config.deepspeed_config_path(name)
+        assert (path is None) == (name == "none")
+
+
+@pytest.mark.parametrize("deepspeed_config", ["zero3", "zero3_offload"])
+def test_qlora_under_zero3_is_refused_before_the_job_and_by_the_trainer_alike(deepspeed_config):
+    rule = check_method_deepspeed("qlora", deepspeed_config)
+    assert "set deepspeed_config to 'none' or 'zero2'" in rule
+    params = P.resolve("qwen3-32b-qlora", overrides=[f"deepspeed_config={deepspeed_config}"])
+    with pytest.raises(UsageError) as e:
+        P.check(params)
+    assert rule in str(e.value)
+    assert check_combination({"method": "qlora", "deepspeed": deepspeed_config, "bf16": True}) == [rule]
+
+
+@pytest.mark.parametrize("method, deepspeed_config", [("qlora", "zero2"), ("qlora", "none"), ("lora", "zero3"),
+                                                      ("full", "zero3_offload")])
+def test_the_combinations_that_work_pass_both(method, deepspeed_config):
+    assert check_method_deepspeed(method, deepspeed_config) is None
+    assert check_combination({"method": method, "deepspeed": deepspeed_config, "bf16": True}) == []
+
+
+def test_a_users_zero3_json_is_refused_with_qlora_where_it_is_read(tmp_path):
+    # validate_inputs may not mount the volume a user's JSON is on; the trainer reads it and applies the rule.
+    path = tmp_path / "mine.json"
+    path.write_text('{"zero_optimization": {"stage": 3}}')
+    assert check_combination({"method": "qlora", "deepspeed": str(path)}) == [check_method_deepspeed("qlora", str(path))]
