@@ -27,7 +27,8 @@ RANK_SCRIPT = textwrap.dedent("""
     import deepspeed, torch
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
     from components.models.hub import resolve_model
-    from components.train.config import SFTConfig, deepspeed_config_path
+    from components.train.arguments import SFTConfig
+    from components.train.config import deepspeed_config_path
     from components.train.sft import load_model
 
     how, repo, cache_root, out = sys.argv[1:5]

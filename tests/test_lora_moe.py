@@ -9,7 +9,8 @@ from peft.tuners.lora import Linear as LoraLinear
 from peft.tuners.lora import ParamWrapper
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from components.train.config import SFTConfig, deepspeed_config_path
+from components.train.arguments import SFTConfig
+from components.train.config import deepspeed_config_path
 from components.train.local import run_torchrun
 from components.train.lora import LORA_TARGETS_DENSE, LORA_TARGETS_MOE, apply_lora, lora_targets
 from components.train.memory import model_shape

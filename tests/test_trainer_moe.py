@@ -6,7 +6,8 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from components.train.config import SFTConfig, deepspeed_config_path
+from components.train.arguments import SFTConfig
+from components.train.config import deepspeed_config_path
 from components.train.local import run_torchrun
 from components.train.sft import load_model, pad_collator
 from tests.trainer_fixtures import make_workdir, trainer_config

@@ -1,16 +1,14 @@
-"""The trainer's configuration: Hugging Face ``TrainingArguments`` plus what SFT on packed data needs.
+"""The trainer's configuration file: what the pipeline writes, and the rules on what goes together.
 
 The pipeline writes one such file per run (JSON) onto the model volume; every pod of the job reads it
-with ``torchrun -m components.train.sft --config FILE``. Unknown keys are an error.
+with ``torchrun -m components.train.sft --config FILE`` into ``SFTConfig`` (components/train/arguments.py).
+This module imports no ML library: validate_inputs and ``--render`` use its rules without loading torch.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from pathlib import Path
-
-from transformers import TrainingArguments
 
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
 METHODS = ("full", "lora", "qlora")
@@ -43,39 +41,6 @@ def load_deepspeed_config(name_or_path: str) -> dict:
         return json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise ValueError(f"deepspeed_config {name_or_path!r}: no such file") from None
-
-
-@dataclass
-class SFTConfig(TrainingArguments):
-    """``TrainingArguments`` for supervised fine-tuning on a prepared dataset."""
-
-    model_name_or_path: str = field(default="", metadata={"help": "Hub id, folder, or builtin:tiny-qwen3"})
-    dataset_path: str = field(default="", metadata={"help": "prepare_dataset's output (save_to_disk folder)"})
-    method: str = field(default="full", metadata={"help": "full | lora | qlora"})
-    max_seq_length: int = field(default=4096, metadata={"help": "longer rows are an error (prepare drops them)"})
-    model_cache_dir: str = field(default="", metadata={"help": "where built-in models are built"})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank: higher learns more, costs more memory"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
-    lora_dropout: float = field(
-        default=0.0,
-        metadata={"help": "LoRA dropout; must stay 0 with adapters on fused expert tensors (PEFT refuses it there)"},
-    )
-    lora_target_modules: str = field(
-        default="",
-        metadata={"help": "comma-separated LoRA targets; empty chooses by model type (components/train/lora.py): "
-                          "all linear projections for dense Qwen3, attention plus the fused expert tensors "
-                          "(experts.gate_up_proj, experts.down_proj) for Qwen3-MoE. A plain name is an nn.Linear "
-                          "module; a dotted name is a parameter (PEFT target_parameters)"},
-    )
-    merge_lora: bool = field(
-        default=True,
-        metadata={"help": "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves it "
-                          "as a plain model; the adapter alone always goes to adapter/"},
-    )
-    router_aux_loss_coef: float = field(
-        default=0.001,
-        metadata={"help": "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off"},
-    )
 
 
 def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:

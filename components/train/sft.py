@@ -108,7 +108,8 @@ def parse_config(path: str):
 
     from transformers import HfArgumentParser
 
-    from components.train.config import METHODS, SFTConfig, check_combination, deepspeed_config_path
+    from components.train.arguments import SFTConfig
+    from components.train.config import DEEPSPEED_CONFIGS, METHODS, check_combination, deepspeed_config_path
 
     data = _read_config(path)
     hints = typing.get_type_hints(SFTConfig)
@@ -129,8 +130,9 @@ def parse_config(path: str):
         except ValueError as exc:
             raise ValueError(f"{path}: {exc}") from None
         if data["deepspeed"] and not Path(data["deepspeed"]).is_file():
+            shipped = ", ".join(c for c in DEEPSPEED_CONFIGS if c != "none")
             raise ValueError(f"{path}: deepspeed {data['deepspeed']!r}: no such file; use a shipped name "
-                             "(zero2, zero3, zero3_offload) or a JSON file on a mounted volume")
+                             f"({shipped}) or a JSON file on a mounted volume")
     errors = check_combination(data)
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))
@@ -209,22 +211,14 @@ def _attn_implementation() -> str:
     return "sdpa"  # with position_ids and no mask, transformers builds the packed block-causal mask
 
 
-def fp8_dequantize_kwargs(config) -> dict:
-    """``from_pretrained`` arguments that load an FP8 checkpoint dequantised (empty for other checkpoints)."""
-    quant = getattr(config, "quantization_config", None) or {}
-    if (quant if isinstance(quant, dict) else quant.to_dict()).get("quant_method") != "fp8":
-        return {}
-    from transformers import FineGrainedFP8Config
-
-    return {"quantization_config": FineGrainedFP8Config(dequantize=True)}
-
-
 def load_model(cfg, model_path: str):
     """Load the base model for ``cfg.method``: full weights, or a PEFT LoRA/QLoRA wrapper.
 
-    FP8 checkpoints (the seeds' Qwen3-30B-A3B-...-FP8) are dequantised while loading and trained in
-    bf16: FP8 training needs per-tensor scaling recipes the optimizer states and DeepSpeed do not
-    carry, and bf16 is what the served model is exported in. Qwen3-MoE gets the router load-balancing
+    ``model_path`` comes from ``resolve_model``: for an FP8 checkpoint (the seeds' Qwen3-30B-A3B-...-FP8) it
+    is the bf16 copy on the data volume, so the model loads as plain bf16 and ZeRO-3's ``zero.Init``
+    partitions it while loading (transformers skips zero.Init for a quantized checkpoint, and every rank
+    would hold the whole model). Training runs in bf16: FP8 training needs per-tensor scaling recipes the
+    optimizer states and DeepSpeed do not carry, and bf16 is what the served model is exported in. Qwen3-MoE gets the router load-balancing
     loss (``router_aux_loss_coef``) and, under ZeRO-3, its sparse MoE block as a leaf module.
     """
     import torch
@@ -235,7 +229,6 @@ def load_model(cfg, model_path: str):
     low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
     dtype = torch.bfloat16 if low_precision else torch.float32
     kwargs = {"dtype": dtype, "attn_implementation": _attn_implementation()}
-    kwargs.update(fp8_dequantize_kwargs(config))
     if config.model_type == "qwen3_moe":
         kwargs.update(output_router_logits=cfg.router_aux_loss_coef > 0, router_aux_loss_coef=cfg.router_aux_loss_coef)
     if cfg.method == "qlora":
