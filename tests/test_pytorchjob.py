@@ -551,3 +551,17 @@ def test_progress_bars_with_carriage_returns_are_printed_once(capsys):
             lambda job: None, lambda job: None, succeeded(api, "done")))
         run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
     assert stream_lines(capsys.readouterr().out) == ["loading model", bar, "step 2 loss 1.9", "done"]
+
+
+def test_pods_have_time_to_save_a_checkpoint_when_evicted():
+    # On eviction or preemption the kubelet sends SIGTERM, then SIGKILL after the grace period (30 s by
+    # default); the trainer saves a complete checkpoint on SIGTERM, which for Qwen3-30B-A3B takes minutes.
+    # torchrun kills its ranks 30 s after forwarding SIGTERM unless told otherwise: it must wait longer,
+    # but end before the kubelet's SIGKILL.
+    job = manifest(num_nodes=2)
+    for rtype, spec in job["spec"]["pytorchReplicaSpecs"].items():
+        grace = spec["template"]["spec"]["terminationGracePeriodSeconds"]
+        (container,) = spec["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        assert grace >= 600, rtype
+        assert 300 <= int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < grace, rtype

@@ -240,3 +240,12 @@ def test_dry_run_prints_the_trainjob():
 def test_pytorchjob_only_flags_are_refused_for_a_trainjob():
     proc = run_cli(*CLI, "--backend", "trainjob", "--min-nodes", "1", "--dry-run")
     assert proc.returncode == 2 and proc.stderr.startswith("error: --min-nodes")
+
+
+def test_pods_have_time_to_save_a_checkpoint_when_evicted():
+    # As for the PyTorchJob (tests/test_pytorchjob.py): the grace period goes into the runtime patch.
+    job = manifest(num_nodes=2)
+    grace = pod_patch(job)["spec"]["terminationGracePeriodSeconds"]
+    env = {e["name"]: e.get("value") for e in job["spec"]["trainer"]["env"]}
+    assert grace >= 600 and 300 <= int(env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"]) < grace
+    assert crd_errors(job, CRD) == []

@@ -16,6 +16,13 @@ from components.paths import DATA_MOUNT, MODEL_MOUNT
 # NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
 # the per-rank INFO flood. Callers override or add (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) per cluster.
 NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN"}
+# An evicted or preempted pod gets SIGTERM, then SIGKILL after the grace period (30 s by default). The trainer
+# saves a complete checkpoint on SIGTERM (components/train/checkpoints.py): for Qwen3-30B-A3B each pod writes
+# ~183 GB of ZeRO-3 shards, 3-6 minutes at 0.5-1 GB/s to a shared volume. torchrun SIGKILLs its ranks 30 s
+# after forwarding SIGTERM unless TORCH_ELASTIC_SHUTDOWN_TIMEOUT says otherwise; it must end before the
+# kubelet's SIGKILL. Spot reclaims and hard evictions give less notice: the save_steps checkpoints cover those.
+TERMINATION_GRACE_PERIOD_SECONDS = 600
+TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS = 570
 
 TRAINER_VOLUME_MOUNTS = [
     k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
@@ -43,6 +50,7 @@ def trainer_env(hf_token_secret: str, nccl_env: dict | None) -> list[k8s.V1EnvVa
         # Base-model downloads (60 GB for Qwen3-30B-A3B) go to the shared data claim once, not to each
         # node's ephemeral storage, where they would risk eviction.
         k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
+        k8s.V1EnvVar(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS)),
     ]
     return env + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
 
@@ -91,6 +99,7 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
             tolerations=list(tolerations) or None,
             affinity=affinity or None,
             priority_class_name=priority_class or None,
+            termination_grace_period_seconds=TERMINATION_GRACE_PERIOD_SECONDS,
             volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
         ),
     )

@@ -73,6 +73,7 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
         "tolerations": pod.tolerations,
         "affinity": pod.affinity,
         "volumes": pod.volumes,
+        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
         "containers": [{"name": container.name, "volumeMounts": container.volume_mounts}],
     }
     pod_template = {
