@@ -78,6 +78,12 @@ def fixtures(machine, tmp_path_factory) -> Path:
     return make_workdir(tmp_path_factory.mktemp("rehearsal-fixtures"))
 
 
+def _read_raw(path: Path) -> str:
+    """A log file as written: only "\\n" ends a line ("\\r" inside one, a redrawn progress bar, is kept)."""
+    with open(path, encoding="utf-8", errors="replace", newline="") as f:
+        return f.read()
+
+
 @dataclass
 class Rehearsal:
     """One scenario's result JSON, the launcher's output and where its files are."""
@@ -99,7 +105,7 @@ class Rehearsal:
              "evicted": False, "log": str(p / "log")} for p in sorted((self.workdir / "pods").glob("*"))]
         for pod in pods:
             path = Path(pod["log"])
-            text = path.read_text(encoding="utf-8", errors="replace") if path.exists() else ""
+            text = _read_raw(path) if path.exists() else ""
             logs.append((pod, text.split("\n")[:-1]))
         return logs
 
@@ -165,7 +171,7 @@ def run_scenario(name: str, backend: str, trainer_image, fixtures: Path, workdir
                                   timeout=SCENARIO_TIMEOUT_SECONDS + 60).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
-    output = (workdir / "launcher.log").read_text(encoding="utf-8", errors="replace")
+    output = _read_raw(workdir / "launcher.log")
     result_path = workdir / "result.json"
     result = json.loads(result_path.read_text()) if result_path.exists() else {
         "outcome": "harness", "error": f"the scenario process exited {code} without a result"}
