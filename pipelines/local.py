@@ -1,16 +1,68 @@
-"""Run the pipeline on this machine with kfp.local: same components, workspace folders for volumes."""
+"""Run the pipeline on this machine with kfp.local: same components, workspace folders for volumes.
+
+What the terminal shows: a line when each step starts and when it ends (with its duration), what the steps
+log (the trainer's progress lines among it), and the summary ``pipelines.run`` prints. kfp.local's own
+bookkeeping, all of it known to be harmless here, is silenced where it comes from; ``verbose`` keeps it:
+
+- its two warnings per step: display names do nothing locally, and the components image is not a Python
+  image (with ``use_venv=False`` the steps import this package from this environment, which is the point);
+- its log records (pipeline and task banners, each task's outputs): replaced by the step lines;
+- the KFP executor's lines in each step's output (which module it loads, the whole ``executor_input`` JSON,
+  where it wrote its output), kfp.local's separator lines and blank lines: dropped, exactly those;
+- progress bars (tqdm, datasets, the Hub's): off, by their libraries' own environment switches.
+
+Everything a run makes is found under ``<workspace>/runs/<run id>/``, where the run id is the one the steps
+name their folders on the volumes with (``data/runs/<id>``, ``models/runs/<id>``)::
+
+    reports/prepare_dataset.md   the data step's report (counts, lengths, examples)
+    reports/evaluation.md        the evaluation report (numbers, training curve, answers side by side)
+    reports/training_loss.png    the training curve from that report
+    model      -> ../../models/runs/<id>/train/final      the tuned model
+    train      -> ../../models/runs/<id>/train            checkpoints, tensorboard/, metrics.json, serve.log
+    dataset    -> ../../data/runs/<id>/dataset            the prepared dataset
+    kfp        -> ../../kfp/llm-finetune-<time>           kfp.local's own outputs for the run
+    summary.json                                          what ``--summary-json`` writes
+"""
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import io
+import json
+import logging
+import os
+import re
+import shutil
+import sys
 import time
+import warnings
 from pathlib import Path
 
+from components.version import COMPONENTS_IMAGE
 
-def run_locally(params: dict, workspace: Path) -> dict:
+PIPELINE_NAME = "llm-finetune"
+# Libraries' own switches for their progress bars: in a log of interleaved processes each redraw is a line.
+QUIET_ENV = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
+# kfp.local's warnings that say nothing about this run (messages as kfp 2.17 words them).
+HARMLESS_WARNINGS = [
+    (UserWarning, r"Task '[\w-]+': settings \['display_name'\] have no effect in the current local runner"),
+    (RuntimeWarning, r"You may be attemping to run a task that uses custom or non-Python base image "
+                     + re.escape(f'"{COMPONENTS_IMAGE}"')),
+]
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXECUTOR_LINE = re.compile(r"^\s*\[KFP Executor [^\]]*\]: (Looking for component|Loading KFP component|"
+                            r"Got executor_input:|Wrote executor output file to )")
+
+
+def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     """Run every step in subprocesses of this Python (kfp.local SubprocessRunner); return the summary.
 
-    The summary has ``status``, ``model_uri``, ``metrics``, ``passed``, ``reason``, ``endpoint``,
-    ``smoke_reply`` and ``wall_seconds``; a failed step gives ``status: failed`` and ``error``.
+    The summary has ``status``, ``run_id``, ``run_dir``, ``model_uri``, ``metrics``, ``passed``, ``reason``,
+    ``endpoint``, ``smoke_reply``, ``reports`` (name -> file), ``tensorboard``, ``server_log``, ``kfp_dir``,
+    ``training`` (the trainer's metrics.json), ``keep_serving``, ``base_model`` and ``wall_seconds``; a failed
+    step gives ``status: failed``, ``error`` and what exists of the rest. ``verbose`` keeps every line kfp.local
+    and the steps print.
     """
     from kfp import local
 
@@ -21,17 +73,207 @@ def run_locally(params: dict, workspace: Path) -> dict:
     # use_venv=False: the steps import this package from the current environment instead of pip-installing it.
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workspace / "kfp"), raise_on_error=True)
     pipeline = build_pipeline("local", str(workspace))
+    steps = StepLines()
     try:
-        outputs = pipeline(**params).outputs
+        with contextlib.ExitStack() as quiet:
+            if not verbose:
+                quiet.enter_context(_quiet_kfp_local(steps))
+            try:
+                outputs = pipeline(**params).outputs
+            except RuntimeError:
+                steps.failed()
+                raise
     except RuntimeError as e:
-        return {"status": "failed", "error": str(e), "wall_seconds": round(time.time() - started, 1)}
-    return {
-        "status": "succeeded",
-        "model_uri": outputs["model_uri"],
-        "metrics": dict(outputs["metrics"].metadata),
-        "passed": outputs["passed"],
-        "reason": outputs["reason"],
-        "endpoint": outputs["endpoint"],
-        "smoke_reply": outputs["smoke_reply"],
-        "wall_seconds": round(time.time() - started, 1),
-    }
+        summary = {"status": "failed", "error": _ANSI.sub("", str(e))}
+        summary.update(collect_run(workspace, started, None))
+    else:
+        summary = {
+            "status": "succeeded",
+            "model_uri": outputs["model_uri"],
+            "metrics": dict(outputs["metrics"].metadata),
+            "passed": outputs["passed"],
+            "reason": outputs["reason"],
+            "endpoint": outputs["endpoint"],
+            "smoke_reply": outputs["smoke_reply"],
+        }
+        summary.update(collect_run(workspace, started, outputs["model_uri"]))
+    summary["keep_serving"] = params["keep_serving"]
+    summary["base_model"] = params["model_name_or_path"]
+    summary["wall_seconds"] = round(time.time() - started, 1)
+    if summary["run_dir"]:
+        Path(summary["run_dir"], "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+    return summary
+
+
+def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
+    """Gather the run's outputs under ``<workspace>/runs/<run id>/`` (see the module docstring); return where
+    everything is. The run id comes from the model's path, or, for a run that failed before training ended,
+    from the newest run folder a step made on the data volume since ``started``."""
+    kfp_dir = _newest(workspace / "kfp", f"{PIPELINE_NAME}-*", started)
+    if model_uri:
+        run_id = Path(model_uri).parents[1].name  # <workspace>/models/runs/<id>/train/final
+    else:
+        newest = _newest(workspace / "data" / "runs", "*", started)
+        run_id = newest.name if newest else None
+    found = {"run_id": run_id, "run_dir": None, "kfp_dir": str(kfp_dir) if kfp_dir else None, "reports": {},
+             "tensorboard": None, "server_log": None, "training": {}}
+    if run_id is None:
+        return found
+    run_dir = workspace / "runs" / run_id
+    reports = run_dir / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    found["run_dir"] = str(run_dir)
+    train = workspace / "models" / "runs" / run_id / "train"
+    links = {"model": train / "final", "train": train, "dataset": workspace / "data" / "runs" / run_id / "dataset",
+             "kfp": kfp_dir}
+    for name, target in links.items():
+        if target is not None and target.exists():
+            link = run_dir / name
+            if link.is_symlink():
+                link.unlink()
+            link.symlink_to(os.path.relpath(target, run_dir))
+    if kfp_dir is not None:
+        for step, name in (("prepare-dataset", "prepare_dataset.md"), ("evaluate-model", "evaluation.md")):
+            source = kfp_dir / step / "report"
+            if source.is_file():
+                shutil.copyfile(source, reports / name)
+                found["reports"][name[:-3]] = str(reports / name)
+    if "evaluation" in found["reports"]:
+        png = embedded_png(Path(found["reports"]["evaluation"]).read_text(encoding="utf-8"))
+        if png is not None:
+            (reports / "training_loss.png").write_bytes(png)
+            found["reports"]["training_loss"] = str(reports / "training_loss.png")
+    if (train / "tensorboard").is_dir():
+        found["tensorboard"] = str(train / "tensorboard")
+    if (train / "serve.log").is_file():
+        found["server_log"] = str(train / "serve.log")
+    if (train / "metrics.json").is_file():
+        found["training"] = json.loads((train / "metrics.json").read_text())
+    return found
+
+
+def embedded_png(markdown: str) -> bytes | None:
+    """The first base64 PNG embedded in a Markdown report (the evaluation report's training curve)."""
+    from components.evaluate.curves import PNG_PREFIX
+
+    match = re.search(re.escape(PNG_PREFIX) + r"([A-Za-z0-9+/=]+)\)", markdown)
+    return base64.b64decode(match.group(1)) if match else None
+
+
+def _newest(folder: Path, pattern: str, since: float) -> Path | None:
+    candidates = [p for p in folder.glob(pattern) if p.is_dir() and p.stat().st_mtime >= since - 1]
+    return max(candidates, key=lambda p: p.stat().st_mtime, default=None)
+
+
+class StepLines(logging.Filter):
+    """kfp.local's log records, turned into one line when a step starts and one when it ends.
+
+    kfp.local logs through the root logger (its own handler, re-created for every message); a filter on
+    the root logger sees each record first. Its task banners become the step lines; its other records
+    (pipeline banners, the outputs of each task) are dropped; anything else (warnings, errors) passes.
+    """
+
+    _started = re.compile(r"^Executing task '([\w-]+)'")
+    _finished = re.compile(r"^Task '([\w-]+)' finished with status (\w+)")
+    _dropped = re.compile(r"^(Running pipeline:|Streamed logs:|Task '[\w-]+' (outputs:|has no outputs)|"
+                          r"Pipeline '[\w-]+' finished with status SUCCESS)")
+
+    def __init__(self):
+        super().__init__()
+        self.running: dict[str, float] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = _ANSI.sub("", record.getMessage())
+        if m := self._started.match(message):
+            self.running[m.group(1)] = time.time()
+            self._print(f"{m.group(1)}: started")
+            return False
+        if m := self._finished.match(message):
+            seconds = time.time() - self.running.pop(m.group(1), time.time())
+            outcome = "succeeded in" if m.group(2) == "SUCCESS" else "FAILED after"
+            self._print(f"{m.group(1)}: {outcome} {seconds:.1f}s")
+            return False
+        return not self._dropped.match(message)
+
+    def failed(self) -> None:
+        """kfp.local raises instead of logging a failed step (raise_on_error): say which one it was."""
+        for task, since in self.running.items():
+            self._print(f"{task}: FAILED after {time.time() - since:.1f}s")
+        self.running.clear()
+
+    @staticmethod
+    def _print(line: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
+class ExecutorLineFilter(io.TextIOBase):
+    """A stdout that drops, line by line, the KFP executor's bookkeeping in each step's streamed output
+    (kfp.local prints it through ``print``, indented), kfp.local's separator lines and blank lines;
+    every other line goes through unchanged."""
+
+    def __init__(self, out):
+        self.out = out
+        self._partial = ""
+        self._in_json = None  # the indentation of the executor_input JSON being skipped
+        self._rule = "-" * shutil.get_terminal_size(fallback=(80, 24)).columns  # kfp.local's separator
+
+    @property
+    def encoding(self):
+        return self.out.encoding
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        self._partial += text
+        *lines, self._partial = self._partial.split("\n")
+        for line in lines:
+            if self._keep(line):
+                self.out.write(line + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def close_partial(self) -> None:
+        if self._partial and self._keep(self._partial):
+            self.out.write(self._partial)
+        self._partial = ""
+
+    def _keep(self, line: str) -> bool:
+        if self._in_json is not None:
+            # json.dumps(indent=4) ends with the only "}" at the JSON's own indentation.
+            if line == self._in_json + "}":
+                self._in_json = None
+            return False
+        if match := _EXECUTOR_LINE.match(line):
+            if match.group(1) == "Got executor_input:":
+                self._in_json = line[:len(line) - len(line.lstrip())]
+            return False
+        return bool(line.strip()) and line != self._rule
+
+
+@contextlib.contextmanager
+def _quiet_kfp_local(steps: StepLines):
+    """Silence kfp.local's harmless output for the duration of a run (see the module docstring)."""
+    root = logging.getLogger()
+    stdout = ExecutorLineFilter(sys.stdout)
+    saved_env = {k: os.environ.get(k) for k in QUIET_ENV}
+    os.environ.update(QUIET_ENV)
+    root.addFilter(steps)
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(stdout):
+            for category, message in HARMLESS_WARNINGS:
+                warnings.filterwarnings("ignore", message=message, category=category)
+            try:
+                yield
+            finally:
+                stdout.close_partial()
+                stdout.flush()
+    finally:
+        root.removeFilter(steps)
+        for key, value in saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

@@ -7,6 +7,7 @@ naming the key and the fix.
 
 from __future__ import annotations
 
+import difflib
 import inspect
 import json
 from pathlib import Path
@@ -44,7 +45,9 @@ def load_preset(name: str) -> dict:
 def coerce(name: str, value, specs: dict) -> object:
     """``value`` as the parameter's declared type, or a UsageError that shows an example."""
     if name not in specs:
-        raise UsageError(f"unknown parameter {name!r}; valid parameters: {', '.join(sorted(specs))}")
+        close = difflib.get_close_matches(name, specs, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise UsageError(f"unknown parameter {name!r}; {hint}(python -m pipelines.run --help lists all {len(specs)})")
     kind, default = specs[name]
     example = f"-p {name}={json.dumps(default) if kind in (dict, list) else default}"
     if kind in (int, float) and isinstance(value, str):

@@ -1,16 +1,19 @@
-"""Run the LLM fine-tuning pipeline: locally by default, on Kubeflow Pipelines with ``--host``.
+"""Run the LLM fine-tuning pipeline: locally by default, on Kubeflow Pipelines with --host.
 
-    python -m pipelines.run                                   # local run of preset local-tiny (no cluster)
-    python -m pipelines.run --host $KFP_HOST --preset qwen3-30b-a3b-full -p learning_rate=1e-5
-    python -m pipelines.run --host $KFP_HOST --schedule "0 0 3 * * 0"   # recurring run, Sundays 03:00
-    python -m pipelines.run --preset qwen3-30b-a3b-full --render out/   # write what would run, touch nothing
+examples:
+  python -m pipelines.run                                   # local run of preset local-tiny (no cluster)
+  python -m pipelines.run --host $KFP_HOST --preset qwen3-30b-a3b-full -p learning_rate=1e-5
+  python -m pipelines.run --host $KFP_HOST --schedule "0 0 3 * * 0"   # recurring run, Sundays 03:00
+  python -m pipelines.run --preset qwen3-30b-a3b-full --render out/   # write what would run, touch nothing
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import os
+import re
 import sys
 import tempfile
 from datetime import datetime, timezone
@@ -18,11 +21,32 @@ from pathlib import Path
 
 from pipelines.errors import UsageError
 
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINE_SOURCE = ROOT / "pipelines" / "llm_finetune.py"
+# Where each parameter's one line of help comes from: the components' Args: docstrings, first one wins.
+HELP_SOURCES = [("validate", "validate_inputs"), ("data", "prepare_dataset"), ("train", "train_model"),
+                ("evaluate", "evaluate_model"), ("deploy", "deploy_model")]
+DEFAULT_WORKSPACE = "workspace"
+HELP_WIDTH = 100  # characters of help per parameter: one line each
+
+
+class _FullHelp(argparse.Action):
+    """``-h``: the options, then the presets and every parameter (built only when asked for)."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None):
+        super().__init__(option_strings, dest=dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        parser.epilog = __doc__.split("\n", 2)[2] + "\n" + presets_help() + "\n" + parameters_help()
+        parser.print_help()
+        parser.exit()
+
 
 def make_parser() -> argparse.ArgumentParser:
     """The command line (``--help`` needs no cluster, no GPU and imports nothing heavy)."""
     p = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.split("\n")[0],
-                                epilog=__doc__.split("\n", 2)[2], formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    p.add_argument("-h", "--help", action=_FullHelp, help="show this help, the presets and every parameter, and exit")
     p.add_argument("--host", default=os.environ.get("KFP_HOST"),
                    help="KFP API endpoint (default: $KFP_HOST); without one the pipeline runs locally")
     p.add_argument("--preset", help="parameter preset (default: local-tiny locally, qwen3-30b-a3b-full with --host)")
@@ -37,9 +61,69 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--render", metavar="DIR",
                    help="write the compiled pipeline, resolved parameters, trainer config and Kubernetes manifests; submit nothing")
     p.add_argument("--summary-json", metavar="FILE", help="write the outcome (status, model_uri, metrics, endpoint, wall_seconds)")
-    p.add_argument("--workspace", default="workspace", help="local runs: folder for data, models and KFP outputs")
+    p.add_argument("--workspace", default=DEFAULT_WORKSPACE, metavar="DIR",
+                   help=f"local runs: folder for data, models, reports and KFP outputs (default: ./{DEFAULT_WORKSPACE}); "
+                        "each run's files are found under DIR/runs/<run id>/")
     p.add_argument("--keep-serving", action="store_true", help="local runs: leave the model server running")
+    p.add_argument("--verbose", action="store_true",
+                   help="local runs: also show kfp.local's own output (executor inputs, task outputs, warnings) "
+                        "and progress bars")
     return p
+
+
+def presets_help() -> str:
+    """The presets, each with the first line of its file's opening comment."""
+    from pipelines import params as P  # YAML only: parameter_specs() is what imports kfp
+
+    lines = ["presets (--preset NAME):"]
+    for name in P.preset_names():
+        first = (P.PRESETS_DIR / f"{name}.yaml").read_text().splitlines()[0]
+        lines.append(f"  {name:<22} {first.lstrip('# ').strip() if first.startswith('#') else ''}")
+    lines.append(f"  (default: {P.LOCAL_PRESET} without a KFP host, {P.CLUSTER_PRESET} with --host or --render)")
+    return "\n".join(lines) + "\n"
+
+
+def parameters_help() -> str:
+    """Every pipeline parameter on one line: name, type, default, what it does."""
+    helps = parameter_help()
+    rows = [(f"{name}: {kind} = {json.dumps(default) if isinstance(default, (dict, list, str)) else default}",
+             helps.get(name, "")) for name, kind, default in signature_parameters()]
+    width = min(max(len(r[0]) for r in rows), 48)
+    lines = ["parameters (-p NAME=VALUE, or NAME: VALUE lines in a --params YAML file; defaults before any preset):"]
+    lines += [f"  {sig:<{width}}  {text}".rstrip() for sig, text in rows]
+    return "\n".join(lines) + "\n"
+
+
+def signature_parameters() -> list[tuple[str, str, object]]:
+    """``(name, type name, default)`` of every pipeline parameter, read from the pipeline function's signature
+    in its source: what ``pipelines.params.parameter_specs()`` returns, without importing kfp for ``--help``."""
+    from components.version import TRAINER_IMAGE
+
+    names = {"TRAINER_IMAGE": TRAINER_IMAGE}
+    (func,) = [n for n in ast.walk(ast.parse(PIPELINE_SOURCE.read_text())) if isinstance(n, ast.FunctionDef)
+               and n.name == "llm_finetune"]
+    args = func.args.args
+    defaults = [None] * (len(args) - len(func.args.defaults)) + func.args.defaults
+    return [(a.arg, ast.unparse(a.annotation),
+             names[d.id] if isinstance(d, ast.Name) else ast.literal_eval(d)) for a, d in zip(args, defaults)]
+
+
+def parameter_help() -> dict[str, str]:
+    """One line of help per parameter from the components' ``Args:`` docstrings (read, not imported): the
+    first sentence, RST markup removed, at most ``HELP_WIDTH`` characters. The one place help text is
+    extracted; a settings model will replace it."""
+    helps: dict[str, str] = {}
+    for folder, function in HELP_SOURCES:
+        tree = ast.parse((ROOT / "components" / folder / "component.py").read_text())
+        (node,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
+        doc = ast.get_docstring(node) or ""
+        section = re.search(r"^Args:\n(.*?)(?:^\S|\Z)", doc, re.S | re.M)
+        for name, text in re.findall(r"^    (\w+): (.*?)(?=^    \w+: |\Z)", section.group(1) if section else "",
+                                     re.S | re.M):
+            text = re.sub(r"``([^`]*)``", r"\1", " ".join(text.split()))
+            first = re.split(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<=\.)\s", text, maxsplit=1)[0]
+            helps.setdefault(name, first if len(first) <= HELP_WIDTH else first[:HELP_WIDTH].rsplit(" ", 1)[0] + " ...")
+    return helps
 
 
 def submit_run(args, params: dict, preset: str) -> dict:
@@ -102,28 +186,49 @@ def _main(args) -> int:
         from pipelines.local import run_locally
 
         workspace = Path(args.workspace).resolve()
-        print(f"Running pipeline llm-finetune locally (kfp.local, preset {preset}); outputs under {workspace}", flush=True)
-        summary = run_locally(params, workspace)
-        _print_summary(summary)
+        print(f"Running pipeline llm-finetune locally (kfp.local, preset {preset}); outputs under {workspace}"
+              f"{'' if args.verbose else ' (--verbose shows everything kfp.local prints)'}", flush=True)
+        summary = run_locally(params, workspace, verbose=args.verbose)
+        print_summary(summary)
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False))
     return 0 if summary["status"] in ("succeeded", "submitted") else 1
 
 
-def _print_summary(s: dict) -> None:
+def print_summary(s: dict) -> None:
+    """The local run's outcome: what the numbers are, and where everything is."""
     print("\n=== llm-finetune (local) ===")
+    run = f"run {s['run_id']}: everything is under {s['run_dir']}" if s["run_dir"] else "no run folder was made"
     if s["status"] != "succeeded":
-        print(f"status:   FAILED after {s['wall_seconds']}s\n{s['error']}")
+        print(f"status:      FAILED after {s['wall_seconds']}s ({run})\n{s['error']}")
+        if s["kfp_dir"]:
+            print(f"kfp:         {s['kfp_dir']}")
         return
-    m = s["metrics"]
-    print(f"status:   succeeded in {s['wall_seconds']}s")
-    print(f"model:    {s['model_uri']}")
-    print(f"eval:     loss {m['base_eval_loss']:.4f} (base) -> {m['eval_loss']:.4f} (tuned), "
-          f"perplexity {m['base_perplexity']:.1f} -> {m['perplexity']:.1f}, {int(m['tokens_evaluated'])} tokens")
-    print(f"gate:     {'passed' if s['passed'] else 'not passed'}: {s['reason']}")
-    print(f"endpoint: {s['endpoint'] or '(not deployed)'}")
+    m, t = s["metrics"], s["training"]
+    print(f"status:      succeeded in {s['wall_seconds']}s ({run})")
+    print(f"eval:        held-out loss per label token {m['base_eval_loss']:.4f} (base) -> {m['eval_loss']:.4f} "
+          f"(tuned), perplexity {m['base_perplexity']:.1f} -> {m['perplexity']:.1f}, "
+          f"over {int(m['tokens_evaluated'])} label tokens")
+    print(f"gate:        {'passed' if s['passed'] else 'not passed'}: {s['reason']}")
+    if t:
+        print(f"training:    {t['global_step']} optimizer steps; last logged train loss {t['final_train_loss']:.4f} "
+              "(the mean over its logging window; the curve is in the evaluation report)")
+    print(f"model:       {s['model_uri']}")
+    for name, path in s["reports"].items():
+        print(f"{'reports:' if name == next(iter(s['reports'])) else '':<13}{path}")
+    if s["tensorboard"]:
+        print(f"tensorboard: tensorboard --logdir {s['tensorboard']}")
+    if s["server_log"]:
+        print(f"server log:  {s['server_log']}")
     if s["endpoint"]:
-        print(f"smoke:    {s['smoke_reply']!r}")
+        state = "still serving" if s["keep_serving"] else "stopped after the smoke test; --keep-serving keeps it running"
+        print(f"endpoint:    {s['endpoint']} ({state})")
+        print(f"smoke:       {s['smoke_reply']!r}")
+        if s["base_model"] == "builtin:tiny-qwen3":
+            print("             (the laptop model is a 4-layer, 1M-parameter Qwen3 trained for a minute on CPU: it "
+                  "answers in fragments; <?> marks bytes of a character it did not finish)")
+    else:
+        print("endpoint:    (not deployed)")
 
 
 if __name__ == "__main__":

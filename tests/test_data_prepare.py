@@ -2,14 +2,16 @@
 
 import itertools
 import json
+import re
 import unicodedata
 
 import datasets
 import numpy as np
 import pytest
 
-from components.data.prepare import prepare, tokenize_batch
+from components.data.prepare import prepare
 from components.data.report import markdown
+from components.data.tokenizing import tokenize_batch
 from components.models.tiny import build_tokenizer
 from tests.conftest import run_cli
 
@@ -170,8 +172,30 @@ def test_unchanged_inputs_reuse_the_cache(corpus, tokenizer_dir, tmp_path):
 def test_report_shows_counts_histogram_and_three_examples(corpus, tokenizer_dir, tmp_path):
     stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 1)
     md = markdown(stats)
-    assert "| rows read | 60 |" in md and "packing efficiency" in md and "## Example lengths" in md
+    assert "| read | 60 |" in md and "packing efficiency" in md and "## Example lengths" in md
     assert md.count("### Example ") == 3 and "<|im_start|>assistant" in md
+
+
+def test_report_counts_add_up(tokenizer_dir, tmp_path):
+    """Rows read, minus each reason's drops (cleaning, then over-length after tokenizing), are the examples kept."""
+    rows = [_conv(i) for i in range(10)] + [_conv(0), {"messages": [{"role": "user", "content": "only a question"}]},
+                                            {"messages": [{"role": "user", "content": "long " * 400},
+                                                          {"role": "assistant", "content": "ok"}]}]
+    stats = prepare(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0)
+    md = markdown(stats)
+    read = int(re.search(r"\| read \| (\d+) \|", md).group(1))
+    dropped = [int(n) for n in re.findall(r"\| dropped: \w+ \| (\d+) \|", md)]
+    kept = int(re.search(r"\| \*\*kept\*\* \(train \+ eval examples\) \| \*\*(\d+)\*\* \|", md).group(1))
+    assert (read, sorted(dropped)) == (13, [1, 1, 1]) and kept == 10
+    assert read - sum(dropped) == kept == stats["train"]["examples"] + stats["eval"]["examples"]
+
+
+def test_report_keeps_code_fences_inside_examples():
+    example = "<|im_start|>assistant\n```python\nprint('hi')\n```<|im_end|>"
+    stats = {"format": "messages", "rows_in": 1, "dropped": {}, "truncated": 0, "max_seq_length": 64,
+             "train": {"examples": 1, "rows": 1}, "eval": {"examples": 0, "rows": 0}, "examples": [example]}
+    md = markdown(stats)
+    assert "````\n" + example + "\n````" in md and "ʼ" not in md  # a longer fence: the example's own shows as is
 
 
 def test_command_line_is_the_same_code(corpus, tokenizer_dir, tmp_path):

@@ -3,14 +3,17 @@ error paths, and the real `transformers serve` on the tiny model (the local depl
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
 import os
 import signal
 
 import pytest
 
-from components.deploy import inference_service, local_server
+from components.deploy import inference_service, local_server, smoke
 from components.deploy.local_server import serve_locally
-from components.deploy.smoke import chat_completion, wait_healthy
+from components.deploy.smoke import chat_completion, readable_reply, wait_healthy
 from components.models.tiny import materialize
 from tests.test_inference_service import OpenAIServer
 
@@ -26,6 +29,23 @@ def test_smoke_client_sends_one_greedy_chat_completion():
     assert path == "/openai/v1/chat/completions"
     assert body == {"model": "qwen3-sft", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16,
                     "temperature": 0}
+
+
+def test_smoke_client_can_leave_the_temperature_to_the_server():
+    """The local server is asked without one: `transformers serve` is greedy by the model's generation config and
+    warns that a temperature sent along with greedy decoding is not a valid generation flag."""
+    with OpenAIServer() as server:
+        chat_completion(server.url + "/v1", "m", "Hello", temperature=None)
+    ((_, body),) = server.requests
+    assert "temperature" not in body
+
+
+def test_replies_show_unfinished_characters_plainly(monkeypatch):
+    assert readable_reply("000 \ufffd\ufffd는 GPU") == "000 <?>는 GPU"
+    assert readable_reply("Kubeflow 쿠버네티스") == "Kubeflow 쿠버네티스"
+    reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": "000 \ufffd는"}}]}).encode()
+    monkeypatch.setattr(smoke.urllib.request, "urlopen", lambda request, timeout: contextlib.nullcontext(io.BytesIO(reply)))
+    assert chat_completion("http://127.0.0.1:9/v1", "m", "Hello") == "000 <?>는"
 
 
 def test_smoke_client_reports_the_servers_error():
@@ -48,5 +68,7 @@ def test_transformers_serve_on_the_tiny_model_answers_the_smoke_test(tmp_path):
         # The kept server answers the same client again, as a user's script would call it.
         again = chat_completion(result["endpoint"], result["served_model_name"], "What is Kubeflow?", max_tokens=4)
         assert isinstance(again, str)
+        # the smoke request is one the server takes without a warning about its generation flags
+        assert "not valid" not in (tmp_path / "serve.log").read_text()
     finally:
         os.killpg(result["pid"], signal.SIGTERM)  # what the pipeline tells the user to do with a kept server

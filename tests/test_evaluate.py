@@ -5,12 +5,22 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
 from components.data.prepare import prepare
 from components.evaluate import harness
-from components.evaluate.evaluate import evaluate, gate, heldout_loss, load_eval_rows
+from components.evaluate.evaluate import (
+    build_report,
+    evaluate,
+    gate,
+    heldout_loss,
+    label_nll,
+    load_eval_rows,
+    readable_decode,
+    token_weighted_loss,
+)
 from components.evaluate.prompts import load_prompts
 from components.models.tiny import build_model, build_tokenizer
 
@@ -107,6 +117,88 @@ def test_packed_rows_score_the_same_tokens_as_unpacked_rows(tiny):
     b = heldout_loss(str(tiny / "tuned"), str(tiny / "packed"))
     assert a["tokens"] == b["tokens"]
     assert b["eval_loss"] == pytest.approx(a["eval_loss"], rel=1e-4)
+
+
+def test_trainer_scores_the_same_tokens_the_same_way_with_label_nll(tiny, tmp_path):
+    """Why the trainer's eval_loss and this step's differ, and how they agree.
+
+    Hugging Face Trainer's eval_loss is the mean of each batch's mean loss: batches, not tokens, carry equal
+    weight. Given label_nll and token_weighted_loss as its metric hooks, the same Trainer evaluation reports
+    this step's number: the same label tokens, scored the same way, summed and divided once."""
+    import torch
+    from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
+
+    from components.train.sft import pad_collator
+
+    model = AutoModelForCausalLM.from_pretrained(tiny / "tuned", dtype=torch.float32)
+    collate = pad_collator(model.config.pad_token_id)
+    for data, batch_size in (("data", 4), ("packed", 1)):  # padded rows, and packed rows with position_ids
+        rows = load_eval_rows(str(tiny / data))
+        args = TrainingArguments(output_dir=str(tmp_path / data), per_device_eval_batch_size=batch_size, use_cpu=True,
+                                 report_to=[], remove_unused_columns=False)
+        trainer = Trainer(model=model, args=args, eval_dataset=rows, data_collator=collate,
+                          preprocess_logits_for_metrics=label_nll, compute_metrics=token_weighted_loss)
+        metrics = trainer.evaluate()
+        ours = heldout_loss(str(tiny / "tuned"), str(tiny / data))
+        assert metrics["eval_label_tokens"] == ours["tokens"]
+        assert metrics["eval_loss_per_token"] == pytest.approx(ours["eval_loss"], rel=1e-5)
+
+    # Rows with different numbers of label tokens (every other row keeps only its first 3), one row per batch:
+    # Trainer's eval_loss is then the plain mean of the rows' mean losses, not the loss per token.
+    import datasets
+
+    rows = [dict(r) for r in load_eval_rows(str(tiny / "data"))]
+    for r in rows[::2]:
+        scored = [i for i, label in enumerate(r["labels"]) if label != -100]
+        r["labels"] = [label if i in scored[:3] else -100 for i, label in enumerate(r["labels"])]
+    datasets.DatasetDict({"eval": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "uneven"))
+    uneven = load_eval_rows(str(tmp_path / "uneven"))
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_eval_batch_size=1, use_cpu=True, report_to=[],
+                             remove_unused_columns=False)
+    metrics = Trainer(model=model, args=args, eval_dataset=uneven, data_collator=collate,
+                      preprocess_logits_for_metrics=label_nll, compute_metrics=token_weighted_loss).evaluate()
+    ours = heldout_loss(str(tiny / "tuned"), str(tmp_path / "uneven"))
+    assert metrics["eval_loss_per_token"] == pytest.approx(ours["eval_loss"], rel=1e-5)
+    with torch.no_grad():
+        sums = [label_nll(model(**batch).logits, batch["labels"])[0].tolist() for batch in (collate([r]) for r in uneven)]
+    assert metrics["eval_loss"] == pytest.approx(sum(nll / tokens for nll, tokens in sums) / len(sums), rel=1e-5)
+    assert abs(metrics["eval_loss"] - ours["eval_loss"]) > 1e-3  # two estimators, the same tokens
+
+
+def test_report_says_what_the_loss_is_and_draws_the_training_curve(tmp_path):
+    import base64
+
+    train = tmp_path / "train"
+    checkpoint = train / "checkpoint-20"
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "COMPLETE").write_text("")
+    history = [{"step": s, "loss": 7.0 - s / 10, "epoch": s / 20} for s in (5, 10, 15, 20)] + [{"step": 20, "eval_loss": 5.5}]
+    (checkpoint / "trainer_state.json").write_text(json.dumps(
+        {"log_history": history, "logging_steps": 5, "max_steps": 20, "global_step": 20}))
+    base = {"eval_loss": 7.5, "perplexity": math.exp(7.5), "tokens": 900, "rows": 12, "tasks": {}, "answers": ["a"]}
+    tuned = {**base, "eval_loss": 5.4, "perplexity": math.exp(5.4), "answers": ["b"]}
+    prompts = [[{"role": "user", "content": "hi"}]]
+    report = build_report("base", "tuned", base, tuned, prompts, True, "ok", str(train))
+
+    assert "| model | held-out loss (per label token) | perplexity |" in report
+    assert "cross-entropy summed over all 900 label (assistant) tokens of the 12 held-out rows, divided by 900" in report
+    assert "mean of per-batch mean losses" in report  # named, so nobody compares it with this table
+    png = base64.b64decode(re.search(r"!\[training loss\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", report).group(1))
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+    assert "mean of the per-step losses of the 5 optimizer steps" in report
+    # no complete checkpoint: the report says so instead of failing
+    assert "No complete checkpoint" in build_report("b", "t", base, tuned, prompts, True, "ok", str(tmp_path / "none"))
+
+
+def test_answers_show_unfinished_characters_as_bytes(tiny):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny / "base")
+    ids = tok.encode("쿠버네티스 apple", add_special_tokens=False)
+    assert readable_decode(tok, ids) == "쿠버네티스 apple"
+    cut = readable_decode(tok, ids[1:])  # starts inside the first character
+    assert "\ufffd" in tok.decode(ids[1:]) and "\ufffd" not in cut
+    assert re.fullmatch(r"(<0x[0-9A-F]{2}>)+버네티스 apple", cut), cut
 
 
 def test_gate_both_ways_on_perplexity_and_tasks():

@@ -1,12 +1,22 @@
-"""The laptop run, for real: `python -m pipelines.run` with no KFP host runs every step through kfp.local."""
+"""The laptop run, for real: `python -m pipelines.run` with no KFP host runs every step through kfp.local;
+and what it shows: a short log, and a summary that says where everything is."""
 
+import io
 import json
+import logging
 import socket
 import urllib.parse
+from pathlib import Path
 
 import pytest
 
+from pipelines.local import ExecutorLineFilter, StepLines
 from tests.conftest import run_cli
+
+# The whole terminal output of the default local run: 86 lines measured, 640-780 before kfp.local's bookkeeping
+# was silenced (progress-bar redraws vary); 21 of the 86 are Hugging Face Trainer's log dicts, printed beside the
+# trainer's own progress lines.
+LINE_BUDGET = 70
 
 
 @pytest.mark.slow
@@ -24,6 +34,9 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     m = s["metrics"]
     assert m["eval_loss"] < 0.9 * m["base_eval_loss"], m  # fine-tuning measurably lowers held-out loss
     assert m["tokens_evaluated"] > 1000
+    # One number for one thing: the trainer's eval_loss (metrics.json) is the evaluate step's, same tokens, same way.
+    trainer = json.loads((Path(s["model_uri"]).parent / "metrics.json").read_text())
+    assert trainer["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4), (trainer["eval_loss"], m["eval_loss"])
     assert s["model_uri"].startswith(str(tmp_path / "ws" / "models" / "runs")) and s["model_uri"].endswith("/train/final")
     assert (tmp_path / "ws" / "models" / "runs").is_dir() and (tmp_path / "ws" / "data" / "runs").is_dir()
     # the server answered one chat completion, then was stopped
@@ -31,22 +44,53 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     port = urllib.parse.urlparse(s["endpoint"]).port
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "server still running without --keep-serving"
-    assert "=== llm-finetune (local) ===" in result.stdout and "endpoint: http://127.0.0.1:" in result.stdout
+    assert "=== llm-finetune (local) ===" in result.stdout and "endpoint:    http://127.0.0.1:" in result.stdout
+
+    # What a user sees: short, no kfp.local bookkeeping, a line per step, the trainer's progress, where things are.
+    out = result.stdout + result.stderr
+    assert len(out.splitlines()) <= LINE_BUDGET, out
+    for noise in ("executor_input", "have no effect in the current local runner", "DockerRunner", "Task '", "it/s]"):
+        assert noise not in out, noise
+    for step in ("validate-inputs", "prepare-dataset", "train-model", "evaluate-model", "deploy-model"):
+        assert f"{step}: started" in out and f"{step}: succeeded in " in out
+    assert out.count("sft.progress: step ") >= 10
+    run_dir = Path(s["run_dir"])
+    assert run_dir == tmp_path / "ws" / "runs" / s["run_id"] and s["model_uri"].split("/")[-3] == s["run_id"]
+    reports = {name: Path(path) for name, path in s["reports"].items()}
+    assert reports == {"prepare_dataset": run_dir / "reports" / "prepare_dataset.md",
+                       "evaluation": run_dir / "reports" / "evaluation.md",
+                       "training_loss": run_dir / "reports" / "training_loss.png"}
+    assert reports["training_loss"].read_bytes().startswith(b"\x89PNG")
+    assert "| **kept** (train + eval examples) |" in reports["prepare_dataset"].read_text()
+    assert "held-out loss (per label token)" in reports["evaluation"].read_text()
+    for path in (*reports.values(), s["model_uri"], s["server_log"]):
+        assert str(path) in result.stdout
+    assert f"tensorboard --logdir {s['tensorboard']}" in result.stdout and list(Path(s["tensorboard"]).iterdir())
+    for link in ("model", "train", "dataset", "kfp"):
+        assert (run_dir / link).is_symlink() and (run_dir / link).resolve().is_dir()
+    assert (run_dir / "model").resolve() == Path(s["model_uri"])
+    assert json.loads((run_dir / "summary.json").read_text())["run_id"] == s["run_id"]
+    # the smoke reply is text or marked bytes, never replacement characters; the server took the request as sent
+    assert "\ufffd" not in result.stdout and "1M-parameter" in result.stdout
+    assert "not valid" not in Path(s["server_log"]).read_text()
 
 
 @pytest.mark.slow
 def test_gate_not_passed_skips_deployment(tmp_path):
     summary_path = tmp_path / "summary.json"
     result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path),
-                     "-p", "max_steps=2", "-p", "min_loss_improvement=0.5", timeout=600)
+                     "-p", "max_steps=2", "-p", "min_loss_improvement=0.5", "--verbose", timeout=600)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     s = json.loads(summary_path.read_text())
     assert s["status"] == "succeeded" and s["passed"] is False
     assert s["endpoint"] == "" and "short of the required 50.0%" in s["reason"]
     assert "deployment skipped:" in result.stdout + result.stderr
-    assert "endpoint: (not deployed)" in result.stdout
+    assert "endpoint:    (not deployed)" in result.stdout
+    # --verbose: kfp.local's own output is all there
+    assert "Got executor_input:" in result.stdout and "Executing task" in result.stdout
 
 
+@pytest.mark.slow  # a real kfp.local run up to the failing step: 7 s
 def test_failed_step_gives_exit_1_and_a_failed_summary(tmp_path):
     summary_path = tmp_path / "summary.json"
     missing = tmp_path / "missing.jsonl"
@@ -56,3 +100,56 @@ def test_failed_step_gives_exit_1_and_a_failed_summary(tmp_path):
     s = json.loads(summary_path.read_text())
     assert s["status"] == "failed" and "prepare-dataset" in s["error"]
     assert "no such file" in result.stdout + result.stderr
+    assert "prepare-dataset: FAILED after " in result.stdout and "status:      FAILED after" in result.stdout
+
+
+# -- what the terminal shows, line by line (no run needed) --------------------------------------------
+
+EXECUTOR_OUTPUT = """    [KFP Executor 2026-11-23 04:32:06,551 INFO]: Looking for component `prepare_dataset` in --component_module_path `/tmp/x/ephemeral_component.py`
+    [KFP Executor 2026-11-23 04:32:06,556 INFO]: Loading KFP component "prepare_dataset" from /tmp/x/ephemeral_component.py (directory "/tmp/x" and module name "ephemeral_component")
+    [KFP Executor 2026-11-23 04:32:06,557 INFO]: Got executor_input:
+    {
+        "inputs": {
+            "parameterValues": {"max_seq_length": 512}
+        },
+        "outputs": {
+            "outputFile": "/ws/kfp/llm-finetune-2026/prepare-dataset/executor_output.json"
+        }
+    }
+    [KFP Executor 2026-11-23 04:32:15,100 INFO]: tokenizing 537 rows with 1 process(es)
+    
+    [KFP Executor 2026-11-23 04:32:15,327 INFO]: prepared 134 train / 20 eval rows
+    {"a": 1}
+    [KFP Executor 2026-11-23 04:32:15,333 INFO]: Wrote executor output file to /ws/kfp/x/executor_output.json.
+"""
+
+
+def test_step_output_keeps_what_the_step_says_and_drops_the_executors_bookkeeping():
+    out = io.StringIO()
+    lines = ExecutorLineFilter(out)
+    for chunk in EXECUTOR_OUTPUT.splitlines(keepends=True):  # kfp.local prints the indent, then the line
+        lines.write(chunk[:4])
+        lines.write(chunk[4:])
+    lines.write("\n\n" + "-" * 80 + "\n")
+    assert out.getvalue().splitlines() == [
+        "    [KFP Executor 2026-11-23 04:32:15,100 INFO]: tokenizing 537 rows with 1 process(es)",
+        "    [KFP Executor 2026-11-23 04:32:15,327 INFO]: prepared 134 train / 20 eval rows",
+        '    {"a": 1}',  # a step's own JSON is the step's business
+    ]
+
+
+def test_kfp_local_task_records_become_one_line_per_step(capsys):
+    log = logging.getLogger("test-step-lines")
+    log.propagate = False
+    steps = StepLines()
+    log.addFilter(steps)
+    for message in ["Running pipeline: \x1b[95m'llm-finetune'\x1b[0m", "Executing task \x1b[96m'train-model'\x1b[0m",
+                    "Streamed logs:\n", "Task \x1b[96m'train-model'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
+                    "Task \x1b[96m'train-model'\x1b[0m outputs:\n    model_uri: '/ws/final'",
+                    "Executing task \x1b[96m'evaluate-model'\x1b[0m"]:
+        log.warning(message)
+    steps.failed()
+    lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]  # after the time of day
+    assert lines[0] == "train-model: started" and lines[1].startswith("train-model: succeeded in ")
+    assert lines[2] == "evaluate-model: started" and lines[3].startswith("evaluate-model: FAILED after ")
+    assert len(lines) == 4

@@ -58,7 +58,7 @@ def test_every_file_parses_and_names_its_objects():
     for path in ours():
         for doc in documents(path):
             assert doc.get("apiVersion") and doc.get("kind"), path
-            if doc["kind"] != "Kustomization":
+            if doc["kind"] not in ("Kustomization", "Component"):
                 assert doc["metadata"]["name"], path
 
 
@@ -226,9 +226,11 @@ def test_kustomization_builds_the_namespaced_prerequisites():
 
 
 def test_parameters_reach_every_resource(tmp_path):
+    """One place for the namespace and the parameters (settings/), and both builds follow it: a changed
+    namespace or runner account moves the ClusterRoleBinding's subject along with the RoleBinding's."""
     copy = tmp_path / "manifests"
     shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("serving"))
-    params = copy / "params.yaml"
+    params = copy / "settings" / "params.yaml"
     text = params.read_text()
     for old, new in [("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
                      ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
@@ -236,9 +238,9 @@ def test_parameters_reach_every_resource(tmp_path):
         assert old in text
         text = text.replace(old, new)
     params.write_text(text)
-    kustomization = copy / "kustomization.yaml"
-    kustomization.write_text(kustomization.read_text().replace("namespace: kubeflow-user-example-com",
-                                                               "namespace: kubeflow"))
+    settings = copy / "settings" / "kustomization.yaml"
+    assert "namespace: kubeflow-user-example-com" in settings.read_text()
+    settings.write_text(settings.read_text().replace("namespace: kubeflow-user-example-com", "namespace: kubeflow"))
     built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(copy)}
     assert built[("RoleBinding", "llm-post-training-runner")]["subjects"] == [
         {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
@@ -246,8 +248,27 @@ def test_parameters_reach_every_resource(tmp_path):
     (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
     assert secrets["resourceNames"] == ["team-hf"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
+    cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}
+    assert cluster["ClusterRoleBinding"]["subjects"] == [
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
 
 
-def test_cluster_kustomization_builds():
-    kinds = sorted(d["kind"] for d in kustomize(MANIFESTS / "cluster"))
-    assert kinds == ["ClusterRole", "ClusterRoleBinding"]
+def test_cluster_kustomization_builds_with_the_same_subject():
+    built = {d["kind"]: d for d in kustomize(MANIFESTS / "cluster")}
+    assert sorted(built) == ["ClusterRole", "ClusterRoleBinding"]
+    (namespaced,) = [d for d in kustomize(MANIFESTS) if d["kind"] == "RoleBinding"]
+    assert built["ClusterRoleBinding"]["subjects"] == namespaced["subjects"]
+    assert "namespace" not in built["ClusterRole"]["metadata"]  # cluster-scoped
+
+
+def test_bindings_name_no_subject_of_their_own():
+    """The files hold placeholders: the subject comes from settings/ only, so no copy of it can go stale."""
+    for path in (MANIFESTS / "rbac" / "rolebinding.yaml", MANIFESTS / "cluster" / "clusterrolebinding.yaml"):
+        (binding,) = documents(path)
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "runner", "namespace": "runs"}], path
+
+
+def test_serving_runtime_builds_into_the_runs_namespace():
+    (runtime,) = kustomize(MANIFESTS / "serving")
+    (role,) = [d for d in kustomize(MANIFESTS) if d["kind"] == "Role"]
+    assert runtime["kind"] == "ServingRuntime" and runtime["metadata"]["namespace"] == role["metadata"]["namespace"]

@@ -19,8 +19,45 @@ def test_help_works_without_cluster_or_gpu():
     result = run_cli("pipelines.run", "--help", timeout=30)
     assert result.returncode == 0
     for flag in ("--host", "--preset", "--params", "-p KEY=VALUE", "--schedule", "--experiment", "--namespace",
-                 "--render", "--summary-json"):
+                 "--render", "--summary-json", "--verbose"):
         assert flag in result.stdout
+    assert "(default: ./workspace)" in result.stdout and "``" not in result.stdout  # no RST markup
+
+
+def test_help_lists_the_presets_and_every_parameter_with_type_default_and_help():
+    from pipelines.params import parameter_specs, preset_names
+
+    out = run_cli("pipelines.run", "--help", timeout=30).stdout
+    presets = out.split("presets (--preset NAME):\n")[1].split("\n\n")[0]
+    for name in preset_names():
+        assert f"  {name} " in presets, name
+    assert "The laptop run: a tiny Qwen3" in presets
+    rows = out.split("parameters (-p NAME=VALUE")[1].splitlines()[1:]
+    specs = parameter_specs()
+    assert len(rows) == len(specs)
+    for row, (name, (kind, default)) in zip(rows, specs.items()):
+        shown = json.dumps(default) if isinstance(default, (dict, list, str)) else str(default)
+        signature, _, help_text = row.strip().partition(f" = {shown}")
+        assert signature == f"{name}: {kind.__name__}", row
+        assert len(help_text.strip()) > 5, f"{name} has no help line: document it in a component's Args:"
+    assert "  learning_rate: float = 5e-05" in out and "peak learning rate" in out
+
+
+def test_help_reads_the_signature_without_importing_kfp_or_torch():
+    """--help stays fast: it parses the pipeline's source; parameter_specs() imports kfp to get the same."""
+    import subprocess
+    import sys
+
+    from pipelines.params import parameter_specs
+    from pipelines.run import signature_parameters
+    from tests.conftest import ROOT
+
+    assert [(n, k, d) for n, k, d in signature_parameters()] == [
+        (name, kind.__name__, default) for name, (kind, default) in parameter_specs().items()]
+    probe = ("import sys\nfrom pipelines import run\ntry:\n    run.main(['--help'])\nexcept SystemExit:\n    pass\n"
+             "print(sorted(m for m in ('kfp', 'torch', 'transformers', 'kubernetes', 'datasets') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:] + result.stderr
 
 
 def test_render_writes_compiled_pipeline_and_resolved_params(tmp_path):
@@ -34,7 +71,7 @@ def test_render_writes_compiled_pipeline_and_resolved_params(tmp_path):
 
 BAD_INPUTS = [
     (["--preset", "nope"], "unknown preset 'nope'"),
-    (["-p", "learnin_rate=1e-5"], "unknown parameter 'learnin_rate'; valid parameters:"),
+    (["-p", "learnin_rate=1e-5"], "unknown parameter 'learnin_rate'; did you mean 'learning_rate'?"),
     (["-p", "learning_rate"], "is not KEY=VALUE"),
     (["-p", "num_nodes=two"], "parameter 'num_nodes' expects int"),
     (["-p", "model_pvc=Models!"], "model_pvc='Models!' is not a valid Kubernetes claim name"),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 BAR_WIDTH = 40
@@ -22,9 +24,14 @@ def markdown(stats: dict) -> str:
     lines = [f"# Prepared dataset ({stats['format']})", ""]
     if stats.get("cache_hit"):
         lines += [f"Reused the cached result for fingerprint `{stats['fingerprint'][:16]}` (inputs unchanged).", ""]
-    lines += ["| | value |", "|---|---:|", f"| rows read | {stats['rows_in']} |", f"| rows kept | {stats['rows_kept']} |"]
-    lines += [f"| dropped: {reason} | {n} |" for reason, n in sorted(stats["dropped"].items())]
-    lines += [f"| truncated to max_seq_length | {stats['truncated']} |", ""]
+    # Rows read, minus every drop (cleaning, duplicates, then over-length after tokenizing), are the examples kept.
+    kept = stats["train"]["examples"] + stats["eval"]["examples"]
+    lines += ["| | examples |", "|---|---:|", f"| read | {stats['rows_in']} |"]
+    lines += [f"| dropped: {reason} | {n} |" for reason, n in sorted(stats["dropped"].items()) if n]
+    lines += [f"| **kept** (train + eval examples) | **{kept}** |"]
+    if stats["truncated"]:
+        lines += [f"| of which truncated to max_seq_length | {stats['truncated']} |"]
+    lines.append("")
     lines += ["| split | examples | rows | tokens | label tokens | packing efficiency |", "|---|---:|---:|---:|---:|---:|"]
     for split in ("train", "eval"):
         s = stats[split]
@@ -40,5 +47,10 @@ def markdown(stats: dict) -> str:
         lines += ["", "## Examples (as the model sees them)"]
         for i, text in enumerate(stats["examples"], 1):
             shown = text if len(text) <= EXAMPLE_CHARS else text[:EXAMPLE_CHARS] + " …"
-            lines += ["", f"### Example {i}", "", "```", shown.replace("```", "ʼʼʼ"), "```"]
+            fence = "`" * max(3, _longest_backtick_run(shown) + 1)  # a longer fence keeps the example's own fences
+            lines += ["", f"### Example {i}", "", fence, shown, fence]
     return "\n".join(lines) + "\n"
+
+
+def _longest_backtick_run(text: str) -> int:
+    return max((len(run) for run in re.findall("`+", text)), default=0)

@@ -37,7 +37,9 @@ def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, st
     endpoint = f"http://127.0.0.1:{port}/v1"
     try:
         wait_healthy(f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None)
-        reply = chat_completion(endpoint, model_path, SMOKE_PROMPT)
+        # No temperature: the model's generation config is greedy already, and transformers serve warns about
+        # a temperature sent along with greedy decoding.
+        reply = chat_completion(endpoint, model_path, SMOKE_PROMPT, temperature=None)
     except BaseException as e:
         _stop(proc)
         with open(log_path, "rb") as f:

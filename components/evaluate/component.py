@@ -48,9 +48,11 @@ def evaluate_model(
         max_task_regression: largest drop of a task's score (absolute, 0..1) that still passes.
 
     Returns:
-        metrics: eval_loss, perplexity, base values, deltas, task scores (``<task>_<metric>`` and
-            ``base_<task>_<metric>``), tokens evaluated, prompts answered, seconds.
-        report: Markdown the KFP UI renders: the decision, the numbers, task scores, answers side by side.
+        metrics: eval_loss (cross-entropy per label token over every held-out label token), perplexity
+            (exp of it), base values, deltas, task scores (``<task>_<metric>`` and ``base_<task>_<metric>``),
+            tokens evaluated, prompts answered, seconds.
+        report: Markdown the KFP UI renders: the decision, the numbers, the training loss curve (a PNG drawn
+            from the trainer's log in its last complete checkpoint), task scores, answers side by side.
         passed: whether the tuned model clears the gate.
         reason: the numbers behind the decision, in one line.
     """
@@ -67,6 +69,7 @@ def evaluate_model(
         base, model.metadata["path"], dataset.metadata["path"], eval_max_samples, min_loss_improvement,
         min_perplexity_improvement=min_perplexity_improvement, eval_prompts=eval_prompts,
         max_new_tokens=max_new_tokens, lm_eval_tasks=lm_eval_tasks, max_task_regression=max_task_regression,
+        train_dir=os.path.dirname(model.metadata["path"]),
     )
     for name, value in result["metrics"].items():
         metrics.log_metric(name, value)

@@ -9,6 +9,7 @@ in its own process); otherwise transformers, with ``device_map="auto"`` over the
 
 from __future__ import annotations
 
+import codecs
 import html
 import importlib.util
 import logging
@@ -19,6 +20,10 @@ from components.evaluate.harness import check_tasks, run_tasks
 from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
 
 log = logging.getLogger("evaluate_model")
+
+# What ``eval_loss`` (and ``base_eval_loss``) are, in the report and the run's summary.
+LOSS_DEFINITION = ("Held-out loss: cross-entropy summed over all {tokens} label (assistant) tokens of the {rows} "
+                   "held-out rows, divided by {tokens}; the same tokens for both models; perplexity = exp(loss).")
 
 
 def _perplexity(loss: float) -> float:
@@ -50,6 +55,32 @@ def load_causal_lm(model_path: str):
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
 
 
+def label_nll(logits, labels):
+    """Per row, ``[summed cross-entropy, label tokens]`` (a float32 ``(rows, 2)`` tensor) over the label tokens.
+
+    Tokens < n predict n, as the causal LM loss does; label -100 is not scored. The same function serves
+    Hugging Face Trainer as ``preprocess_logits_for_metrics`` (with ``compute_metrics=token_weighted_loss``),
+    so the trainer's evaluation can score exactly the tokens this step scores, the same way.
+    """
+    import torch
+
+    if isinstance(logits, tuple):  # Trainer passes (logits, *extras) when the model returns more (MoE router logits)
+        logits = logits[0]
+    sums = torch.zeros((len(labels), 2), dtype=torch.float32, device=logits.device)
+    for i in range(len(labels)):  # one row at a time in float32: a batch of 150k-vocab logits would not fit
+        sums[i, 0] = torch.nn.functional.cross_entropy(
+            logits[i, :-1].float(), labels[i, 1:], ignore_index=-100, reduction="sum")
+        sums[i, 1] = (labels[i, 1:] != -100).sum()
+    return sums
+
+
+def token_weighted_loss(eval_pred) -> dict:
+    """``compute_metrics`` for Hugging Face Trainer after ``label_nll``: the loss per label token over the whole
+    eval split (Trainer prefixes ``eval_``), where Trainer's own ``eval_loss`` is a mean of per-batch means."""
+    sums = eval_pred.predictions.reshape(-1, 2).sum(axis=0)
+    return {"loss_per_token": float(sums[0] / sums[1]), "label_tokens": int(sums[1])}
+
+
 def _label_nll(model, rows, batch_size: int) -> tuple[float, int]:
     import torch
 
@@ -64,11 +95,9 @@ def _label_nll(model, rows, batch_size: int) -> tuple[float, int]:
             # Everything else goes to the model: packed rows carry position_ids (per-example attention).
             # use_cache=False: with a KV cache transformers ignores position_ids when building the mask.
             logits = model(**{k: v.to(model.device) for k, v in batch.items()}, use_cache=False).logits
-            for i in range(len(labels)):  # one row at a time in float32: a batch of 150k-vocab logits would not fit
-                # Shift so that tokens < n predict n, as the causal LM loss does.
-                total_nll += torch.nn.functional.cross_entropy(
-                    logits[i, :-1].float(), labels[i, 1:], ignore_index=-100, reduction="sum").item()
-            total_tokens += int((labels[:, 1:] != -100).sum())
+            nll, tokens = label_nll(logits, labels).sum(dim=0).tolist()
+            total_nll += nll
+            total_tokens += int(tokens)
     return total_nll, total_tokens
 
 
@@ -98,8 +127,46 @@ def generate_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens
                             add_special_tokens=False).to(model.device)
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  pad_token_id=tokenizer.pad_token_id)
-            answers += tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+            answers += [readable_decode(tokenizer, ids) for ids in out[:, enc["input_ids"].shape[1]:].tolist()]
     return [a.strip() for a in answers]
+
+
+def _byte_level_chars() -> dict[str, int]:
+    """Byte-level BPE (GPT-2, Qwen) spells each byte with one printable character: character -> byte."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[chr(b)] = b
+        else:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+def _hex_bytes(err: UnicodeDecodeError) -> tuple[str, int]:
+    return "".join(f"<0x{b:02X}>" for b in err.object[err.start:err.end]), err.end
+
+
+codecs.register_error("hex_bytes", _hex_bytes)
+
+
+def readable_decode(tokenizer, ids: list[int]) -> str:
+    """``ids`` as text, with bytes that form no character shown as ``<0xEC>`` instead of U+FFFD.
+
+    A small model can emit the first bytes of a multi-byte character (Korean: 3 bytes) and never the rest;
+    plain decoding turns them into replacement characters, which tell a reader nothing. For byte-level BPE
+    tokenizers the tokens spell the raw bytes, decoded here with the bad ones in hex; other tokenizers'
+    text is returned as decoded.
+    """
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    if "\ufffd" not in text:
+        return text
+    chars = _byte_level_chars()
+    spelled = "".join(tokenizer.convert_ids_to_tokens(ids, skip_special_tokens=True))
+    if any(c not in chars for c in spelled):
+        return text
+    return bytes(chars[c] for c in spelled).decode("utf-8", errors="hex_bytes")
 
 
 def score_model(model_path: str, rows, prompts: list[list[dict]], max_new_tokens: int, dataset_path: str,
@@ -167,7 +234,8 @@ def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity
 
 def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: int, min_loss_improvement: float,
              *, min_perplexity_improvement: float = 0.0, eval_prompts: str = BUILTIN_PROMPTS,
-             max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01) -> dict:
+             max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01,
+             train_dir: str | None = None) -> dict:
     """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
     decision and a Markdown report.
 
@@ -179,6 +247,7 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
         eval_prompts: ``builtin:sample`` (bundled Korean/English prompts) or a JSONL file of conversations.
         max_new_tokens: length limit of each generated answer.
         lm_eval_tasks: lm-evaluation-harness task names; empty: none run.
+        train_dir: the trainer's output folder (checkpoints with its log): the report draws the loss curve.
 
     Raises:
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
@@ -222,7 +291,7 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
         metrics[f"{task}_{tuned['tasks'][task]['metric']}"] = tuned["tasks"][task]["score"]
     metrics["seconds"] = round(time.time() - started, 2)
     log.info("%s", reason)
-    report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason)
+    report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason, train_dir)
     return {"metrics": metrics, "passed": passed, "reason": reason, "report": report,
             "answers": {"base": base["answers"], "tuned": tuned["answers"]}}
 
@@ -233,18 +302,25 @@ def _cell(text: str) -> str:
 
 
 def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, prompts: list[list[dict]],
-                 passed: bool, reason: str) -> str:
-    """The Markdown report the KFP UI renders: the decision, the numbers, task scores, answers side by side."""
+                 passed: bool, reason: str, train_dir: str | None = None) -> str:
+    """The Markdown report the KFP UI renders: the decision, the numbers, the training curve (with
+    ``train_dir``), task scores, answers side by side."""
     lines = [
         "# Evaluation", "",
         f"**{'PASSED' if passed else 'NOT PASSED'}**: {reason}", "",
-        "| model | eval loss | perplexity |", "|---|---|---|",
+        "| model | held-out loss (per label token) | perplexity |", "|---|---|---|",
         f"| base `{base_model}` | {base['eval_loss']:.4f} | {base['perplexity']:.2f} |",
         f"| tuned `{tuned_model}` | {tuned['eval_loss']:.4f} | {tuned['perplexity']:.2f} |",
         f"| delta | {tuned['eval_loss'] - base['eval_loss']:+.4f} | {tuned['perplexity'] - base['perplexity']:+.2f} |",
         "",
-        f"{tuned['tokens']} label tokens in {tuned['rows']} held-out rows, identical for both models.",
+        f"{LOSS_DEFINITION.format(tokens=tuned['tokens'], rows=tuned['rows'])} Compare models with these numbers: "
+        "an `eval_loss` computed another way (Hugging Face Trainer's default is a mean of per-batch mean losses, "
+        "which weights batches, not tokens) differs even on the same rows.",
     ]
+    if train_dir:
+        from components.evaluate.curves import training_section
+
+        lines += ["", *training_section(train_dir, base["eval_loss"], tuned["eval_loss"])]
     if base["tasks"]:
         lines += ["", "## lm-evaluation-harness", "", "| task | metric | base | tuned | delta |", "|---|---|---|---|---|"]
         for task, b in sorted(base["tasks"].items()):

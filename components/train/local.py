@@ -5,6 +5,7 @@ The same trainer entry point the cluster job's pods run, as N CPU processes talk
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections import deque
@@ -18,6 +19,10 @@ def run_torchrun(config_path: str, nproc_per_node: int, env: dict | None = None)
         "--nproc_per_node", str(nproc_per_node),
         "-m", "components.train.sft", "--config", config_path,
     ]
+    # torchrun sets OMP_NUM_THREADS=1 with a three-line banner when it is unset; say it ourselves, sized so
+    # the processes share the cores instead of each taking one.
+    env = dict(os.environ if env is None else env)
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc_per_node)))
     print("running:", " ".join(cmd), flush=True)
     tail: deque[str] = deque(maxlen=40)
     with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env) as proc:

@@ -280,7 +280,7 @@ def _summary_metrics(trainer, result, eval_metrics: dict, started: float) -> dic
     metrics = {
         "train_loss": sum(losses) / len(losses) if losses else result.training_loss,
         "final_train_loss": losses[-1] if losses else result.training_loss,
-        "eval_loss": eval_metrics["eval_loss"],
+        "eval_loss": eval_metrics["eval_loss_per_token"],  # the same tokens, the same way as evaluate_model
         "global_step": result.global_step,
         "train_runtime_seconds": round(time.time() - started, 2),
         "world_size": trainer.args.world_size,
@@ -298,6 +298,10 @@ def main(cfg) -> dict:
     """Train according to ``cfg`` and return the final metrics (also written to metrics.json)."""
     import datasets
     from transformers import AutoTokenizer
+    from transformers.trainer_callback import PrinterCallback
+    from transformers.trainer_callback import ProgressCallback as HFProgressCallback
+
+    from components.evaluate.evaluate import label_nll, token_weighted_loss
 
     from components.models.tiny import resolve_model
     from components.train.callbacks import ProgressCallback, peak_flops
@@ -337,7 +341,15 @@ def main(cfg) -> dict:
         data_collator=pad_collator(tokenizer.pad_token_id),
         processing_class=tokenizer,
         callbacks=[CompleteMarkerCallback(keep), sigterm],
+        # eval_loss per label token over the whole eval split, exactly as evaluate_model scores it: Trainer's
+        # own eval_loss is a mean of per-batch means, which weighs a short batch like a long one.
+        preprocess_logits_for_metrics=label_nll,
+        compute_metrics=token_weighted_loss,
     )
+    # Our ProgressCallback logs each logging step with rates and ETA on rank 0; HF's tqdm bar and its printed
+    # log dicts would repeat the same numbers (and a bar redrawn in place is noise in a pod's log).
+    trainer.remove_callback(HFProgressCallback)
+    trainer.remove_callback(PrinterCallback)
     progress = ProgressCallback(_flops_per_token(model.config.to_dict(), cfg.max_seq_length), cfg.world_size, peak_flops())
     # First in line, so the rates it adds to the logs reach TensorBoard and log_history too.
     trainer.callback_handler.callbacks.insert(0, progress)
