@@ -143,6 +143,19 @@ def all_ranks_log(*lines):
     return scenario
 
 
+def stopped_by_sigterm(api):
+    """Worker 0 was deleted without a DisruptionTarget condition (kubectl delete pod, a drain on an older cluster):
+    torchrun got SIGTERM, the trainer saved a checkpoint, and torchrun exited 1, as torch 2.13's does."""
+    def step(job):
+        rank_died(api, WORKER, "stopped by SIGTERM at step 120 of 400; checkpoint-120 is complete",
+                  "W1123 05:31:02.123000 1 torch/distributed/elastic/agent/server/api.py:753] Received "
+                  "Signals.SIGTERM death signal, shutting down workers",
+                  "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15")
+        rank_died(api, MASTER, WATCHDOG, *torchrun_summary("1"))
+        operator_fails(job)
+    return [step]
+
+
 def restarts_of(job: dict | None) -> str | None:
     return ((job or {}).get("metadata", {}).get("annotations") or {}).get(RESTARTS_ANNOTATION)
 
@@ -169,6 +182,7 @@ RETRIABLE = {
     "watchdog timeout": (all_ranks_log(WATCHDOG), "Watchdog caught collective operation timeout"),
     "c10d store reset": (all_ranks_log(STORE_RESET), "got error: Connection reset by peer"),
     "rendezvous": (all_ranks_log(CLIENT_TIMEOUT), "DistNetworkError: The client socket has timed out"),
+    "stopped by SIGTERM": (stopped_by_sigterm, f"pod {WORKER} was stopped by SIGTERM (deleted or drained)"),
 }
 
 
@@ -407,3 +421,11 @@ def test_bad_restart_settings_fail_before_anything_is_created(kwargs, field):
         with pytest.raises(ValueError, match=field):
             run_training_job(manifest(), api_client=api.client, **kwargs, **FAST)
         assert api.requests == []
+
+
+def test_a_re_run_waits_out_the_pods_grace_period_before_calling_the_deletion_stuck():
+    # Survivors of a failed job hang in NCCL and ignore SIGTERM: the kubelet kills them only at the end of their
+    # grace period, so a foreground deletion legitimately takes that long.
+    from components.train.pods import TERMINATION_GRACE_PERIOD_SECONDS
+
+    assert launch.DELETION_TIMEOUT_SECONDS >= TERMINATION_GRACE_PERIOD_SECONDS + 60

@@ -111,3 +111,10 @@ def test_a_valid_config_passes_the_checks(workdir, tmp_path):
     cfg = parse_config(str(path))
     assert cfg.learning_rate == 1.0 and cfg.deepspeed == str(DEEPSPEED_DIR / "zero2.json")
     assert not Path(tmp_path / "out").exists()
+
+
+def test_cluster_config_has_no_dataloader_workers_to_die_of_sigterm():
+    # torchrun forwards SIGTERM to each rank's whole process group: a data-loader worker dies of it, and the
+    # DataLoader then raises in the rank before the SIGTERM checkpoint is saved (components/train/checkpoints.py).
+    # The rows are tokenized and packed already: collating them in the rank costs little.
+    assert _cluster_config()["dataloader_num_workers"] == 0

@@ -126,7 +126,9 @@ def build_trainer_config(
         "remove_unused_columns": False,
         # Unpacked rows are padded per batch: batching similar lengths halves the padding work.
         "train_sampling_strategy": "group_by_length",
-        "dataloader_num_workers": 0 if use_cpu else 2,
+        # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
+        # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
+        "dataloader_num_workers": 0,
     }
     if use_cpu:
         # torchrun on a laptop: gloo between CPU processes, fp32.

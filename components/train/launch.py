@@ -13,7 +13,8 @@ connections) are retried.
 A failed job is sorted by ``classify_failure`` (the one list of causes):
 
 - retriable, re-run up to ``job_restarts`` times: the pod was evicted, preempted or lost with its node
-  (pod reason Evicted/Preempting/Terminated/Shutdown/NodeLost, or a ``DisruptionTarget`` condition), or the
+  (pod reason Evicted/Preempting/Terminated/Shutdown/NodeLost, or a ``DisruptionTarget`` condition), its
+  torchrun was stopped by SIGTERM (the pod was deleted; the trainer saved a checkpoint first), or the
   ranks failed to reach each other (rendezvous/NCCL errors in the failing pods' last log lines);
 - deterministic, raised at once: OOMKilled, exit code 2 (the trainer's configuration errors), an image or
   container config that cannot start, the job's own activeDeadlineSeconds, and anything unknown. One
@@ -55,14 +56,16 @@ from components.kube import (
     unstartable_pod_reason,
 )
 from components.train import trainjob
+from components.train.pods import TERMINATION_GRACE_PERIOD_SECONDS
 
 FAILURE_TAIL_LINES = 20
 CLEANUP_POLICIES = ("keep", "on-success", "always")
 # Re-runs of this job so far, on the job object: the count survives the launcher pod (a KFP retry reads it).
 RESTARTS_ANNOTATION = "llm-post-training.kubeflow.org/restarts"
-# A foreground deletion waits for the pods' graceful termination (30 s by default); a job still there after
-# this long is held by a finalizer nobody removes (an operator that is down), which waiting will not fix.
-DELETION_TIMEOUT_SECONDS = 600.0
+# A foreground deletion waits for the pods' graceful termination: up to their grace period (a rank hung in NCCL
+# never acts on SIGTERM and is killed only then), plus time for the operator and the garbage collector. A job
+# still there after that is held by a finalizer nobody removes (an operator that is down): waiting won't help.
+DELETION_TIMEOUT_SECONDS = TERMINATION_GRACE_PERIOD_SECONDS + 300.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +138,9 @@ COMMUNICATION_ERRORS = re.compile(
     r"ncclSystemError|Watchdog caught collective operation timeout|c10d.*Connection reset by peer")
 # The job's own time limit (activeDeadlineSeconds) ended it: the operator's message, JobSet's/Job's reason.
 _PAST_DEADLINE = re.compile(r"DeadlineExceeded|active longer than specified deadline")
+# torchrun got SIGTERM: the pod was deleted (kubectl delete, a drain, an eviction on a cluster that sets no
+# DisruptionTarget condition). The trainer saved a checkpoint first; torchrun itself then exits 1, not 143.
+_STOPPED_BY_SIGTERM = re.compile(r"Received (Signals\.)?SIGTERM death signal|got signal: 15\b")
 # torchrun's report of its first failed process: the trainer exits 2 on a configuration error, but the
 # container exits with torchrun's 1, so the 2 is only in the log.
 _TORCHRUN_EXIT_2 = re.compile(r"^\s*exitcode\s*:\s*2\b")
@@ -194,6 +200,8 @@ def _pod_failure(pod, container: str, lines: list[str]) -> tuple[int, str] | Non
         return _INFRASTRUCTURE, f"pod {name} was disrupted ({disruption.reason}): {(disruption.message or '').strip()}"
     if not failed:
         return None
+    if stopped := next((line for line in lines if _STOPPED_BY_SIGTERM.search(line)), None):
+        return _INFRASTRUCTURE, f"pod {name} was stopped by SIGTERM (deleted or drained): {stopped.strip()}"
     if comms := next((line for line in lines if COMMUNICATION_ERRORS.search(line)), None):
         return _COMMUNICATION, f"pod {name} lost contact with its peers: {comms.strip()}"
     return _UNEXPLAINED, f"pod {name}: {_ended(pod, container) or 'failed, with no container termination recorded'}"
@@ -214,7 +222,8 @@ def classify_failure(condition: dict, pods: list, container: str, last_lines) ->
     2. retriable, the infrastructure took the pod: its status reason is one of ``NODE_REASONS`` (Evicted,
        Preempting, Terminated/Shutdown by a node shutdown, NodeLost) or it has a ``DisruptionTarget``
        condition with one of ``DISRUPTION_REASONS`` (PreemptionByScheduler, DeletionByTaintManager,
-       EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet).
+       EvictionByEvictionAPI, DeletionByPodGC, TerminationByKubelet), or its torchrun was stopped by SIGTERM
+       (the pod was deleted; the trainer saved a checkpoint on the signal).
     3. deterministic, unexplained: the pod failed and shows none of these. An unknown cause is not re-run.
     4. retriable, communication: the pod's last lines match ``COMMUNICATION_ERRORS`` (RendezvousTimeoutError,
        RendezvousClosedError, DistNetworkError, DistStoreError, "NCCL error", ncclRemoteError, ncclSystemError,

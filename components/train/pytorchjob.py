@@ -99,7 +99,7 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
                      gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
                      node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
                      shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi",
-                     nccl_env: dict | None = None, clean_pod_policy: str = "None",
+                     nccl_env: dict | None = None, clean_pod_policy: str = "Running",
                      ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
                      active_deadline_seconds: int | None = None, queue_name: str = "",
                      gang_scheduling: bool = False, priority_class: str = "",
@@ -124,8 +124,9 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         cpu: CPU request and limit per pod.
         memory: memory request and limit per pod.
         nccl_env: NCCL variables merged over ``pods.NCCL_DEFAULTS``.
-        clean_pod_policy: pods the operator deletes when the job ends: ``None`` (keep them and their
-            logs; they hold no GPUs once finished), ``Running`` or ``All``.
+        clean_pod_policy: pods the operator deletes when the job ends: ``Running`` (the default: pods still
+            running when the job fails, ranks hung on a peer that died, free their GPUs; finished and failed pods
+            stay with their logs), ``None`` (keep all) or ``All``.
         ttl_seconds_after_finished: the operator deletes the finished job (and its pods) after this long;
             None keeps it until someone deletes it.
         active_deadline_seconds: the operator fails the job once it has run this long; None: no limit.
