@@ -19,14 +19,15 @@ from tests.hf_cache import TINY_FP8_REPO, add_to_hub_cache, build_tiny_fp8_qwen3
 
 pytestmark = pytest.mark.slow
 
-# Each rank loads the model and writes what it holds of every parameter. ``how``: ``resolved`` loads
-# resolve_model's folder with the trainer's load_model (rank 0 builds the bf16 copy, rank 1 waits for it);
-# ``fp8-dequantize`` loads the FP8 snapshot with FineGrainedFP8Config(dequantize=True), as the trainer did.
+# Each rank loads the model and writes what it holds of every parameter. ``how``: ``resolved`` loads the
+# trainer's base model (resolve_model_for_run: rank 0 builds the bf16 copy and records it, rank 1 waits for
+# the record) with the trainer's load_model; ``fp8-dequantize`` loads the FP8 snapshot with
+# FineGrainedFP8Config(dequantize=True), as the trainer did.
 RANK_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import deepspeed, torch
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
-    from components.models.hub import resolve_model
+    from components.models.hub import BASE_MODEL_RECORD, resolve_model_for_run
     from components.train.arguments import SFTConfig
     from components.train.config import deepspeed_config_path
     from components.train.sft import load_model
@@ -37,7 +38,7 @@ RANK_SCRIPT = textwrap.dedent("""
                     deepspeed=deepspeed_config_path("zero3"))
     deepspeed.init_distributed(dist_backend="gloo")  # as sft.main does on CPU
     if how == "resolved":
-        path = resolve_model(repo, cache_root)
+        path = resolve_model_for_run(repo, cache_root, os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
         model = load_model(cfg, path)
     else:
         from huggingface_hub import snapshot_download

@@ -6,6 +6,9 @@ Qwen3-30B-A3B-...-FP8, named by Hub id with HF_HOME and HF_HUB_OFFLINE=1, as the
 
 import json
 import os
+import re
+import shutil
+import socket
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -107,29 +110,159 @@ def test_an_interrupted_build_leaves_nothing_that_looks_complete(offline, tmp_pa
     assert _weights(path).keys() == offline["dequantised"].keys()
 
 
-def test_a_waiting_rank_gets_rank_0s_folder_once_complete(offline, tmp_path, monkeypatch):
-    name = Path(resolve_model(TINY_FP8_REPO, str(tmp_path / "elsewhere"))).name  # the same on every volume
-    target = tmp_path / "models" / name
-    snapshot = next((offline["root"] / "hf" / "hub" / f"models--{SLUG}" / "snapshots").iterdir())
+# One resolution per training run (resolve_model_for_run): global rank 0 resolves and records the folder in
+# the run's output folder; the other ranks read that record from the shared volume and never contact the Hub;
+# a re-run of the job (same output folder) reuses the record, so it trains on the same base snapshot.
+def _point_hub_at(monkeypatch, endpoint: str) -> None:
+    """Online (HF_HUB_OFFLINE unset) with the Hub at ``endpoint``, as a pod whose image sets no offline mode."""
+    from huggingface_hub import constants
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "ENDPOINT", endpoint)
+    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE", endpoint + "/{repo_id}/resolve/{revision}/{filename}")
+
+
+def _closed_port() -> int:
+    """A local port nothing listens on: connecting to it is refused, as on a GPU node without internet access."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def newer_commit_hub():
+    """A Hub whose main has moved on to a commit that is not in the cache: its address and the requests it got."""
+    requests = []
+
+    class NewerCommit(BaseHTTPRequestHandler):
+        def do_GET(self):
+            requests.append(f"{self.command} {self.path}")
+            # repo_info names the new commit; its file listing (the tree) is empty.
+            info = [] if "/tree/" in self.path else {"id": TINY_FP8_REPO, "sha": "f" * 40, "siblings": []}
+            body = json.dumps(info).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_HEAD = do_GET
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NewerCommit)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_port}", requests
+    finally:
+        server.shutdown()
+
+
+def _no_resolving(*args, **kwargs):
+    raise AssertionError("resolved the model instead of reading the run's record")
+
+
+def test_rank_0_records_the_resolved_folder_atomically_in_the_run_folder(offline, tmp_path):
+    record = tmp_path / "run" / "train" / hub.BASE_MODEL_RECORD  # the output folder does not exist yet
+    folder = hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record))
+    assert Path(folder).parent == tmp_path / "cache" / "models" and Path(folder).name.startswith(f"{SLUG}-bf16-")
+    assert json.loads(record.read_text()) == {"model_name_or_path": TINY_FP8_REPO, "path": folder}
+    assert os.listdir(record.parent) == [hub.BASE_MODEL_RECORD]  # no temporary file left beside it
+
+
+def test_a_failed_record_write_leaves_no_record_and_no_temporary_file(offline, tmp_path, monkeypatch):
+    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
+
+    def full_disk(*args, **kwargs):
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(hub.os, "replace", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        hub.resolve_model_for_run(PLAIN_REPO, str(tmp_path / "cache"), str(record))
+    assert os.listdir(record.parent) == []
+
+
+def test_other_ranks_take_rank_0s_recorded_folder_without_any_hub_request(offline, tmp_path, monkeypatch):
+    # Rank 0 resolves from the HF cache prepare_dataset filled, builds the bf16 copy and records it.
+    attempt = tmp_path / "rank0" / hub.BASE_MODEL_RECORD
+    folder = hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(attempt))
+    # Rank 1 on a GPU node without internet access: HF_HUB_OFFLINE unset and nothing listening at HF_ENDPOINT.
+    # It starts before rank 0's record exists and gets it when it appears.
+    _point_hub_at(monkeypatch, f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("RANK", "1")
-    rank0 = threading.Timer(0.5, fp8.build_bf16_copy, args=(str(snapshot), str(target)))
+    monkeypatch.setattr(hub, "resolve_model", _no_resolving)
+    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
+    record.parent.mkdir()
+    rank0 = threading.Timer(0.5, os.replace, args=(attempt, record))  # the record lands as rank 0 renames it
     rank0.start()
     try:
-        assert resolve_model(TINY_FP8_REPO, str(tmp_path), wait_timeout_s=60) == str(target)
+        assert hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=60) \
+            == folder
     finally:
         rank0.join()
-    assert _weights(target).keys() == offline["dequantised"].keys()
 
 
-def test_a_waiting_rank_never_takes_a_partial_folder_and_times_out_clearly(offline, tmp_path, monkeypatch):
-    name = Path(resolve_model(TINY_FP8_REPO, str(tmp_path / "elsewhere"))).name
-    partial = tmp_path / "models" / f".{name}-interrupted"  # what a killed rank 0 leaves behind
+def test_a_rerun_reuses_the_recorded_copy_even_when_the_hub_has_a_newer_commit(
+        offline, tmp_path, monkeypatch, newer_commit_hub):
+    # A copy of the HF cache: following the Hub below moves its refs/main.
+    shutil.copytree(offline["root"] / "hf", tmp_path / "hf", symlinks=True)
+    use_offline_hub(monkeypatch, tmp_path / "hf")
+    record, cache = tmp_path / "train" / hub.BASE_MODEL_RECORD, str(tmp_path / "cache")
+    first = hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record))  # the first attempt
+    assert Path(first).name.startswith(f"{SLUG}-bf16-")
+    # Evicted and re-run; meanwhile the Hub repo got a new commit. Nobody asks the Hub, downloads or builds.
+    endpoint, requests = newer_commit_hub
+    _point_hub_at(monkeypatch, endpoint)
+
+    def no_writes(*args, **kwargs):
+        raise AssertionError("a new bf16 copy was built")
+
+    monkeypatch.setattr("safetensors.torch.save_file", no_writes)
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        assert hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record), wait_timeout_s=5) == first
+    assert requests == []
+    # What the record prevents: resolving afresh follows the Hub to its newer commit.
+    monkeypatch.setenv("RANK", "0")
+    assert Path(resolve_model(TINY_FP8_REPO, cache)).name == "f" * 40 and requests
+
+
+def test_a_stale_record_is_replaced_by_rank_0_and_never_taken_by_other_ranks(offline, tmp_path, monkeypatch):
+    record, cache = tmp_path / "train" / hub.BASE_MODEL_RECORD, str(tmp_path / "cache")
+    record.parent.mkdir()
+    plain = resolve_model(PLAIN_REPO, cache)
+    stale = {
+        "its folder is gone": {"model_name_or_path": TINY_FP8_REPO, "path": str(tmp_path / "cache" / "gone")},
+        "another model": {"model_name_or_path": PLAIN_REPO, "path": plain},
+        "unreadable": None,
+    }
+    for why, content in stale.items():
+        record.write_text("{not json" if content is None else json.dumps(content))
+        monkeypatch.setenv("RANK", "1")
+        with pytest.raises(TimeoutError, match="rank 1 waited"):
+            hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record), wait_timeout_s=0.3)
+        monkeypatch.setenv("RANK", "0")
+        folder = hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record))
+        assert Path(folder).name.startswith(f"{SLUG}-bf16-"), why
+        assert json.loads(record.read_text()) == {"model_name_or_path": TINY_FP8_REPO, "path": folder}, why
+
+
+def test_a_missing_record_times_out_with_a_clear_message_and_rank_1_builds_nothing(offline, tmp_path, monkeypatch):
+    name = Path(resolve_model(TINY_FP8_REPO, str(tmp_path / "elsewhere"))).name  # the same on every volume
+    partial = tmp_path / "cache" / "models" / f".{name}-interrupted"  # what a killed rank 0 leaves behind
     partial.mkdir(parents=True)
     (partial / "config.json").write_text("{}")
+    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
     monkeypatch.setenv("RANK", "1")
-    with pytest.raises(TimeoutError, match=rf"rank 1 waited .* bf16 copy .*{name}.* global rank 0"):
-        resolve_model(TINY_FP8_REPO, str(tmp_path), wait_timeout_s=0.5)
-    assert not (tmp_path / "models" / name).exists()  # rank 1 builds nothing
+    monkeypatch.setattr(hub, "resolve_model", _no_resolving)
+    with pytest.raises(TimeoutError, match=rf"rank 1 waited \d+ s for {re.escape(str(record))}, the base model "
+                                           rf"{re.escape(TINY_FP8_REPO)} global rank 0 resolves.*rank 0's log.*same "
+                                           r"volumes at the same paths"):
+        hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=0.5)
+    assert os.listdir(tmp_path / "cache" / "models") == [partial.name] and not record.exists()
 
 
 def test_an_fp8_folder_resolves_to_its_bf16_copy_and_a_bf16_hub_id_to_its_snapshot(offline, tmp_path):
@@ -169,51 +302,15 @@ class _NoSuchRepo(BaseHTTPRequestHandler):
 
 
 def test_a_hub_id_the_hub_does_not_have_is_one_clear_error(offline, tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
     server = ThreadingHTTPServer(("127.0.0.1", 0), _NoSuchRepo)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setattr(constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                        constants.ENDPOINT + "/{repo_id}/resolve/{revision}/{filename}")
+    _point_hub_at(monkeypatch, f"http://127.0.0.1:{server.server_port}")
     try:
         for call in (lambda: resolve_model("tiny-org/No-Such-Model", str(tmp_path)),
                      lambda: load_model_config("tiny-org/No-Such-Model")):
             with pytest.raises(ValueError, match="model_name_or_path 'tiny-org/No-Such-Model' was not found on the "
                                                  "Hugging Face Hub.*check the id"):
                 call()
-    finally:
-        server.shutdown()
-
-
-class _NewerCommit(BaseHTTPRequestHandler):
-    """The Hub's repo_info for a repository whose main has moved on to a commit not in the cache yet."""
-
-    def do_GET(self):
-        body = json.dumps({"id": TINY_FP8_REPO, "sha": "f" * 40, "siblings": []}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
-
-
-def test_online_a_waiting_rank_waits_for_the_commit_rank_0_downloads_not_an_older_cached_one(
-        offline, tmp_path, monkeypatch):
-    from huggingface_hub import constants
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NewerCommit)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.server_port}")
-    monkeypatch.setenv("RANK", "1")
-    try:
-        with pytest.raises(TimeoutError, match=f"rank 1 waited .* the download of {TINY_FP8_REPO}@{'f' * 40}"):
-            resolve_model(TINY_FP8_REPO, str(tmp_path), wait_timeout_s=0.5)
     finally:
         server.shutdown()
 
@@ -251,3 +348,11 @@ def test_block_dequantisation_handles_ragged_edges_and_rejects_a_wrong_scale_gri
     assert torch.equal(fp8.dequantize_fp8_weight(w, s, [128, 128]), expected.to(torch.bfloat16))
     with pytest.raises(ValueError, match=r"does not match a weight of shape \(300, 200\)"):
         fp8.dequantize_fp8_weight(w, torch.ones(2, 2), [128, 128])
+
+
+def test_cached_model_folders_are_readable_by_other_users(tmp_path):
+    # The data step builds the copy; the trainer's and the evaluation's pods may run as other users.
+    from components.models.tiny import materialize
+
+    folder = Path(materialize(str(tmp_path)))
+    assert folder.stat().st_mode & 0o755 == 0o755

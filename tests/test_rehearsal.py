@@ -150,13 +150,14 @@ def _tail(lines: list[str], n: int) -> str:
 
 
 def run_scenario(name: str, backend: str, trainer_image, fixtures: Path, workdir: Path, *,
-                 evict: bool = False) -> Rehearsal:
+                 evict: bool = False, graceful: bool = False) -> Rehearsal:
     """Run one scenario in a private mount namespace (tests/rehearsal/scenario.py) and read what it reports."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
         "name": name, "backend": backend, "run_id": RUN_ID, "workdir": str(workdir), "fixtures": str(fixtures),
         "repo": str(ROOT), "max_steps": MAX_STEPS, "save_steps": SAVE_STEPS,
         "timeout_seconds": SCENARIO_TIMEOUT_SECONDS, "evict_worker_after_first_checkpoint": evict,
+        "graceful_eviction": graceful,
         "result": str(workdir / "result.json"),
         "image": {"venv": str(trainer_image.venv), "site_packages": str(trainer_image.site_packages),
                   "wheel": str(trainer_image.wheel), "deps": list(trainer_image.deps)},
@@ -333,6 +334,34 @@ def test_evicted_worker_reruns_the_job_which_resumes_to_the_same_result(trainer_
                 if b.get(key) != pytest.approx(a[key], rel=LOSS_RTOL):
                     problems.append(f"{key} {b.get(key)} after the resume, {a[key]} uninterrupted "
                                     f"(tolerance {LOSS_RTOL:g} relative)")
+    assert not problems, "\n".join(problems) + "\n\n" + r.report()
+
+
+def test_softly_evicted_worker_saves_on_sigterm_and_the_re_run_resumes_from_that_checkpoint(
+        trainer_image, fixtures, uninterrupted, tmp_path_factory):
+    """Scenario 2b: a soft eviction right after checkpoint-5: SIGTERM to the Worker's torchrun, which forwards it
+    to its rank; both ranks agree to save at the next step end and stop; the launcher sees an evicted pod and
+    re-runs the job, which resumes from that SIGTERM checkpoint (after step 5) and ends as the uninterrupted run."""
+    r = run_scenario("pytorchjob-soft-evicted", "pytorchjob", trainer_image, fixtures,
+                     tmp_path_factory.mktemp("rehearsal-soft-evicted"), evict=True, graceful=True)
+    problems = []
+    if not r.succeeded:
+        problems.append(f"the train step did not succeed: {r.result.get('error')}")
+    else:
+        problems += trained_and_exported(r, fixtures / "base")
+        if r.result["creates"] != 2:
+            problems.append(f"the job was created {r.result['creates']} times (want 2: the run and one re-run)")
+        if "stopped by SIGTERM at step" not in r.output:
+            problems.append("the Worker's rank never reported its SIGTERM save")
+        resumed = re.search(rf"resuming from {MODEL_MOUNT}/runs/{RUN_ID}/train/checkpoint-(\d+)", r.output)
+        if resumed is None or not SAVE_STEPS < int(resumed.group(1)) < MAX_STEPS:
+            problems.append(f"the re-run did not resume from a SIGTERM checkpoint after step {SAVE_STEPS}: "
+                            f"{resumed.group(0) if resumed else 'no resuming line'}")
+        # eval_loss only: the last logged train loss averages the steps since the resume, not since step 5.
+        a, b = uninterrupted.result.get("metrics") or {}, r.result.get("metrics") or {}
+        if a and b.get("eval_loss") != pytest.approx(a["eval_loss"], rel=LOSS_RTOL):
+            problems.append(f"eval_loss {b.get('eval_loss')} after the resume, {a['eval_loss']} uninterrupted "
+                            f"(tolerance {LOSS_RTOL:g} relative): the resumed job did not see the same rows")
     assert not problems, "\n".join(problems) + "\n\n" + r.report()
 
 

@@ -6,6 +6,7 @@ cache is pre-populated and HF_HUB_OFFLINE=1, so the Hub-id path runs without a n
 
 import json
 import os
+from pathlib import Path
 
 import pytest
 
@@ -30,3 +31,7 @@ def test_a_model_named_by_hub_id_trains_and_exports(tmp_path):
     card = json.loads((root / "hub" / "final" / "model.json").read_text())
     assert card["base_model"] == REPO
     assert (root / "hub" / "final" / "config.json").exists()
+    # The run recorded the snapshot it trained on: a re-run of the job resumes on that one.
+    record = json.loads((root / "hub" / "base_model.json").read_text())
+    snapshots = hf_home / "hub" / f"models--{REPO.replace('/', '--')}" / "snapshots"
+    assert record["model_name_or_path"] == REPO and Path(record["path"]).parent == snapshots

@@ -66,7 +66,7 @@ def prepare_dataset(
 
     from components.data.prepare import prepare
     from components.data.report import markdown
-    from components.models.tiny import resolve_model
+    from components.models.hub import resolve_model
     from components.paths import pvc_uri, run_dir
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")

@@ -261,7 +261,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="where built-in models are built")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from components.models.tiny import resolve_model
+    from components.models.hub import resolve_model
 
     try:
         stats = prepare(

@@ -61,7 +61,7 @@ def evaluate_model(
     from collections import namedtuple
 
     from components.evaluate.evaluate import evaluate
-    from components.models.tiny import resolve_model
+    from components.models.hub import resolve_model
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     base = resolve_model(model_name_or_path, os.path.join(data_root, "cache"))

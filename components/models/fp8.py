@@ -173,6 +173,8 @@ def build_bf16_copy(source: str, target: str) -> str:
                     target_dir.parent, ", ".join(leftovers))
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}-", dir=target_dir.parent))
+    # mkdtemp makes it 0700: the steps and the trainer pods may run as different users on the volume.
+    tmp.chmod(0o755)
     readers = {}
 
     def tensor(name):

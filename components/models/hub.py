@@ -8,10 +8,19 @@ Every caller (data prep, the trainer, evaluation) gets a folder ``from_pretraine
   cache (``snapshot_download``: honours HF_HOME, HF_HUB_OFFLINE and HF_TOKEN); downloaded when missing.
 
 An FP8 checkpoint, by Hub id or folder, resolves to its bf16 copy (``components.models.fp8``): loading the FP8
-original dequantised bypasses ZeRO-3 partitioning. In a multi-rank job only global rank 0 (env ``RANK``,
-absent = 0) downloads and builds; the other ranks wait for its finished folders on the shared volume. No
-process group exists yet when the model is resolved, and a barrier would hit the NCCL timeout while rank 0
-writes 60 GB.
+original dequantised bypasses ZeRO-3 partitioning.
+
+``resolve_model`` is for a single process (data prep, evaluation). A training job resolves once per run with
+``resolve_model_for_run``: global rank 0 (env ``RANK``, absent = 0) resolves, downloading and building as
+needed, and records the folder in the run's output folder (``base_model.json``); the other ranks wait for
+that record on the shared volume and never contact the Hub (GPU nodes often have no internet access). A
+re-run of the job (same output folder, after an eviction) reuses the record while its folder exists, so it
+trains, and resumes checkpoints, on the same base snapshot even when the Hub repo has moved on.
+
+The others poll the volume rather than wait at a barrier: the process group does exist by then (the
+trainer's ``parse_config`` builds SFTConfig, whose ``__post_init__`` sets up the distributed state), but a
+barrier or broadcast would hit its timeout (``ddp_timeout``, 30 minutes by default) while rank 0 downloads
+30 GB and writes a 60 GB bf16 copy.
 """
 
 from __future__ import annotations
@@ -19,16 +28,19 @@ from __future__ import annotations
 import json
 import logging
 import os
+import tempfile
 import time
 from pathlib import Path
 
-from components.models import fp8
+from components.models import fp8, tiny
 
 log = logging.getLogger(__name__)
 
 # What the trainer, evaluation and serving read; the Hub repo's other files (original/ weights, images,
 # other formats) are never downloaded.
 MODEL_FILES = ["config.json", "*.safetensors", "*.safetensors.index.json", *fp8.TOKENIZER_AND_GENERATION_FILES]
+# The record of a training run's base model in its output folder (resolve_model_for_run).
+BASE_MODEL_RECORD = "base_model.json"
 # How long ranks other than 0 wait for rank 0 to download (30 GB) and build (60 GB) the model.
 WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 5.0
@@ -39,37 +51,32 @@ def global_rank() -> int:
     return int(os.environ.get("RANK", "0"))
 
 
-def resolve_model(model_name_or_path: str, cache_root: str, *, wait_timeout_s: float = WAIT_TIMEOUT_S) -> str:
+def resolve_model(model_name_or_path: str, cache_root: str) -> str:
     """Return a local folder holding ``model_name_or_path``, ready for ``from_pretrained``.
+
+    Downloads and builds what is missing, so one process of a job calls it (a training job calls
+    ``resolve_model_for_run``). Concurrent callers are safe: the HF cache locks its downloads and a bf16
+    copy is renamed into place when complete.
 
     Args:
         model_name_or_path: ``builtin:tiny-qwen3``, a local/mounted folder, or a Hugging Face Hub id.
         cache_root: where built models live (``<cache_root>/models/...``): the tiny model and the bf16
             copies of FP8 checkpoints. On the cluster, the data volume's cache folder, shared by every step.
-        wait_timeout_s: how long a rank other than 0 waits for rank 0's download and bf16 copy.
 
     Returns:
         The folder; for an FP8 checkpoint, its bf16 copy ``<cache_root>/models/<slug>-bf16-<fingerprint>``.
 
     Raises:
         ValueError: an unknown built-in, a missing folder, a Hub id that is not in the cache while
-            HF_HUB_OFFLINE=1, or one the Hub does not have (or HF_TOKEN cannot read).
-        TimeoutError: a rank other than 0 waited ``wait_timeout_s`` for rank 0's folder.
+            HF_HUB_OFFLINE=1 (or the Hub is unreachable), or one the Hub does not have (or HF_TOKEN cannot read).
     """
-    from components.models import tiny
-
-    if model_name_or_path == tiny.TINY_QWEN3:
+    if _is_builtin(model_name_or_path):
         return tiny.materialize(cache_root)
-    if model_name_or_path.startswith("builtin:"):
-        raise ValueError(
-            f"model_name_or_path {model_name_or_path!r} is not a built-in model; the only one is {tiny.TINY_QWEN3!r}"
-        )
-    deadline = time.monotonic() + wait_timeout_s
     folder = _local_folder(model_name_or_path)
     if folder is not None:
         slug, identity = Path(folder).name, None
     else:
-        folder = _hub_snapshot(model_name_or_path, deadline)
+        folder = _hub_snapshot(model_name_or_path)
         # The snapshot folder is named by the commit sha: it pins the source without reading the weights.
         slug, identity = model_name_or_path.replace("/", "--"), f"hub:{model_name_or_path}@{Path(folder).name}"
     config_path = Path(folder, "config.json")
@@ -77,11 +84,74 @@ def resolve_model(model_name_or_path: str, cache_root: str, *, wait_timeout_s: f
         return folder
     if not fp8.is_fp8_checkpoint(json.loads(config_path.read_text(encoding="utf-8"))):
         return folder
-    target = fp8.bf16_copy_path(cache_root, slug, identity or fp8.folder_identity(folder))
+    return fp8.build_bf16_copy(folder, fp8.bf16_copy_path(cache_root, slug, identity or fp8.folder_identity(folder)))
+
+
+def resolve_model_for_run(model_name_or_path: str, cache_root: str, record_path: str, *,
+                          wait_timeout_s: float = WAIT_TIMEOUT_S) -> str:
+    """The base model's folder for one training run: resolved once, by global rank 0, and recorded.
+
+    Global rank 0 reuses the record at ``record_path`` when it names ``model_name_or_path`` and its folder
+    still exists (a re-run of the job after an eviction: the same base snapshot, no Hub request); otherwise
+    it calls ``resolve_model`` and writes the record atomically. Every other rank waits for a record that
+    rank 0 would reuse and returns its folder, without resolving anything or contacting the Hub.
+
+    Args:
+        model_name_or_path: as for ``resolve_model``.
+        cache_root: as for ``resolve_model``.
+        record_path: the run's record, ``<output_dir>/base_model.json``, on a volume every rank mounts.
+        wait_timeout_s: how long a rank other than 0 waits for rank 0's record.
+
+    Returns:
+        The folder, the same on every rank: ``{"model_name_or_path": ..., "path": ...}`` in the record.
+
+    Raises:
+        ValueError: as ``resolve_model`` (on rank 0).
+        TimeoutError: a rank other than 0 waited ``wait_timeout_s`` for the record.
+    """
     if global_rank() == 0:
-        return fp8.build_bf16_copy(folder, target)
-    return _wait_for(lambda: target if Path(target, "config.json").exists() else None, deadline,
-                     f"the bf16 copy {target} of {model_name_or_path}")
+        folder = _recorded_folder(record_path, model_name_or_path)
+        if folder is not None:
+            log.info("base model %s: %s, as recorded in %s by an earlier attempt of this run",
+                     model_name_or_path, folder, record_path)
+            return folder
+        folder = os.path.abspath(resolve_model(model_name_or_path, cache_root))
+        _write_record(record_path, {"model_name_or_path": model_name_or_path, "path": folder})
+        log.info("base model %s: %s (recorded in %s)", model_name_or_path, folder, record_path)
+        return folder
+    return _wait_for(lambda: _recorded_folder(record_path, model_name_or_path), time.monotonic() + wait_timeout_s,
+                     f"{record_path}, the base model {model_name_or_path} global rank 0 resolves and records there")
+
+
+def _recorded_folder(record_path: str, model_name_or_path: str) -> str | None:
+    """The folder the record names for ``model_name_or_path`` while it exists; None for no or a stale record."""
+    try:
+        record = json.loads(Path(record_path).read_text(encoding="utf-8"))
+        if record["model_name_or_path"] != model_name_or_path:
+            return None
+        folder = record["path"]
+    except (OSError, ValueError, TypeError, KeyError):  # absent, unreadable, or not a record
+        return None
+    # Rank 0 records a folder once complete; one still there is what the run started from (a deleted
+    # folder, e.g. a cleaned cache, makes the record stale: rank 0 resolves again).
+    return folder if isinstance(folder, str) and Path(folder).is_dir() else None
+
+
+def _write_record(record_path: str, record: dict) -> None:
+    """Write ``record`` as JSON to ``record_path`` atomically: a temporary file beside it, then a rename."""
+    parent = Path(record_path).parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{Path(record_path).name}-", dir=parent)
+    try:
+        os.fchmod(fd, 0o644)  # mkstemp's 0600 would hide it from ranks running as another user of the group
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(record, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, record_path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def load_model_config(model_name_or_path: str) -> dict:
@@ -91,14 +161,8 @@ def load_model_config(model_name_or_path: str) -> dict:
     source's as published: an FP8 checkpoint's still carries ``quantization_config``, while training uses
     its bf16 copy, whose shape is the same.
     """
-    from components.models import tiny
-
-    if model_name_or_path == tiny.TINY_QWEN3:
+    if _is_builtin(model_name_or_path):
         return tiny.tiny_config(tiny.build_tokenizer()).to_dict()
-    if model_name_or_path.startswith("builtin:"):
-        raise ValueError(
-            f"model_name_or_path {model_name_or_path!r} is not a built-in model; the only one is {tiny.TINY_QWEN3!r}"
-        )
     folder = _local_folder(model_name_or_path)
     if folder is not None:
         path = Path(folder, "config.json")
@@ -116,6 +180,15 @@ def load_model_config(model_name_or_path: str) -> dict:
             _raise_hub_error(model_name_or_path, e)
             raise
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+def _is_builtin(ref: str) -> bool:
+    """Whether ``ref`` is the built-in tiny model; ValueError for any other ``builtin:`` name."""
+    if ref == tiny.TINY_QWEN3:
+        return True
+    if ref.startswith("builtin:"):
+        raise ValueError(f"model_name_or_path {ref!r} is not a built-in model; the only one is {tiny.TINY_QWEN3!r}")
+    return False
 
 
 def _local_folder(ref: str) -> str | None:
@@ -141,31 +214,15 @@ def _local_folder(ref: str) -> str | None:
     return None
 
 
-def _hub_snapshot(repo_id: str, deadline: float) -> str:
-    """The HF-cache snapshot folder of ``repo_id`` holding ``MODEL_FILES``; rank 0 downloads what is missing."""
-    from huggingface_hub import constants, snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+def _hub_snapshot(repo_id: str) -> str:
+    """The HF-cache snapshot folder of ``repo_id`` holding ``MODEL_FILES``, downloading what is missing."""
+    from huggingface_hub import snapshot_download
 
     try:
-        if global_rank() == 0 or constants.is_offline_mode():
-            # Offline nobody downloads, so every rank reads the cache at once and fails alike when it is empty.
-            return snapshot_download(repo_id, allow_patterns=MODEL_FILES)
-        # Online, rank 0 downloads. Wait for the very commit it resolves (an older snapshot may be cached),
-        # reading the cache only: snapshot_download checks a cached snapshot against its tree listing.
-        from huggingface_hub import HfApi
-
-        commit = HfApi().repo_info(repo_id).sha
+        return snapshot_download(repo_id, allow_patterns=MODEL_FILES)
     except Exception as e:  # noqa: BLE001 - the Hub's failures become one clear message; others propagate
         _raise_hub_error(repo_id, e)
         raise
-
-    def cached():
-        try:
-            return snapshot_download(repo_id, revision=commit, allow_patterns=MODEL_FILES, local_files_only=True)
-        except LocalEntryNotFoundError:  # not there yet, or partial (IncompleteSnapshotError is one)
-            return None
-
-    return _wait_for(cached, deadline, f"the download of {repo_id}@{commit} into the HF cache")
 
 
 def _raise_hub_error(repo_id: str, error: Exception) -> None:
@@ -209,9 +266,8 @@ def _wait_for(ready, deadline: float, what: str):
         now = time.monotonic()
         if now >= deadline:
             raise TimeoutError(
-                f"rank {global_rank()} waited {now - started:.0f} s for {what}, which global rank 0 writes, and it "
-                "did not appear; read rank 0's log for its error, and check that every pod mounts the same cache "
-                "volume at the same path"
+                f"rank {global_rank()} waited {now - started:.0f} s for {what}, and it did not appear; read rank "
+                "0's log for its error, and check that every pod mounts the same volumes at the same paths"
             )
         if now - last_log >= 60:
             log.info("rank %d waiting for %s (%.0f s)", global_rank(), what, now - started)

@@ -110,6 +110,8 @@ def materialize(cache_root: str) -> str:
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tiny-qwen3-", dir=target.parent))
+    # mkdtemp makes it 0700: the steps and the trainer pods may run as different users on the volume.
+    tmp.chmod(0o755)
     try:
         tokenizer = build_tokenizer()
         model = build_model(tokenizer)
@@ -123,8 +125,3 @@ def materialize(cache_root: str) -> str:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return str(target)
-
-
-# resolve_model lives with the Hub and FP8 handling; callers import it from here too. Imported last: hub
-# imports this module lazily, so neither import order is circular.
-from components.models.hub import resolve_model  # noqa: E402,F401

@@ -132,6 +132,7 @@ def train_model(
         deepspeed_config=deepspeed_config,
         save_steps=save_steps,
         save_total_limit=save_total_limit,
+        packing=dataset.metadata.get("packing", True),
         use_cpu=local and not torch.cuda.is_available(),
         model_cache_dir=os.path.join(pod_data, "cache"),
     )

@@ -95,10 +95,12 @@ def build_trainer_config(
     model_cache_dir: str,
     save_steps: int = 200,
     save_total_limit: int = 2,
+    packing: bool = True,
 ) -> dict:
     """The config dict the pipeline writes for the trainer, from the pipeline's parameters.
 
     ``save_steps``/``save_total_limit``: checkpoint every N optimizer steps, keep the last K complete ones.
+    ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
     """
     cfg = {
         "model_name_or_path": model_name_or_path,
@@ -124,8 +126,12 @@ def build_trainer_config(
         "report_to": ["tensorboard"],
         "include_num_input_tokens_seen": "non_padding",
         "remove_unused_columns": False,
-        # Unpacked rows are padded per batch: batching similar lengths halves the padding work.
-        "train_sampling_strategy": "group_by_length",
+        # Packed rows all have one length: a random order, which accelerate seeds per epoch, so a job resumed in
+        # the middle of an epoch sees the rest of that epoch's order (group_by_length draws its order from the
+        # global RNG, which the checkpoint restores as it was after the order was drawn: a mid-epoch resume
+        # would skip a different set of rows). Unpacked rows are padded per batch: batching similar lengths
+        # halves the padding work, at the price of that resume caveat.
+        "train_sampling_strategy": "random" if packing else "group_by_length",
         # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
         # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
         "dataloader_num_workers": 0,

@@ -25,7 +25,8 @@ cannot fit, pointing to LoRA on the bf16 base under ZeRO-3 (the qwen3-30b-a3b-lo
 from __future__ import annotations
 
 import logging
-import os
+
+from components.models.hub import global_rank
 
 log = logging.getLogger("sft.lora")
 
@@ -69,7 +70,7 @@ def apply_lora(model, cfg):
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM",
         target_modules=modules, target_parameters=parameters or None,
     ))
-    if os.environ.get("RANK", "0") == "0":
+    if global_rank() == 0:
         # The adapters are new tensors, not yet partitioned by ZeRO-3: numel() is their full size.
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
         log.info("LoRA r=%d on %s: %d trainable parameters", cfg.lora_r, ",".join(modules + parameters), trainable)

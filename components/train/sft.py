@@ -303,7 +303,7 @@ def main(cfg) -> dict:
 
     from components.evaluate.evaluate import label_nll, token_weighted_loss
 
-    from components.models.tiny import resolve_model
+    from components.models.hub import BASE_MODEL_RECORD, global_rank, resolve_model_for_run
     from components.train.callbacks import ProgressCallback, peak_flops
     from components.train.checkpoints import (
         CheckpointTrainer,
@@ -314,8 +314,12 @@ def main(cfg) -> dict:
     from components.train.export import export_final
 
     started = time.time()
-    rank = int(os.environ.get("RANK", "0"))
-    model_path = resolve_model(cfg.model_name_or_path, cfg.model_cache_dir or os.path.join(cfg.output_dir, ".cache"))
+    rank = global_rank()
+    # Resolved once per run, by rank 0, and recorded in the output folder: the other ranks read the record
+    # (never the Hub), and a re-run after an eviction resumes on the same base snapshot.
+    model_path = resolve_model_for_run(cfg.model_name_or_path,
+                                       cfg.model_cache_dir or os.path.join(cfg.output_dir, ".cache"),
+                                       os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
     if rank == 0:
         log.info("config (non-default fields): %s", json.dumps(_non_defaults(cfg), default=str))
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
@@ -377,8 +381,10 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 if __name__ == "__main__":
+    from components.models.hub import global_rank
+
     args = make_parser().parse_args()
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s rank" + os.environ.get("RANK", "0") + " %(name)s: %(message)s")
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")
     try:
         config = parse_config(args.config)
     except ValueError as e:
@@ -390,7 +396,7 @@ if __name__ == "__main__":
     try:
         main(config)
     except TrainingInterrupted as stop:
-        if os.environ.get("RANK", "0") == "0":
+        if global_rank() == 0:
             log.warning("%s", stop)
         code = EXIT_SIGTERM  # non-zero: the job was interrupted, not finished
     import torch.distributed as dist

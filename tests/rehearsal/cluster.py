@@ -73,7 +73,10 @@ from tests.fakes.k8s_api import FakeKubeAPI
 from tests.rehearsal.image import TrainerImage
 
 RECONCILE_SECONDS = 0.2
-GRACE_SECONDS = 5.0  # a pod's terminationGracePeriodSeconds is 30; nothing here needs that long
+GRACE_SECONDS = 5.0  # deleting a pod: SIGTERM, then SIGKILL after this (shorter than a real grace period)
+# A soft eviction honours the pod's terminationGracePeriodSeconds (600 for the trainer) up to this cap: the tiny
+# model saves in seconds, and a broken SIGTERM save must not stall the scenario for ten minutes.
+SOFT_EVICTION_GRACE_CAP = 60.0
 CONTAINER = Path(__file__).with_name("container.py")
 PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs")
 TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
@@ -206,6 +209,7 @@ class PodRecord:
     folder: Path
     proc: subprocess.Popen | None = None
     evicted: str | None = None  # the eviction message, once evicted
+    grace_seconds: float = 30.0  # the pod's terminationGracePeriodSeconds (Kubernetes' default: 30)
     deleting: bool = False
     exit_code: int | None = None
     started: float = 0.0
@@ -572,7 +576,8 @@ class FakeCluster:
         folder = self.workdir / "pods" / f"{plan.name}-{uid[:8]}"
         for sub in ("home", "workspace", "staging"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        pod = PodRecord(ns, plan.name, uid, job.uid, plan.role, folder)
+        pod = PodRecord(ns, plan.name, uid, job.uid, plan.role, folder,
+                        grace_seconds=pod_obj["spec"].get("terminationGracePeriodSeconds", 30))
         self.pods[uid] = pod
         env, why = self._resolve_env(ns, pod_obj, container)
         if env is None:
@@ -672,8 +677,10 @@ class FakeCluster:
 
         threading.Thread(target=terminate, daemon=True).start()
 
-    def evict(self, pod: PodRecord, why: str = "") -> None:
-        """The kubelet evicts ``pod`` under memory pressure (hard eviction: no grace period)."""
+    def evict(self, pod: PodRecord, why: str = "", *, graceful: bool = False) -> None:
+        """The kubelet evicts ``pod`` under memory pressure: a hard eviction kills it at once (SIGKILL); a soft
+        one (``graceful``, as eviction-soft thresholds and drains do) sends SIGTERM to the container's PID 1 and
+        SIGKILL only after the pod's terminationGracePeriodSeconds (capped at ``SOFT_EVICTION_GRACE_CAP``)."""
         message = EVICTION_MESSAGE.format(container=self.jobs[pod.owner_uid].plans[0].container["name"])
         with self.api.lock:
             stored = self.api.pods.get((pod.namespace, pod.name))
@@ -682,10 +689,22 @@ class FakeCluster:
                     "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
                     "message": message, "lastTransitionTime": _now()})
         pod.evicted = message
-        self.note(f"evicting pod {pod.name} (uid {pod.uid[:8]}){': ' + why if why else ''}")
-        self._kill(pod, signal.SIGKILL)
+        self.note(f"evicting pod {pod.name} (uid {pod.uid[:8]}){' gracefully' if graceful else ''}"
+                  f"{': ' + why if why else ''}")
+        if not graceful:
+            self._kill(pod, signal.SIGKILL)
+            return
+        grace = min(float(pod.grace_seconds), SOFT_EVICTION_GRACE_CAP)
 
-    def evict_when(self, pattern: str, role: str) -> None:
+        def terminate():
+            self._kill(pod, signal.SIGTERM)
+            if not pod.done.wait(grace):
+                self.note(f"pod {pod.name} still running {grace:.0f}s after SIGTERM: SIGKILL")
+                self._kill(pod, signal.SIGKILL)
+
+        threading.Thread(target=terminate, daemon=True).start()
+
+    def evict_when(self, pattern: str, role: str, *, graceful: bool = False) -> None:
         """Once a file matching ``pattern`` (a host path glob) exists, evict the running ``role`` pod (once)."""
         def watch():
             while not self._stop.is_set():
@@ -697,7 +716,7 @@ class FakeCluster:
                         pod = running[0]
                         present = sorted(os.path.basename(p) for p in glob.glob(
                             os.path.join(os.path.dirname(os.path.dirname(found[0])), "checkpoint-*")))
-                        self.evict(pod, f"{found[0]} appeared")
+                        self.evict(pod, f"{found[0]} appeared", graceful=graceful)
                         self.evictions.append({"pod": pod.name, "uid": pod.uid, "trigger": found[0],
                                                "checkpoints": present})
                         return

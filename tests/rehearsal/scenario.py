@@ -213,7 +213,7 @@ def main(config_path: str) -> int:
                               hide=[cfg["repo"], workdir / "claims"], node_env={"HF_HUB_OFFLINE": "1"}).start()
         if cfg.get("evict_worker_after_first_checkpoint"):
             first_checkpoint = claims["llm-models"] / "runs" / cfg["run_id"] / "train" / "checkpoint-*" / "COMPLETE"
-            cluster.evict_when(str(first_checkpoint), role="worker")
+            cluster.evict_when(str(first_checkpoint), role="worker", graceful=bool(cfg.get("graceful_eviction")))
 
         def timeout():
             state.update(outcome="timeout", error=f"the scenario did not finish within {cfg['timeout_seconds']}s")
