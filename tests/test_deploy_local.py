@@ -65,10 +65,10 @@ def test_transformers_serve_on_the_tiny_model_answers_the_smoke_test(tmp_path):
     try:
         assert result["endpoint"].startswith("http://127.0.0.1:") and result["endpoint"].endswith("/v1")
         assert result["served_model_name"] == model and isinstance(result["smoke_reply"], str)
-        # The kept server answers the same client again, as a user's script would call it.
-        again = chat_completion(result["endpoint"], result["served_model_name"], "What is Kubeflow?", max_tokens=4)
-        assert isinstance(again, str)
         # the smoke request is one the server takes without a warning about its generation flags
         assert "not valid" not in (tmp_path / "serve.log").read_text()
+        # The kept server answers the same client again, as a user's script would call it (with a temperature).
+        again = chat_completion(result["endpoint"], result["served_model_name"], "What is Kubeflow?", max_tokens=4)
+        assert isinstance(again, str)
     finally:
         os.killpg(result["pid"], signal.SIGTERM)  # what the pipeline tells the user to do with a kept server

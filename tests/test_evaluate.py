@@ -327,3 +327,18 @@ def test_isolated_process_returns_the_result_or_the_error():
     assert run_isolated(math.factorial, 5) == 120
     with pytest.raises(RuntimeError, match="math.factorial failed in its subprocess: ValueError"):
         run_isolated(math.factorial, -1)
+
+
+def test_label_nll_finds_the_logits_among_a_moe_models_outputs():
+    # Trainer hands preprocess_logits_for_metrics the outputs after the loss: for Qwen3-MoE (aux_loss, logits,
+    # router_logits); the scalar aux_loss first broke every MoE evaluation under the Trainer.
+    import torch
+
+    from components.evaluate.evaluate import label_nll
+
+    torch.manual_seed(0)
+    logits, labels = torch.randn(2, 5, 7), torch.tensor([[-100, 1, 2, 3, -100], [-100, -100, 4, 5, 6]])
+    router = (torch.randn(10, 4),)
+    plain = label_nll(logits, labels)
+    assert torch.equal(label_nll((torch.tensor(0.3), logits, router), labels), plain)
+    assert plain[:, 1].tolist() == [3.0, 3.0]

@@ -64,8 +64,10 @@ def label_nll(logits, labels):
     """
     import torch
 
-    if isinstance(logits, tuple):  # Trainer passes (logits, *extras) when the model returns more (MoE router logits)
-        logits = logits[0]
+    if isinstance(logits, tuple):
+        # Trainer passes the model's outputs after the loss: Qwen3-MoE's start with its router aux_loss (a scalar),
+        # then the logits, then the router logits. The logits are the (rows, tokens, vocab) tensor.
+        logits = next(t for t in logits if getattr(t, "ndim", 0) == 3)
     sums = torch.zeros((len(labels), 2), dtype=torch.float32, device=logits.device)
     for i in range(len(labels)):  # one row at a time in float32: a batch of 150k-vocab logits would not fit
         sums[i, 0] = torch.nn.functional.cross_entropy(
