@@ -278,7 +278,9 @@ def _summary_metrics(trainer, result, eval_metrics: dict, started: float) -> dic
     rates = [e["tokens_per_second_per_device"] for e in trainer.state.log_history if "tokens_per_second_per_device" in e]
     mfus = [e["mfu"] for e in trainer.state.log_history if "mfu" in e]
     metrics = {
-        "train_loss": sum(losses) / len(losses) if losses else result.training_loss,
+        # The mean of the losses logged every logging_steps over the whole run, resumes included; named apart from
+        # TensorBoard's train/train_loss, which is HF's mean over the steps of the last session only.
+        "train_loss_logged_mean": sum(losses) / len(losses) if losses else result.training_loss,
         "final_train_loss": losses[-1] if losses else result.training_loss,
         "eval_loss": eval_metrics["eval_loss_per_token"],  # the same tokens, the same way as evaluate_model
         "global_step": result.global_step,
