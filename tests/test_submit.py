@@ -19,6 +19,7 @@ from kfp import compiler, dsl
 
 from pipelines.errors import UsageError
 from pipelines.submit import Submission, submit, validate_cron
+from tests.conftest import require_reference
 from tests.fakes.kfp_api import API, SWAGGER_PATH, running_fake_kfp
 
 PARAMS = {"message": "hello from the test", "repeats": 3}
@@ -57,8 +58,7 @@ def isolated_kfp_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None
 @pytest.fixture
 def start_fake():
     """Start fake KFP servers with given knobs; all stop at the end of the test."""
-    if not SWAGGER_PATH.is_file():
-        pytest.skip(f"KFP swagger spec not found at {SWAGGER_PATH}: ../shared/reference is absent")
+    require_reference("kfp", SWAGGER_PATH.name)  # skips where absent, fails in CI
     with contextlib.ExitStack() as stack:
         yield lambda **knobs: stack.enter_context(running_fake_kfp(**knobs))
 

@@ -35,7 +35,9 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-SWAGGER_PATH = Path(__file__).parents[2].parent / "shared/reference/kfp/kfp_api_single_file.swagger.json"
+from tests.conftest import REFERENCE  # one place for the specs: REFERENCE_DIR moves it
+
+SWAGGER_PATH = REFERENCE / "kfp" / "kfp_api_single_file.swagger.json"
 API = "/apis/v2beta1"
 
 # google.rpc.Code of each HTTP status grpc-gateway produces (runtime.HTTPStatusFromCode, inverted).
