@@ -8,7 +8,7 @@ drawn log-normally between 32 and ``max_seq_length``, the first 30% of each a ma
 length, one process, in one run:
 
 - ours: the examples packed into rows of ``max_seq_length`` with ``position_ids`` (the prepared-dataset
-  contract), ``components.train.sft.pad_collator``, flash-attention varlen when installed (else SDPA with
+  contract), ``components.train.batches.pad_collator``, flash-attention varlen when installed (else SDPA with
   the block-causal mask);
 - baseline: the same examples, ``per_device_train_batch_size`` = max_seq_length / mean example length
   (about the same tokens per step), each batch padded to its longest row with an attention mask, SDPA.
@@ -87,7 +87,7 @@ def run(label: str, rows: list[dict], model_name: str, batch_size: int, attn: st
     from components.models.tiny import build_tokenizer
     from components.train.callbacks import flops_per_token, peak_flops
     from components.train.memory import model_shape
-    from components.train.sft import pad_collator
+    from components.train.batches import pad_collator
 
     gpu = torch.cuda.is_available()
     config = Qwen3Config(**MODELS[model_name], pad_token_id=PAD, use_cache=False)

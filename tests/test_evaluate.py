@@ -16,13 +16,12 @@ from components.evaluate.evaluate import (
     evaluate,
     gate,
     heldout_loss,
-    label_nll,
     load_eval_rows,
     readable_decode,
-    token_weighted_loss,
 )
 from components.evaluate.prompts import load_prompts
 from components.models.tiny import build_model, build_tokenizer
+from components.train.batches import label_nll, token_weighted_loss
 
 WORDS = ["apple", "river", "cloud", "stone", "music", "green", "paper", "light"]
 
@@ -33,7 +32,7 @@ def _train_briefly(base: str, dataset: str, out: str, steps: int = 60) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from components.train.sft import pad_collator
+    from components.train.batches import pad_collator
 
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
@@ -128,7 +127,7 @@ def test_trainer_scores_the_same_tokens_the_same_way_with_label_nll(tiny, tmp_pa
     import torch
     from transformers import AutoModelForCausalLM, Trainer, TrainingArguments
 
-    from components.train.sft import pad_collator
+    from components.train.batches import pad_collator
 
     model = AutoModelForCausalLM.from_pretrained(tiny / "tuned", dtype=torch.float32)
     collate = pad_collator(model.config.pad_token_id)
@@ -334,7 +333,7 @@ def test_label_nll_finds_the_logits_among_a_moe_models_outputs():
     # router_logits); the scalar aux_loss first broke every MoE evaluation under the Trainer.
     import torch
 
-    from components.evaluate.evaluate import label_nll
+    from components.train.batches import label_nll
 
     torch.manual_seed(0)
     logits, labels = torch.randn(2, 5, 7), torch.tensor([[-100, 1, 2, 3, -100], [-100, -100, 4, 5, 6]])

@@ -9,7 +9,8 @@ from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 from components.train.arguments import SFTConfig
 from components.train.config import deepspeed_config_path
 from components.train.local import run_torchrun
-from components.train.sft import load_model, pad_collator
+from components.train.batches import pad_collator
+from components.train.sft import load_model
 from tests.trainer_fixtures import make_workdir, trainer_config
 
 

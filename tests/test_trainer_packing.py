@@ -4,7 +4,7 @@ import pytest
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-from components.train.sft import pad_collator
+from components.train.batches import pad_collator
 
 PAD = 0
 

@@ -55,38 +55,10 @@ def load_causal_lm(model_path: str):
     return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
 
 
-def label_nll(logits, labels):
-    """Per row, ``[summed cross-entropy, label tokens]`` (a float32 ``(rows, 2)`` tensor) over the label tokens.
-
-    Tokens < n predict n, as the causal LM loss does; label -100 is not scored. The same function serves
-    Hugging Face Trainer as ``preprocess_logits_for_metrics`` (with ``compute_metrics=token_weighted_loss``),
-    so the trainer's evaluation can score exactly the tokens this step scores, the same way.
-    """
-    import torch
-
-    if isinstance(logits, tuple):
-        # Trainer passes the model's outputs after the loss: Qwen3-MoE's start with its router aux_loss (a scalar),
-        # then the logits, then the router logits. The logits are the (rows, tokens, vocab) tensor.
-        logits = next(t for t in logits if getattr(t, "ndim", 0) == 3)
-    sums = torch.zeros((len(labels), 2), dtype=torch.float32, device=logits.device)
-    for i in range(len(labels)):  # one row at a time in float32: a batch of 150k-vocab logits would not fit
-        sums[i, 0] = torch.nn.functional.cross_entropy(
-            logits[i, :-1].float(), labels[i, 1:], ignore_index=-100, reduction="sum")
-        sums[i, 1] = (labels[i, 1:] != -100).sum()
-    return sums
-
-
-def token_weighted_loss(eval_pred) -> dict:
-    """``compute_metrics`` for Hugging Face Trainer after ``label_nll``: the loss per label token over the whole
-    eval split (Trainer prefixes ``eval_``), where Trainer's own ``eval_loss`` is a mean of per-batch means."""
-    sums = eval_pred.predictions.reshape(-1, 2).sum(axis=0)
-    return {"loss_per_token": float(sums[0] / sums[1]), "label_tokens": int(sums[1])}
-
-
 def _label_nll(model, rows, batch_size: int) -> tuple[float, int]:
     import torch
 
-    from components.train.sft import pad_collator
+    from components.train.batches import label_nll, pad_collator
 
     collate = pad_collator(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     total_nll, total_tokens = 0.0, 0

@@ -168,39 +168,6 @@ def _non_defaults(cfg) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k == "output_dir" or (k in defaults and defaults[k] != v)}
 
 
-def pad_collator(pad_token_id: int):
-    """Collate tokenized rows into a batch; packed rows (``position_ids`` present) stay padding-free.
-
-    Unpacked rows: padded to the longest row, with ``attention_mask``. Packed rows: ``input_ids``,
-    ``labels`` and ``position_ids`` and no ``attention_mask``, so transformers builds a block-causal
-    mask per example from where ``position_ids`` restart (flash-attention: varlen kernels). The first
-    token of every example gets label -100: nothing predicts it from the previous example (as
-    ``DataCollatorWithFlattening`` does), so a packed row's loss is exactly its examples' loss.
-    """
-    import torch
-
-    def collate(rows):
-        width = max(len(r["input_ids"]) for r in rows)
-        ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-        labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        packed = "position_ids" in rows[0]
-        extra = torch.zeros((len(rows), width), dtype=torch.long)  # position_ids or attention_mask
-        for i, r in enumerate(rows):
-            n = len(r["input_ids"])
-            ids[i, :n] = torch.tensor(r["input_ids"])
-            labels[i, :n] = torch.tensor(r["labels"])
-            if packed:
-                extra[i, :n] = torch.tensor(r["position_ids"])
-            else:
-                extra[i, :n] = 1
-        if packed:
-            labels[extra == 0] = -100
-            return {"input_ids": ids, "labels": labels, "position_ids": extra}
-        return {"input_ids": ids, "labels": labels, "attention_mask": extra}
-
-    return collate
-
-
 def _attn_implementation() -> str:
     import importlib.util
 
@@ -303,7 +270,7 @@ def main(cfg) -> dict:
     from transformers.trainer_callback import PrinterCallback
     from transformers.trainer_callback import ProgressCallback as HFProgressCallback
 
-    from components.evaluate.evaluate import label_nll, token_weighted_loss
+    from components.train.batches import label_nll, pad_collator, token_weighted_loss
 
     from components.models.hub import BASE_MODEL_RECORD, global_rank, resolve_model_for_run
     from components.train.callbacks import ProgressCallback, peak_flops
