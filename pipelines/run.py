@@ -159,7 +159,7 @@ def _main(args) -> int:
 
     preset = args.preset or (P.CLUSTER_PRESET if args.host or args.render else P.LOCAL_PRESET)
     if args.schedule:
-        from pipelines.submit import validate_cron
+        from pipelines.schedule import validate_cron
 
         validate_cron(args.schedule)
         if not args.host and not args.render:

@@ -18,7 +18,8 @@ import urllib3
 from kfp import compiler, dsl
 
 from pipelines.errors import UsageError
-from pipelines.submit import Submission, submit, validate_cron
+from pipelines.schedule import validate_cron
+from pipelines.submit import Submission, submit
 from tests.conftest import require_reference
 from tests.fakes.kfp_api import API, SWAGGER_PATH, running_fake_kfp
 
