@@ -4,6 +4,7 @@ The Hub is an offline HF cache (tests/hf_cache.py) holding a tiny FP8 Qwen3-MoE 
 Qwen3-30B-A3B-...-FP8, named by Hub id with HF_HOME and HF_HUB_OFFLINE=1, as the cluster's pods see it.
 """
 
+import contextlib
 import json
 import os
 import re
@@ -131,20 +132,21 @@ def _closed_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def newer_commit_hub():
-    """A Hub whose main has moved on to a commit that is not in the cache: its address and the requests it got."""
+@contextlib.contextmanager
+def _fake_hub(answer):
+    """A Hub over HTTP on a local port: ``answer(path)`` gives ``(status, json_body, extra_headers)`` for every GET
+    and HEAD. Yields its address and the requests it got."""
     requests = []
 
-    class NewerCommit(BaseHTTPRequestHandler):
+    class Hub(BaseHTTPRequestHandler):
         def do_GET(self):
             requests.append(f"{self.command} {self.path}")
-            # repo_info names the new commit; its file listing (the tree) is empty.
-            info = [] if "/tree/" in self.path else {"id": TINY_FP8_REPO, "sha": "f" * 40, "siblings": []}
+            status, info, headers = answer(self.path)
             body = json.dumps(info).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
+            self.send_response(status)
+            for key, value in {**headers, "Content-Type": "application/json",
+                               "Content-Length": str(len(body))}.items():
+                self.send_header(key, value)
             self.end_headers()
             self.wfile.write(body)
 
@@ -153,12 +155,21 @@ def newer_commit_hub():
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), NewerCommit)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield f"http://127.0.0.1:{server.server_port}", requests
     finally:
         server.shutdown()
+
+
+@pytest.fixture
+def newer_commit_hub():
+    """A Hub whose main has moved on to a commit that is not in the cache: its address and the requests it got."""
+    # repo_info names the new commit; its file listing (the tree) is empty.
+    with _fake_hub(lambda path: (200, [] if "/tree/" in path else
+                                 {"id": TINY_FP8_REPO, "sha": "f" * 40, "siblings": []}, {})) as hub_and_requests:
+        yield hub_and_requests
 
 
 def _no_resolving(*args, **kwargs):
@@ -283,36 +294,15 @@ def test_an_uncached_hub_id_offline_is_one_clear_error(offline, tmp_path):
             call()
 
 
-class _NoSuchRepo(BaseHTTPRequestHandler):
-    """The Hub's answer for a repository that does not exist (or that the token cannot see)."""
-
-    def do_GET(self):
-        body = b'{"error": "Repository not found"}'
-        self.send_response(404)
-        self.send_header("X-Error-Code", "RepoNotFound")
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, *args):
-        pass
-
-
 def test_a_hub_id_the_hub_does_not_have_is_one_clear_error(offline, tmp_path, monkeypatch):
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NoSuchRepo)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    _point_hub_at(monkeypatch, f"http://127.0.0.1:{server.server_port}")
-    try:
+    # The Hub's answer for a repository that does not exist (or that the token cannot see).
+    with _fake_hub(lambda path: (404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})) as (url, _):
+        _point_hub_at(monkeypatch, url)
         for call in (lambda: resolve_model("tiny-org/No-Such-Model", str(tmp_path)),
                      lambda: load_model_config("tiny-org/No-Such-Model")):
             with pytest.raises(ValueError, match="model_name_or_path 'tiny-org/No-Such-Model' was not found on the "
                                                  "Hugging Face Hub.*check the id"):
                 call()
-    finally:
-        server.shutdown()
 
 
 def test_references_that_are_neither_folders_nor_hub_ids_are_clear_errors(offline, tmp_path):
