@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import calendar
 import math
+import re
 import signal
 import threading
 import time
@@ -21,7 +22,21 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
+# Kubernetes object names: claims and secrets are DNS-1123 subdomains; InferenceService names become
+# Service/host names, so they must be DNS-1035 labels (start with a letter) of at most 63 characters.
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def name_error(field: str, value: str, pattern: re.Pattern, limit: int, what: str) -> str | None:
+    """The error for a setting that is not a valid Kubernetes name (``what``), with a corrected suggestion."""
+    if len(value) <= limit and pattern.match(value):
+        return None
+    suggestion = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:limit] or "my-name"
+    return (f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); "
+            f"e.g. {suggestion!r}")
 
 
 def current_namespace(default: str = "default") -> str:

@@ -1,7 +1,8 @@
-"""Compile the pipeline to ``compiled/llm_finetune.yaml`` (the file users upload in the KFP UI).
+"""Compile the pipeline to ``compiled/llm_finetune.yaml`` (the file users upload in the KFP UI), and write what else
+derives from the settings model (pipelines/derive.py: the validate_inputs component, the README's settings table).
 
-    python -m pipelines.compile            # write it
-    python -m pipelines.compile --check    # exit 1 and show the difference when the checked-in file is stale
+    python -m pipelines.compile            # write them
+    python -m pipelines.compile --check    # exit 1 and show the difference when a checked-in file is stale
 """
 
 from __future__ import annotations
@@ -43,6 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the checked-in YAML differs from the source")
     parser.add_argument("--output", type=Path, default=COMPILED, help=f"where to write (default {COMPILED})")
     args = parser.parse_args(argv)
+    from pipelines.derive import derived_files
+
+    # Before the pipeline is imported: the compiled YAML embeds the validate_inputs component's source.
+    stale = []
+    for path, text in derived_files().items():
+        if path.read_text() == text:
+            continue
+        if args.check:
+            sys.stdout.writelines(difflib.unified_diff(
+                path.read_text().splitlines(True), text.splitlines(True), str(path), "derived from the settings model"))
+            stale.append(path)
+        else:
+            path.write_text(text)
+            print(f"wrote {path}")
+    if stale:
+        print(f"\n{', '.join(map(str, stale))} stale: run `python -m pipelines.compile` and commit", file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         fresh = compile_pipeline(Path(tmp) / "llm_finetune.yaml").read_text()
     current = args.output.read_text() if args.output.exists() else ""

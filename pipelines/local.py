@@ -66,6 +66,7 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     """
     from kfp import local
 
+    from components.settings import split_arguments
     from pipelines.llm_finetune import build_pipeline
 
     started = time.time()
@@ -79,7 +80,7 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
             if not verbose:
                 quiet.enter_context(_quiet_kfp_local(steps))
             try:
-                outputs = pipeline(**params).outputs
+                outputs = pipeline(**split_arguments(params)).outputs
             except RuntimeError:
                 steps.failed()
                 raise

@@ -1,14 +1,14 @@
-"""Pipeline parameters: presets, ``--params FILE`` and ``-p key=value`` overrides, typed and checked.
+"""A run's settings from presets, ``--params FILE`` and ``-p key=value`` overrides, typed and checked.
 
-The pipeline function's signature is the single source of names, types and defaults; a preset is a
-YAML file of overrides; later sources win (preset < params file < -p). Every problem is a UsageError
-naming the key and the fix.
+The settings model (components/settings.py) is the single source of names, types and defaults; any setting can
+be set by name, whether the pipeline has it as a parameter of its own or inside ``advanced_settings``
+(``components.settings.split_arguments`` makes the pipeline's arguments). A preset is a YAML file of overrides;
+later sources win (preset < params file < -p). Every problem is a UsageError naming the key and the fix.
 """
 
 from __future__ import annotations
 
 import difflib
-import inspect
 import json
 from pathlib import Path
 
@@ -22,11 +22,10 @@ CLUSTER_PRESET = "qwen3-30b-a3b-full"
 
 
 def parameter_specs() -> dict[str, tuple[type, object]]:
-    """``{name: (type, default)}`` for every pipeline parameter, from the pipeline's signature."""
-    from pipelines.llm_finetune import build_pipeline
+    """``{name: (type, default)}`` for every setting, from the settings model."""
+    from components.settings import specs
 
-    sig = inspect.signature(build_pipeline("cluster").pipeline_func)
-    return {name: (p.annotation, p.default) for name, p in sig.parameters.items()}
+    return {name: (spec.type, spec.default) for name, spec in specs().items()}
 
 
 def preset_names() -> list[str]:
@@ -111,15 +110,9 @@ def resolve(preset: str, params_file: str | None = None, overrides: list[str] = 
 
 
 def check(params: dict) -> None:
-    """Raise one UsageError listing every invalid parameter value (the validate_inputs checks)."""
-    from components.validate.checks import check_parameters
+    """Raise one UsageError listing every invalid setting (the checks validate_inputs runs)."""
+    from components.settings import check as check_settings
 
-    errors = check_parameters({k: params[k] for k in inspect.signature(_validate_signature()).parameters})
+    errors = check_settings(params)
     if errors:
-        raise UsageError("invalid parameters: " + "; ".join(errors))
-
-
-def _validate_signature():
-    from components.validate.component import validate_inputs
-
-    return validate_inputs.python_func
+        raise UsageError("invalid settings: " + "; ".join(errors))

@@ -10,7 +10,6 @@ examples:
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import os
 import re
@@ -22,10 +21,6 @@ from pathlib import Path
 from pipelines.errors import UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
-PIPELINE_SOURCE = ROOT / "pipelines" / "llm_finetune.py"
-# Where each parameter's one line of help comes from: the components' Args: docstrings, first one wins.
-HELP_SOURCES = [("validate", "validate_inputs"), ("data", "prepare_dataset"), ("train", "train_model"),
-                ("evaluate", "evaluate_model"), ("deploy", "deploy_model")]
 DEFAULT_WORKSPACE = "workspace"
 HELP_WIDTH = 100  # characters of help per parameter: one line each
 
@@ -84,50 +79,36 @@ def presets_help() -> str:
 
 
 def parameters_help() -> str:
-    """Every pipeline parameter on one line: name, type, default, what it does."""
-    helps = parameter_help()
-    rows = [(f"{name}: {kind} = {json.dumps(default) if isinstance(default, (dict, list, str)) else default}",
-             helps.get(name, "")) for name, kind, default in signature_parameters()]
-    width = min(max(len(r[0]) for r in rows), 48)
-    lines = ["parameters (-p NAME=VALUE, or NAME: VALUE lines in a --params YAML file; defaults before any preset):"]
-    lines += [f"  {sig:<{width}}  {text}".rstrip() for sig, text in rows]
+    """Every setting on one line, by step: name, type, default, the first sentence of its help."""
+    from components.settings import ADVANCED, specs
+
+    rows = []
+    for spec in specs().values():
+        default = json.dumps(spec.default) if isinstance(spec.default, (dict, list, str)) else spec.default
+        rows.append((spec.group, f"{spec.name}: {spec.type.__name__} = {default}", _first_sentence(spec.help)))
+    width = min(max(len(r[1]) for r in rows), 48)
+    lines = ["parameters (-p NAME=VALUE, or NAME: VALUE lines in a --params YAML file; defaults before any preset;",
+             f"those marked * are inside the pipeline's {ADVANCED} parameter in the KFP UI):"]
+    advanced = {name for name, spec in specs().items() if not spec.plain}
+    group = None
+    for (step, sig, text), name in zip(rows, specs()):
+        if step != group:
+            lines.append(f" {step}:")
+            group = step
+        mark = "*" if name in advanced else " "
+        lines.append(f" {mark}{sig:<{width}}  {text}".rstrip())
     return "\n".join(lines) + "\n"
 
 
-def signature_parameters() -> list[tuple[str, str, object]]:
-    """``(name, type name, default)`` of every pipeline parameter, read from the pipeline function's signature
-    in its source: what ``pipelines.params.parameter_specs()`` returns, without importing kfp for ``--help``."""
-    from components.version import TRAINER_IMAGE
-
-    names = {"TRAINER_IMAGE": TRAINER_IMAGE}
-    (func,) = [n for n in ast.walk(ast.parse(PIPELINE_SOURCE.read_text())) if isinstance(n, ast.FunctionDef)
-               and n.name == "llm_finetune"]
-    args = func.args.args
-    defaults = [None] * (len(args) - len(func.args.defaults)) + func.args.defaults
-    return [(a.arg, ast.unparse(a.annotation),
-             names[d.id] if isinstance(d, ast.Name) else ast.literal_eval(d)) for a, d in zip(args, defaults)]
-
-
-def parameter_help() -> dict[str, str]:
-    """One line of help per parameter from the components' ``Args:`` docstrings (read, not imported): the
-    first sentence, RST markup removed, at most ``HELP_WIDTH`` characters. The one place help text is
-    extracted; a settings model will replace it."""
-    helps: dict[str, str] = {}
-    for folder, function in HELP_SOURCES:
-        tree = ast.parse((ROOT / "components" / folder / "component.py").read_text())
-        (node,) = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == function]
-        doc = ast.get_docstring(node) or ""
-        section = re.search(r"^Args:\n(.*?)(?:^\S|\Z)", doc, re.S | re.M)
-        for name, text in re.findall(r"^    (\w+): (.*?)(?=^    \w+: |\Z)", section.group(1) if section else "",
-                                     re.S | re.M):
-            text = re.sub(r"``([^`]*)``", r"\1", " ".join(text.split()))
-            first = re.split(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<=\.)\s", text, maxsplit=1)[0]
-            helps.setdefault(name, first if len(first) <= HELP_WIDTH else first[:HELP_WIDTH].rsplit(" ", 1)[0] + " ...")
-    return helps
+def _first_sentence(text: str) -> str:
+    """The first sentence of ``text``, at most ``HELP_WIDTH`` characters."""
+    first = re.split(r"(?<!\be\.g\.)(?<!\bi\.e\.)(?<=\.)\s", text, maxsplit=1)[0]
+    return first if len(first) <= HELP_WIDTH else first[:HELP_WIDTH].rsplit(" ", 1)[0] + " ..."
 
 
 def submit_run(args, params: dict, preset: str) -> dict:
     """Compile, upload a new pipeline version and start a run (or a recurring run) on ``args.host``."""
+    from components.settings import split_arguments
     from components.version import __version__
     from pipelines.compile import compile_pipeline
     from pipelines.submit import submit
@@ -135,7 +116,8 @@ def submit_run(args, params: dict, preset: str) -> dict:
     run_name = args.run_name or f"{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "llm_finetune.yaml")
-        sub = submit(host=args.host, package_path=str(package), pipeline_name=args.pipeline_name, params=params,
+        sub = submit(host=args.host, package_path=str(package), pipeline_name=args.pipeline_name,
+                     params=split_arguments(params),
                      experiment=args.experiment, run_name=run_name, namespace=args.namespace,
                      schedule=args.schedule, existing_token=os.environ.get("KFP_TOKEN"),
                      description=f"kubeflow-llm-post-training {__version__}, preset {preset}")

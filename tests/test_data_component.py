@@ -6,6 +6,7 @@ import datasets
 from kfp.dsl import Dataset, Markdown
 
 from components.data.component import prepare_dataset
+from components.settings import defaults
 from tests import test_data_prepare as base
 
 # the same module-scoped corpus and tokenizer as tests/test_data_prepare.py
@@ -18,9 +19,10 @@ def run_component(tmp_path, tokenizer_dir, source, run_id):
     artifacts = tmp_path / f"artifacts-{run_id}"
     artifacts.mkdir()
     dataset, report = Dataset(uri=str(artifacts / "dataset")), Markdown(uri=str(artifacts / "report.md"))
-    prepare_dataset.python_func(
-        dataset_source=source, model_name_or_path=tokenizer_dir, max_seq_length=128, eval_size=0.2, seed=0,
-        data_pvc="llm-data", data_root=str(tmp_path / "data"), run_id=run_id, dataset=dataset, report=report)
+    settings = {**defaults(), "dataset_source": source, "model_name_or_path": tokenizer_dir, "max_seq_length": 128,
+                "eval_size": 0.2, "seed": 0, "data_pvc": "llm-data", "num_proc": 1}
+    prepare_dataset.python_func(settings=settings, data_root=str(tmp_path / "data"), run_id=run_id, dataset=dataset,
+                                report=report)
     return dataset, report
 
 

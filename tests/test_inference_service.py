@@ -297,17 +297,20 @@ def test_startup_probe_only_where_the_runtime_has_none():
     assert RUNTIMES["kserve-vllm"].has_startup_probe and not RUNTIMES["kserve-huggingface"].has_startup_probe
 
 
-def test_inference_service_for_run_keeps_its_old_call_and_takes_the_new_keywords():
+def test_inference_service_for_run_reads_the_deploy_and_cluster_settings():
     from components.deploy.inference_service import inference_service_for_run
+    from components.settings import ClusterSettings, DeploySettings
 
-    common = dict(run_id="r1", namespace=NS, storage_uri=STORAGE, deploy_backend="kserve-vllm", serving_name=NAME,
-                  serving_gpus=8, max_model_len=4096, node_selector={}, tolerations=[])
-    old = inference_service_for_run(**common)
-    assert old["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
-    assert old["metadata"]["labels"] == {"pipelines.kubeflow.org/run-id": "r1"}
-    new = inference_service_for_run(**common, deployment_mode="Knative", canary_traffic_percent=25)
-    assert new["spec"]["predictor"]["canaryTrafficPercent"] == 25
-    assert crd_errors(new, CRD) == []
+    deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, serving_gpus=8, max_model_len=4096)
+    cluster = ClusterSettings(node_selector={"pool": "gpu"}, tolerations=[])
+    standard = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    assert standard["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    assert standard["metadata"]["labels"] == {"pipelines.kubeflow.org/run-id": "r1"}
+    assert standard["spec"]["predictor"]["nodeSelector"] == {"pool": "gpu"}
+    deploy.deployment_mode, deploy.canary_traffic_percent = "Knative", 25
+    canary = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    assert canary["spec"]["predictor"]["canaryTrafficPercent"] == 25
+    assert crd_errors(canary, CRD) == []
 
 
 def test_changing_the_mode_of_an_existing_service_is_refused_before_any_change():

@@ -61,7 +61,7 @@ def test_params_file_must_be_a_mapping(tmp_path):
     ("method=dpo", "method='dpo' is not one of full, lora, qlora"),
     ("hf_token_secret=", "hf_token_secret is empty; name a Secret with key HF_TOKEN"),
     ("num_nodes=2", "num_nodes=2 with train_backend=local"),
-    ("learning_rate=5", "learning_rate=5.0 must be between 0 and 1"),
+    ("learning_rate=5", "learning_rate=5.0 must be > 0 and < 1"),
     ("max_model_len=128", "max_model_len=128 is shorter than max_seq_length=512"),
     ("canary_traffic_percent=10", "canary_traffic_percent needs deployment_mode=Knative"),
     ("deployment_mode=Serverless", "deployment_mode='Serverless' is not one of Standard, Knative"),

@@ -24,40 +24,48 @@ def test_help_works_without_cluster_or_gpu():
     assert "(default: ./workspace)" in result.stdout and "``" not in result.stdout  # no RST markup
 
 
-def test_help_lists_the_presets_and_every_parameter_with_type_default_and_help():
-    from pipelines.params import parameter_specs, preset_names
+def test_help_lists_the_presets_and_every_setting_with_type_default_and_help():
+    from components.settings import specs
+    from pipelines.params import preset_names
 
     out = run_cli("pipelines.run", "--help", timeout=30).stdout
     presets = out.split("presets (--preset NAME):\n")[1].split("\n\n")[0]
     for name in preset_names():
         assert f"  {name} " in presets, name
     assert "The laptop run: a tiny Qwen3" in presets
-    rows = out.split("parameters (-p NAME=VALUE")[1].splitlines()[1:]
-    specs = parameter_specs()
-    assert len(rows) == len(specs)
-    for row, (name, (kind, default)) in zip(rows, specs.items()):
-        shown = json.dumps(default) if isinstance(default, (dict, list, str)) else str(default)
-        signature, _, help_text = row.strip().partition(f" = {shown}")
-        assert signature == f"{name}: {kind.__name__}", row
-        assert len(help_text.strip()) > 5, f"{name} has no help line: document it in a component's Args:"
-    assert "  learning_rate: float = 5e-05" in out and "peak learning rate" in out
+    rows = [r for r in out.split("parameters (-p NAME=VALUE")[1].splitlines()[2:] if not r.endswith(":")]
+    assert len(rows) == len(specs())
+    for row, spec in zip(rows, specs().values()):
+        shown = json.dumps(spec.default) if isinstance(spec.default, (dict, list, str)) else str(spec.default)
+        signature, _, help_text = row[2:].partition(f" = {shown}")
+        assert signature == f"{spec.name}: {spec.type.__name__}", row
+        assert row[1] == (" " if spec.plain else "*"), row  # * marks a setting inside advanced_settings
+        assert len(help_text.strip()) > 5, f"{spec.name} has no help line"
+    assert "  learning_rate: float = 5e-05" in out and "Peak learning rate" in out
+    assert " *lora_r: int = 16" in out
 
 
-def test_help_reads_the_signature_without_importing_kfp_or_torch():
-    """--help stays fast: it parses the pipeline's source; parameter_specs() imports kfp to get the same."""
+def test_help_imports_no_ml_or_kubernetes_library():
+    """--help stays fast: the settings model imports nothing heavy."""
     import subprocess
     import sys
 
-    from pipelines.params import parameter_specs
-    from pipelines.run import signature_parameters
     from tests.conftest import ROOT
 
-    assert [(n, k, d) for n, k, d in signature_parameters()] == [
-        (name, kind.__name__, default) for name, (kind, default) in parameter_specs().items()]
     probe = ("import sys\nfrom pipelines import run\ntry:\n    run.main(['--help'])\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('kfp', 'torch', 'transformers', 'kubernetes', 'datasets') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:] + result.stderr
+
+
+def test_every_setting_reaches_the_rendered_configs_from_the_command_line(tmp_path):
+    """-p reaches a setting whether it is a pipeline parameter of its own or inside advanced_settings."""
+    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-lora", "-p", "lora_r=32", "-p", "learning_rate=2e-4",
+                     "-p", "weight_decay=0.1", "--render", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    trainer = json.loads((tmp_path / "train_config.json").read_text())
+    assert (trainer["lora_r"], trainer["learning_rate"], trainer["weight_decay"]) == (32, 2e-4, 0.1)
+    assert yaml.safe_load((tmp_path / "params.yaml").read_text())["lora_r"] == 32
 
 
 def test_render_writes_compiled_pipeline_and_resolved_params(tmp_path):

@@ -9,6 +9,8 @@ import pytest
 from components.data.prepare import prepare
 from components.evaluate.evaluate import evaluate, gate, heldout_loss
 from components.models.tiny import build_model, build_tokenizer
+from components.settings import TrainSettings
+from tests.trainer_fixtures import CPU_TEST_SETTINGS
 from components.train.config import build_trainer_config, deepspeed_config_path, write_trainer_config
 from components.train.local import run_torchrun
 from tests.conftest import run_cli
@@ -35,10 +37,12 @@ def workdir(tmp_path_factory):
 
 def _config(workdir, **over):
     cfg = build_trainer_config(
-        model_name_or_path=str(workdir / "base"), dataset_path=str(workdir / "data"), output_dir=str(workdir / "out"),
-        method="full", max_seq_length=128, per_device_train_batch_size=8, gradient_accumulation_steps=1,
-        learning_rate=3e-3, num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
-        use_cpu=True, model_cache_dir=str(workdir / "cache"),
+        TrainSettings(model_name_or_path=str(workdir / "base"), method="full", max_seq_length=128,
+                      per_device_train_batch_size=8, gradient_accumulation_steps=1, learning_rate=3e-3,
+                      num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
+                      **CPU_TEST_SETTINGS),
+        dataset_path=str(workdir / "data"), output_dir=str(workdir / "out"), use_cpu=True,
+        model_cache_dir=str(workdir / "cache"),
     )
     cfg.update(over)
     return write_trainer_config(cfg, str(workdir / "cfg" / f"{len(over)}.json"))

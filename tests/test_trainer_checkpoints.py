@@ -9,6 +9,8 @@ from types import SimpleNamespace
 from transformers import TrainerControl, TrainerState
 
 from components.train.checkpoints import MARKER, SaveOnSigtermCallback, latest_complete_checkpoint, prune_checkpoints
+from components.settings import TrainSettings
+from tests.trainer_fixtures import CPU_TEST_SETTINGS
 from components.train.config import build_trainer_config, check_combination, write_trainer_config
 from tests.conftest import run_cli
 
@@ -64,10 +66,12 @@ def test_sigterm_asks_for_a_checkpoint_and_a_stop_at_the_next_step_end():
 
 def _config(tmp_path, **over):
     cfg = build_trainer_config(
-        model_name_or_path="builtin:tiny-qwen3", dataset_path=str(tmp_path / "nothing"), output_dir=str(tmp_path / "out"),
-        method="full", max_seq_length=128, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-        learning_rate=1e-3, num_train_epochs=1, max_steps=-1, warmup_ratio=0.0, seed=0, deepspeed_config="none",
-        use_cpu=True, model_cache_dir=str(tmp_path / "cache"),
+        TrainSettings(model_name_or_path="builtin:tiny-qwen3", method="full", max_seq_length=128,
+                      per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=1e-3,
+                      num_train_epochs=1, max_steps=-1, warmup_ratio=0.0, seed=0, deepspeed_config="none",
+                      **CPU_TEST_SETTINGS),
+        dataset_path=str(tmp_path / "nothing"), output_dir=str(tmp_path / "out"), use_cpu=True,
+        model_cache_dir=str(tmp_path / "cache"),
     )
     cfg.update(over)
     return cfg

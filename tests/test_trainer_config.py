@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.settings import TrainSettings
 from components.train.config import DEEPSPEED_DIR, build_trainer_config, deepspeed_config_path
 from tests.trainer_fixtures import make_workdir
 
@@ -21,17 +22,28 @@ POD_MOUNTS = (DATA_MOUNT + "/", MODEL_MOUNT + "/")
 
 
 # As the train step builds it for a PyTorchJob: paths as the pods see them.
-_CLUSTER_ARGS = dict(
-    model_name_or_path="Qwen/Qwen3-30B-A3B", dataset_path=f"{DATA_MOUNT}/runs/r1/dataset",
-    output_dir=f"{MODEL_MOUNT}/runs/r1/train", method="full", max_seq_length=4096,
-    per_device_train_batch_size=1, gradient_accumulation_steps=4, learning_rate=5e-5, num_train_epochs=2,
-    max_steps=-1, warmup_ratio=0.03, seed=42, deepspeed_config="zero3", use_cpu=False,
-    model_cache_dir=f"{DATA_MOUNT}/cache",
-)
+_CLUSTER_PATHS = dict(dataset_path=f"{DATA_MOUNT}/runs/r1/dataset", output_dir=f"{MODEL_MOUNT}/runs/r1/train",
+                      use_cpu=False, model_cache_dir=f"{DATA_MOUNT}/cache")
 
 
-def _cluster_config(deepspeed_config="zero3"):
-    return build_trainer_config(**{**_CLUSTER_ARGS, "deepspeed_config": deepspeed_config})
+def _cluster_config(deepspeed_config="zero3", packing=True, **settings):
+    train = TrainSettings(model_name_or_path="Qwen/Qwen3-30B-A3B", deepspeed_config=deepspeed_config, **settings)
+    return build_trainer_config(train, **_CLUSTER_PATHS, packing=packing)
+
+
+def test_every_training_setting_reaches_the_trainer_config_under_its_name():
+    """One place per setting: a TrainSettings field is a trainer config key (two renamed) that SFTConfig takes."""
+    import dataclasses
+
+    from components.train.arguments import SFTConfig
+
+    cfg = _cluster_config(lora_r=32, lora_target_modules="q_proj,v_proj", weight_decay=0.1, learning_rate=1e-5)
+    assert (cfg["lora_r"], cfg["lora_target_modules"], cfg["weight_decay"], cfg["learning_rate"]) == (
+        32, "q_proj,v_proj", 0.1, 1e-5)
+    renamed = {"deepspeed_config": "deepspeed", "warmup_ratio": "warmup_steps"}
+    names = {renamed.get(f.name, f.name) for f in dataclasses.fields(TrainSettings)}
+    assert names <= set(cfg)
+    assert set(cfg) <= {f.name for f in dataclasses.fields(SFTConfig)}  # the trainer takes every key
 
 
 def test_rendered_config_names_the_deepspeed_setting_not_a_launcher_path():
@@ -128,5 +140,5 @@ def test_packed_rows_are_sampled_in_a_seeded_order_that_a_mid_epoch_resume_conti
     # the draw, so a job resumed mid-epoch would skip a different set of rows (seen in the rehearsal's soft
     # eviction: eval loss 3.1521 against 3.1446 uninterrupted). Packed rows have one length: nothing to group.
     assert _cluster_config()["train_sampling_strategy"] == "random"
-    unpacked = build_trainer_config(**{**_CLUSTER_ARGS, "packing": False})
+    unpacked = _cluster_config(packing=False)
     assert unpacked["train_sampling_strategy"] == "group_by_length"  # padding work halves; resume caveat documented

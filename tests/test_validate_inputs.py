@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from components import kube
+from components.settings import Settings, split_arguments
 from components.validate.component import validate_inputs
 from pipelines import params as P
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -43,15 +44,29 @@ def cluster(tmp_path, monkeypatch):
 
 
 def _inputs(**overrides) -> dict:
+    """The pipeline's arguments for the reference preset: what KFP hands validate_inputs."""
     params = P.resolve("qwen3-30b-a3b-full", overrides=[f"{k}={v}" for k, v in overrides.items()])
-    import inspect
-
-    return {k: params[k] for k in inspect.signature(validate_inputs.python_func).parameters}
+    return split_arguments(params)
 
 
 def test_reference_run_passes_parameter_checks_and_preflight(cluster):
-    validate_inputs.python_func(**_inputs())
+    settings = validate_inputs.python_func(**_inputs(lora_r=32))
     assert cluster.requests_for("GET", "persistentvolumeclaims/llm-data")
+    # Its output is every setting, resolved: advanced ones (lora_r) included, for the later steps.
+    assert settings == P.resolve("qwen3-30b-a3b-full", overrides=["lora_r=32"])
+
+
+def test_advanced_settings_are_checked_by_name_and_type():
+    args = _inputs()
+    with pytest.raises(ValueError, match="advanced_settings: unknown setting 'lora_rank'; did you mean 'lora_r'"):
+        validate_inputs.python_func(**{**args, "advanced_settings": {"lora_rank": 8}})
+    with pytest.raises(ValueError, match="advanced_settings: 'learning_rate' is a pipeline parameter of its own"):
+        validate_inputs.python_func(**{**args, "advanced_settings": {"learning_rate": 1e-5}})
+    with pytest.raises(ValueError, match="invalid settings: lora_r must be a int, got '8'"):
+        validate_inputs.python_func(**{**args, "advanced_settings": {"lora_r": "8"}})
+    # KFP carries a dict parameter as a protobuf Struct: every number arrives as a double.
+    assert validate_inputs.python_func(**{**args, "train_backend": "local", "num_nodes": 1, "deploy_backend": "local",
+                                          "advanced_settings": {"lora_r": 8.0}})["lora_r"] == 8
 
 
 def test_missing_claim_and_too_few_gpu_nodes_fail_before_any_job(cluster):
@@ -64,7 +79,7 @@ def test_missing_claim_and_too_few_gpu_nodes_fail_before_any_job(cluster):
 
 
 def test_invalid_parameters_fail_before_the_cluster_is_asked(cluster):
-    with pytest.raises(ValueError, match="invalid parameters: .*min_nodes=3 is more than num_nodes=2"):
+    with pytest.raises(ValueError, match="invalid settings: .*min_nodes=3 is more than num_nodes=2"):
         validate_inputs.python_func(**_inputs(min_nodes=3))
     assert cluster.requests == []
 
@@ -76,8 +91,8 @@ def test_trainjob_refuses_knobs_that_belong_to_its_runtime():
 
 
 @pytest.mark.parametrize("override, message", [
-    ("job_restarts=-1", "job_restarts=-1 must be >= 0 (0: a failed job fails the step at once)"),
-    ("pending_timeout_seconds=10", "pending_timeout_seconds=10 must be at least 60"),
+    ("job_restarts=-1", "job_restarts=-1 must be >= 0 (Re-runs of a job that failed for a retriable cause"),
+    ("pending_timeout_seconds=10", "pending_timeout_seconds=10 must be >= 60"),
 ])
 def test_restart_and_pending_limits_are_checked(override, message):
     params = P.resolve("qwen3-30b-a3b-full", overrides=[override])
@@ -86,13 +101,9 @@ def test_restart_and_pending_limits_are_checked(override, message):
 
 
 def test_restart_and_pending_limits_reach_the_launcher():
-    # The train step hands them to run_training_job; defaults: 2 re-runs, 15 minutes unschedulable.
-    import inspect
-
-    from components.train.component import train_model
-
+    # The train step hands them to run_training_job from its settings; defaults: 2 re-runs, 15 minutes unschedulable.
     params = P.resolve("qwen3-30b-a3b-full", overrides=["job_restarts=5", "pending_timeout_seconds=1800"])
-    assert params["job_restarts"] == 5 and params["pending_timeout_seconds"] == 1800
-    assert {"job_restarts", "pending_timeout_seconds"} <= set(inspect.signature(train_model.python_func).parameters)
+    cluster = Settings.from_flat(params).cluster
+    assert (cluster.job_restarts, cluster.pending_timeout_seconds) == (5, 1800)
     defaults = P.resolve("qwen3-30b-a3b-full", overrides=[])
     assert (defaults["job_restarts"], defaults["pending_timeout_seconds"]) == (2, 900)

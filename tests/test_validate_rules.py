@@ -7,19 +7,34 @@ from components.data import formats, tokenizing
 from components.deploy import inference_service
 from components.train import config, launch
 from components.train.config import check_combination, check_method_deepspeed
-from components.validate import checks
+from components.data import rules as data_rules
+from components.deploy import rules as deploy_rules
+from components.train import rules as train_rules
 from pipelines import params as P
 from pipelines.errors import UsageError
 
 
 def test_validate_checks_the_choices_the_steps_implement():
-    assert checks.METHODS is config.METHODS
-    assert checks.DEEPSPEED_CONFIGS is config.DEEPSPEED_CONFIGS
-    assert checks.CLEANUP_POLICIES is launch.CLEANUP_POLICIES
-    assert checks.DEPLOYMENT_MODES is inference_service.DEPLOYMENT_MODES
-    assert checks.DEPLOY_BACKENDS is inference_service.DEPLOY_BACKENDS
-    assert checks.DATASET_FORMATS is formats.DATASET_FORMATS
-    assert checks.OVER_LENGTH is tokenizing.OVER_LENGTH
+    # The rules import each choice from the module that implements it: nothing is defined twice.
+    assert train_rules.METHODS is config.METHODS
+    assert train_rules.DEEPSPEED_CONFIGS is config.DEEPSPEED_CONFIGS
+    assert train_rules.CLEANUP_POLICIES is launch.CLEANUP_POLICIES
+    assert train_rules.TRAIN_BACKENDS is launch.TRAIN_BACKENDS
+    assert deploy_rules.DEPLOYMENT_MODES is inference_service.DEPLOYMENT_MODES
+    assert deploy_rules.DEPLOY_BACKENDS is inference_service.DEPLOY_BACKENDS
+    assert data_rules.DATASET_FORMATS is formats.DATASET_FORMATS
+    assert data_rules.OVER_LENGTH is tokenizing.OVER_LENGTH
+
+
+@pytest.mark.parametrize("choice, value", [
+    ("method", "dpo"), ("train_backend", "slurm"), ("job_cleanup", "never"), ("deploy_backend", "triton"),
+    ("deployment_mode", "Serverless"), ("dataset_format", "csv"), ("over_length", "split"),
+    ("deepspeed_config", "zero4"),
+])
+def test_every_choice_is_checked_naming_the_setting(choice, value):
+    params = P.resolve("local-tiny", overrides=[f"{choice}={value}"])
+    with pytest.raises(UsageError, match=f"{choice}='{value}' is not one of"):
+        P.check(params)
 
 
 def test_every_deepspeed_choice_resolves_in_the_trainer():

@@ -5,6 +5,7 @@ import random
 from pathlib import Path
 
 from components.models.tiny import build_model, build_tokenizer
+from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
 
 WORDS = ["apple", "river", "cloud", "stone", "music", "green", "paper", "light"]
@@ -50,13 +51,19 @@ def make_workdir(root: Path, rows: int = 96, max_seq_length: int = 128) -> Path:
     return root
 
 
+# What the trainer configs of these tests set besides the run's sizes: the CPU run's own choices (the local-tiny
+# preset's): a progress line every 5 steps, no activation recomputation (a tiny model's activations fit anywhere).
+CPU_TEST_SETTINGS = dict(logging_steps=5, gradient_checkpointing=False)
+
+
 def trainer_config(root: Path, name: str, **over) -> str:
     """Write a CPU trainer config for ``root``'s model and data (output in ``root/<name>``); return its path."""
     cfg = build_trainer_config(
-        model_name_or_path=str(root / "base"), dataset_path=str(root / "data"), output_dir=str(root / name),
-        method="full", max_seq_length=128, per_device_train_batch_size=2, gradient_accumulation_steps=1,
-        learning_rate=3e-3, num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
-        use_cpu=True, model_cache_dir=str(root / "cache"),
+        TrainSettings(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
+                      per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=3e-3,
+                      num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
+                      **CPU_TEST_SETTINGS),
+        dataset_path=str(root / "data"), output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
     )
     cfg.update(over)
     return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))

@@ -8,22 +8,11 @@ from components.version import COMPONENTS_IMAGE
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def prepare_dataset(
-    dataset_source: str,
-    model_name_or_path: str,
-    max_seq_length: int,
-    eval_size: float,
-    seed: int,
-    data_pvc: str,
+    settings: dict,
     data_root: str,
     run_id: str,
     dataset: Output[Dataset],
     report: Output[Markdown],
-    dataset_format: str = "auto",
-    column_mapping: dict = {},  # noqa: B006 (a KFP parameter default; never mutated)
-    eval_source: str = "",
-    packing: bool = True,
-    over_length: str = "drop",
-    num_proc: int = 1,
 ):
     """Clean, tokenize and pack the instruction data with the model's chat template onto the data volume.
 
@@ -32,28 +21,16 @@ def prepare_dataset(
     kept under ``<data_root>/cache/prepared/<fingerprint>`` so a recurring run with unchanged sources,
     tokenizer and options reuses them (hard links on the same volume) instead of redoing the work.
 
+    The base model (``model_name_or_path``) is resolved here, on a CPU pod before any GPU is requested: a Hub id
+    is downloaded into the HF cache on the data volume, and an FP8 checkpoint is dequantised once into the bf16
+    copy that training and evaluation load (``components.models.hub.resolve_model``; both reuse it by fingerprint).
+
     Args:
-        dataset_source: ``builtin:sample``, a file/folder/glob on a mounted volume, ``pvc://<data_pvc>/path``,
-            ``hf://...``, or a Hub id (``org/name?config=C&split=S&revision=R``); several separated by commas.
-            Hub sources are cached only with a pinned ``revision``.
-        model_name_or_path: the base model whose tokenizer and chat template are used. It is resolved here,
-            on a CPU pod before any GPU is requested: a Hub id is downloaded into the HF cache on the data
-            volume, and an FP8 checkpoint is dequantised once into the bf16 copy that training and
-            evaluation load (``components.models.hub.resolve_model``; both reuse it by fingerprint).
-        max_seq_length: the packed row length; longer examples are dropped or truncated (``over_length``).
-        eval_size: held-out fraction (< 1) or number of examples (>= 1); ignored with ``eval_source``.
-        seed: seeds the deterministic train/eval split.
-        data_pvc: the data claim's name, recorded in the artifact's ``pvc://`` URI.
+        settings: every setting, as validate_inputs resolved them (components/settings.py): the data settings
+            (dataset_source, dataset_format, column_mapping, eval_source, over_length, packing, num_proc,
+            eval_size), and model_name_or_path (tokenizer and chat template), max_seq_length, seed, data_pvc.
         data_root: where the data volume is mounted in this step.
         run_id: the KFP run id; scopes the output folder.
-        dataset_format: ``auto`` (detected from the columns), ``messages``, ``sharegpt``, ``alpaca``,
-            ``prompt_completion``, ``text`` or ``preference``.
-        column_mapping: the format's column name -> your column name, e.g. ``{"messages": "dialog"}``.
-        eval_source: take the eval split from this source (same syntax) instead of holding out ``eval_size``.
-        packing: pack examples into rows of exactly ``max_seq_length`` with ``position_ids`` restarting per
-            example; off gives one example per row.
-        over_length: ``drop`` or ``truncate`` examples longer than ``max_seq_length``.
-        num_proc: tokenizer worker processes (up to the pod's CPUs).
 
     Returns:
         dataset: metadata ``pvc``, ``path``, ``uri`` (``pvc://claim/path``), row and token counts and
@@ -68,17 +45,20 @@ def prepare_dataset(
     from components.data.report import markdown
     from components.models.hub import resolve_model
     from components.paths import pvc_uri, run_dir
+    from components.settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    s = Settings.from_flat(settings)
+    data_pvc = s.cluster.data_pvc
     out_dir = os.path.join(run_dir(data_root, run_id), "dataset")
-    tokenizer = resolve_model(model_name_or_path, os.path.join(data_root, "cache"))
+    tokenizer = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
     stats = prepare(
-        [s.strip() for s in dataset_source.split(",") if s.strip()], tokenizer, out_dir, max_seq_length,
-        int(eval_size) if eval_size >= 1 else eval_size, seed,
-        format=dataset_format, columns=column_mapping,
-        eval_source=[s.strip() for s in eval_source.split(",") if s.strip()] or None,
-        packing=packing, over_length=over_length, num_proc=num_proc, pvc_mounts={data_pvc: data_root},
-        cache_dir=os.path.join(data_root, "cache", "prepared"),
+        [x.strip() for x in s.data.dataset_source.split(",") if x.strip()], tokenizer, out_dir,
+        s.train.max_seq_length, int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, s.train.seed,
+        format=s.data.dataset_format, columns=s.data.column_mapping,
+        eval_source=[x.strip() for x in s.data.eval_source.split(",") if x.strip()] or None,
+        packing=s.data.packing, over_length=s.data.over_length, num_proc=s.data.num_proc,
+        pvc_mounts={data_pvc: data_root}, cache_dir=os.path.join(data_root, "cache", "prepared"),
     )
 
     os.makedirs(dataset.path, exist_ok=True)

@@ -29,6 +29,7 @@ from kubernetes.client.rest import ApiException
 
 from components.deploy.smoke import chat_completion
 from components.kube import (
+    DNS1035_LABEL,
     Cancelled,
     call_api,
     load_api_client,
@@ -39,7 +40,6 @@ from components.kube import (
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
 # KServe labels every pod of a service with its name.
 POD_LABEL = "serving.kserve.io/inferenceservice"
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # Per GPU of the predictor: vLLM's CPU side (tokenizer, scheduler, one worker process per GPU) and the
 # host memory a safetensors load passes through. The runtimes' own 1 CPU / 2Gi would OOM on a 30B model.
 CPU_PER_GPU = 4
@@ -111,7 +111,7 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         ValueError: naming the field, for a bad name, runtime, GPU count, length, storage URI, deployment
             mode or canary percentage.
     """
-    if not _DNS1035.match(name) or len(name) > 63:
+    if not DNS1035_LABEL.match(name) or len(name) > 63:
         raise ValueError(f"name {name!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
                          "starts with a letter; <= 63)")
     if runtime not in RUNTIMES:
@@ -168,16 +168,14 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
 RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 
 
-def inference_service_for_run(*, run_id: str, namespace: str, storage_uri: str, deploy_backend: str,
-                              serving_name: str, serving_gpus: int, max_model_len: int, node_selector: dict,
-                              tolerations: list, deployment_mode: str = "Standard",
-                              canary_traffic_percent: int = 0) -> dict:
-    """The InferenceService of one KFP run, from the pipeline's parameter names (the deploy step and ``--render``)."""
+def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, storage_uri: str) -> dict:
+    """The InferenceService of one KFP run from its deploy and cluster settings (``components.settings``; the
+    deploy step and ``--render`` call this): the predictor goes on the GPU nodes the job's selector names."""
     return build_inference_service(
-        name=serving_name, namespace=namespace, storage_uri=storage_uri, runtime=deploy_backend, gpus=serving_gpus,
-        max_model_len=max_model_len, served_model_name=serving_name, node_selector=node_selector,
-        tolerations=tolerations, labels={RUN_ID_LABEL: run_id}, deployment_mode=deployment_mode,
-        canary_traffic_percent=canary_traffic_percent,
+        name=deploy.serving_name, namespace=namespace, storage_uri=storage_uri, runtime=deploy.deploy_backend,
+        gpus=deploy.serving_gpus, max_model_len=deploy.max_model_len, served_model_name=deploy.serving_name,
+        node_selector=cluster.node_selector, tolerations=cluster.tolerations, labels={RUN_ID_LABEL: run_id},
+        deployment_mode=deploy.deployment_mode, canary_traffic_percent=deploy.canary_traffic_percent,
     )
 
 

@@ -1,40 +1,38 @@
-"""``SFTConfig``: Hugging Face ``TrainingArguments`` plus what SFT on packed data needs (unknown keys are an error)."""
+"""``SFTConfig``: Hugging Face ``TrainingArguments`` plus the trainer's own settings (unknown keys are an error).
+
+The fields the trainer adds (method, LoRA, MoE router loss, ...) are ``SFTSettings`` of the settings model
+(components/settings.py): declared there once, with their defaults and help, and reachable from a preset, ``-p``
+and the pipeline. They are copied here with their help only, because ``HfArgumentParser`` hands a field's
+metadata to argparse, which knows nothing of the model's other metadata (bounds, plain).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import dataclasses
+import typing
 
 from transformers import TrainingArguments
 
+from components.settings import SFTSettings
 
-@dataclass
-class SFTConfig(TrainingArguments):
-    """``TrainingArguments`` for supervised fine-tuning on a prepared dataset."""
 
-    model_name_or_path: str = field(default="", metadata={"help": "Hub id, folder, or builtin:tiny-qwen3"})
-    dataset_path: str = field(default="", metadata={"help": "prepare_dataset's output (save_to_disk folder)"})
-    method: str = field(default="full", metadata={"help": "full | lora | qlora"})
-    max_seq_length: int = field(default=4096, metadata={"help": "longer rows are an error (prepare drops them)"})
-    model_cache_dir: str = field(default="", metadata={"help": "where built-in models are built"})
-    lora_r: int = field(default=16, metadata={"help": "LoRA rank: higher learns more, costs more memory"})
-    lora_alpha: int = field(default=32, metadata={"help": "LoRA scaling numerator"})
-    lora_dropout: float = field(
-        default=0.0,
-        metadata={"help": "LoRA dropout; must stay 0 with adapters on fused expert tensors (PEFT refuses it there)"},
-    )
-    lora_target_modules: str = field(
-        default="",
-        metadata={"help": "comma-separated LoRA targets; empty chooses by model type (components/train/lora.py): "
-                          "all linear projections for dense Qwen3, attention plus the fused expert tensors "
-                          "(experts.gate_up_proj, experts.down_proj) for Qwen3-MoE. A plain name is an nn.Linear "
-                          "module; a dotted name is a parameter (PEFT target_parameters)"},
-    )
-    merge_lora: bool = field(
-        default=True,
-        metadata={"help": "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves it "
-                          "as a plain model; the adapter alone always goes to adapter/"},
-    )
-    router_aux_loss_coef: float = field(
-        default=0.001,
-        metadata={"help": "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off"},
-    )
+def _copy(f: dataclasses.Field, kind: type) -> tuple[str, type, dataclasses.Field]:
+    default = {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
+    return f.name, kind, dataclasses.field(**default, metadata={"help": f.metadata["help"]})
+
+
+_HINTS = typing.get_type_hints(SFTSettings)
+SFTConfig = dataclasses.make_dataclass(
+    "SFTConfig",
+    [_copy(f, _HINTS[f.name]) for f in dataclasses.fields(SFTSettings)] + [
+        # Not settings: the train step fills these in for each run.
+        ("dataset_path", str, dataclasses.field(default="", metadata={
+            "help": "prepare_dataset's output (save_to_disk folder)"})),
+        ("model_cache_dir", str, dataclasses.field(default="", metadata={
+            "help": "where Hub downloads and built-in models are cached"})),
+    ],
+    bases=(TrainingArguments,),
+    # Trainer pickles its arguments into each checkpoint (training_args.bin): the class must be importable here.
+    namespace={"__module__": __name__, "__doc__": "``TrainingArguments`` for supervised fine-tuning on a prepared "
+                                                  "dataset, plus ``SFTSettings``."},
+)

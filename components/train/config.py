@@ -77,51 +77,36 @@ def check_combination(cfg: dict) -> list[str]:
 
 
 def build_trainer_config(
+    train,
     *,
-    model_name_or_path: str,
     dataset_path: str,
     output_dir: str,
-    method: str,
-    max_seq_length: int,
-    per_device_train_batch_size: int,
-    gradient_accumulation_steps: int,
-    learning_rate: float,
-    num_train_epochs: float,
-    max_steps: int,
-    warmup_ratio: float,
-    seed: int,
-    deepspeed_config: str,
     use_cpu: bool,
     model_cache_dir: str,
-    save_steps: int = 200,
-    save_total_limit: int = 2,
     packing: bool = True,
 ) -> dict:
-    """The config dict the pipeline writes for the trainer, from the pipeline's parameters.
+    """The config dict the pipeline writes for the trainer: every setting of ``train``
+    (``components.settings.TrainSettings``) under its own name, two renamed (below), plus the run's paths and the
+    policy the package fixes (not settings: they are what makes the job correct, not a matter of taste).
 
-    ``save_steps``/``save_total_limit``: checkpoint every N optimizer steps, keep the last K complete ones.
     ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
+    ``use_cpu``: torchrun on a laptop (gloo, fp32) instead of GPUs (nccl, bf16).
     """
-    cfg = {
-        "model_name_or_path": model_name_or_path,
+    import dataclasses
+
+    cfg = dataclasses.asdict(train)
+    # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
+    # this runs in the launcher's image and the trainer image installs the package somewhere else.
+    deepspeed = cfg.pop("deepspeed_config")
+    if deepspeed_config_path(deepspeed):
+        cfg["deepspeed"] = deepspeed
+    cfg["warmup_steps"] = cfg.pop("warmup_ratio")  # transformers 5: a float < 1 is a ratio of total steps
+    cfg.update({
         "dataset_path": dataset_path,
         "output_dir": output_dir,
-        "method": method,
-        "max_seq_length": max_seq_length,
-        "per_device_train_batch_size": per_device_train_batch_size,
-        "per_device_eval_batch_size": per_device_train_batch_size,
-        "gradient_accumulation_steps": gradient_accumulation_steps,
-        "learning_rate": learning_rate,
-        "num_train_epochs": num_train_epochs,
-        "max_steps": max_steps,
-        "warmup_steps": warmup_ratio,  # transformers 5: a float < 1 is a ratio of total steps
-        "lr_scheduler_type": "cosine",
-        "seed": seed,
         "model_cache_dir": model_cache_dir,
-        "logging_steps": 5 if use_cpu else 10,
+        "per_device_eval_batch_size": train.per_device_train_batch_size,
         "save_strategy": "steps",
-        "save_steps": save_steps,
-        "save_total_limit": save_total_limit,
         # TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py sets the folder).
         "report_to": ["tensorboard"],
         "include_num_input_tokens_seen": "non_padding",
@@ -135,16 +120,12 @@ def build_trainer_config(
         # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
         # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
         "dataloader_num_workers": 0,
-    }
+    })
     if use_cpu:
         # torchrun on a laptop: gloo between CPU processes, fp32.
         cfg.update(use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False)
     else:
-        cfg.update(bf16=True, gradient_checkpointing=True, ddp_backend="nccl")
-    # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
-    # this runs in the launcher's image and the trainer image installs the package somewhere else.
-    if deepspeed_config_path(deepspeed_config):
-        cfg["deepspeed"] = deepspeed_config
+        cfg.update(bf16=True, ddp_backend="nccl")
     return cfg
 
 

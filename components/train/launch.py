@@ -60,6 +60,8 @@ from components.train.pods import TERMINATION_GRACE_PERIOD_SECONDS
 
 FAILURE_TAIL_LINES = 20
 CLEANUP_POLICIES = ("keep", "on-success", "always")
+# What train_model can launch: the two job kinds, or torchrun on the step's own machine (components/train/local.py).
+TRAIN_BACKENDS = ("pytorchjob", "trainjob", "local")
 # Re-runs of this job so far, on the job object: the count survives the launcher pod (a KFP retry reads it).
 RESTARTS_ANNOTATION = "llm-post-training.kubeflow.org/restarts"
 # A foreground deletion waits for the pods' graceful termination: up to their grace period (a rank hung in NCCL
@@ -440,25 +442,28 @@ def _failure_report(what: str, failed: dict, failure: Failure, rank0: str | None
             + (f"\nlast {FAILURE_TAIL_LINES} lines of {culprit}:\n{tail}" if tail else ""))
 
 
-def training_job_for_run(*, train_backend: str, affinity: dict, active_deadline_seconds: int, queue_name: str,
-                         priority_class: str, gang_scheduling: bool, min_nodes: int, max_restarts: int,
-                         **common) -> dict:
-    """The PyTorchJob or TrainJob of one run from the pipeline's parameters (the train step and ``--render``).
+def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: str) -> dict:
+    """The PyTorchJob or TrainJob of one run from its cluster settings (``components.settings.ClusterSettings``;
+    the train step and ``--render`` call this).
 
-    Pipeline parameters cannot be None, so 0 and {} mean "not set" here. ``common`` are the keyword
-    arguments ``pytorchjob_for_run`` and ``trainjob_for_run`` share (run_id, namespace, config_path, ...).
+    Pipeline parameters cannot be None, so 0 and {} mean "not set" in the settings.
     """
     from components.train.pytorchjob import pytorchjob_for_run
     from components.train.trainjob import trainjob_for_run
 
-    if train_backend == "trainjob":
+    c = cluster
+    common = dict(
+        run_id=run_id, namespace=namespace, config_path=config_path, trainer_image=c.trainer_image,
+        num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, data_pvc=c.data_pvc, model_pvc=c.model_pvc,
+        hf_token_secret=c.hf_token_secret, node_selector=c.node_selector, tolerations=c.tolerations,
+        affinity=c.affinity or None, active_deadline_seconds=c.active_deadline_seconds or None,
+        queue_name=c.queue_name,
+    )
+    if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
-        return trainjob_for_run(**common, affinity=affinity or None,
-                                active_deadline_seconds=active_deadline_seconds or None, queue_name=queue_name)
-    return pytorchjob_for_run(**common, affinity=affinity or None,
-                              active_deadline_seconds=active_deadline_seconds or None, queue_name=queue_name,
-                              priority_class=priority_class, gang_scheduling=gang_scheduling,
-                              min_nodes=min_nodes or None, max_restarts=max_restarts)
+        return trainjob_for_run(**common)
+    return pytorchjob_for_run(**common, priority_class=c.priority_class, gang_scheduling=c.gang_scheduling,
+                              min_nodes=c.min_nodes or None, max_restarts=c.max_restarts)
 
 
 def _json_arg(text: str, kind: type, flag: str):
@@ -472,8 +477,10 @@ def _json_arg(text: str, kind: type, flag: str):
 
 
 def make_parser() -> argparse.ArgumentParser:
-    """The launcher's command line."""
-    from components.version import TRAINER_IMAGE
+    """The launcher's command line (defaults: the pipeline's, from components.settings.ClusterSettings)."""
+    from components.settings import ClusterSettings
+
+    d = ClusterSettings()
 
     p = argparse.ArgumentParser(prog="python -m components.train.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--run-id", required=True, help="KFP run id; names the job (sft-<run id>)")
@@ -485,8 +492,8 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=("pytorchjob", "trainjob"), default="pytorchjob",
                    help="PyTorchJob (Training Operator v1) or TrainJob (Trainer v2, runtime torch-distributed)")
     p.add_argument("--namespace", help="default: this pod's namespace, else 'default'")
-    p.add_argument("--image", default=TRAINER_IMAGE, help=f"trainer image (default {TRAINER_IMAGE})")
-    p.add_argument("--hf-token-secret", default="hf-token", help="Secret with key HF_TOKEN (optional)")
+    p.add_argument("--image", default=d.trainer_image, help=f"trainer image (default {d.trainer_image})")
+    p.add_argument("--hf-token-secret", default=d.hf_token_secret, help="Secret with key HF_TOKEN (optional)")
     p.add_argument("--node-selector", default="{}",
                    help='JSON object, e.g. \'{"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}\'')
     p.add_argument("--tolerations", default="[]", help="JSON list of Kubernetes tolerations")
@@ -497,13 +504,13 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--gang-scheduling", action="store_true",
                    help="schedulingPolicy.minAvailable = all pods, for Volcano/scheduler-plugins (pytorchjob)")
     p.add_argument("--min-nodes", type=int, help="elastic job: run with min-nodes..num-nodes pods (pytorchjob)")
-    p.add_argument("--max-restarts", type=int, default=3, help="restarts of an elastic job (pytorchjob)")
-    p.add_argument("--cleanup", choices=CLEANUP_POLICIES, default="keep", help="delete the job when it ends")
-    p.add_argument("--job-restarts", type=int, default=2, metavar="N",
+    p.add_argument("--max-restarts", type=int, default=d.max_restarts, help="restarts of an elastic job (pytorchjob)")
+    p.add_argument("--cleanup", choices=CLEANUP_POLICIES, default=d.job_cleanup, help="delete the job when it ends")
+    p.add_argument("--job-restarts", type=int, default=d.job_restarts, metavar="N",
                    help="re-run a job that failed for a retriable cause (eviction, preemption, lost node, "
-                        "rendezvous/NCCL) up to N times; it resumes from its last checkpoint (default 2)")
-    p.add_argument("--pending-timeout", type=float, default=900.0, metavar="SECONDS",
-                   help="give up when a pod stays Unschedulable this long (default 900: time for an autoscaler "
+                        f"rendezvous/NCCL) up to N times; it resumes from its last checkpoint (default {d.job_restarts})")
+    p.add_argument("--pending-timeout", type=float, default=float(d.pending_timeout_seconds), metavar="SECONDS",
+                   help=f"give up when a pod stays Unschedulable this long (default {d.pending_timeout_seconds}: time for an autoscaler "
                         "to add a GPU node; 0: at once)")
     p.add_argument("--dry-run", action="store_true", help="print the manifest as YAML and touch nothing")
     return p

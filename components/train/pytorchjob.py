@@ -20,12 +20,12 @@ from kubeflow.training import models as kf
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 
+from components.kube import DNS1035_LABEL
 from components.train.pods import trainer_pod_template
 
 # The operator names pods and their headless Services ``<job>-worker-<index>``; Service names must be
 # DNS-1035 labels (<= 63 characters), which leaves 52 for the job with three-digit worker indexes.
 MAX_JOB_NAME = 52
-_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 # A failed rank fails the job at once (restartPolicy Never): with a static torchrun rendezvous the other
 # ranks cannot carry on, and restarting one pod in place only leaves the rest hanging in NCCL. The failed
@@ -46,7 +46,7 @@ def job_name_for(run_id: str, prefix: str = "sft") -> str:
     The same run id always gives the same name, so a retried launcher finds the job it created. Names
     longer than ``MAX_JOB_NAME`` keep their start and end in an 8-character hash of the full run id.
     """
-    if not _DNS1035.match(prefix):
+    if not DNS1035_LABEL.match(prefix):
         raise ValueError(f"prefix {prefix!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
                          "starts with a letter)")
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
@@ -64,7 +64,7 @@ CLEAN_POD_POLICIES = ("None", "Running", "All")
 
 def validate_job(name: str, image: str, num_nodes: int, gpus_per_node: int) -> None:
     """Raise ValueError, naming the field, for a job name, image, node or GPU count the cluster would reject."""
-    if not _DNS1035.match(name) or len(name) > MAX_JOB_NAME:
+    if not DNS1035_LABEL.match(name) or len(name) > MAX_JOB_NAME:
         raise ValueError(
             f"name {name!r} must be a DNS-1035 label of at most {MAX_JOB_NAME} characters (lowercase letters, "
             "digits, '-'; starts with a letter); use job_name_for(run_id)"

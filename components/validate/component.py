@@ -1,4 +1,9 @@
-"""validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested."""
+"""validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested.
+
+Written by ``python -m pipelines.compile`` from the settings model (components/settings.py): edit the model, not
+this file. Its inputs are the pipeline's parameters (the plain settings and ``advanced_settings``); its output is
+every setting, resolved and checked: the ``settings`` input of every later step.
+"""
 
 from kfp import dsl
 
@@ -8,31 +13,37 @@ from components.version import COMPONENTS_IMAGE
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def validate_inputs(
     model_name_or_path: str,
-    dataset_source: str,
-    dataset_format: str,
-    over_length: str,
-    num_proc: int,
-    max_seq_length: int,
-    eval_size: float,
     method: str,
-    num_nodes: int,
-    gpus_per_node: int,
+    max_seq_length: int,
     per_device_train_batch_size: int,
     gradient_accumulation_steps: int,
     learning_rate: float,
     num_train_epochs: float,
     max_steps: int,
     warmup_ratio: float,
+    seed: int,
     deepspeed_config: str,
     save_steps: int,
     save_total_limit: int,
-    gpu_memory_gib: float,
+    dataset_source: str,
+    dataset_format: str,
+    column_mapping: dict,
+    eval_source: str,
+    over_length: str,
+    packing: bool,
+    num_proc: int,
+    eval_size: float,
     train_backend: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    gpu_memory_gib: float,
+    trainer_image: str,
     data_pvc: str,
     model_pvc: str,
     hf_token_secret: str,
     node_selector: dict,
     tolerations: list,
+    affinity: dict,
     job_cleanup: str,
     active_deadline_seconds: int,
     queue_name: str,
@@ -43,90 +54,110 @@ def validate_inputs(
     job_restarts: int,
     pending_timeout_seconds: int,
     eval_gpus: int,
+    eval_max_samples: int,
     min_loss_improvement: float,
+    min_perplexity_improvement: float,
+    eval_prompts: str,
+    max_new_tokens: int,
+    lm_eval_tasks: list,
+    max_task_regression: float,
     deploy_backend: str,
     serving_name: str,
     serving_gpus: int,
     max_model_len: int,
-    max_new_tokens: int,
-    lm_eval_tasks: list,
     deployment_mode: str,
     canary_traffic_percent: int,
-):
-    """Check the run's parameters and the cluster, and fail with every problem listed, each naming the fix.
+    keep_serving: bool,
+    advanced_settings: dict,
+) -> dict:
+    """Check the run's settings and the cluster, and fail with every problem listed, each naming the fix.
 
-    The parameter checks also run in ``python -m pipelines.run`` before a run is submitted; this task
-    repeats them because runs started from the KFP UI or a schedule never pass through the CLI. On a
-    cluster (``train_backend`` other than ``local``) it then runs the preflight: the job and
-    InferenceService APIs are installed, both claims exist, are Bound and ReadWriteMany, the token
-    Secret has its key, the runner's service account may do what the steps do, and enough GPU nodes
-    match the node selector. All of it before any GPU is requested.
+    The checks also run in ``python -m pipelines.run`` before a run is submitted; this task repeats them because
+    runs started from the KFP UI or a schedule never pass through the CLI. On a cluster (``train_backend`` other
+    than ``local``) it then runs the preflight: the job and InferenceService APIs are installed, both claims
+    exist, are Bound and ReadWriteMany, the token Secret has its key, the runner's service account may do what
+    the steps do, and enough GPU nodes match the node selector. All of it before any GPU is requested.
 
     Args:
-        model_name_or_path: Hugging Face Hub id, mounted folder, or ``builtin:tiny-qwen3``.
-        dataset_source: comma-separated sources: ``builtin:sample``, files/folders/globs (JSONL, JSON,
-            Parquet, CSV, saved Arrow) on a mounted volume, ``pvc://claim/path``, ``hf://...`` or Hub ids
-            (``org/name?config=C&split=S&revision=R``).
-        dataset_format: ``auto`` or one of messages, sharegpt, alpaca, prompt_completion, text, preference.
-        over_length: ``drop`` or ``truncate`` examples longer than max_seq_length.
-        num_proc: tokenisation processes in prepare_dataset.
-        max_seq_length: tokens per training row.
-        eval_size: held-out fraction (< 1) or conversation count (>= 1).
-        method: ``full``, ``lora`` or ``qlora``.
-        num_nodes: training nodes (PyTorchJob Master + Workers).
-        gpus_per_node: GPUs per training node (torchrun processes per node; CPU processes locally).
-        per_device_train_batch_size: rows per GPU per step.
-        gradient_accumulation_steps: steps per optimizer update.
-        learning_rate: peak learning rate.
-        num_train_epochs: passes over the training split.
-        max_steps: stop after this many optimizer steps; -1 runs all epochs.
-        warmup_ratio: fraction of steps of linear warm-up.
-        deepspeed_config: ``zero3``, ``zero2``, ``none`` or a JSON path in the trainer image.
-        save_steps: checkpoint every this many optimizer steps.
-        save_total_limit: complete checkpoints kept.
-        gpu_memory_gib: memory per GPU, for the memory-fit estimate (parameters, ZeRO stage, sequence
-            length, micro-batch): a job that cannot fit fails here, naming the knob to change.
-        train_backend: ``pytorchjob``, ``trainjob`` (cluster) or ``local`` (torchrun subprocess).
-        data_pvc: ReadWriteMany claim for datasets and caches.
-        model_pvc: ReadWriteMany claim for checkpoints and the final model.
-        hf_token_secret: Secret (key ``HF_TOKEN``) with a Hugging Face token; optional.
-        node_selector: node labels of the GPU pods (checked against the cluster's nodes).
-        tolerations: tolerations of the GPU pods (checked against the nodes' taints).
-        job_cleanup: ``keep``, ``on-success`` or ``always``.
-        active_deadline_seconds: training job deadline; 0 for none.
-        queue_name: Kueue LocalQueue; empty for none.
-        priority_class: PriorityClass of the training pods; empty for none.
-        gang_scheduling: schedule all training pods together.
-        min_nodes: elastic lower bound; 0 for a fixed-size job.
-        max_restarts: elastic restarts.
-        job_restarts: re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL).
-        pending_timeout_seconds: how long a job's pod may stay unschedulable before the step fails.
-        eval_gpus: GPUs for the evaluation pod.
-        min_loss_improvement: relative eval-loss improvement required to deploy.
-        deploy_backend: ``kserve-vllm``, ``kserve-huggingface`` or ``local``.
-        serving_name: InferenceService name.
-        serving_gpus: GPUs per serving replica (vLLM tensor-parallel size).
-        max_model_len: serving context length.
-        max_new_tokens: generation length of the evaluation's side-by-side answers.
-        lm_eval_tasks: lm-evaluation-harness task names (empty: none).
-        deployment_mode: KServe ``Standard`` (Deployment) or ``Knative``.
-        canary_traffic_percent: Knative only: share of traffic for the new revision (0: all).
+        model_name_or_path: Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3
+            (built offline). An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.
+        method: Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).
+        max_seq_length: Tokens per training row; longer examples are dropped or truncated (over_length). Memory
+            grows with it.
+        per_device_train_batch_size: Rows per GPU per forward pass (the micro-batch).
+        gradient_accumulation_steps: Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).
+        learning_rate: Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).
+        num_train_epochs: Passes over the training split.
+        max_steps: Stop after this many optimizer steps; -1 runs every epoch.
+        warmup_ratio: Fraction of the steps spent in linear warm-up.
+        seed: Seed of the train/eval split and of training.
+        deepspeed_config: DeepSpeed: zero3, zero2, zero3_offload (shipped configs), none (plain DDP) or a .json path
+            on a mounted volume.
+        save_steps: Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).
+        save_total_limit: Complete checkpoints kept on the model volume.
+        dataset_source: Training data, comma-separated: builtin:sample, files/folders/globs (JSONL, JSON, Parquet,
+            CSV, saved Arrow) on a mounted volume, pvc://claim/path, hf://... or Hub ids
+            (org/name?config=C&split=S&revision=R).
+        dataset_format: Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion
+            or text.
+        column_mapping: The format's column name -> your column name, e.g. {"messages": "dialog"}.
+        eval_source: Take the eval split from this source (same syntax) instead of holding out eval_size; empty:
+            hold out.
+        over_length: What happens to examples longer than max_seq_length: drop or truncate.
+        packing: Pack examples into rows of exactly max_seq_length (position_ids restart per example); false: one
+            example per row, padded per batch.
+        num_proc: Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).
+        eval_size: Held-out fraction (< 1) or number of conversations (>= 1).
+        train_backend: pytorchjob (Training Operator v1), trainjob (Trainer v2) or local (torchrun on this machine).
+        num_nodes: Training nodes: pods in the job (1 Master + num_nodes-1 Workers).
+        gpus_per_node: GPUs (torchrun processes) per training node; CPU processes locally.
+        gpu_memory_gib: Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU
+            is requested (80 for H100 80GB).
+        trainer_image: Image the training job's pods run.
+        data_pvc: ReadWriteMany claim for datasets and caches (mounted at /mnt/data).
+        model_pvc: ReadWriteMany claim for checkpoints and final models (/mnt/models).
+        hf_token_secret: Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent).
+        node_selector: Node labels of the GPU pods (training, evaluation, serving).
+        tolerations: Tolerations of the GPU pods (a JSON list).
+        affinity: Affinity of the training pods (a JSON object; {} for none).
+        job_cleanup: Delete the training job when it ends: keep, on-success or always.
+        active_deadline_seconds: Fail the training job after this long; 0 for no deadline.
+        queue_name: Kueue LocalQueue of the training job; empty for none.
+        priority_class: PriorityClass of the training pods (pytorchjob only); empty for none.
+        gang_scheduling: Schedule all training pods together (pytorchjob only).
+        min_nodes: Elastic training down to this many nodes (pytorchjob only); 0 for a fixed size.
+        max_restarts: Elastic restarts before the job fails (with min_nodes).
+        job_restarts: Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it
+            resumes from its last complete checkpoint. 0: a failed job fails the step at once.
+        pending_timeout_seconds: Fail the step when a job's pod stays unschedulable this long (at least 60: an
+            autoscaler needs minutes to add a GPU node).
+        eval_gpus: GPUs of the evaluation pod.
+        eval_max_samples: Score at most this many held-out rows and examples per lm-eval task (0 = all); bounds the
+            step's time.
+        min_loss_improvement: Relative eval-loss improvement required to deploy (0.0: any improvement).
+        min_perplexity_improvement: Relative perplexity improvement required to deploy (0.0: no worse).
+        eval_prompts: Prompts answered side by side by base and tuned model: builtin:sample or a JSONL file of
+            {"messages": [...]} conversations ending with a user turn.
+        max_new_tokens: Length limit of each side-by-side answer (a thinking model needs 512 or more to get past its
+            reasoning).
+        lm_eval_tasks: lm-evaluation-harness task names, e.g. ["arc_easy"] (empty: none; needs lm-eval in the
+            image).
+        max_task_regression: Largest drop of an lm-eval task's score (absolute, 0..1) that still passes.
+        deploy_backend: kserve-vllm, kserve-huggingface or local (a local server for a local run).
+        serving_name: InferenceService name (DNS-1035), also the served model name.
+        serving_gpus: GPUs per serving replica (vLLM's tensor-parallel size).
+        max_model_len: Context length the server accepts (at least max_seq_length).
+        deployment_mode: KServe's Standard (Deployment) or Knative (revisions, canary).
+        canary_traffic_percent: Knative only: share of traffic for the new revision (0: all at once).
+        keep_serving: Local runs: leave the model server running after the smoke test.
+        advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
+            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, lr_scheduler_type, weight_decay,
+            max_grad_norm, gradient_checkpointing, logging_steps. python -m pipelines.run --help describes each.
+
+    Returns:
+        Every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.
     """
-    params = dict(locals())  # every argument, taken before anything else binds a local name
-    import logging
+    arguments = dict(locals())  # every argument, taken before anything else binds a local name
+    from components.validate.checks import validate
 
-    from components.validate.checks import check_parameters
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    log = logging.getLogger("validate_inputs")
-    errors = check_parameters(params)
-    if errors:
-        raise ValueError("invalid parameters: " + "; ".join(errors))
-    log.info("parameters are valid: %s", params)
-    if train_backend != "local":
-        from components.validate.preflight import preflight
-
-        problems = preflight(params)
-        if problems:
-            raise ValueError("cluster preflight: " + "; ".join(problems))
-        log.info("cluster preflight passed")
+    return validate(arguments)

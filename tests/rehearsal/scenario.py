@@ -26,7 +26,6 @@ A watchdog ends the scenario after ``timeout_seconds`` with what it has (outcome
 from __future__ import annotations
 
 import functools
-import inspect
 import json
 import os
 import shutil
@@ -57,7 +56,7 @@ def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
 
 
-# What the rehearsal sets; every other train step input is the pipeline's default (pipelines/llm_finetune.py).
+# What the rehearsal sets; every other setting is the pipeline's default (components/settings.py).
 REHEARSAL_PARAMETERS = dict(
     model_name_or_path=MODEL_ID, method="full", max_seq_length=128, num_nodes=2, gpus_per_node=1,
     per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=3e-3, deepspeed_config="zero3",
@@ -68,24 +67,24 @@ REHEARSAL_PARAMETERS = dict(
 def train_step_arguments(cfg: dict, dataset, model) -> dict:
     """The train step's inputs as the cluster pipeline passes them: its defaults, the rehearsal's sizes, the run."""
     from components.paths import DATA_MOUNT, MODEL_MOUNT
-    from pipelines.params import parameter_specs
+    from components.settings import check, defaults
 
-    defaults = {name: default for name, (_, default) in parameter_specs().items()}
-    return {**defaults, **REHEARSAL_PARAMETERS, "max_steps": cfg["max_steps"], "save_steps": cfg["save_steps"],
-            "train_backend": cfg["backend"], "dataset": dataset, "model": model, "data_root": DATA_MOUNT,
+    settings = {**defaults(), **REHEARSAL_PARAMETERS, "max_steps": cfg["max_steps"], "save_steps": cfg["save_steps"],
+                "train_backend": cfg["backend"]}
+    # What validate_inputs hands the step: settings it has checked (the memory fit of a Hub id it has no
+    # architecture for is skipped, as on the cluster).
+    errors = check(settings)
+    if errors:
+        raise ValueError(f"the rehearsal's settings are invalid: {errors}")
+    return {"settings": settings, "dataset": dataset, "model": model, "data_root": DATA_MOUNT,
             "model_root": MODEL_MOUNT, "run_id": cfg["run_id"]}
 
 
 def call_train_step(arguments: dict):
-    """``train_model.python_func`` with the pipeline's arguments for its parameters (extra ones are not passed)."""
+    """``train_model.python_func`` with the pipeline's arguments."""
     from components.train.component import train_model
 
-    params = inspect.signature(train_model.python_func).parameters
-    missing = [n for n, p in params.items() if n not in arguments and p.default is inspect.Parameter.empty]
-    if missing:
-        raise TypeError(f"train_model takes {missing}, which the pipeline does not name: give them values in "
-                        "tests/rehearsal/scenario.py REHEARSAL_PARAMETERS")
-    return train_model.python_func(**{k: v for k, v in arguments.items() if k in params})
+    return train_model.python_func(**arguments)
 
 
 def patch_for_this_machine() -> None:
@@ -97,8 +96,8 @@ def patch_for_this_machine() -> None:
     build = config.build_trainer_config
 
     @functools.wraps(build)
-    def build_on_cpu(**kwargs):
-        return build(**{**kwargs, "use_cpu": True})
+    def build_on_cpu(*args, **kwargs):
+        return build(*args, **{**kwargs, "use_cpu": True})
 
     run = launch.run_training_job
 

@@ -1,0 +1,361 @@
+"""The run's settings: one typed model, grouped by step, the single source of every setting's name, type,
+default, help text and bounds.
+
+Everything else derives from it:
+
+- the pipeline's parameters (``pipelines/llm_finetune.py`` builds its signature and docstring from
+  ``pipeline_parameters()``): every ``plain`` setting is a typed parameter in the KFP UI; the others go in the one
+  ``advanced_settings`` parameter, a JSON object keyed by setting name (``{"lora_r": 32}``);
+- ``validate_inputs`` (generated from this model by ``python -m pipelines.compile``): it takes the plain
+  parameters and ``advanced_settings``, checks everything and returns the resolved settings, the ``settings``
+  input of every later step;
+- ``python -m pipelines.run --help``, ``-p NAME=VALUE``, ``--params FILE`` and the presets (any setting by name);
+- the trainer: ``build_trainer_config`` writes every ``TrainSettings`` field into the trainer config, and
+  ``SFTConfig`` (components/train/arguments.py) is ``TrainingArguments`` plus ``SFTSettings``;
+- the README's parameter table (``python -m pipelines.compile`` checks it is current).
+
+Rules between settings live with the module that owns the behaviour (``check()`` lists them); the bounds of a
+single setting (``min``/``max``) are declared here. This module imports no ML or Kubernetes library, so
+``--help`` stays fast.
+
+To add a setting: add a field to its step's group below (``setting(default, help, ...)``), use it where the
+step reads ``settings``, and run ``python -m pipelines.compile``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass, field
+
+from components.version import TRAINER_IMAGE
+
+ADVANCED = "advanced_settings"  # the pipeline parameter that carries every non-plain setting by name
+
+
+def setting(default, help: str, *, plain: bool = True, min: float | None = None, max: float | None = None,
+            above: float | None = None, below: float | None = None) -> dataclasses.Field:
+    """A settings field: ``default``, one paragraph of ``help`` (its first sentence is the ``--help`` line),
+    ``plain`` (a typed parameter of its own in the KFP UI, else inside ``advanced_settings``), and the bounds
+    ``min <= value <= max``, ``above < value < below``."""
+    metadata = {"help": help, "plain": plain, "min": min, "max": max, "above": above, "below": below}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+@dataclass
+class SFTSettings:
+    """What the trainer adds to ``TrainingArguments`` (SFTConfig's own fields)."""
+
+    model_name_or_path: str = setting(
+        "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
+        "Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3 (built offline). "
+        "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.")
+    method: str = setting("full", "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).")
+    max_seq_length: int = setting(
+        4096, "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.",
+        min=64)
+    lora_r: int = setting(16, "LoRA rank: higher learns more and costs more memory.", plain=False, min=1)
+    lora_alpha: int = setting(32, "LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_r).",
+                              plain=False, min=1)
+    lora_dropout: float = setting(
+        0.0, "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).",
+        plain=False, min=0, below=1)
+    lora_target_modules: str = setting(
+        "", "Comma-separated LoRA targets; empty chooses by model type (components/train/lora.py): every linear "
+            "projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is an "
+            "nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.", plain=False)
+    merge_lora: bool = setting(
+        True, "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
+              "the adapter alone always goes to adapter/.", plain=False)
+    router_aux_loss_coef: float = setting(
+        0.001, "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
+        plain=False, min=0)
+
+
+@dataclass
+class TrainSettings(SFTSettings):
+    """The training step: SFTSettings plus TrainingArguments' own fields, written under the same names (two are
+    renamed by build_trainer_config: deepspeed_config -> deepspeed, warmup_ratio -> warmup_steps)."""
+
+    per_device_train_batch_size: int = setting(1, "Rows per GPU per forward pass (the micro-batch).", min=1)
+    gradient_accumulation_steps: int = setting(
+        4, "Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).", min=1)
+    learning_rate: float = setting(
+        5e-5, "Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).", above=0, below=1)
+    lr_scheduler_type: str = setting("cosine", "Learning-rate schedule after warm-up (transformers' SchedulerType: "
+                                               "cosine, linear, constant, ...).", plain=False)
+    num_train_epochs: float = setting(2.0, "Passes over the training split.", min=0)
+    max_steps: int = setting(-1, "Stop after this many optimizer steps; -1 runs every epoch.", min=-1)
+    warmup_ratio: float = setting(0.03, "Fraction of the steps spent in linear warm-up.", min=0, below=1)
+    weight_decay: float = setting(0.0, "AdamW weight decay.", plain=False, min=0)
+    max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 turns clipping off).", plain=False, min=0)
+    seed: int = setting(42, "Seed of the train/eval split and of training.")
+    deepspeed_config: str = setting(
+        "zero3", "DeepSpeed: zero3, zero2, zero3_offload (shipped configs), none (plain DDP) or a .json path on a "
+                 "mounted volume.")
+    gradient_checkpointing: bool = setting(
+        True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False)
+    save_steps: int = setting(200, "Checkpoint every this many optimizer steps (a restarted job resumes from the "
+                                   "last complete one).", min=1)
+    save_total_limit: int = setting(2, "Complete checkpoints kept on the model volume.", min=1)
+    logging_steps: int = setting(10, "Optimizer steps between progress lines and TensorBoard points.",
+                                 plain=False, min=1)
+
+
+@dataclass
+class DataSettings:
+    """The data step (prepare_dataset); it also reads the model's tokenizer, max_seq_length and seed."""
+
+    dataset_source: str = setting(
+        "builtin:sample",
+        "Training data, comma-separated: builtin:sample, files/folders/globs (JSONL, JSON, Parquet, CSV, saved Arrow) "
+        "on a mounted volume, pvc://claim/path, hf://... or Hub ids (org/name?config=C&split=S&revision=R).")
+    dataset_format: str = setting(
+        "auto", "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text.")
+    column_mapping: dict = setting({}, "The format's column name -> your column name, e.g. {\"messages\": \"dialog\"}.")
+    eval_source: str = setting("", "Take the eval split from this source (same syntax) instead of holding out "
+                                   "eval_size; empty: hold out.")
+    over_length: str = setting("drop", "What happens to examples longer than max_seq_length: drop or truncate.")
+    packing: bool = setting(True, "Pack examples into rows of exactly max_seq_length (position_ids restart per "
+                                  "example); false: one example per row, padded per batch.")
+    num_proc: int = setting(8, "Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).", min=1)
+    eval_size: float = setting(0.05, "Held-out fraction (< 1) or number of conversations (>= 1).")
+
+
+@dataclass
+class ClusterSettings:
+    """Where and how the job runs: backend, nodes, volumes, placement, scheduling and restarts."""
+
+    train_backend: str = setting("pytorchjob", "pytorchjob (Training Operator v1), trainjob (Trainer v2) or local "
+                                               "(torchrun on this machine).")
+    num_nodes: int = setting(2, "Training nodes: pods in the job (1 Master + num_nodes-1 Workers).", min=1)
+    gpus_per_node: int = setting(8, "GPUs (torchrun processes) per training node; CPU processes locally.", min=1)
+    gpu_memory_gib: float = setting(
+        80.0, "Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU is "
+              "requested (80 for H100 80GB).", min=0)
+    trainer_image: str = setting(TRAINER_IMAGE, "Image the training job's pods run.")
+    data_pvc: str = setting("llm-data", "ReadWriteMany claim for datasets and caches (mounted at /mnt/data).")
+    model_pvc: str = setting("llm-models", "ReadWriteMany claim for checkpoints and final models (/mnt/models).")
+    hf_token_secret: str = setting("hf-token", "Secret with key HF_TOKEN for gated models; referenced, never read "
+                                               "(it may be absent).")
+    node_selector: dict = setting({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                                  "Node labels of the GPU pods (training, evaluation, serving).")
+    tolerations: list = setting([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                                "Tolerations of the GPU pods (a JSON list).")
+    affinity: dict = setting({}, "Affinity of the training pods (a JSON object; {} for none).")
+    job_cleanup: str = setting("keep", "Delete the training job when it ends: keep, on-success or always.")
+    active_deadline_seconds: int = setting(0, "Fail the training job after this long; 0 for no deadline.", min=0)
+    queue_name: str = setting("", "Kueue LocalQueue of the training job; empty for none.")
+    priority_class: str = setting("", "PriorityClass of the training pods (pytorchjob only); empty for none.")
+    gang_scheduling: bool = setting(False, "Schedule all training pods together (pytorchjob only).")
+    min_nodes: int = setting(0, "Elastic training down to this many nodes (pytorchjob only); 0 for a fixed size.",
+                             min=0)
+    max_restarts: int = setting(3, "Elastic restarts before the job fails (with min_nodes).", min=0)
+    job_restarts: int = setting(
+        2, "Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it resumes "
+           "from its last complete checkpoint. 0: a failed job fails the step at once.", min=0)
+    pending_timeout_seconds: int = setting(
+        900, "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
+             "minutes to add a GPU node).", min=60)
+
+
+@dataclass
+class EvaluateSettings:
+    """The evaluation step and the deploy gate."""
+
+    eval_gpus: int = setting(8, "GPUs of the evaluation pod.", min=0)
+    eval_max_samples: int = setting(512, "Score at most this many held-out rows and examples per lm-eval task "
+                                         "(0 = all); bounds the step's time.", min=0)
+    min_loss_improvement: float = setting(0.0, "Relative eval-loss improvement required to deploy (0.0: any "
+                                               "improvement).", min=0, below=1)
+    min_perplexity_improvement: float = setting(0.0, "Relative perplexity improvement required to deploy (0.0: no "
+                                                     "worse).")
+    eval_prompts: str = setting(
+        "builtin:sample", "Prompts answered side by side by base and tuned model: builtin:sample or a JSONL file of "
+                          "{\"messages\": [...]} conversations ending with a user turn.")
+    max_new_tokens: int = setting(512, "Length limit of each side-by-side answer (a thinking model needs 512 or "
+                                       "more to get past its reasoning).", min=1)
+    lm_eval_tasks: list = setting([], "lm-evaluation-harness task names, e.g. [\"arc_easy\"] (empty: none; needs "
+                                      "lm-eval in the image).")
+    max_task_regression: float = setting(0.01, "Largest drop of an lm-eval task's score (absolute, 0..1) that still "
+                                               "passes.", min=0, max=1)
+
+
+@dataclass
+class DeploySettings:
+    """The deployment step."""
+
+    deploy_backend: str = setting("kserve-vllm", "kserve-vllm, kserve-huggingface or local (a local server for a "
+                                                 "local run).")
+    serving_name: str = setting("qwen3-30b-a3b-sft", "InferenceService name (DNS-1035), also the served model name.")
+    serving_gpus: int = setting(4, "GPUs per serving replica (vLLM's tensor-parallel size).", min=0)
+    max_model_len: int = setting(8192, "Context length the server accepts (at least max_seq_length).", min=1)
+    deployment_mode: str = setting("Standard", "KServe's Standard (Deployment) or Knative (revisions, canary).")
+    canary_traffic_percent: int = setting(0, "Knative only: share of traffic for the new revision (0: all at once).",
+                                          min=0, below=100)
+    keep_serving: bool = setting(False, "Local runs: leave the model server running after the smoke test.")
+
+
+@dataclass
+class Settings:
+    """Every setting of a run, by step."""
+
+    train: TrainSettings = field(default_factory=TrainSettings)
+    data: DataSettings = field(default_factory=DataSettings)
+    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
+    deploy: DeploySettings = field(default_factory=DeploySettings)
+
+    @classmethod
+    def from_flat(cls, values: dict) -> "Settings":
+        """Settings from a mapping of setting name -> value (missing names keep their defaults; unknown names are
+        a ValueError). Values are taken as given: ``coerce`` and ``check`` are what validate them."""
+        unknown = sorted(set(values) - set(specs()))
+        if unknown:
+            raise ValueError(f"unknown settings {unknown}")
+        values = whole_numbers(values)
+        groups = {}
+        for group in dataclasses.fields(cls):
+            names = {f.name for f in dataclasses.fields(group.default_factory)}
+            groups[group.name] = group.default_factory(**{k: v for k, v in values.items() if k in names})
+        return cls(**groups)
+
+    def flat(self) -> dict:
+        """Every setting by name."""
+        return {name: value for group in dataclasses.fields(self)
+                for name, value in dataclasses.asdict(getattr(self, group.name)).items()}
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One setting as the pipeline, the CLI and the checks see it."""
+
+    name: str
+    type: type
+    default: object
+    help: str
+    group: str
+    plain: bool
+    min: float | None
+    max: float | None
+    above: float | None
+    below: float | None
+
+
+def specs() -> dict[str, Spec]:
+    """Every setting, by name, in the model's order (groups as in ``Settings``)."""
+    out = {}
+    for group in dataclasses.fields(Settings):
+        cls = group.default_factory
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
+            out[f.name] = Spec(f.name, hints[f.name], default, f.metadata["help"], group.name, f.metadata["plain"],
+                               f.metadata["min"], f.metadata["max"], f.metadata["above"],
+                               f.metadata["below"])
+    return out
+
+
+def defaults() -> dict:
+    """Every setting's default, by name."""
+    return Settings().flat()
+
+
+def split_arguments(values: dict) -> dict:
+    """Pipeline arguments for ``values`` (setting name -> value): plain settings as themselves, every other
+    setting that differs from its default inside ``advanced_settings``."""
+    all_specs = specs()
+    args = {name: value for name, value in values.items() if all_specs[name].plain}
+    advanced = {name: value for name, value in values.items()
+                if not all_specs[name].plain and value != all_specs[name].default}
+    return {**args, ADVANCED: advanced}
+
+
+def whole_numbers(values: dict) -> dict:
+    """``values`` with integer settings that arrive as whole floats (5.0) turned back into ints.
+
+    KFP carries a dict parameter (``advanced_settings``, the ``settings`` every step reads) as a protobuf Struct,
+    whose numbers are all doubles: an int setting comes back as 5.0.
+    """
+    all_specs = specs()
+    return {name: int(value) if name in all_specs and all_specs[name].type is int and isinstance(value, float)
+            and value.is_integer() else value for name, value in values.items()}
+
+
+def merge_arguments(arguments: dict) -> dict:
+    """The flat settings from pipeline arguments (the inverse of ``split_arguments``); a ValueError for an
+    ``advanced_settings`` key that is unknown or that is a plain parameter of its own."""
+    import difflib
+
+    all_specs = specs()
+    values = {name: value for name, value in arguments.items() if name != ADVANCED}
+    for name, value in (arguments.get(ADVANCED) or {}).items():
+        if name not in all_specs:
+            close = difflib.get_close_matches(name, all_specs, n=1)
+            raise ValueError(f"{ADVANCED}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else
+                             "; python -m pipelines.run --help lists every setting"))
+        if all_specs[name].plain:
+            raise ValueError(f"{ADVANCED}: {name!r} is a pipeline parameter of its own; set it there, not in {ADVANCED}")
+        values[name] = value
+    return {**defaults(), **whole_numbers(values)}
+
+
+def bound_errors(values: dict) -> list[str]:
+    """The settings outside their declared bounds, each naming the setting and its range."""
+    errors = []
+    for name, spec in specs().items():
+        value = values[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue
+        low_ok = (spec.min is None or value >= spec.min) and (spec.above is None or value > spec.above)
+        high_ok = (spec.max is None or value <= spec.max) and (spec.below is None or value < spec.below)
+        if not (low_ok and high_ok):
+            low = f">= {spec.min:g}" if spec.min is not None else f"> {spec.above:g}" if spec.above is not None else ""
+            high = f"<= {spec.max:g}" if spec.max is not None else f"< {spec.below:g}" if spec.below is not None else ""
+            errors.append(f"{name}={value!r} must be {' and '.join(x for x in (low, high) if x)} ({spec.help})")
+    return errors
+
+
+def type_errors(values: dict) -> list[str]:
+    """The settings whose value is not of the setting's type (an int is a float; a bool is not an int)."""
+    errors = []
+    for name, spec in specs().items():
+        value = values[name]
+        if spec.type is float:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        elif spec.type is int:
+            ok = isinstance(value, int) and not isinstance(value, bool)
+        else:
+            ok = isinstance(value, spec.type)
+        if not ok:
+            errors.append(f"{name} must be a {spec.type.__name__}, got {value!r}")
+    return errors
+
+
+def check(values: dict) -> list[str]:
+    """Every problem with ``values`` (each setting by name), each naming the setting and the fix: types and bounds
+    (declared here), then each step's rules, which live with the code they protect."""
+    errors = type_errors(values)
+    if errors:
+        return errors  # the rules below compare values: they assume the types
+    errors = bound_errors(values)
+    from components.data.rules import check_data_settings
+    from components.deploy.rules import check_deploy_settings
+    from components.evaluate.rules import check_evaluate_settings
+    from components.train.rules import check_cluster_settings, check_train_settings
+
+    for rules in (check_train_settings, check_data_settings, check_cluster_settings, check_evaluate_settings,
+                  check_deploy_settings):
+        errors += [e for e in rules(values) if e]
+    if not errors and values["train_backend"] != "local":
+        from components.train.memory import check_memory_fit
+
+        # Last, on settings known to be valid: an estimate over bad inputs would only add noise.
+        errors.append(check_memory_fit(
+            values["model_name_or_path"], values["method"], values["deepspeed_config"], values["num_nodes"],
+            values["gpus_per_node"], values["max_seq_length"], values["per_device_train_batch_size"],
+            gpu_memory_gib=values["gpu_memory_gib"], lora_r=values["lora_r"],
+        ))
+    return [e for e in errors if e]

@@ -1,0 +1,88 @@
+"""The settings model (components/settings.py): one place per setting, and everything derived from it agrees."""
+
+import dataclasses
+import inspect
+
+import pytest
+
+from components.settings import ADVANCED, Settings, check, defaults, merge_arguments, specs, split_arguments
+
+
+def test_every_setting_has_one_name_a_type_a_default_and_help():
+    names = [f.name for group in dataclasses.fields(Settings) for f in dataclasses.fields(group.default_factory)]
+    assert len(names) == len(set(names)) == len(specs())  # flat names are unique across the steps
+    for spec in specs().values():
+        assert spec.type in (str, int, float, bool, dict, list), spec.name
+        assert isinstance(spec.default, spec.type) or (spec.type is float and isinstance(spec.default, int)), spec.name
+        assert spec.help.strip().endswith((".", ")")), f"{spec.name}: help is one or more sentences"
+    assert check(defaults()) == []  # the defaults are the reference job, and it is valid
+
+
+def test_the_pipeline_signature_is_the_plain_settings_then_advanced_settings():
+    from pipelines.llm_finetune import build_pipeline
+
+    func = build_pipeline("cluster").pipeline_func
+    params = inspect.signature(func).parameters
+    plain = [name for name, spec in specs().items() if spec.plain]
+    assert list(params) == [*plain, ADVANCED]
+    assert all(params[name].default == specs()[name].default and params[name].annotation is specs()[name].type
+               for name in plain)
+
+
+def test_the_compiled_pipeline_describes_every_parameter():
+    import tempfile
+    from pathlib import Path
+
+    import yaml
+
+    from pipelines.compile import compile_pipeline
+
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = next(yaml.safe_load_all(compile_pipeline(Path(tmp) / "p.yaml").read_text()))
+    inputs = spec["root"]["inputDefinitions"]["parameters"]
+    assert set(inputs) == {name for name, s in specs().items() if s.plain} | {ADVANCED}
+    assert inputs["learning_rate"]["description"].startswith("Peak learning rate")
+    assert "lora_r" in inputs[ADVANCED]["description"]
+
+
+def test_settings_the_pipeline_mounts_or_schedules_by_are_plain_parameters():
+    # Platform settings (claims, Secret, node placement, GPU counts) take pipeline parameters, not a step's output.
+    for name in ("data_pvc", "model_pvc", "hf_token_secret", "node_selector", "tolerations", "eval_gpus"):
+        assert specs()[name].plain, name
+
+
+def test_split_and_merge_are_inverse_and_advanced_holds_only_what_differs():
+    values = {**defaults(), "lora_r": 32, "learning_rate": 1e-5}
+    args = split_arguments(values)
+    assert args[ADVANCED] == {"lora_r": 32} and args["learning_rate"] == 1e-5 and "lora_r" not in args
+    assert merge_arguments(args) == values
+
+
+@pytest.mark.parametrize("advanced, message", [
+    ({"lora_rank": 8}, "unknown setting 'lora_rank'; did you mean 'lora_r'?"),
+    ({"num_nodes": 4}, "'num_nodes' is a pipeline parameter of its own"),
+])
+def test_advanced_settings_name_only_non_plain_settings(advanced, message):
+    with pytest.raises(ValueError, match=message):
+        merge_arguments({ADVANCED: advanced})
+
+
+def test_bounds_and_types_name_the_setting():
+    assert check({**defaults(), "lora_r": 0})[0].startswith("lora_r=0 must be >= 1")
+    assert check({**defaults(), "lora_dropout": 1.0})[0].startswith("lora_dropout=1.0 must be >= 0 and < 1")
+    assert check({**defaults(), "merge_lora": "yes"}) == ["merge_lora must be a bool, got 'yes'"]
+
+
+def test_whole_floats_from_kfp_become_ints_again():
+    # A dict parameter travels as a protobuf Struct: every number is a double.
+    s = Settings.from_flat({"num_nodes": 2.0, "lora_r": 8.0, "learning_rate": 1.0})
+    assert (s.cluster.num_nodes, s.train.lora_r, s.train.learning_rate) == (2, 8, 1.0)
+    assert isinstance(s.cluster.num_nodes, int)
+
+
+def test_the_derived_files_are_current():
+    """`python -m pipelines.compile` writes them; a change to the model without it is caught here and in CI."""
+    from pipelines.derive import derived_files
+
+    stale = [str(path) for path, text in derived_files().items() if path.read_text() != text]
+    assert stale == [], f"run python -m pipelines.compile: {stale} differ from the settings model"
