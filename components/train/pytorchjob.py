@@ -40,11 +40,12 @@ BACKOFF_LIMIT = 0
 TTL_SECONDS_AFTER_FINISHED = 24 * 3600
 
 
-def job_name_for(run_id: str, prefix: str = "sft") -> str:
-    """Deterministic, valid DNS-1035 label (<= 63 chars, lowercase, starts with a letter) from the KFP run id.
+def job_name_for(run_id: str, prefix: str = "sft", max_length: int = MAX_JOB_NAME) -> str:
+    """Deterministic, valid DNS-1035 label (<= ``max_length`` chars, lowercase, starts with a letter) from the KFP
+    run id.
 
     The same run id always gives the same name, so a retried launcher finds the job it created. Names
-    longer than ``MAX_JOB_NAME`` keep their start and end in an 8-character hash of the full run id.
+    longer than ``max_length`` keep their start and end in an 8-character hash of the full run id.
     """
     if not DNS1035_LABEL.match(prefix):
         raise ValueError(f"prefix {prefix!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
@@ -53,9 +54,9 @@ def job_name_for(run_id: str, prefix: str = "sft") -> str:
     if not slug:
         raise ValueError(f"run_id {run_id!r} has no letters or digits; pass the KFP run id")
     name = f"{prefix}-{slug}"
-    if len(name) > MAX_JOB_NAME:
+    if len(name) > max_length:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
-        name = f"{name[:MAX_JOB_NAME - len(digest) - 1].rstrip('-')}-{digest}"
+        name = f"{name[:max_length - len(digest) - 1].rstrip('-')}-{digest}"
     return name
 
 

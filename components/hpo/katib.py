@@ -1,0 +1,527 @@
+"""A Katib ``Experiment`` (kubeflow.org/v1beta1) whose trials are the run's own training job, cut short.
+
+    errors = check_search(search_space, trials=12, parallel_trials=2, max_failed_trials=3, algorithm="tpe",
+                          method="lora")
+    experiment = experiment_manifest(name=experiment_name_for(run_id), namespace=ns, training_job=job,
+                                     trials_dir=trials_dir_for(run_id), search_space=search_space, trials=12,
+                                     parallel_trials=2, max_failed_trials=3, algorithm="tpe", trial_steps=50,
+                                     method="lora", seed=42)
+    best = best_trial(experiment_as_read_back)          # its parameters, by setting name, for the final run
+
+Each trial runs the PyTorchJob or TrainJob the launcher builds (``training_job_for_run``): the same image,
+pods, volumes, placement and queue. Only the trainer container's command differs.
+
+How a trial's values reach the trainer. The trainer reads one JSON config file (``torchrun ... -m
+components.train.sft --config FILE``, components/train/pods.py) and its command line takes nothing else, while a
+trial needs its own values and its own output folder (the checkpoints, metrics.json and TensorBoard events of
+concurrent trials must not mix). Katib only substitutes ``${trialParameters.<name>}`` into the text of the trial
+template, so the values travel as command-line arguments, HfArgumentParser-style, to a small entry point that
+runs first in every pod of the trial (components/hpo/trial.py)::
+
+    python -m components.hpo.trial --base-config <the run's train_config.json> --trial-dir <trials_dir>/<trial>
+        --max_steps 50 --save_strategy no --learning_rate ${trialParameters.learning_rate} ...
+        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.sft --config <trials_dir>/<trial>/train_config.json
+
+It writes the run's config with the trial's values and ``output_dir`` into the trial's folder and then becomes
+(exec) the unchanged ``torchrun`` command on it: the trainer, its config checks (a bad value exits with code 2)
+and its outputs are a normal run's, and the rendered manifest shows the whole command. Substituting into the
+run's config file instead would race between concurrent trials, and Katib cannot make a file per trial; giving
+the trainer's own command line overrides would serve as well, but changes the trainer's entry point.
+
+What Katib reads back. The objective is ``eval_loss``, minimised: the trainer's held-out loss per label token
+(the number evaluate_model compares), which rank 0 prints on its last line, ``metrics {..., 'eval_loss':
+5.3763, ...}`` (sft.py). Katib's StdOut collector reads the output of the primary pod (node rank 0, home of global
+rank 0) with ``METRICS_FORMAT``; it also keeps the ``loss`` of each progress line (``step 10/50 | loss 2.3456 |
+...``, callbacks.py) as the trial's curve in the Katib UI. A File collector on metrics.json cannot work: its JSON
+format wants string values, one object per line. A trial with no numeric eval_loss (``nan``, or a crash) is
+MetricsUnavailable or Failed, and counts toward ``maxFailedTrialCount``.
+
+What the StdOut collector implies: Katib's pod webhook runs the primary container as ``sh -c "<command> 1>file
+2>&1 && ..."`` (its output shows in the ``metrics-logger-and-collector`` sidecar's log) and injects only in
+namespaces labelled ``katib.kubeflow.org/metrics-collector-injection: enabled`` (Kubeflow profiles are). That
+``sh`` does not pass SIGTERM on: an evicted trial fails rather than checkpointing; trials are short.
+
+Trials write no checkpoints (``save_strategy no``: a Qwen3-30B-A3B ZeRO-3 checkpoint is ~183 GB per pod) but the
+trainer still writes its final export (``final/``, ~61 GB for full fine-tuning): the step that follows the
+Experiment should delete each finished trial's folder (``trials_dir``), or the trainer grow a way to skip it.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import re
+
+from kubeflow.training.constants import constants as kfc
+
+from components.kube import DNS1035_LABEL
+from components.paths import MODEL_MOUNT, run_dir
+from components.train import trainjob
+from components.train.pytorchjob import RUN_ID_LABEL
+
+GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1beta1", "experiments", "Experiment"
+TRIAL_PLURAL = "trials"
+# Katib labels every Trial with its Experiment's name: list them with this label selector.
+EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
+
+OBJECTIVE = "eval_loss"
+TRAIN_LOSS = "loss"
+# Katib's StdOut collector takes group 1 of a match as the metric's name and group 2 as its value (Go RE2; the
+# same in Python's re). The first reads the trainer's final ``metrics {...}`` line (a Python dict's repr, sft.py),
+# the second its progress lines (callbacks.py). ``nan``/``inf`` do not match: such a trial has no objective.
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+METRICS_FORMAT = [rf"'({OBJECTIVE})': ({_NUMBER})", rf"\| ({TRAIN_LOSS}) ({_NUMBER}) \|"]
+
+# Katib's algorithms for a search over training settings (its default katib-config), and why each is there.
+# Left out: hyperband (needs a resource parameter to grow), enas/darts (architecture search), pbt (hands
+# checkpoints between trials).
+ALGORITHMS = {
+    "random": "independent random draws (hyperopt)",
+    "tpe": "Tree-structured Parzen Estimator, each parameter on its own (hyperopt)",
+    "multivariate-tpe": "TPE over the parameters jointly (Optuna)",
+    "bayesianoptimization": "Gaussian-process Bayesian optimisation (scikit-optimize); draws every real "
+                            "parameter log-uniformly",
+    "grid": "every combination, in order (Optuna); real parameters need a step",
+    "cmaes": "CMA-ES (Goptuna); needs two or more min/max parameters, draws uniformly",
+    "sobol": "Sobol quasi-random sequence (Goptuna); draws uniformly",
+}
+_LOG_SCALE = {"random", "tpe", "multivariate-tpe"}  # honour feasibleSpace.distribution logUniform for int and real
+
+# Settings a trial may vary, by their name in the settings model, with their type. Not per_device_train_batch_size:
+# memory fit is checked for one micro-batch size before any GPU is requested, and a larger one could OOM every
+# trial. Not the paths, the model, the method or the DeepSpeed config: a trial is the run's job, only tuned.
+SEARCHABLE = {
+    "learning_rate": float,
+    "warmup_ratio": float,
+    "weight_decay": float,
+    "max_grad_norm": float,
+    "lr_scheduler_type": str,
+    "gradient_accumulation_steps": int,
+    "lora_r": int,
+    "lora_alpha": int,
+    "lora_dropout": float,
+    "router_aux_loss_coef": float,
+}
+# The trainer config calls one of them differently (components/train/config.py: a float < 1 is a ratio).
+TRAINER_FIELD = {"warmup_ratio": "warmup_steps"}
+# What every trial sets besides its parameters, by trainer field: its length, and no checkpoints.
+TRIAL_FIELDS = {"max_steps": int, "save_strategy": str}
+_SPEC_KEYS = {"min", "max", "scale", "step", "values"}
+SCALES = ("linear", "log")
+# Katib names a trial <experiment>-<8 characters>, and the trial's job after it: 40 + 9 stays within the
+# PyTorchJob's 52 (pytorchjob.MAX_JOB_NAME). Katib's own limit on an Experiment name is 40 as well.
+MAX_EXPERIMENT_NAME = 40
+TRIAL_NAME_PARAMETER = "trialName"  # camelCase: no setting is named so
+
+
+def experiment_name_for(run_id: str) -> str:
+    """``hpo-<run id>``: deterministic (a retried step finds its Experiment), a DNS-1035 label of at most 40
+    characters; a longer one keeps its start and an 8-character hash of the whole run id."""
+    from components.train.pytorchjob import job_name_for
+
+    return job_name_for(run_id, "hpo", max_length=MAX_EXPERIMENT_NAME)
+
+
+def trials_dir_for(run_id: str, root: str = MODEL_MOUNT) -> str:
+    """Where the trials write on the model volume: ``<root>/runs/<run id>/hpo/<trial name>/``."""
+    return f"{run_dir(root, run_id)}/hpo"
+
+
+# -- the search space ----------------------------------------------------------------------------------------
+
+def _is_number(value, kind: type) -> bool:
+    if isinstance(value, bool):
+        return False
+    return isinstance(value, int) if kind is int else isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _grid_size(spec: dict) -> int:
+    """How many values Katib's grid enumerates for one parameter (its search_space.convert_to_combinations)."""
+    if "values" in spec:
+        return len(spec["values"])
+    step = spec.get("step", 1)
+    return int(math.floor((spec["max"] - spec["min"]) / step + 1e-9)) + 1
+
+
+def _parameter_errors(name: str, spec, algorithm: str, method: str) -> list[str]:
+    """The problems of one search-space entry, each naming ``hpo_search_space.<name>`` and the fix."""
+    where = f"hpo_search_space.{name}"
+    if name not in SEARCHABLE:
+        return [f"{where}: not a setting a trial can vary; use one of {sorted(SEARCHABLE)}"]
+    kind = SEARCHABLE[name]
+    if not isinstance(spec, dict):
+        return [f"{where} must be an object: {{\"min\": 1e-5, \"max\": 1e-4, \"scale\": \"log\"}} or "
+                f"{{\"values\": [8, 16, 32]}}, got {spec!r}"]
+    errors = []
+    if name.startswith("lora_") and method == "full":
+        errors.append(f"{where}: LoRA settings do nothing with method 'full'; remove it or set method to lora/qlora")
+    unknown = sorted(set(spec) - _SPEC_KEYS)
+    if unknown:
+        return errors + [f"{where}: unknown keys {unknown}; use min, max, scale ({'/'.join(SCALES)}) and step, "
+                         "or values"]
+    if "values" in spec:
+        values = spec["values"]
+        if set(spec) != {"values"}:
+            return errors + [f"{where}: give either values or min/max (with scale, step), not both"]
+        if not isinstance(values, list) or len(values) < 2:
+            errors.append(f"{where}.values must list two or more values to search (one value is no search: "
+                          f"set {name} itself), got {values!r}")
+        elif bad := [v for v in values if not (isinstance(v, str) if kind is str else _is_number(v, kind))]:
+            errors.append(f"{where}.values must all be {_KIND_WORDS[kind]}; {bad!r} are not")
+        elif bad := [v for v in values if kind is str and not _PLAIN_NAME.match(v)]:
+            # Katib's StdOut collector runs the trial's command through sh -c: a value must stay one plain word.
+            errors.append(f"{where}.values must be plain names (letters, digits, '_', '.', '-'); {bad!r} are not")
+        elif len(set(values)) != len(values):
+            errors.append(f"{where}.values lists a value twice: {values!r}")
+        return errors
+    if kind is str:
+        return errors + [f"{where}: {name} is a name, not a number: list the candidates as values, "
+                         f"e.g. {{\"values\": [\"cosine\", \"linear\"]}}"]
+    if not ("min" in spec and "max" in spec):
+        return errors + [f"{where} needs both min and max (or values), got {spec!r}"]
+    low, high = spec["min"], spec["max"]
+    if not (_is_number(low, kind) and _is_number(high, kind)):
+        return errors + [f"{where}: min and max must be {_KIND_WORDS[kind]}, got {low!r} and {high!r}"]
+    if low >= high:
+        errors.append(f"{where}: min ({low}) must be below max ({high})")
+    scale = spec.get("scale", "linear")
+    if scale not in SCALES:
+        errors.append(f"{where}.scale must be one of {list(SCALES)}, got {scale!r}")
+    elif scale == "log":
+        if low <= 0:
+            errors.append(f"{where}: a log scale needs min > 0, got {low}")
+        if algorithm == "grid":
+            errors.append(f"{where}: the grid steps evenly from min to max and would ignore scale 'log'; list "
+                          "the values instead")
+        elif algorithm not in _LOG_SCALE and not (algorithm == "bayesianoptimization" and kind is float):
+            errors.append(f"{where}: algorithm {algorithm!r} draws it uniformly and would ignore scale 'log'; "
+                          f"use one of {sorted(_LOG_SCALE)}, or drop the scale")
+    if kind is float and algorithm == "bayesianoptimization" and low <= 0:
+        errors.append(f"{where}: algorithm 'bayesianoptimization' draws real values log-uniformly, so min must be "
+                      f"> 0 (got {low}); raise min or use tpe")
+    if "step" in spec:
+        step = spec["step"]
+        if not _is_number(step, kind) or step <= 0:
+            errors.append(f"{where}.step must be a positive {_KIND_WORDS[kind][:-1]}, got {step!r}")
+        elif low < high and step > high - low:
+            errors.append(f"{where}.step ({step}) is larger than max - min ({high - low}): one value is no search")
+        elif scale == "log":  # Optuna refuses a stepped log range; hyperopt's is hard to predict: list them
+            errors.append(f"{where}: step and scale 'log' do not go together; list the values instead")
+    elif algorithm == "grid" and kind is float and scale != "log" and low < high:
+        errors.append(f"{where}: the grid needs a step for a real range (e.g. \"step\": {(high - low) / 4:g}), "
+                      "or list the values")
+    return errors
+
+
+_KIND_WORDS = {int: "integers", float: "numbers", str: "strings"}
+_PLAIN_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
+# What sh -c leaves alone in an argument (Katib joins the primary container's argv with spaces, unquoted).
+_SHELL_SAFE = re.compile(r"^[\w./:=@%+,-]+$")
+_PLACEHOLDER = re.compile(r"\$\{trialParameters\.\w+\}")
+
+
+def check_search(search_space, *, trials: int, parallel_trials: int, max_failed_trials: int, algorithm: str,
+                 method: str) -> list[str]:
+    """Every problem with a search before anything is created, one message each, naming the setting and the fix.
+
+    Args:
+        search_space: ``{setting: spec}``; a spec is a range ``{"min": 1e-5, "max": 1e-4}`` with optional
+            ``"scale": "log"`` (default linear) and ``"step"``, or a list ``{"values": [8, 16, 32]}``. The
+            settings are those in ``SEARCHABLE``; an integer setting takes integers, lr_scheduler_type names.
+        trials: trials in all (Katib's maxTrialCount), at least 1.
+        parallel_trials: trials at once (parallelTrialCount), 1..trials; each holds the whole training job's GPUs.
+        max_failed_trials: failed trials that fail the Experiment (maxFailedTrialCount), 0..trials.
+        algorithm: one of ``ALGORITHMS``.
+        method: the run's fine-tuning method; LoRA settings need lora or qlora.
+
+    Returns:
+        The errors (empty when the search can start), including the rules of Katib's admission webhook and of
+        its suggestion services that apply (grid size, CMA-ES dimensions, log-uniform ranges).
+    """
+    errors = []
+    if algorithm not in ALGORITHMS:
+        errors.append(f"hpo_algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
+        algorithm = "random"  # judge the ranges alone: an algorithm's own limits would only add noise
+    if not isinstance(search_space, dict) or not search_space:
+        errors.append("hpo_search_space is empty: give each setting to search a range or values, e.g. "
+                      "{\"learning_rate\": {\"min\": 1e-5, \"max\": 1e-4, \"scale\": \"log\"}, "
+                      "\"lora_r\": {\"values\": [8, 16, 32]}}")
+        search_space = {}
+    for name, spec in search_space.items():
+        errors += _parameter_errors(name, spec, algorithm, method)
+    if trials < 1:
+        errors.append(f"hpo_trials must be >= 1 to search (0 turns the search off), got {trials}")
+    if parallel_trials < 1:
+        errors.append(f"hpo_parallel_trials must be >= 1, got {parallel_trials}")
+    elif trials >= 1 and parallel_trials > trials:
+        errors.append(f"hpo_parallel_trials ({parallel_trials}) is more than hpo_trials ({trials}); lower "
+                      "hpo_parallel_trials or raise hpo_trials")
+    if max_failed_trials < 0 or (trials >= 1 and max_failed_trials > trials):
+        errors.append(f"hpo_max_failed_trials must be between 0 and hpo_trials ({trials}), got {max_failed_trials}")
+    if errors:
+        return errors  # the rules below count values of specs known to be sound
+    if algorithm == "grid":
+        size = math.prod(_grid_size(s) for s in search_space.values())
+        if trials > size:
+            errors.append(f"hpo_trials ({trials}) is more than the grid's {size} combinations; lower hpo_trials "
+                          "to at most that, or add values")
+    if algorithm == "cmaes" and sum("values" not in s for s in search_space.values()) < 2:
+        errors.append("hpo_algorithm 'cmaes' needs two or more min/max settings in hpo_search_space; "
+                      "use tpe for fewer")
+    return errors
+
+
+def _katib_number(kind: type, value) -> str:
+    return str(int(value)) if kind is int else repr(float(value))
+
+
+def _parameter(name: str, spec: dict) -> dict:
+    """One Katib ParameterSpec (feasibleSpace values are strings)."""
+    kind = SEARCHABLE[name]
+    if "values" in spec:
+        return {"name": name, "parameterType": "categorical" if kind is str else "discrete",
+                "feasibleSpace": {"list": [v if kind is str else _katib_number(kind, v) for v in spec["values"]]}}
+    space = {"min": _katib_number(kind, spec["min"]), "max": _katib_number(kind, spec["max"]),
+             "distribution": "logUniform" if spec.get("scale") == "log" else "uniform"}
+    if "step" in spec:
+        space["step"] = _katib_number(kind, spec["step"])
+    return {"name": name, "parameterType": "int" if kind is int else "double", "feasibleSpace": space}
+
+
+# -- the trial template ------------------------------------------------------------------------------------------
+
+def _trainer_containers(job: dict) -> list[dict]:
+    """The containers (or TrainJob ``trainer``) that run the trainer's command in ``job``."""
+    if job.get("kind") == trainjob.KIND:
+        return [job["spec"]["trainer"]]
+    if job.get("kind") == kfc.PYTORCHJOB_KIND:
+        return [c for spec in job["spec"]["pytorchReplicaSpecs"].values()
+                for c in spec["template"]["spec"]["containers"] if c["name"] == kfc.PYTORCHJOB_CONTAINER]
+    raise ValueError(f"training_job must be a {kfc.PYTORCHJOB_KIND} or a {trainjob.KIND}, got {job.get('kind')!r}")
+
+
+def _primary(job: dict) -> tuple[str, dict]:
+    """The container and pod labels of node rank 0, whose output holds rank 0's metrics line."""
+    if job["kind"] == trainjob.KIND:
+        # JobSet's replicated job and the Job's completion index, which the torch runtime makes the node rank.
+        return trainjob.NODE, {"jobset.sigs.k8s.io/replicatedjob-name": trainjob.NODE, trainjob.NODE_RANK_LABEL: "0"}
+    if kfc.REPLICA_TYPE_MASTER in job["spec"]["pytorchReplicaSpecs"]:
+        return kfc.PYTORCHJOB_CONTAINER, {kfc.JOB_ROLE_LABEL: kfc.JOB_ROLE_MASTER}
+    # An elastic job has Workers only; Worker 0 hosts the rendezvous and node rank 0.
+    return kfc.PYTORCHJOB_CONTAINER, {kfc.REPLICA_TYPE_LABEL: kfc.REPLICA_TYPE_WORKER.lower(),
+                                      kfc.REPLICA_INDEX_LABEL: "0"}
+
+
+def _trial_command(command: list[str], args: list[str], trial_dir: str, trial_steps: int,
+                   parameters: list[str]) -> tuple[list[str], list[str]]:
+    """The trial's command and args: the trial entry point, then the job's own command on the trial's config."""
+    if "--config" not in args[:-1]:
+        raise ValueError(f"the training job's trainer command has no --config FILE: {command + args}")
+    at = args.index("--config") + 1
+    base_config, trial_config = args[at], f"{trial_dir}/train_config.json"
+    overrides = ["--max_steps", str(trial_steps), "--save_strategy", "no"]
+    for name in parameters:
+        overrides += [f"--{TRAINER_FIELD.get(name, name)}", f"${{trialParameters.{name}}}"]
+    trainer = [*command, *args[:at], trial_config, *args[at + 1:]]
+    return (["python", "-m", "components.hpo.trial"],
+            ["--base-config", base_config, "--trial-dir", trial_dir, *overrides, "--", *trainer])
+
+
+def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials_dir: str, search_space: dict,
+                        trials: int, parallel_trials: int, max_failed_trials: int, algorithm: str, trial_steps: int,
+                        method: str, seed: int) -> dict:
+    """The Katib Experiment that searches ``search_space`` with short runs of ``training_job``.
+
+    Args:
+        name: the Experiment's name, a DNS-1035 label of at most 40 characters (``experiment_name_for``).
+        namespace: where it runs: the training job's namespace (claims, Secret, queue).
+        training_job: the PyTorchJob or TrainJob dict ``training_job_for_run`` returns for this run; it is
+            copied, not changed. Its trainer command must read ``--config FILE`` (the run's trainer config, which
+            must exist on the model volume when the trials start).
+        trials_dir: the trials' folder as the pods see it (``trials_dir_for``); trial T writes
+            ``<trials_dir>/<T>/`` (train_config.json, metrics.json, tensorboard/, final/).
+        search_space, trials, parallel_trials, max_failed_trials, algorithm, method: as ``check_search`` takes
+            them (maxTrialCount, parallelTrialCount, maxFailedTrialCount, algorithmName).
+        trial_steps: optimizer steps per trial (the trainer's max_steps), at least 1.
+        seed: the algorithm's random_state, so that a re-created Experiment suggests the same trials.
+
+    Returns:
+        The Experiment as a plain dict: objective ``eval_loss`` minimised (the last value each trial prints),
+        the trainer's loss curve as an additional metric, the StdOut collector with ``METRICS_FORMAT``,
+        ``resumePolicy: Never`` (the suggestion service goes away with the search) and the trial template
+        (trial parameters ``${trialParameters.<setting>}`` plus ``trialName`` = ``${trialSpec.Name}``).
+
+    Raises:
+        ValueError: the ``check_search`` errors, one per line, or a bad name, trial_steps or training job.
+    """
+    errors = check_search(search_space, trials=trials, parallel_trials=parallel_trials,
+                          max_failed_trials=max_failed_trials, algorithm=algorithm, method=method)
+    if not DNS1035_LABEL.match(name) or len(name) > MAX_EXPERIMENT_NAME:
+        errors.append(f"name {name!r} must be a DNS-1035 label of at most {MAX_EXPERIMENT_NAME} characters; "
+                      "use experiment_name_for(run_id)")
+    if trial_steps < 1:
+        errors.append(f"hpo_trial_steps must be >= 1 (optimizer steps per trial), got {trial_steps}")
+    if errors:
+        raise ValueError("\n".join(errors))
+    trial_spec = copy.deepcopy(training_job)
+    # Katib names each trial's job after the trial, in the Experiment's namespace; its webhook refuses both here.
+    labels = trial_spec["metadata"].get("labels") or {}
+    trial_spec["metadata"] = {"labels": labels} if labels else {}
+    parameters = list(search_space)
+    trial_dir = f"{trials_dir.rstrip('/')}/${{trialParameters.{TRIAL_NAME_PARAMETER}}}"
+    for container in _trainer_containers(trial_spec):
+        container["command"], container["args"] = _trial_command(
+            container["command"], container["args"], trial_dir, trial_steps, parameters)
+        argv = container["command"] + container["args"]
+        unsafe = [a for a in argv if not _SHELL_SAFE.match(_PLACEHOLDER.sub("x", a))]
+        if unsafe:
+            raise ValueError(f"the trial command has arguments sh would interpret {unsafe}: Katib's StdOut collector "
+                             "runs it through sh -c; use paths and names of letters, digits and ./_-")
+    primary_container, primary_labels = _primary(trial_spec)
+    done = "Complete" if trial_spec["kind"] == trainjob.KIND else "Succeeded"  # Katib's defaults for these kinds
+    metadata = {"name": name, "namespace": namespace}
+    if RUN_ID_LABEL in labels:
+        metadata["labels"] = {RUN_ID_LABEL: labels[RUN_ID_LABEL]}
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": metadata,
+        "spec": {
+            "objective": {
+                "type": "minimize",
+                "objectiveMetricName": OBJECTIVE,
+                "additionalMetricNames": [TRAIN_LOSS],
+                # eval_loss is printed once, at the end; the loss worth reporting is the last one, not the lowest.
+                "metricStrategies": [{"name": OBJECTIVE, "value": "latest"}, {"name": TRAIN_LOSS, "value": "latest"}],
+            },
+            # Every algorithm here takes random_state (Sobol's sequence ignores it: it has no randomness).
+            "algorithm": {"algorithmName": algorithm,
+                          "algorithmSettings": [{"name": "random_state", "value": str(seed)}]},
+            "parallelTrialCount": parallel_trials,
+            "maxTrialCount": trials,
+            "maxFailedTrialCount": max_failed_trials,
+            "resumePolicy": "Never",
+            "parameters": [_parameter(n, search_space[n]) for n in parameters],
+            "metricsCollectorSpec": {"collector": {"kind": "StdOut"},
+                                     "source": {"filter": {"metricsFormat": list(METRICS_FORMAT)}}},
+            "trialTemplate": {
+                "primaryContainerName": primary_container,
+                "primaryPodLabels": primary_labels,
+                "successCondition": f'status.conditions.#(type=="{done}")#|#(status=="True")#',
+                "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
+                "trialParameters": [
+                    {"name": TRIAL_NAME_PARAMETER, "reference": "${trialSpec.Name}",
+                     "description": "the trial's name: its folder under the trials directory"},
+                    *({"name": n, "reference": n, "description": f"the trainer's {TRAINER_FIELD.get(n, n)}"}
+                      for n in parameters),
+                ],
+                "trialSpec": trial_spec,
+            },
+        },
+    }
+
+
+# -- reading results back ------------------------------------------------------------------------------------
+
+def setting_value(name: str, text: str):
+    """A parameter value as Katib gives it (a string) converted to the setting's type (``SEARCHABLE``)."""
+    kind = SEARCHABLE.get(name, str)
+    if kind is str:
+        return text
+    number = float(text)
+    if kind is int:
+        if not number.is_integer():
+            raise ValueError(f"{name}: {text!r} is not an integer")
+        return int(number)
+    return number
+
+
+def _metric(observation: dict | None, name: str) -> float | None:
+    for metric in (observation or {}).get("metrics") or []:
+        if metric.get("name") == name:
+            try:
+                value = float(metric.get("latest", ""))
+            except ValueError:  # "unavailable"
+                return None
+            return value if math.isfinite(value) else None
+    return None
+
+
+def _assignments(items) -> dict:
+    return {a["name"]: setting_value(a["name"], a["value"]) for a in items or []}
+
+
+_COUNTS = {"trials": "trials", "trialsSucceeded": "succeeded", "trialsFailed": "failed",
+           "trialMetricsUnavailable": "metrics unavailable"}
+
+
+def best_trial(experiment: dict) -> dict:
+    """The best trial so far, from the Experiment's ``status.currentOptimalTrial``.
+
+    Returns:
+        ``{"name", "parameters" (setting name -> value of the setting's type, ready for the final run's
+        settings), "eval_loss", "loss"}``.
+
+    Raises:
+        ValueError: no trial has reported ``eval_loss`` yet, with the Experiment's trial counts.
+    """
+    status = experiment.get("status") or {}
+    optimal = status.get("currentOptimalTrial") or {}
+    if not optimal.get("bestTrialName"):
+        counts = ", ".join(f"{word} {status[key]}" for key, word in _COUNTS.items() if key in status)
+        raise ValueError(f"Experiment {experiment['metadata']['name']} has no best trial: no trial reported "
+                         f"{OBJECTIVE} ({counts or 'no trials yet'})")
+    return {"name": optimal["bestTrialName"], "parameters": _assignments(optimal.get("parameterAssignments")),
+            OBJECTIVE: _metric(optimal.get("observation"), OBJECTIVE),
+            TRAIN_LOSS: _metric(optimal.get("observation"), TRAIN_LOSS)}
+
+
+def _state(trial: dict) -> tuple[str, str]:
+    """The trial's latest true condition and its message (Created, Running, Succeeded, Failed, ...)."""
+    true = [c for c in (trial.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    return (true[-1]["type"], true[-1].get("message", "")) if true else ("Pending", "")
+
+
+def trial_summaries(trials: list[dict]) -> list[dict]:
+    """One row per Trial object (kubeflow.org/v1beta1 ``trials``, listed with ``EXPERIMENT_LABEL=<name>``).
+
+    Returns:
+        ``{"name", "state", "message", "parameters", "eval_loss", "loss", "started", "finished"}`` per trial,
+        best eval_loss first, then trials without one in creation order. Values missing are None or "".
+    """
+    rows = []
+    for trial in sorted(trials, key=lambda t: t["metadata"].get("creationTimestamp", "")):
+        state, message = _state(trial)
+        status = trial.get("status") or {}
+        rows.append({"name": trial["metadata"]["name"], "state": state, "message": message,
+                     "parameters": _assignments(trial.get("spec", {}).get("parameterAssignments")),
+                     OBJECTIVE: _metric(status.get("observation"), OBJECTIVE),
+                     TRAIN_LOSS: _metric(status.get("observation"), TRAIN_LOSS),
+                     "started": status.get("startTime", ""), "finished": status.get("completionTime", "")})
+    return sorted(rows, key=lambda r: (r[OBJECTIVE] is None, r[OBJECTIVE] or 0.0))
+
+
+def trials_markdown(experiment: dict, trials: list[dict]) -> str:
+    """A Markdown report of the search for the KFP UI: the best trial, then a table of every trial."""
+    rows = trial_summaries(trials)
+    spec = experiment.get("spec") or {}
+    names = [p["name"] for p in spec.get("parameters") or []]
+    lines = [f"## Hyper-parameter search `{experiment['metadata']['name']}`", "",
+             f"{spec.get('algorithm', {}).get('algorithmName', '?')} over {', '.join(names) or 'no parameters'}; "
+             f"{len(rows)} of {spec.get('maxTrialCount', '?')} trials, objective {OBJECTIVE} (lower is better).", ""]
+    try:
+        best = best_trial(experiment)
+        chosen = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["parameters"].items())
+        lines += [f"**Best:** `{best['name']}`: {OBJECTIVE} {best[OBJECTIVE]:.4f} with {chosen}.", ""]
+    except ValueError as exc:
+        lines += [f"**No best trial:** {exc}.", ""]
+    lines += ["| trial | state | " + " | ".join(names) + f" | {OBJECTIVE} | last {TRAIN_LOSS} |",
+              "|---|---|" + "---|" * len(names) + "---:|---:|"]
+    for r in rows:
+        values = [f"{r['parameters'][n]:g}" if isinstance(r["parameters"].get(n), float)
+                  else str(r["parameters"].get(n, "")) for n in names]
+        state = r["state"] + (f": {r['message'][:120]}" if r["state"] not in ("Succeeded", "Running") and r["message"]
+                              else "")
+        losses = [f"{r[k]:.4f}" if r[k] is not None else "-" for k in (OBJECTIVE, TRAIN_LOSS)]
+        lines.append("| " + " | ".join([f"`{r['name']}`", state.replace("|", "\\|"), *values, *losses]) + " |")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,1 @@
+"""Watching a run: its Kubeflow Tensorboard and the alert its exit handler posts."""

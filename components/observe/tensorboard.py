@@ -1,0 +1,63 @@
+"""The run's Kubeflow ``Tensorboard`` (tensorboard.kubeflow.org/v1alpha1): its training curves in the dashboard.
+
+The trainer writes TensorBoard event files to ``<output_dir>/tensorboard`` (sft.py sets
+``TENSORBOARD_LOGGING_DIR``; the train step's output_dir is ``runs/<run id>/train`` on the model volume,
+components/paths.py). The Kubeflow tensorboard controller serves a ``pvc://<claim>/<path>`` logspath by mounting
+the claim read-only with ``subPath: <path>`` at ``/tensorboard_logs`` and running ``tensorboard --logdir`` there,
+behind ``/tensorboard/<namespace>/<name>/`` on the Kubeflow gateway. Because the path is a subPath mount, it should
+exist before the Tensorboard's pod starts: create the Tensorboard once the trainer has begun writing (or the
+folder has been made), not before the run.
+"""
+
+from __future__ import annotations
+
+import re
+
+from components.paths import MODEL_MOUNT, pvc_uri, run_dir
+
+GROUP, VERSION, PLURAL, KIND = "tensorboard.kubeflow.org", "v1alpha1", "tensorboards", "Tensorboard"
+RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"  # as on the run's training job
+# The controller names a Deployment, a Service and an Istio VirtualService after the Tensorboard, and labels its
+# pod app=<name>: a Service name is a DNS-1035 label, a label value at most 63 characters.
+MAX_NAME = 63
+DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def logs_path(model_pvc: str, run_id: str) -> str:
+    """``pvc://<model_pvc>/runs/<run id>/train/tensorboard``: where the run's trainer writes its event files."""
+    return pvc_uri(model_pvc, MODEL_MOUNT, f"{run_dir(MODEL_MOUNT, run_id)}/train/tensorboard")
+
+
+def tensorboard_manifest(name: str, namespace: str, model_pvc: str, run_id: str) -> dict:
+    """The Tensorboard custom resource that shows run ``run_id``'s training curves.
+
+    Args:
+        name: the Tensorboard's name, a DNS-1035 label of at most 63 characters (``job_name_for(run_id, "tb")``
+            gives one); it names the dashboard's path ``/tensorboard/<namespace>/<name>/``.
+        namespace: the run's namespace (where the model claim is).
+        model_pvc: the model claim the trainer writes to; the Tensorboard mounts it read-only.
+        run_id: the KFP run id, which names the run's folder on the claim.
+
+    Returns:
+        The manifest as a plain dict, labelled with the run id, ``spec.logspath`` = ``logs_path(...)``.
+
+    Raises:
+        ValueError: naming the argument, for a name or claim Kubernetes would refuse, or an empty run id.
+    """
+    if not DNS1035_LABEL.match(name) or len(name) > MAX_NAME:
+        raise ValueError(f"name {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters (lowercase "
+                         "letters, digits, '-'; starts with a letter); e.g. job_name_for(run_id, 'tb')")
+    if not DNS1123_SUBDOMAIN.match(model_pvc) or len(model_pvc) > 253:
+        raise ValueError(f"model_pvc {model_pvc!r} is not a valid claim name (lowercase letters, digits, '-', '.')")
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": {RUN_ID_LABEL: run_id}},
+        "spec": {"logspath": logs_path(model_pvc, run_id)},
+    }
+
+
+def dashboard_path(namespace: str, name: str) -> str:
+    """The Tensorboard's path on the Kubeflow gateway (its controller's VirtualService prefix), for reports."""
+    return f"/tensorboard/{namespace}/{name}/"
