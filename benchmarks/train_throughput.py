@@ -1,37 +1,48 @@
-"""Training throughput: ours (packed rows, padding-free attention) vs a plain Hugging Face Trainer on padded batches.
+"""Training throughput: ours (packed rows) against a plain Hugging Face Trainer on padded batches, one mean at a time.
 
-    python benchmarks/train_throughput.py --smoke                                      # CPU, tiny Qwen3, ~1 minute
-    python benchmarks/train_throughput.py --model qwen3-1.7b --max-seq-length 4096     # one GPU, bf16
+    python benchmarks/train_throughput.py --smoke                           # CPU, tiny Qwen3, ~30 s, prints only
+    python benchmarks/train_throughput.py --model qwen3-1.7b                # one GPU, bf16: the trainer's default
+    python benchmarks/train_throughput.py --model qwen3-1.7b --attn sdpa --skip-baseline        # without flash-attn
+    python benchmarks/train_throughput.py --model qwen3-1.7b --liger --micro-batch 4 --skip-baseline
 
-Same model (randomly initialised from the named Qwen3 architecture), same synthetic SFT examples (lengths
-drawn log-normally between 32 and ``max_seq_length``, the first 30% of each a masked prompt), same sequence
-length, one process, in one run:
+Same model (randomly initialised from the named Qwen3 architecture), same synthetic SFT examples (lengths drawn
+log-normally between 32 and ``--max-seq-length``, the first 30% of each a masked prompt), same real tokens per
+optimizer step, every example once, through ``transformers.Trainer`` (AdamW; bf16 autocast over fp32 weights on
+a GPU, as the trainer's single-GPU full fine-tuning):
 
-- ours: the examples packed into rows of ``max_seq_length`` with ``position_ids`` (the prepared-dataset
-  contract), ``components.train.batches.pad_collator``, flash-attention varlen when installed (else SDPA with
-  the block-causal mask);
-- baseline: the same examples, ``per_device_train_batch_size`` = max_seq_length / mean example length
-  (about the same tokens per step), each batch padded to its longest row with an attention mask, SDPA.
+- ours: the examples packed into rows of ``--max-seq-length`` with ``position_ids`` (the prepared-dataset
+  contract) and ``components.train.speed.packed_collator``; ``--micro-batch`` rows per micro-batch x
+  ``--grad-accum``; attention from ``components.train.speed.attn_implementation`` (flash-attention varlen when
+  flash-attn imports on a GPU, else SDPA with the block-causal mask) unless ``--attn`` names one; ``--liger``
+  applies ``components.train.speed.apply_liger_kernels`` (GPU and liger_kernel only).
+- baseline: one example per row, each micro-batch padded to its longest row with an attention mask, SDPA, no
+  Liger. Its micro-batch is ``--baseline-micro-batch`` examples (default 1: at most ``--max-seq-length`` tokens,
+  so it fits wherever ours fits one packed row without Liger) and its gradient accumulation gives the same real
+  tokens per optimizer step as ours.
 
-Both go through ``transformers.Trainer`` (AdamW, bf16 on GPU) over every example once. Reported: real
-(non-pad) tokens/s per device after ``--warmup`` steps, and MFU = tokens/s x FLOPs/token / the GPU's peak
-bf16 FLOP/s (components/train/callbacks.py; n/a on CPU). Results are appended to
-benchmarks/results/train_throughput.md.
+Each run trains in its own process: Liger patches transformers' classes for a whole process, and peak memory is
+then the run's own. Reported per run: real (non-pad) tokens/s per device after ``--warmup`` optimizer steps; MFU
+with causal attention counted per document (components/train/mfu.py; n/a on CPU and unknown GPUs); peak memory
+(GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak RSS). Results are appended to
+benchmarks/results/train_throughput.md (``--results``; the smoke run only prints unless given one).
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import multiprocessing
 import platform
 import random
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+RESULTS = ROOT / "benchmarks" / "results" / "train_throughput.md"
 
 # Architectures by name (config.json numbers of the Qwen3 releases; "tiny" is the laptop model's shape).
 MODELS = {
@@ -78,55 +89,100 @@ def pack(examples: list[dict], max_seq_length: int) -> list[dict]:
     return rows
 
 
-def run(label: str, rows: list[dict], model_name: str, batch_size: int, attn: str, args) -> dict:
-    """Train one epoch over ``rows`` and return real tokens/s per device after warm-up (and MFU on known GPUs)."""
+def plan(args, examples: list[dict], rows: list[dict]) -> dict:
+    """Micro-batch and gradient accumulation of each run: the baseline's give ours' real tokens per optimizer step."""
+    examples_per_step = args.micro_batch * args.grad_accum * len(examples) / len(rows)
+    return {"ours": (args.micro_batch, args.grad_accum),
+            "baseline": (args.baseline_micro_batch, max(1, round(examples_per_step / args.baseline_micro_batch)))}
+
+
+def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dict:
+    """Train one epoch as ``kind`` ("ours" or "baseline") in this process; return its figures."""
+    import resource
+
     import datasets
     import torch
     from transformers import Qwen3Config, Qwen3ForCausalLM, Trainer, TrainerCallback, TrainingArguments
+    from transformers.trainer_callback import PrinterCallback
 
     from components.models.tiny import build_tokenizer
-    from components.train.callbacks import flops_per_token, peak_flops
-    from components.train.memory import model_shape
-    from components.train.batches import pad_collator
+    from components.train.mfu import peak_flops
+    from components.train.speed import apply_liger_kernels, attn_implementation, packed_collator
 
     gpu = torch.cuda.is_available()
-    config = Qwen3Config(**MODELS[model_name], pad_token_id=PAD, use_cache=False)
-    config._attn_implementation = attn
+    examples = make_examples(args.examples, args.max_seq_length, MODELS[args.model]["vocab_size"])
+    if kind == "ours":
+        rows = pack(examples, args.max_seq_length)
+        attn = attn_implementation() if args.attn == "auto" else args.attn
+        if args.liger and not apply_liger_kernels("qwen3"):
+            raise RuntimeError("--liger: Liger kernels were not applied (see the log)")
+    else:
+        rows, attn = examples, "sdpa"
+    config = Qwen3Config(**MODELS[args.model], pad_token_id=PAD, use_cache=False)
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(config)
+    model.set_attn_implementation(attn)
 
     class Timer(TrainerCallback):
+        start = None
+
         def on_step_end(self, a, state, control, **kw):
             if state.global_step == args.warmup:
+                if gpu:
+                    torch.cuda.synchronize()
                 self.start = (time.perf_counter(), state.num_input_tokens_seen)
 
         def on_train_end(self, a, state, control, **kw):
             if gpu:
                 torch.cuda.synchronize()
-            self.end = (time.perf_counter(), state.num_input_tokens_seen)
+            self.end = (time.perf_counter(), state.num_input_tokens_seen, state.global_step)
 
     timer = Timer()
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=batch_size, num_train_epochs=1, learning_rate=1e-4,
-            bf16=gpu, use_cpu=not gpu, report_to=[], save_strategy="no", logging_steps=10**6,
-            remove_unused_columns=False, include_num_input_tokens_seen="non_padding", seed=0,
-            gradient_checkpointing=args.gradient_checkpointing, dataloader_num_workers=0,
+            output_dir=out, per_device_train_batch_size=micro_batch, gradient_accumulation_steps=grad_accum,
+            num_train_epochs=1, learning_rate=1e-4, bf16=gpu, use_cpu=not gpu, report_to=[], save_strategy="no",
+            logging_steps=10**6, remove_unused_columns=False, include_num_input_tokens_seen="non_padding", seed=0,
+            activation_checkpointing=args.gradient_checkpointing, dataloader_num_workers=0, disable_tqdm=True,
         )
         trainer = Trainer(model=model, args=targs, train_dataset=datasets.Dataset.from_list(rows),
-                          data_collator=pad_collator(PAD), callbacks=[timer],
+                          data_collator=packed_collator(PAD, attn), callbacks=[timer],
                           processing_class=build_tokenizer())  # only its pad id (= PAD), to count real tokens
+        trainer.remove_callback(PrinterCallback)  # its metrics dict would repeat the line printed below
         trainer.train()
+    steps = timer.end[2]
+    if timer.start is None:
+        raise RuntimeError(f"{kind}: {steps} optimizer steps, not more than --warmup {args.warmup}; "
+                           "add --examples or lower --warmup")
     seconds = timer.end[0] - timer.start[0]
-    tokens = timer.end[1] - timer.start[1]
-    tps = tokens / seconds
-    shape = model_shape(config.to_dict())
+    tps = (timer.end[1] - timer.start[1]) / seconds
     peak = peak_flops()
-    mfu = tps * flops_per_token(shape.active, shape.layers, shape.q_dim, args.max_seq_length) / peak if peak else None
-    steps = math.ceil(len(rows) / batch_size)
-    print(f"{label}: {len(rows)} rows, batch {batch_size}, {steps} steps, {tokens} real tokens in {seconds:.1f} s "
-          f"after {args.warmup} warm-up steps: {tps:,.0f} tokens/s, MFU {'n/a' if mfu is None else f'{mfu:.1%}'}", flush=True)
-    return {"tokens_per_second": tps, "mfu": mfu, "rows": len(rows), "batch": batch_size, "steps": steps}
+    if gpu:
+        memory, device = torch.cuda.max_memory_allocated() / 2**30, torch.cuda.get_device_name()
+    else:
+        # ru_maxrss is in KiB on Linux
+        memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        device = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    result = {"kind": kind, "attn": attn, "liger": kind == "ours" and args.liger, "rows": len(rows),
+              "micro_batch": micro_batch, "grad_accum": grad_accum, "steps": steps,
+              "tokens_per_step": timer.end[1] / steps, "tokens_per_second": tps,
+              "mfu": tps * flops / peak if peak else None, "peak_memory_gib": memory,
+              "memory_kind": "GPU max allocated" if gpu else "peak RSS", "device": device}
+    print(f"{kind}: {_describe(result)}", flush=True)
+    return result
+
+
+def _describe(r: dict) -> str:
+    mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+    return (f"{r['rows']} rows, micro-batch {r['micro_batch']} x {r['grad_accum']} accumulation, {r['steps']} steps, "
+            f"{r['attn']}{' + Liger' if r['liger'] else ''}: {r['tokens_per_second']:,.0f} tokens/s/device, "
+            f"MFU {mfu}, peak memory {r['peak_memory_gib']:.2f} GiB ({r['memory_kind']})")
+
+
+def in_own_process(*run_args) -> dict:
+    """``run`` in a fresh spawned process (Liger's patches and the CUDA allocator's peak stay with it)."""
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(run, *run_args).result()
 
 
 def main(argv=None) -> None:
@@ -135,43 +191,80 @@ def main(argv=None) -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="qwen3-1.7b")
     p.add_argument("--max-seq-length", type=int, default=4096)
     p.add_argument("--examples", type=int, default=2000)
-    p.add_argument("--warmup", type=int, default=3, help="steps excluded from the timing (CUDA init, allocator)")
+    p.add_argument("--warmup", type=int, default=3,
+                   help="optimizer steps excluded from the timing (CUDA init, allocator)")
+    p.add_argument("--micro-batch", type=int, default=1,
+                   help="ours: packed rows per micro-batch (memory grows with it)")
+    p.add_argument("--grad-accum", type=int, default=1, help="ours: micro-batches per optimizer step")
+    p.add_argument("--baseline-micro-batch", type=int, default=1,
+                   help="baseline: examples per micro-batch (padded to the longest); "
+                        "accumulation matches ours' tokens/step")
+    p.add_argument("--attn", choices=["auto", "sdpa", "flash_attention_2"], default="auto",
+                   help="ours: attention implementation (auto: the trainer's choice)")
+    p.add_argument("--liger", action="store_true", help="ours: Liger kernels (needs a GPU and liger_kernel)")
     p.add_argument("--gradient-checkpointing", action="store_true")
-    p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model, seq 256, 200 examples")
-    p.add_argument("--results", default=str(ROOT / "benchmarks" / "results" / "train_throughput.md"))
+    p.add_argument("--skip-baseline", action="store_true", help="measure ours only (one mean at a time, less GPU time)")
+    p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model, seq 256, 120 examples")
+    p.add_argument("--results",
+                   help=f"markdown file to append to (default {RESULTS.relative_to(ROOT)}; none for --smoke)")
     args = p.parse_args(argv)
     if args.smoke:
-        args.model, args.max_seq_length, args.examples = "tiny", 256, 200
+        args.model, args.max_seq_length, args.examples = "tiny", 256, 120
+    results = args.results if args.results is not None else ("" if args.smoke else str(RESULTS))
+    # No torch here: the runs import it in their own processes, and this one stays quick to start.
+    import importlib.metadata
     import importlib.util
 
-    import torch
+    from components.train.memory import model_shape
+    from components.train.mfu import causal_attention_length, flops_per_token
 
+    if args.liger and importlib.util.find_spec("liger_kernel") is None:
+        p.error("--liger needs the liger_kernel package (and a CUDA GPU)")
     examples = make_examples(args.examples, args.max_seq_length, MODELS[args.model]["vocab_size"])
+    rows = pack(examples, args.max_seq_length)
+    keys = causal_attention_length([len(e["input_ids"]) for e in examples])  # each example one causal document
+    shape = model_shape(MODELS[args.model])
+    flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
     mean_len = sum(len(e["input_ids"]) for e in examples) / len(examples)
-    flash = torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None
-    base_batch = max(1, round(args.max_seq_length / mean_len))
-    baseline = run("baseline (padded batches)", examples, args.model, base_batch, "sdpa", args)
-    ours = run("ours (packed rows)", pack(examples, args.max_seq_length), args.model, 1,
-               "flash_attention_2" if flash else "sdpa", args)
-    speedup = ours["tokens_per_second"] / baseline["tokens_per_second"]
-    print(f"speed-up: {speedup:.2f}x")
+    print(f"{args.examples} examples (mean {mean_len:.0f} tokens) in {len(rows)} packed rows of {args.max_seq_length}; "
+          f"{flops / 1e9:.3g} GFLOPs/token (6N + causal attention over {keys:.0f} keys/token)", flush=True)
+    settings = plan(args, examples, rows)
+    runs = [] if args.skip_baseline else [in_own_process("baseline", args, *settings["baseline"], flops)]
+    runs.append(in_own_process("ours", args, *settings["ours"], flops))
+    speedup = runs[-1]["tokens_per_second"] / runs[0]["tokens_per_second"] if len(runs) == 2 else None
+    if speedup:
+        print(f"speed-up: {speedup:.2f}x", flush=True)
+    if not results:
+        return
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
+    def version(name):
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            return "none"
+
+    def row(r):
+        label = "baseline: HF Trainer, padded" if r["kind"] == "baseline" else "ours: packed rows"
+        mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
+        return (f"| {label} | {r['attn']} | {'yes' if r['liger'] else 'no'} | {r['micro_batch']} x {r['grad_accum']} | "
+                f"{r['tokens_per_step']:,.0f} | {r['tokens_per_second']:,.0f} | {mfu} | {r['peak_memory_gib']:.1f} |")
+
     cmd = "python benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
-
-    def mfu(r):
-        return "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-
     section = "\n".join([
-        f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.model}, seq {args.max_seq_length}, {device}",
-        "", f"`{cmd}` (torch {torch.__version__}, flash-attn {'yes' if flash else 'no'}, "
-            f"{args.examples} examples, mean length {mean_len:.0f})", "",
-        "| run | rows x batch | tokens/s/device | MFU |", "|---|---|---|---|",
-        f"| baseline: HF Trainer, padded batches, SDPA | {baseline['rows']} x {baseline['batch']} | {baseline['tokens_per_second']:,.0f} | {mfu(baseline)} |",
-        f"| ours: packed rows, {'flash-attn varlen' if flash else 'SDPA block-causal'} | {ours['rows']} x 1 | {ours['tokens_per_second']:,.0f} | {mfu(ours)} |",
-        "", f"Speed-up: **{speedup:.2f}x**.", "", "",
+        f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.model}, seq {args.max_seq_length}, "
+        f"{runs[-1]['device']}",
+        "", f"`{cmd}`", "",
+        f"torch {version('torch')}, transformers {version('transformers')}, flash-attn {version('flash-attn')}, "
+        f"liger-kernel {version('liger-kernel')}; {args.examples} examples, mean length {mean_len:.0f}, "
+        f"{len(rows)} packed rows; {flops / 1e9:.3g} GFLOPs/token (causal attention over {keys:.0f} keys/token per "
+        f"document){'; gradient checkpointing' if args.gradient_checkpointing else ''}.", "",
+        f"| run | attention | Liger | micro-batch x accumulation | real tokens/step | tokens/s/device | MFU | "
+        f"peak memory GiB ({runs[-1]['memory_kind']}) |",
+        "|---|---|---|---|---:|---:|---:|---:|",
+        *[row(r) for r in runs],
+        "", f"Speed-up: **{speedup:.2f}x**." if speedup else "Baseline not run (`--skip-baseline`).", "", "",
     ])
-    path = Path(args.results)
+    path = Path(results)
     if not path.exists():
         path.write_text("# Training throughput\n\nAppended by `benchmarks/train_throughput.py`; newest last.\n\n")
     with open(path, "a") as f:

@@ -1,4 +1,4 @@
-"""Rank-0 progress lines: step, loss, learning rate, tokens/s, estimated MFU and ETA."""
+"""Rank-0 progress lines: step, loss, learning rate, tokens/s, MFU (counted per document, mfu.py) and ETA."""
 
 from __future__ import annotations
 
@@ -7,25 +7,9 @@ import time
 
 from transformers import TrainerCallback
 
+from components.train.mfu import attention_length, flops_per_token, peak_flops
+
 log = logging.getLogger("sft.progress")
-
-# Dense bf16 peak FLOP/s per GPU, from the vendors' data sheets (no sparsity).
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12, "A10G": 70e12}
-
-
-def peak_flops() -> float | None:
-    """Peak bf16 FLOP/s of this process's GPU, or None (CPU, unknown GPU): MFU is then not reported."""
-    import torch
-
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    return next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-
-
-def flops_per_token(active_params: int, layers: int, q_dim: int, seq_len: int) -> float:
-    """Training FLOPs per token: 6N for the matmuls (forward + backward) + 12 L d s for attention (PaLM, appendix B)."""
-    return 6 * active_params + 12 * layers * q_dim * seq_len
 
 
 def format_eta(seconds: float) -> str:
@@ -42,18 +26,41 @@ class ProgressCallback(TrainerCallback):
     """Logs one line per ``logging_steps`` on rank 0 and adds ``tokens_per_second``(/GPU) and ``mfu`` to the logs.
 
     Token counts come from the Trainer's ``num_input_tokens_seen`` (non-padding tokens over all ranks),
-    so the rate is of real tokens; MFU uses ``flops_per_token`` and the GPU's peak from ``PEAK_BF16_FLOPS``.
+    so the rate is of real tokens; MFU = that rate x ``flops_per_token`` / ``peak`` (components/train/mfu.py).
+    ``for_model`` builds it for a model and its prepared training split.
     """
 
-    def __init__(self, flops_per_token: float, world_size: int, peak: float | None):
+    def __init__(self, flops_per_token: float, world_size: int, peak: float | None, basis: str = ""):
         self.flops_per_token = flops_per_token
         self.world_size = world_size
         self.peak = peak
+        self.basis = basis  # how flops_per_token was counted, logged once at the start
         self._last = None  # (time, step, tokens)
+
+    @classmethod
+    def for_model(cls, model_config: dict, train_split, world_size: int) -> ProgressCallback:
+        """The callback for training the model of ``model_config`` (config.json fields) on ``train_split``.
+
+        FLOPs per token count attention causally per document, over the documents of ``train_split`` (a prepared
+        split: packed rows with ``position_ids``, or one example per row); the peak is this GPU's (None on CPU).
+        """
+        from components.train.memory import model_shape
+
+        # From the loaded model's config, not a file: a model named by Hub id has no folder to read.
+        shape = model_shape(model_config)
+        keys = attention_length(train_split)
+        flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
+        params = f"{shape.active / 1e9:.3g}B" if shape.active >= 1e9 else f"{shape.active / 1e6:.3g}M"
+        basis = (f"{flops / 1e9:.3g} GFLOPs/token = 6 x {params} active parameters + causal attention over "
+                 f"{keys:.0f} keys/token per document")
+        return cls(flops, world_size, peak_flops(), basis)
 
     def on_train_begin(self, args, state, control, **kwargs):
         self._last = (time.time(), state.global_step, state.num_input_tokens_seen)
         self._start = self._last
+        if self.basis and state.is_world_process_zero:
+            peak = f"{self.peak / 1e12:.0f} TFLOP/s bf16 peak" if self.peak else "no known GPU peak: MFU not reported"
+            log.info("MFU basis: %s; %s", self.basis, peak)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs is None or "loss" not in logs or self._last is None:
