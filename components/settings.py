@@ -72,6 +72,9 @@ class SFTSettings:
     router_aux_loss_coef: float = setting(
         0.001, "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
         plain=False, min=0)
+    dpo_beta: float = setting(
+        0.1, "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
+        plain=False, above=0)
 
 
 @dataclass
@@ -102,6 +105,48 @@ class TrainSettings(SFTSettings):
     save_total_limit: int = setting(2, "Complete checkpoints kept on the model volume.", min=1)
     logging_steps: int = setting(10, "Optimizer steps between progress lines and TensorBoard points.",
                                  plain=False, min=1)
+    report_to: list = setting(
+        ["tensorboard"], "Where the trainer reports its metrics: tensorboard (the run's Tensorboard reads it), mlflow, "
+                         "wandb; on a cluster mlflow and wandb take their address and key from tracking_secret, "
+                         "locally mlflow writes to <workspace>/mlruns.", plain=False)
+
+
+@dataclass
+class StageSettings:
+    """Which training stages run, in which order, and what each one reads (components/train/stages.py)."""
+
+    stages: list = setting(
+        ["sft"], "Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised "
+                 "fine-tuning) and dpo (preference tuning); each trains from the previous stage's final model.")
+    cpt_dataset_source: str = setting(
+        "", "cpt stage: raw domain text (a text column), same syntax as dataset_source; builtin:domain-text is a "
+            "bundled sample.")
+    dpo_dataset_source: str = setting(
+        "", "dpo stage: preference pairs (prompt, chosen, rejected), same syntax as dataset_source; "
+            "builtin:preference is a bundled sample.")
+    stage_settings: dict = setting(
+        {}, "Training settings of one stage over the run's, e.g. {\"dpo\": {\"learning_rate\": 5e-7, \"method\": "
+            "\"lora\"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.", plain=False)
+
+
+@dataclass
+class HpoSettings:
+    """Hyper-parameter search before the sft stage: Katib on a cluster, Optuna locally (components/hpo/)."""
+
+    hpo_trials: int = setting(
+        0, "Hyper-parameter search: short training trials before the sft stage, which then trains with the best "
+           "trial's settings (Katib Experiment on a cluster, Optuna locally); 0 turns it off.", min=0)
+    hpo_search_space: dict = setting(
+        {"learning_rate": {"min": 1e-5, "max": 1e-4, "scale": "log"}},
+        "What the trials vary: setting -> {\"min\", \"max\", \"scale\": \"log\"} or {\"values\": [...]}, e.g. "
+        "{\"lora_r\": {\"values\": [8, 16, 32]}}.", plain=False)
+    hpo_parallel_trials: int = setting(1, "Trials at once; each holds the whole training job's GPUs.", plain=False,
+                                       min=1)
+    hpo_max_failed_trials: int = setting(1, "Failed trials that fail the search.", plain=False, min=0)
+    hpo_algorithm: str = setting("tpe", "Katib's search algorithm: random, tpe, multivariate-tpe, "
+                                        "bayesianoptimization, grid, cmaes or sobol.", plain=False)
+    hpo_trial_steps: int = setting(50, "Optimizer steps per trial (objective: eval_loss, minimised).", plain=False,
+                                   min=1)
 
 
 @dataclass
@@ -156,6 +201,16 @@ class ClusterSettings:
     job_restarts: int = setting(
         2, "Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it resumes "
            "from its last complete checkpoint. 0: a failed job fails the step at once.", min=0)
+    tracking_secret: str = setting(
+        "llm-tracking", "Secret with the experiment tracker's address and key for the training pods (keys "
+                        "MLFLOW_TRACKING_URI, MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD, WANDB_API_KEY, "
+                        "WANDB_BASE_URL; each optional): used when report_to names mlflow or wandb.", plain=False)
+    alert_webhook_secret: str = setting(
+        "llm-alerts", "Secret whose key ALERT_WEBHOOK_URL is a Slack-compatible incoming webhook: the run's outcome "
+                      "is posted there when it ends (an optional reference: no Secret, no alert).")
+    tensorboard: bool = setting(
+        True, "Create a Kubeflow Tensorboard for the run's training curves (logspath pvc://<model_pvc>/runs/<run "
+              "id>/...), opened from the Kubeflow dashboard.")
     pending_timeout_seconds: int = setting(
         900, "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
              "minutes to add a GPU node).", min=60)
@@ -203,6 +258,8 @@ class Settings:
     """Every setting of a run, by step."""
 
     train: TrainSettings = field(default_factory=TrainSettings)
+    stages: StageSettings = field(default_factory=StageSettings)
+    hpo: HpoSettings = field(default_factory=HpoSettings)
     data: DataSettings = field(default_factory=DataSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
@@ -344,18 +401,35 @@ def check(values: dict) -> list[str]:
     from components.data.rules import check_data_settings
     from components.deploy.rules import check_deploy_settings
     from components.evaluate.rules import check_evaluate_settings
-    from components.train.rules import check_cluster_settings, check_train_settings
+    from components.train.rules import (
+        check_cluster_settings,
+        check_hpo_settings,
+        check_stage_settings,
+        check_train_settings,
+    )
 
-    for rules in (check_train_settings, check_data_settings, check_cluster_settings, check_evaluate_settings,
-                  check_deploy_settings):
+    for rules in (check_train_settings, check_stage_settings, check_hpo_settings, check_data_settings,
+                  check_cluster_settings, check_evaluate_settings, check_deploy_settings):
         errors += [e for e in rules(values) if e]
     if not errors and values["train_backend"] != "local":
         from components.train.memory import check_memory_fit
+        from components.train.stages import stage_overrides
 
-        # Last, on settings known to be valid: an estimate over bad inputs would only add noise.
-        errors.append(check_memory_fit(
-            values["model_name_or_path"], values["method"], values["deepspeed_config"], values["num_nodes"],
-            values["gpus_per_node"], values["max_seq_length"], values["per_device_train_batch_size"],
-            gpu_memory_gib=values["gpu_memory_gib"], lora_r=values["lora_r"],
-        ))
+        # Last, on settings known to be valid: an estimate over bad inputs would only add noise. Each stage with
+        # its own settings; DPO runs chosen and rejected of each pair in one forward pass: twice the rows.
+        for stage in values["stages"]:
+            v = {**values, **stage_overrides(values, stage)}
+            problem = check_memory_fit(
+                values["model_name_or_path"], v["method"], v["deepspeed_config"], values["num_nodes"],
+                values["gpus_per_node"], v["max_seq_length"],
+                v["per_device_train_batch_size"] * (2 if stage == "dpo" else 1),
+                gpu_memory_gib=values["gpu_memory_gib"], lora_r=v["lora_r"], lora_target_modules=v["lora_target_modules"])
+            errors.append(f"stage {stage}: {problem}" if problem and len(values["stages"]) > 1 else problem)
     return [e for e in errors if e]
+
+
+def warnings(values: dict) -> list[str]:
+    """What runs but is probably not what was meant (valid ``values``): logged by validate_inputs and the CLI."""
+    from components.train.rules import stage_warnings
+
+    return stage_warnings(values)

@@ -1,11 +1,13 @@
-"""The LLM fine-tuning pipeline: validate -> prepare -> train -> evaluate -> (gate) -> deploy.
+"""The LLM post-training pipeline: validate -> prepare -> train each stage (cpt, sft, dpo) -> evaluate -> (gate) -> deploy.
 
 ``build_pipeline("cluster")`` is what ``compiled/llm_finetune.yaml`` holds: steps mount the data and
 model claims, reference the HF token Secret, and the evaluate step gets GPUs, /dev/shm and node
 placement. ``build_pipeline("local", workspace)`` is the same graph with the same components for
 kfp.local, the volumes replaced by workspace folders (kfp.local ignores platform settings anyway).
 
-The parameters are the settings model's (components/settings.py): each plain setting, then ``advanced_settings``
+On the cluster an exit handler (notify_run) posts the run's outcome to the webhook in ``alert_webhook_secret``;
+the compiled pipeline then has no outputs of its own (KFP allows none from inside an exit handler): the tasks'
+outputs are in the UI. The parameters are the settings model's (components/settings.py): each plain setting, then ``advanced_settings``
 for the rest; their defaults are the ``qwen3-30b-a3b-full`` preset, the seeds' reference job. validate_inputs
 turns them into the resolved ``settings`` every later step reads.
 """
@@ -19,8 +21,11 @@ from kfp.dsl import Metrics
 from components.data.component import prepare_dataset
 from components.deploy.component import deploy_model, skip_deployment
 from components.evaluate.component import evaluate_model
+from components.observe.alerts import WEBHOOK_SECRET_KEY, WEBHOOK_URL_ENV
+from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
-from components.train.component import train_model
+from components.train.component import base_model, skip_stage, train_model
+from components.train.stages import STAGES
 from components.validate.component import validate_inputs
 from pipelines.derive import pipeline_docstring, pipeline_parameters
 
@@ -46,71 +51,109 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
         raise ValueError(f"target {target!r}: use 'cluster', or 'local' with a workspace folder")
     cluster = target == "cluster"
 
-    def llm_finetune(*arguments) -> Outputs:
+    def llm_finetune(*arguments):
         # KFP passes one channel per parameter, in the order of the signature set below (the settings model's).
         p = dict(zip(PARAMETER_NAMES, arguments))
-        run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
-
-        validate = validate_inputs(**p).set_display_name("Validate inputs").set_caching_options(False)
-        settings = validate.output  # every setting, resolved and checked: what each later step reads
-
-        prepare = prepare_dataset(
-            settings=settings, data_root=data_root, run_id=run_id,
-        ).set_display_name("Prepare dataset").set_caching_options(False)
-
-        train = train_model(
-            dataset=prepare.outputs["dataset"], settings=settings, data_root=data_root, model_root=model_root,
-            run_id=run_id,
-        ).set_display_name("Train (PyTorchJob / TrainJob)" if cluster else "Train (local torchrun)").set_caching_options(False)
-
-        evaluate = evaluate_model(
-            dataset=prepare.outputs["dataset"], model=train.outputs["model"], settings=settings, data_root=data_root,
-        ).set_display_name("Evaluate base vs tuned").set_caching_options(False)
-
-        with dsl.If(evaluate.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
-            deploy = deploy_model(
-                model=train.outputs["model"], settings=settings, run_id=run_id,
-            ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
-        with dsl.Else(name="evaluation-not-passed"):
-            skipped = skip_deployment(reason=evaluate.outputs["reason"]).set_display_name("Skip deployment")
-
-        if cluster:
-            # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-            _attach_cluster_resources(prepare, train, evaluate, p["data_pvc"], p["model_pvc"], p["hf_token_secret"],
-                                      p["node_selector"], p["tolerations"], p["eval_gpus"])
-
-        return Outputs(
-            model_uri=train.outputs["model_uri"],
-            metrics=evaluate.outputs["metrics"],
-            passed=evaluate.outputs["passed"],
-            reason=evaluate.outputs["reason"],
-            endpoint=dsl.OneOf(deploy.outputs["endpoint"], skipped.output),
-            smoke_reply=dsl.OneOf(deploy.outputs["smoke_reply"], skipped.output),
-        )
+        if not cluster:
+            # Steps inside an exit handler cannot return the pipeline's outputs, which the local run reports from;
+            # locally pipelines.run prints the outcome itself, so the local variant is the steps alone.
+            return _steps(p, cluster, data_root, model_root)
+        # The exit handler posts how the run ended (alert_webhook_secret), whatever step failed.
+        notify = notify_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, model_root=model_root, model_pvc=p["model_pvc"]
+                            ).set_display_name("Notify (run outcome)").set_caching_options(False)
+        kubernetes.mount_pvc(notify, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
+        # Optional: without the Secret (or its key) the run ends without an alert, and the pod still starts.
+        kubernetes.use_secret_as_env(notify, secret_name=p["alert_webhook_secret"],
+                                     secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)
+        with dsl.ExitHandler(notify, name="Run"):
+            _steps(p, cluster, data_root, model_root)
 
     llm_finetune.__signature__ = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
-         for name, kind, default, _ in pipeline_parameters()], return_annotation=Outputs)
+         for name, kind, default, _ in pipeline_parameters()],
+        return_annotation=inspect.Signature.empty if cluster else Outputs)
     llm_finetune.__doc__ = pipeline_docstring(DESCRIPTION)
     llm_finetune = dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)(llm_finetune)
     return llm_finetune
 
 
-def _attach_cluster_resources(prepare, train, evaluate, data_pvc, model_pvc, hf_token_secret,
+def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
+    """The pipeline's steps, from its parameters ``p``: validate, prepare, each stage, evaluate, the gate, deploy."""
+    run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
+    validate = validate_inputs(**p).set_display_name("Validate inputs").set_caching_options(False)
+    settings = validate.outputs["settings"]  # every setting, resolved and checked: what each later step reads
+
+    # The sft data's eval split is what evaluation scores, whichever stages run.
+    prepare = prepare_dataset(
+        settings=settings, stage="sft", data_root=data_root, run_id=run_id,
+    ).set_display_name("Prepare dataset").set_caching_options(False)
+    base = base_model(settings=settings).set_display_name("Base model")
+    tuned = {}
+
+    # One slot per possible stage; a slot runs when validate_inputs names a stage for it (the run's `stages`, in
+    # order), trains from the model the previous slot ends with, and hands on its own (or, unused, that one).
+    model, model_uri, trains, preps = base.output, base.output, [], [prepare]
+    for i in range(len(STAGES)):
+        stage = validate.outputs[f"stage_{i + 1}"]
+        with dsl.If(stage != "", name=f"stage-{i + 1}"):
+            # After the sft data step: an sft stage prepares the same data again, from its cache.
+            stage_data = prepare_dataset(
+                settings=settings, stage=stage, data_root=data_root, run_id=run_id,
+            ).after(prepare).set_display_name(f"Stage {i + 1}: prepare data").set_caching_options(False)
+            train = train_model(
+                dataset=stage_data.outputs["dataset"], base_model_path=model, settings=settings, stage=stage, tuned=tuned,
+                data_root=data_root, model_root=model_root, run_id=run_id,
+            ).set_display_name(f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
+                               ).set_caching_options(False)
+        with dsl.Else(name=f"no-stage-{i + 1}"):
+            skip = skip_stage(previous=model, stage=f"{i + 1}").set_display_name(f"Stage {i + 1}: not run")
+        model = dsl.OneOf(train.outputs["model_path"], skip.output)
+        model_uri = dsl.OneOf(train.outputs["model_uri"], skip.output)
+        trains.append(train)
+        preps.append(stage_data)
+
+    evaluate = evaluate_model(
+        dataset=prepare.outputs["dataset"], model_path=model, settings=settings, data_root=data_root,
+    ).set_display_name("Evaluate base vs tuned").set_caching_options(False)
+
+    with dsl.If(evaluate.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
+        deploy = deploy_model(
+            model_path=model, settings=settings, run_id=run_id,
+        ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
+    with dsl.Else(name="evaluation-not-passed"):
+        skipped = skip_deployment(reason=evaluate.outputs["reason"]).set_display_name("Skip deployment")
+
+    if cluster:
+        # Platform settings take pipeline parameters (not a step's output): these settings are plain.
+        _attach_cluster_resources(preps, trains, evaluate, p["data_pvc"], p["model_pvc"], p["hf_token_secret"],
+                                  p["node_selector"], p["tolerations"], p["eval_gpus"])
+    return Outputs(
+        model_uri=model_uri,
+        metrics=evaluate.outputs["metrics"],
+        passed=evaluate.outputs["passed"],
+        reason=evaluate.outputs["reason"],
+        endpoint=dsl.OneOf(deploy.outputs["endpoint"], skipped.output),
+        smoke_reply=dsl.OneOf(deploy.outputs["smoke_reply"], skipped.output),
+    )
+
+
+
+def _attach_cluster_resources(preps, trains, evaluate, data_pvc, model_pvc, hf_token_secret,
                               node_selector, tolerations, eval_gpus) -> None:
     """Volumes, the HF token reference, GPUs and placement: what the steps need on Kubernetes."""
-    for task in (prepare, train, evaluate):
+    for task in (*preps, *trains, evaluate):
         kubernetes.mount_pvc(task, pvc_name=data_pvc, mount_path=DATA_MOUNT)
-    for task in (train, evaluate):
+    for task in (*trains, evaluate):
         kubernetes.mount_pvc(task, pvc_name=model_pvc, mount_path=MODEL_MOUNT)
-    for task in (prepare, evaluate):
+    for task in (*preps, evaluate):
         # optional: public models and datasets need no token, and the pod must start without the Secret.
         kubernetes.use_secret_as_env(task, secret_name=hf_token_secret, secret_key_to_env={HF_TOKEN_KEY: "HF_TOKEN"},
                                      optional=True)
         # Hub downloads land on the data volume once, not in every pod's ephemeral storage.
         task.set_env_variable("HF_HOME", f"{DATA_MOUNT}/cache/huggingface")
     # Tokenisation runs num_proc processes: give the data step the CPUs for them.
-    prepare.set_cpu_request("8").set_memory_request("32G")
+    for prepare in preps:
+        prepare.set_cpu_request("8").set_memory_request("32G")
     evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
     evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
     kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE)

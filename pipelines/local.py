@@ -17,8 +17,10 @@ name their folders on the volumes with (``data/runs/<id>``, ``models/runs/<id>``
     reports/prepare_dataset.md   the data step's report (counts, lengths, examples)
     reports/evaluation.md        the evaluation report (numbers, training curve, answers side by side)
     reports/training_loss.png    the training curve from that report
-    model      -> ../../models/runs/<id>/train/final      the tuned model
-    train      -> ../../models/runs/<id>/train            checkpoints, tensorboard/, metrics.json, serve.log
+    model      -> ../../models/runs/<id>/<last stage>/final   the tuned model (the last stage's)
+    train      -> ../../models/runs/<id>/<last stage>         checkpoints, tensorboard/, metrics.json, serve.log
+    cpt, dpo   -> ../../models/runs/<id>/cpt, .../dpo         the other stages' folders, when they ran
+                                                              (the last stage's folder is train/ for sft)
     dataset    -> ../../data/runs/<id>/dataset            the prepared dataset
     kfp        -> ../../kfp/llm-finetune-<time>           kfp.local's own outputs for the run
     summary.json                                          what ``--summary-json`` writes
@@ -117,7 +119,7 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
         newest = _newest(workspace / "data" / "runs", "*", started)
         run_id = newest.name if newest else None
     found = {"run_id": run_id, "run_dir": None, "kfp_dir": str(kfp_dir) if kfp_dir else None, "reports": {},
-             "tensorboard": None, "server_log": None, "training": {}}
+             "tensorboard": None, "mlflow": None, "server_log": None, "training": {}}
     if run_id is None:
         return found
     run_dir = workspace / "runs" / run_id
@@ -125,8 +127,12 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
     reports.mkdir(parents=True, exist_ok=True)
     found["run_dir"] = str(run_dir)
     train = workspace / "models" / "runs" / run_id / "train"
+    # The last stage's folder: its final model is the run's; the other stages' folders get links of their own.
+    if model_uri:
+        train = Path(model_uri).parent
+    models = workspace / "models" / "runs" / run_id
     links = {"model": train / "final", "train": train, "dataset": workspace / "data" / "runs" / run_id / "dataset",
-             "kfp": kfp_dir}
+             "kfp": kfp_dir, **{stage: models / stage for stage in ("cpt", "dpo")}}
     for name, target in links.items():
         if target is not None and target.exists():
             link = run_dir / name
@@ -146,6 +152,8 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
             found["reports"]["training_loss"] = str(reports / "training_loss.png")
     if (train / "tensorboard").is_dir():
         found["tensorboard"] = str(train / "tensorboard")
+    if (workspace / "mlruns").is_dir():  # report_to mlflow: the train step's file store (components/train/component.py)
+        found["mlflow"] = str(workspace / "mlruns")
     if (train / "serve.log").is_file():
         found["server_log"] = str(train / "serve.log")
     if (train / "metrics.json").is_file():

@@ -79,9 +79,13 @@ def parse_override(text: str) -> tuple[str, object]:
     if not sep or not key.strip():
         raise UsageError(f"-p {text!r} is not KEY=VALUE; e.g. -p learning_rate=1e-5")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw  # free text (a path with ':' say) stays a string
+        # JSON first: YAML 1.1 reads 1e-5 (no dot) as a string, also inside an object such as a search space.
+        value = json.loads(raw)
+    except ValueError:
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw  # free text (a path with ':' say) stays a string
     if value is None:
         value = ""
     return key.strip(), value

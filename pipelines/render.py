@@ -21,6 +21,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
     from components.settings import Settings
     from components.train.config import build_trainer_config
+    from components.train.stages import dataset_folder, stage_folder, stage_train_settings
     from pipelines.compile import compile_pipeline
 
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -28,22 +29,48 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     written.append(_write(out_dir / "params.yaml", yaml.safe_dump(params, sort_keys=True, allow_unicode=True)))
 
     s = Settings.from_flat(params)
-    train_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), "train")
-    cfg = build_trainer_config(
-        s.train,
-        dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), "dataset"),
-        output_dir=train_dir,
-        use_cpu=s.cluster.train_backend == "local",
-        model_cache_dir=f"{DATA_MOUNT}/cache",
-    )
-    written.append(_write(out_dir / "train_config.json", json.dumps(cfg, indent=2, sort_keys=True)))
+    base = s.train.model_name_or_path
+    for stage in s.stages.stages:  # each stage's trainer config and job: sft's keep the plain file names
+        suffix = "" if stage == "sft" else f"-{stage}"
+        stage_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder(stage))
+        cfg = build_trainer_config(
+            stage_train_settings(s.train, params, stage, base),
+            stage=stage,
+            dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), dataset_folder(stage)),
+            output_dir=stage_dir,
+            use_cpu=s.cluster.train_backend == "local",
+            model_cache_dir=f"{DATA_MOUNT}/cache",
+        )
+        written.append(_write(out_dir / f"train_config{suffix}.json", json.dumps(cfg, indent=2, sort_keys=True)))
+        if s.cluster.train_backend != "local":
+            from components.train.launch import training_job_for_run
 
-    if s.cluster.train_backend != "local":
+            job = training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, stage=stage,
+                                       config_path=os.path.join(stage_dir, "train_config.json"))
+            written.append(_write(out_dir / f"{job['kind'].lower()}{suffix}.yaml", yaml.safe_dump(job, sort_keys=False)))
+        base = os.path.join(stage_dir, "final")
+    train_dir = os.path.dirname(base)  # the last stage's: its final model is what is served
+    if s.cluster.train_backend != "local" and s.cluster.tensorboard:
+        from components.observe.tensorboard import tensorboard_manifest
+        from components.train.pytorchjob import job_name_for
+
+        board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)
+        written.append(_write(out_dir / "tensorboard.yaml", yaml.safe_dump(board, sort_keys=False)))
+    if s.cluster.train_backend != "local" and s.hpo.hpo_trials:
+        from components.hpo.katib import experiment_manifest, experiment_name_for, trials_dir_for
         from components.train.launch import training_job_for_run
 
-        job = training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace,
-                                   config_path=os.path.join(train_dir, "train_config.json"))
-        written.append(_write(out_dir / f"{job['kind'].lower()}.yaml", yaml.safe_dump(job, sort_keys=False)))
+        # The search tunes the sft stage, from the run's base model with the sft data (components/hpo/).
+        sft_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder("sft"))
+        h = s.hpo
+        experiment = experiment_manifest(
+            name=experiment_name_for(RENDER_RUN_ID), namespace=namespace,
+            training_job=training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, stage="sft",
+                                              config_path=os.path.join(sft_dir, "train_config.json")),
+            trials_dir=trials_dir_for(RENDER_RUN_ID), search_space=h.hpo_search_space, trials=h.hpo_trials,
+            parallel_trials=h.hpo_parallel_trials, max_failed_trials=h.hpo_max_failed_trials,
+            algorithm=h.hpo_algorithm, trial_steps=h.hpo_trial_steps, method=s.train.method, seed=s.train.seed)
+        written.append(_write(out_dir / "experiment.yaml", yaml.safe_dump(experiment, sort_keys=False)))
     if s.deploy.deploy_backend.startswith("kserve"):
         from components.deploy.inference_service import inference_service_for_run
 

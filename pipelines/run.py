@@ -149,6 +149,10 @@ def _main(args) -> int:
     overrides = args.overrides + (["keep_serving=true"] if args.keep_serving else [])
     params = P.resolve(preset, args.params, overrides)
     P.check(params)
+    from components.settings import warnings
+
+    for warning in warnings(params):
+        print(f"warning: {warning}", file=sys.stderr)
 
     if args.render:
         from pipelines.render import render
@@ -200,6 +204,8 @@ def print_summary(s: dict) -> None:
         print(f"{'reports:' if name == next(iter(s['reports'])) else '':<13}{path}")
     if s["tensorboard"]:
         print(f"tensorboard: tensorboard --logdir {s['tensorboard']}")
+    if s.get("mlflow"):
+        print(f"mlflow:      MLFLOW_ALLOW_FILE_STORE=true mlflow ui --backend-store-uri file:{s['mlflow']}")
     if s["server_log"]:
         print(f"server log:  {s['server_log']}")
     if s["endpoint"]:

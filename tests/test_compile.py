@@ -66,32 +66,47 @@ def test_every_task_has_a_display_name_and_side_effect_steps_do_not_cache(docs):
 def test_deploy_is_gated_on_the_evaluation_output(docs):
     pipeline, _ = docs
     tasks = _tasks(pipeline)
-    conditions = {name: t["triggerPolicy"]["condition"] for name, t in tasks.items() if "triggerPolicy" in t}
     passed = "inputs.parameter_values['pipelinechannel--evaluate-model-passed'] == true"
-    assert conditions == {"condition-2": passed, "condition-3": f"!({passed})"}
+    gates = {t["taskInfo"]["name"]: (t["componentRef"]["name"], t["triggerPolicy"]["condition"])
+             for t in tasks.values() if "evaluate-model-passed" in t.get("triggerPolicy", {}).get("condition", "")}
+    assert {name: condition for name, (_, condition) in gates.items()} == {
+        "evaluation-passed": passed, "evaluation-not-passed": f"!({passed})"}
     # the branches hold the deploy and the skip step respectively
     comps = pipeline["components"]
-    assert set(comps["comp-condition-2"]["dag"]["tasks"]) == {"deploy-model"}
-    assert set(comps["comp-condition-3"]["dag"]["tasks"]) == {"skip-deployment"}
+    assert set(comps[gates["evaluation-passed"][0]]["dag"]["tasks"]) == {"deploy-model"}
+    assert set(comps[gates["evaluation-not-passed"][0]]["dag"]["tasks"]) == {"skip-deployment"}
 
 
 def test_volumes_secret_gpus_and_placement(docs):
     _, platform = docs
     ex = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
-    mounts = {name: {m["mountPath"]: m["pvcNameParameter"]["componentInputParameter"] for m in e.get("pvcMount", [])}
+    def param(ref):  # inside a condition or the exit handler, a pipeline parameter arrives as a channel
+        return ref["componentInputParameter"].removeprefix("pipelinechannel--")
+
+    mounts = {name: {m["mountPath"]: param(m["pvcNameParameter"]) for m in e.get("pvcMount", [])}
               for name, e in ex.items()}
-    assert mounts["exec-prepare-dataset"] == {"/mnt/data": "data_pvc"}
-    assert mounts["exec-train-model"] == {"/mnt/data": "data_pvc", "/mnt/models": "model_pvc"}
+    prepares = [name for name in ex if name.startswith("exec-prepare-dataset")]
+    trains = [name for name in ex if name.startswith("exec-train-model")]
+    assert len(prepares) == 4 and len(trains) == 3  # the sft data for evaluation, then a slot per stage
+    for name in prepares:
+        assert mounts[name] == {"/mnt/data": "data_pvc"}, name
+    for name in trains:
+        assert mounts[name] == {"/mnt/data": "data_pvc", "/mnt/models": "model_pvc"}, name
     assert mounts["exec-evaluate-model"] == {"/mnt/data": "data_pvc", "/mnt/models": "model_pvc"}
-    for name in ("exec-prepare-dataset", "exec-evaluate-model"):
+    assert mounts["exec-notify-run"] == {"/mnt/models": "model_pvc"}
+    (alert,) = ex["exec-notify-run"]["secretAsEnv"]
+    assert param(alert["secretNameParameter"]) == "alert_webhook_secret"
+    assert alert["keyToEnv"] == [{"envVar": "ALERT_WEBHOOK_URL", "secretKey": "ALERT_WEBHOOK_URL"}]
+    assert alert["optional"] is True
+    for name in (*prepares, "exec-evaluate-model"):
         (secret,) = ex[name]["secretAsEnv"]
-        assert secret["secretNameParameter"]["componentInputParameter"] == "hf_token_secret"
+        assert param(secret["secretNameParameter"]) == "hf_token_secret"
         assert secret["keyToEnv"] == [{"envVar": "HF_TOKEN", "secretKey": "HF_TOKEN"}]
         assert secret["optional"] is True
     ev = ex["exec-evaluate-model"]
     assert ev["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "64Gi", "volumeName": "dshm"}]
-    assert ev["nodeSelector"]["nodeSelectorJson"]["componentInputParameter"] == "node_selector"
-    assert ev["tolerations"][0]["tolerationJson"]["componentInputParameter"] == "tolerations"
+    assert param(ev["nodeSelector"]["nodeSelectorJson"]) == "node_selector"
+    assert param(ev["tolerations"][0]["tolerationJson"]) == "tolerations"
 
 
 def test_evaluate_requests_gpus_from_a_parameter(docs):
@@ -122,8 +137,22 @@ def test_no_secret_values_and_no_shell(docs):
         assert "{{$.inputs" not in script
 
 
-def test_pipeline_outputs_summary_fields(docs):
+def test_an_exit_handler_reports_the_outcome_of_every_run(docs):
     pipeline, _ = docs
-    outputs = pipeline["root"]["outputDefinitions"]
-    assert set(outputs["parameters"]) == {"model_uri", "passed", "reason", "endpoint", "smoke_reply"}
-    assert set(outputs["artifacts"]) == {"metrics"}
+    root = pipeline["root"]["dag"]["tasks"]
+    (handler,) = [t for t in root.values() if t["componentRef"]["name"].startswith("comp-exit-handler")]
+    notify = root["notify-run"]
+    assert notify["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # also after a failure
+    assert notify["dependentTasks"] == [next(k for k, t in root.items() if t is handler)]
+    inside = pipeline["components"][handler["componentRef"]["name"]]["dag"]["tasks"]
+    assert "validate-inputs" in inside and "evaluate-model" in inside
+    # KFP allows no pipeline outputs from inside an exit handler: the cluster pipeline has none.
+    assert "outputDefinitions" not in pipeline["root"]
+
+
+def test_the_local_variant_returns_the_summary_fields():
+    from pipelines.llm_finetune import build_pipeline
+
+    outputs = build_pipeline("local", "/tmp/ws").pipeline_spec.root.output_definitions
+    assert set(outputs.parameters) == {"model_uri", "passed", "reason", "endpoint", "smoke_reply"}
+    assert set(outputs.artifacts) == {"metrics"}

@@ -213,7 +213,7 @@ def test_command_line_is_the_same_code(corpus, tokenizer_dir, tmp_path):
 
 
 def test_bundled_sample_packs_well_for_the_local_run(tmp_path):
-    from components.data.sources import SAMPLE_PATH
+    from components.data.samples import SAMPLE_PATH
 
     tok_dir = tmp_path / "tok"
     build_tokenizer(SAMPLE_PATH).save_pretrained(tok_dir)

@@ -153,3 +153,28 @@ def test_kfp_local_task_records_become_one_line_per_step(capsys):
     assert lines[0] == "train-model: started" and lines[1].startswith("train-model: succeeded in ")
     assert lines[2] == "evaluate-model: started" and lines[3].startswith("evaluate-model: FAILED after ")
     assert len(lines) == 4
+
+
+@pytest.mark.slow
+def test_three_stages_run_locally_and_preference_tuning_moves_the_preference(tmp_path):
+    """cpt -> sft -> dpo on the bundled samples, for real, under five minutes on a 2-core laptop."""
+    summary_path = tmp_path / "summary.json"
+    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path),
+                     "-p", 'stages=["cpt","sft","dpo"]', timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    s = json.loads(summary_path.read_text())
+    assert s["status"] == "succeeded" and s["wall_seconds"] < 360, s["wall_seconds"]  # measured: see README
+    models = tmp_path / "ws" / "models" / "runs" / s["run_id"]
+    stages = {stage: json.loads((models / folder / "metrics.json").read_text())
+              for stage, folder in (("cpt", "cpt"), ("sft", "train"), ("dpo", "dpo"))}
+    assert [m["stage"] for m in stages.values()] == ["cpt", "sft", "dpo"]
+    # Each stage started from the one before it.
+    for stage, before in (("sft", "cpt"), ("dpo", "train")):
+        folder = "train" if stage == "sft" else stage
+        record = json.loads((models / folder / "base_model.json").read_text())
+        assert str(models / before / "final") in json.dumps(record), record
+    m = s["metrics"]
+    assert s["model_uri"].endswith("/dpo/final") and m["eval_loss"] < m["base_eval_loss"]
+    assert m["preference_accuracy"] > m["before_dpo_preference_accuracy"], m
+    report = Path(s["reports"]["evaluation"]).read_text(encoding="utf-8")
+    assert "## Stages" in report and "## Preference accuracy" in report

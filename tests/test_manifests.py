@@ -20,11 +20,13 @@ import pytest
 import yaml
 
 from components import kube
+from components.observe import tensorboard
 from components.deploy import inference_service
 from components.train.launch import run_training_job
 from components.train.pytorchjob import job_name_for, pytorchjob_for_run
 from components.train.trainjob import trainjob_for_run
 from components.validate.preflight import (
+    TENSORBOARD_ACCESS,
     DEPLOYER_ACCESS,
     LAUNCHER_ACCESS,
     POD_ACCESS,
@@ -137,6 +139,12 @@ def scripted_runs() -> set[tuple]:
             "hf_token_secret": "hf-token", "node_selector": {}, "tolerations": []}
     needed = launcher_rules(pytorchjob_for_run(**args), "pytorchjobs", "training.kubeflow.org/job-name", "Succeeded")
     needed |= launcher_rules(trainjob_for_run(**args), "trainjobs", "jobset.sigs.k8s.io/jobset-name", "Complete")
+    with FakeKubeAPI() as api:  # the train step's Tensorboard, created and then found existing
+        api.install_crd(tensorboard.GROUP, tensorboard.VERSION, tensorboard.PLURAL, tensorboard.KIND)
+        for _ in range(2):
+            tensorboard.ensure_tensorboard(tensorboard.tensorboard_manifest("tb-1", NS, "llm-models", RUN_ID),
+                                           api_client=api.client)
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
     for train in ("pytorchjob", "trainjob"):
         with FakeKubeAPI() as api:
             assert preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client, namespace=NS) == []
@@ -200,7 +208,7 @@ def test_preflight_reviews_what_the_role_grants_to_the_runner():
     (role,) = resources("Role")
     reviewed = {(True, g, f"{r}/{s}" if s else r, v)
                 for v, g, r, s in [*LAUNCHER_ACCESS["pytorchjob"], *LAUNCHER_ACCESS["trainjob"], *POD_ACCESS,
-                                   *DEPLOYER_ACCESS]}
+                                   *DEPLOYER_ACCESS, *TENSORBOARD_ACCESS]}
     # The rest of the Role is preflight's own reads, which it checks by making them.
     assert granted(role, True) - reviewed == {(True, "", "persistentvolumeclaims", "get"), (True, "", "secrets", "get")}
 

@@ -16,7 +16,7 @@ GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"
 PARAMS = {
     "train_backend": "pytorchjob", "deploy_backend": "kserve-vllm", "data_pvc": "llm-data", "model_pvc": "llm-models",
     "hf_token_secret": "hf-token", "num_nodes": 2, "gpus_per_node": 8, "node_selector": H100,
-    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], "tensorboard": True,
 }
 
 
@@ -128,7 +128,11 @@ def test_reviews_ask_about_the_runs_namespace_and_the_backends_resources():
     assert {r["namespace"] for r in reviews} == {NS}
     assert {(r["verb"], r["resource"], r.get("subresource", "")) for r in reviews} == {
         ("create", "trainjobs", ""), ("get", "trainjobs", ""), ("delete", "trainjobs", ""),
-        ("list", "pods", ""), ("get", "pods", "log")}
+        ("list", "pods", ""), ("get", "pods", "log"), ("create", "tensorboards", "")}
+    with FakeKubeAPI() as api:  # without the run's Tensorboard, the step does not need to create one
+        check(ready_cluster(api), train_backend="trainjob", deploy_backend="local", tensorboard=False)
+        reviews = [r.body["spec"]["resourceAttributes"] for r in api.requests_for("POST", "selfsubjectaccessreviews")]
+    assert "tensorboards" not in {r["resource"] for r in reviews}
 
 
 @pytest.mark.parametrize("change,expect", [

@@ -21,18 +21,21 @@ def test_the_tensorboard_conforms_to_the_crd():
 
 def test_logspath_is_the_folder_the_trainer_writes_its_events_to():
     manifest = tensorboard_manifest("tb-run-1", "team-a", "llm-models", "run-1")
-    assert manifest["spec"] == {"logspath": "pvc://llm-models/runs/run-1/train/tensorboard"}
-    # The train step's output_dir as the pods see it (components/train/component.py: run_dir(...)/train), and the
-    # trainer's event folder under it (sft.py: TENSORBOARD_LOGGING_DIR = <output_dir>/tensorboard).
-    output_dir = f"{run_dir(MODEL_MOUNT, 'run-1')}/train"
-    assert logs_path("llm-models", "run-1") == pvc_uri("llm-models", MODEL_MOUNT, f"{output_dir}/tensorboard")
+    assert manifest["spec"] == {"logspath": "pvc://llm-models/runs/run-1"}
+    # Every stage's output_dir (components/train/stages.py) lies under the run's folder, and the trainer's event
+    # folder under that (sft.py: TENSORBOARD_LOGGING_DIR = <output_dir>/tensorboard): TensorBoard finds them all.
+    from components.train.stages import STAGES, stage_folder
+
+    for stage in STAGES:
+        events = pvc_uri("llm-models", MODEL_MOUNT, f"{run_dir(MODEL_MOUNT, 'run-1')}/{stage_folder(stage)}/tensorboard")
+        assert events.startswith(logs_path("llm-models", "run-1") + "/")
 
 
 def test_the_controller_finds_the_claim_and_the_subpath():
     # tensorboard-controller's extractPVCName / extractPVCSubPath: claim up to the first '/', the rest is a subPath.
     path = logs_path("llm-models", RUN_ID).removeprefix("pvc://")
     claim, _, sub_path = path.partition("/")
-    assert claim == "llm-models" and sub_path == f"runs/{RUN_ID}/train/tensorboard"
+    assert claim == "llm-models" and sub_path == f"runs/{RUN_ID}"
 
 
 @pytest.mark.parametrize("name, pvc, run_id, message", [
@@ -50,3 +53,18 @@ def test_bad_names_are_refused_naming_the_argument(name, pvc, run_id, message):
 
 def test_the_dashboard_path_is_the_controllers_route():
     assert dashboard_path("team-a", "tb-run-1") == "/tensorboard/team-a/tb-run-1/"
+
+
+def test_the_train_step_creates_it_once_and_goes_on_without_the_controller(caplog):
+    from components.observe.tensorboard import GROUP, PLURAL, VERSION, ensure_tensorboard
+    from tests.fakes.k8s_api import FakeKubeAPI
+
+    manifest = tensorboard_manifest("tb-run-1", "team-a", "llm-models", "run-1")
+    with FakeKubeAPI() as api:
+        assert ensure_tensorboard(manifest, api_client=api.client) is False  # no controller: a warning, no failure
+        assert "set tensorboard=false" in caplog.text and not api.requests_for("POST")
+        api.install_crd(GROUP, VERSION, PLURAL, "Tensorboard")
+        assert ensure_tensorboard(manifest, api_client=api.client) is True
+        assert ensure_tensorboard(manifest, api_client=api.client) is True  # a later stage, a retried step: 409
+        assert len(api.requests_for("POST", f"/{PLURAL}")) == 2
+        assert api.objects[(GROUP, VERSION, PLURAL, "team-a", "tb-run-1")]["spec"] == manifest["spec"]

@@ -9,6 +9,7 @@ from components.version import COMPONENTS_IMAGE
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def prepare_dataset(
     settings: dict,
+    stage: str,
     data_root: str,
     run_id: str,
     dataset: Output[Dataset],
@@ -29,6 +30,10 @@ def prepare_dataset(
         settings: every setting, as validate_inputs resolved them (components/settings.py): the data settings
             (dataset_source, dataset_format, column_mapping, eval_source, over_length, packing, num_proc,
             eval_size), and model_name_or_path (tokenizer and chat template), max_seq_length, seed, data_pvc.
+        stage: the training stage whose data this is (components/train/stages.py): ``sft`` reads dataset_source
+            (its eval split is also what evaluate_model scores), ``cpt`` reads cpt_dataset_source as plain text,
+            ``dpo`` reads dpo_dataset_source as preference pairs (prompt, chosen, rejected; kept as text: the
+            trainer applies the chat template).
         data_root: where the data volume is mounted in this step.
         run_id: the KFP run id; scopes the output folder.
 
@@ -46,17 +51,20 @@ def prepare_dataset(
     from components.models.hub import resolve_model
     from components.paths import pvc_uri, run_dir
     from components.settings import Settings
+    from components.train.stages import dataset_folder, stage_data
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     s = Settings.from_flat(settings)
     data_pvc = s.cluster.data_pvc
-    out_dir = os.path.join(run_dir(data_root, run_id), "dataset")
+    source, data_format = stage_data(settings, stage)
+    out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
     tokenizer = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
+    eval_source = s.data.eval_source if stage == "sft" else ""
     stats = prepare(
-        [x.strip() for x in s.data.dataset_source.split(",") if x.strip()], tokenizer, out_dir,
+        [x.strip() for x in source.split(",") if x.strip()], tokenizer, out_dir,
         s.train.max_seq_length, int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, s.train.seed,
-        format=s.data.dataset_format, columns=s.data.column_mapping,
-        eval_source=[x.strip() for x in s.data.eval_source.split(",") if x.strip()] or None,
+        format=data_format, columns=s.data.column_mapping if stage == "sft" else {},
+        eval_source=[x.strip() for x in eval_source.split(",") if x.strip()] or None,
         packing=s.data.packing, over_length=s.data.over_length, num_proc=s.data.num_proc,
         pvc_mounts={data_pvc: data_root}, cache_dir=os.path.join(data_root, "cache", "prepared"),
     )
@@ -71,6 +79,7 @@ def prepare_dataset(
         "path": out_dir,
         "uri": pvc_uri(data_pvc, data_root, out_dir),
         "format": stats["format"],
+        "stage": stage,
         "packing": stats["packing"],
         "train_rows": stats["train"]["rows"],
         "eval_rows": stats["eval"]["rows"],

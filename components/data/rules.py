@@ -16,8 +16,8 @@ def check_data_settings(p: dict) -> list[str | None]:
     if p["dataset_format"] not in DATASET_FORMATS:
         errors.append(f"dataset_format={p['dataset_format']!r} is not one of {', '.join(DATASET_FORMATS)}")
     elif p["dataset_format"] == "preference":
-        errors.append("dataset_format=preference is kept for a later preference-tuning stage; SFT needs a chat or "
-                      "text format")
+        errors.append("dataset_format=preference: preference pairs are the dpo stage's data; put them in "
+                      "dpo_dataset_source and add \"dpo\" to stages (dataset_source is the sft stage's chat data)")
     if p["over_length"] not in OVER_LENGTH:
         errors.append(f"over_length={p['over_length']!r} is not one of {', '.join(OVER_LENGTH)}")
     if p["eval_size"] <= 0 or (p["eval_size"] >= 1 and p["eval_size"] != int(p["eval_size"])):

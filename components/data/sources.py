@@ -2,7 +2,8 @@
 
 A source is one string:
 
-- ``builtin:sample`` -- the bundled bilingual sample;
+- ``builtin:sample``, ``builtin:domain-text``, ``builtin:preference`` -- the bundled samples
+  (:mod:`components.data.samples`);
 - a local path to a JSONL / JSON / Parquet / CSV file, a folder of them, a glob, or a folder written by
   ``datasets.save_to_disk`` (its ``train`` split when it is a DatasetDict);
 - ``pvc://<claim>/<path>`` -- the same, on a claim mounted in this pod (``pvc_mounts`` maps claim -> mount);
@@ -21,9 +22,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
 from components.data.formats import RowError
+from components.data.samples import BUILTIN, builtin_path
 
-BUILTIN_SAMPLE = "builtin:sample"
-SAMPLE_PATH = Path(__file__).with_name("sample") / "instructions.jsonl"
 FILE_TYPES = (".jsonl", ".json", ".parquet", ".csv")
 BATCH_ROWS = 1000
 
@@ -34,8 +34,8 @@ class SourceError(ValueError):
 
 def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
     """The files (or a saved-dataset folder, or a Hub spec dict) that ``source`` names; raise if none exist."""
-    if source == BUILTIN_SAMPLE:
-        return [str(SAMPLE_PATH)]
+    if source in BUILTIN:
+        return [builtin_path(source)]
     if source.startswith("pvc://"):
         claim, _, rel = source[len("pvc://"):].partition("/")
         if claim not in pvc_mounts:

@@ -3,14 +3,13 @@
 from typing import NamedTuple
 
 from kfp import dsl
-from kfp.dsl import Input, Model
 
 from components.version import COMPONENTS_IMAGE
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def deploy_model(
-    model: Input[Model],
+    model_path: str,
     settings: dict,
     run_id: str,
 ) -> NamedTuple("DeployOutputs", [("endpoint", str), ("served_model_name", str), ("smoke_reply", str)]):
@@ -23,7 +22,7 @@ def deploy_model(
     Knative, ``canary_traffic_percent`` sends that share to the new revision and the smoke test goes there.
 
     Args:
-        model: train_model's output (metadata ``uri`` and ``path``).
+        model_path: the last stage's final folder (train_model's ``model_path``), on the model volume.
         settings: every setting, as validate_inputs resolved them (components/settings.py): the deploy settings
             and the GPU pods' node_selector and tolerations.
         run_id: the KFP run id, recorded as a label.
@@ -46,16 +45,17 @@ def deploy_model(
     if s.deploy.deploy_backend == "local":
         from components.deploy.local_server import serve_locally
 
-        log_path = os.path.join(os.path.dirname(model.metadata["path"]), "serve.log")
-        result = serve_locally(model.metadata["path"], log_path, keep_serving=keep_serving)
+        log_path = os.path.join(os.path.dirname(model_path), "serve.log")
+        result = serve_locally(model_path, log_path, keep_serving=keep_serving)
         if keep_serving:
             log.info("server kept running (pid %s); stop it with: kill %s", result["pid"], result["pid"])
     else:
         from components.deploy.inference_service import deploy_inference_service, inference_service_for_run
         from components.kube import current_namespace
+        from components.paths import MODEL_MOUNT, pvc_uri
 
         manifest = inference_service_for_run(s.deploy, s.cluster, run_id=run_id, namespace=current_namespace(),
-                                             storage_uri=model.metadata["uri"])
+                                             storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, model_path))
         result = deploy_inference_service(manifest)
     log.info("endpoint %s answered: %r", result["endpoint"], result["smoke_reply"])
     outputs = namedtuple("DeployOutputs", ["endpoint", "served_model_name", "smoke_reply"])

@@ -3,7 +3,7 @@
 from typing import NamedTuple
 
 from kfp import dsl
-from kfp.dsl import Dataset, Input, Markdown, Metrics, Model, Output
+from kfp.dsl import Dataset, Input, Markdown, Metrics, Output
 
 from components.version import COMPONENTS_IMAGE
 
@@ -11,7 +11,7 @@ from components.version import COMPONENTS_IMAGE
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def evaluate_model(
     dataset: Input[Dataset],
-    model: Input[Model],
+    model_path: str,
     settings: dict,
     data_root: str,
     metrics: Output[Metrics],
@@ -26,7 +26,7 @@ def evaluate_model(
 
     Args:
         dataset: prepare_dataset's output; its ``eval`` split is scored (assistant tokens only).
-        model: train_model's output; ``metadata.path`` is the tuned model's folder.
+        model_path: the last stage's final folder (train_model's ``model_path``): the tuned model.
         settings: every setting, as validate_inputs resolved them (components/settings.py): the evaluate
             settings (the gate's thresholds, prompts, answer length, lm-eval tasks) and model_name_or_path,
             the base model the run started from.
@@ -48,16 +48,28 @@ def evaluate_model(
     from components.evaluate.evaluate import evaluate
     from components.models.hub import resolve_model
     from components.settings import Settings
+    from components.train.stages import dataset_folder, stage_folder
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     s = Settings.from_flat(settings)
     e = s.evaluate
     base = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
+    # The stages' folders and data sit beside the final model's and the sft data's (components/train/stages.py).
+    run_models = os.path.dirname(os.path.dirname(model_path))
+    stages = s.stages.stages
+    stage_dirs = {stage: os.path.join(run_models, stage_folder(stage)) for stage in stages}
+    before_dpo = None
+    if "dpo" in stages:
+        index = stages.index("dpo")
+        before_dpo = os.path.join(stage_dirs[stages[index - 1]], "final") if index else None
+    preference_path = (os.path.join(os.path.dirname(dataset.metadata["path"]), dataset_folder("dpo"))
+                       if "dpo" in stages else None)
     result = evaluate(
-        base, model.metadata["path"], dataset.metadata["path"], e.eval_max_samples, e.min_loss_improvement,
+        base, model_path, dataset.metadata["path"], e.eval_max_samples, e.min_loss_improvement,
         min_perplexity_improvement=e.min_perplexity_improvement, eval_prompts=e.eval_prompts,
         max_new_tokens=e.max_new_tokens, lm_eval_tasks=e.lm_eval_tasks, max_task_regression=e.max_task_regression,
-        train_dir=os.path.dirname(model.metadata["path"]),
+        train_dir=os.path.dirname(model_path),
+        stage_dirs=stage_dirs if len(stages) > 1 else None, preference_path=preference_path, before_dpo=before_dpo,
     )
     for name, value in result["metrics"].items():
         metrics.log_metric(name, value)

@@ -209,7 +209,8 @@ def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity
 def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: int, min_loss_improvement: float,
              *, min_perplexity_improvement: float = 0.0, eval_prompts: str = BUILTIN_PROMPTS,
              max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01,
-             train_dir: str | None = None) -> dict:
+             train_dir: str | None = None, stage_dirs: dict | None = None, preference_path: str | None = None,
+             before_dpo: str | None = None) -> dict:
     """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
     decision and a Markdown report.
 
@@ -222,6 +223,9 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
         max_new_tokens: length limit of each generated answer.
         lm_eval_tasks: lm-evaluation-harness task names; empty: none run.
         train_dir: the trainer's output folder (checkpoints with its log): the report draws the loss curve.
+        stage_dirs: stage -> its output folder, when several stages ran: the report shows each one's metrics.
+        preference_path: the dpo stage's prepared pairs: base, ``before_dpo`` and tuned are scored on their eval split
+            (preference accuracy, components/evaluate/stages.py).
 
     Raises:
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
@@ -263,9 +267,24 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     for task in tasks:
         metrics[f"base_{task}_{base['tasks'][task]['metric']}"] = base["tasks"][task]["score"]
         metrics[f"{task}_{tuned['tasks'][task]['metric']}"] = tuned["tasks"][task]["score"]
+    from components.evaluate.stages import preference_scores, stage_metrics, stages_section
+
+    stages = stage_metrics(stage_dirs or {})
+    preference = {}
+    if preference_path:
+        models = {"base": base_model, **({"before dpo": before_dpo} if before_dpo else {}), "tuned": tuned_model}
+        preference = preference_scores(models, preference_path, max_samples)
+        for role, score in preference.items():
+            prefix = {"base": "base_", "before dpo": "before_dpo_", "tuned": ""}[role]
+            metrics[f"{prefix}preference_accuracy"] = score["accuracy"]
+    for stage, m in stages.items():
+        for key in ("eval_loss", "eval_rewards/accuracies"):
+            if key in m:
+                metrics[f"{stage}_{key.replace('/', '_')}"] = m[key]
     metrics["seconds"] = round(time.time() - started, 2)
     log.info("%s", reason)
-    report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason, train_dir)
+    report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason, train_dir,
+                          extra=stages_section(stages, preference))
     return {"metrics": metrics, "passed": passed, "reason": reason, "report": report,
             "answers": {"base": base["answers"], "tuned": tuned["answers"]}}
 
@@ -276,9 +295,9 @@ def _cell(text: str) -> str:
 
 
 def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, prompts: list[list[dict]],
-                 passed: bool, reason: str, train_dir: str | None = None) -> str:
+                 passed: bool, reason: str, train_dir: str | None = None, extra: list[str] = ()) -> str:
     """The Markdown report the KFP UI renders: the decision, the numbers, the training curve (with
-    ``train_dir``), task scores, answers side by side."""
+    ``train_dir``), ``extra`` sections (stages, preference accuracy), task scores, answers side by side."""
     lines = [
         "# Evaluation", "",
         f"**{'PASSED' if passed else 'NOT PASSED'}**: {reason}", "",
@@ -295,6 +314,8 @@ def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, pro
         from components.evaluate.curves import training_section
 
         lines += ["", *training_section(train_dir, base["eval_loss"], tuned["eval_loss"])]
+    if extra:
+        lines += ["", *extra]
     if base["tasks"]:
         lines += ["", "## lm-evaluation-harness", "", "| task | metric | base | tuned | delta |", "|---|---|---|---|---|"]
         for task, b in sorted(base["tasks"].items()):

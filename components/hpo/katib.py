@@ -220,6 +220,24 @@ _SHELL_SAFE = re.compile(r"^[\w./:=@%+,-]+$")
 _PLACEHOLDER = re.compile(r"\$\{trialParameters\.\w+\}")
 
 
+def typed_search_space(search_space):
+    """``search_space`` with the whole numbers of each integer setting as ints. KFP carries a dict parameter as a
+    protobuf Struct, whose numbers are all doubles: ``{"lora_r": {"values": [8, 16]}}`` comes back with 8.0, 16.0."""
+    if not isinstance(search_space, dict):
+        return search_space
+
+    def whole(value):
+        return int(value) if isinstance(value, float) and value.is_integer() else value
+
+    typed = {}
+    for name, spec in search_space.items():
+        if SEARCHABLE.get(name) is int and isinstance(spec, dict):
+            spec = {k: [whole(v) for v in value] if k == "values" and isinstance(value, list)
+                    else whole(value) if k in ("min", "max", "step") else value for k, value in spec.items()}
+        typed[name] = spec
+    return typed
+
+
 def check_search(search_space, *, trials: int, parallel_trials: int, max_failed_trials: int, algorithm: str,
                  method: str) -> list[str]:
     """Every problem with a search before anything is created, one message each, naming the setting and the fix.

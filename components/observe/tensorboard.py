@@ -11,22 +11,24 @@ folder has been made), not before the run.
 
 from __future__ import annotations
 
-import re
+import logging
 
+from components.kube import DNS1035_LABEL, DNS1123_SUBDOMAIN
 from components.paths import MODEL_MOUNT, pvc_uri, run_dir
+
+log = logging.getLogger("tensorboard")
 
 GROUP, VERSION, PLURAL, KIND = "tensorboard.kubeflow.org", "v1alpha1", "tensorboards", "Tensorboard"
 RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"  # as on the run's training job
 # The controller names a Deployment, a Service and an Istio VirtualService after the Tensorboard, and labels its
 # pod app=<name>: a Service name is a DNS-1035 label, a label value at most 63 characters.
 MAX_NAME = 63
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 def logs_path(model_pvc: str, run_id: str) -> str:
-    """``pvc://<model_pvc>/runs/<run id>/train/tensorboard``: where the run's trainer writes its event files."""
-    return pvc_uri(model_pvc, MODEL_MOUNT, f"{run_dir(MODEL_MOUNT, run_id)}/train/tensorboard")
+    """``pvc://<model_pvc>/runs/<run id>``: the run's folder; each stage's trainer writes its event files under it
+    (``<stage folder>/tensorboard``), and TensorBoard shows every stage as a run of its own."""
+    return pvc_uri(model_pvc, MODEL_MOUNT, run_dir(MODEL_MOUNT, run_id))
 
 
 def tensorboard_manifest(name: str, namespace: str, model_pvc: str, run_id: str) -> dict:
@@ -61,3 +63,36 @@ def tensorboard_manifest(name: str, namespace: str, model_pvc: str, run_id: str)
 def dashboard_path(namespace: str, name: str) -> str:
     """The Tensorboard's path on the Kubeflow gateway (its controller's VirtualService prefix), for reports."""
     return f"/tensorboard/{namespace}/{name}/"
+
+
+def ensure_tensorboard(manifest: dict, api_client=None) -> bool:
+    """Create the run's Tensorboard unless it exists (a retried step, a later stage); True when it is there.
+
+    Never fails the run: a cluster without Kubeflow's Tensorboard controller (standalone KFP) gets a warning that
+    names the ``tensorboard`` setting, and the training goes on.
+    """
+    from kubernetes import client as k8s
+    from kubernetes.client.rest import ApiException
+
+    from components.kube import call_api, load_api_client
+
+    custom = k8s.CustomObjectsApi(api_client or load_api_client())
+    meta = manifest["metadata"]
+    try:
+        served = call_api(custom.get_api_resources, GROUP, VERSION).resources
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        served = []
+    if not any(r.name == PLURAL for r in served):
+        log.warning("%s.%s/%s is not served by this cluster: no Tensorboard for this run (install Kubeflow's "
+                    "tensorboard controller, or set tensorboard=false)", PLURAL, GROUP, VERSION)
+        return False
+    try:
+        call_api(custom.create_namespaced_custom_object, GROUP, VERSION, meta["namespace"], PLURAL, manifest)
+        log.info("Tensorboard %s/%s shows %s at %s", meta["namespace"], meta["name"], manifest["spec"]["logspath"],
+                 dashboard_path(meta["namespace"], meta["name"]))
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+    return True

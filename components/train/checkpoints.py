@@ -1,7 +1,7 @@
 """Checkpoints that survive a killed pod: complete-marker written last, partial ones skipped, last K kept.
 
 The Trainer writes ``checkpoint-<step>/`` (weights, or under DeepSpeed only DeepSpeed's sharded state:
-``CheckpointTrainer``; optimizer, scheduler, RNG state per rank, trainer_state.json with the step). A pod
+``CheckpointMixin``; optimizer, scheduler, RNG state per rank, trainer_state.json with the step). A pod
 can die half-way through that, leaving a folder that looks like a checkpoint but cannot be resumed from.
 So a checkpoint counts only once every rank has finished writing and rank 0 has written ``COMPLETE`` into
 it; resuming picks the newest complete one. A pod told to stop (SIGTERM) saves one first:
@@ -89,8 +89,9 @@ class CompleteMarkerCallback(TrainerCallback):
         return control
 
 
-class CheckpointTrainer(Trainer):
-    """A ``Trainer`` whose checkpoints under DeepSpeed are DeepSpeed's sharded state only.
+class CheckpointMixin:
+    """Put before a ``Trainer`` class (``class T(CheckpointMixin, SomeTrainer)``): checkpoints under DeepSpeed are
+    DeepSpeed's sharded state only.
 
     The stock Trainer also writes consolidated weights into every checkpoint: under ZeRO-3 that gathers
     the whole model on rank 0 (about 61 GB host memory for Qwen3-30B-A3B in bf16, in a pod that holds 8
@@ -114,6 +115,10 @@ class CheckpointTrainer(Trainer):
         if self._writing_checkpoint and self.is_deepspeed_enabled and not self.args.save_only_model:
             return
         super().save_model(output_dir, _internal_call)
+
+
+class CheckpointTrainer(CheckpointMixin, Trainer):
+    """The Hugging Face ``Trainer`` with ``CheckpointMixin``'s checkpoints (sft and cpt; dpo.py mixes it into TRL's)."""
 
 
 class SaveOnSigtermCallback(TrainerCallback):

@@ -11,13 +11,16 @@ from components.version import COMPONENTS_IMAGE
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def train_model(
     dataset: Input[Dataset],
+    base_model_path: str,
     settings: dict,
+    stage: str,
+    tuned: dict,
     data_root: str,
     model_root: str,
     run_id: str,
     model: Output[Model],
-) -> NamedTuple("TrainOutputs", [("model_uri", str), ("job_name", str)]):
-    """Fine-tune the base model on the prepared dataset and record where the result is.
+) -> NamedTuple("TrainOutputs", [("model_uri", str), ("model_path", str), ("job_name", str)]):
+    """Train one stage (cpt, sft or dpo) from ``base`` on the prepared dataset and record where the result is.
 
     With ``train_backend=pytorchjob`` (or ``trainjob``, Trainer v2) this small CPU pod writes the trainer
     config to the model volume, creates the job (``num_nodes`` pods of ``gpus_per_node`` GPUs) running
@@ -26,12 +29,18 @@ def train_model(
     failed for a retriable cause (pod evicted or preempted, node lost, rendezvous/NCCL failure) is created again
     up to ``job_restarts`` times and resumes from its last complete checkpoint; deterministic failures (OOMKilled,
     config errors, image errors) fail the step at once. With ``local`` it runs the same entry point under
-    ``torchrun --nproc_per_node gpus_per_node`` here.
+    ``torchrun --nproc_per_node gpus_per_node`` here. Each stage writes to its own folder of the run
+    (``train/`` for sft, ``cpt/``, ``dpo/``) and is its own job (``<stage>-<run id>``).
 
     Args:
-        dataset: prepare_dataset's output (its metadata names the folder on the data volume).
-        settings: every setting, as validate_inputs resolved them (components/settings.py): the train settings
-            go into the trainer config (build_trainer_config), the cluster settings shape the job.
+        dataset: prepare_dataset's output for this stage (its metadata names the folder on the data volume).
+        base_model_path: the model this stage starts from: the run's model_name_or_path (base_model) or the
+            previous stage's final folder (its ``model_path``), as this step sees it.
+        settings: every setting, as validate_inputs resolved them (components/settings.py): the train settings,
+            with the stage's own (stage_settings), go into the trainer config; the cluster settings shape the job.
+        stage: ``cpt``, ``sft`` or ``dpo`` (components/train/stages.py).
+        tuned: the settings a hyper-parameter search chose (search_hyperparameters; {} when none ran): the sft
+            stage trains with them.
         data_root: where the data volume is mounted in this step.
         model_root: where the model volume is mounted in this step.
         run_id: the KFP run id; names the job and scopes the output folder.
@@ -39,6 +48,7 @@ def train_model(
     Returns:
         model: metadata ``pvc``, ``path`` and ``uri`` (``pvc://claim/.../final``) and the trainer's metrics.
         model_uri: the same ``pvc://`` URI (or local path) as a parameter.
+        model_path: the final folder as this step sees it: the next stage's ``base_model_path``.
         job_name: the PyTorchJob's name (empty for local runs).
     """
     import json
@@ -51,15 +61,20 @@ def train_model(
     from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
     from components.settings import Settings
     from components.train.config import build_trainer_config, write_trainer_config
+    from components.train.stages import stage_folder, stage_train_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     s = Settings.from_flat(settings)
     local = s.cluster.train_backend == "local"
     # Paths as the trainer sees them: the job's pods mount the claims at the standard mounts.
     pod_data, pod_models = (data_root, model_root) if local else (DATA_MOUNT, MODEL_MOUNT)
-    out_dir = os.path.join(run_dir(model_root, run_id), "train")
+    out_dir = os.path.join(run_dir(model_root, run_id), stage_folder(stage))
+    base_path = base_model_path
+    if base_path.startswith(model_root + "/"):  # a previous stage's model, on the model volume
+        base_path = base_path.replace(model_root, pod_models, 1)
     cfg = build_trainer_config(
-        s.train,
+        stage_train_settings(s.train, settings, stage, base_path, tuned),
+        stage=stage,
         dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
         output_dir=out_dir.replace(model_root, pod_models, 1),
         packing=dataset.metadata.get("packing", True),
@@ -71,16 +86,31 @@ def train_model(
     if local:
         from components.train.local import run_torchrun
 
-        run_torchrun(config_path, s.cluster.gpus_per_node)
+        env = dict(os.environ)
+        if "mlflow" in cfg["report_to"]:
+            # A local run's MLflow: a file store in the workspace (mlflow ui --backend-store-uri <it>), unless the
+            # user's environment names a tracking server.
+            env.setdefault("MLFLOW_TRACKING_URI", "file:" + os.path.join(os.path.dirname(model_root), "mlruns"))
+            env.setdefault("MLFLOW_EXPERIMENT_NAME", "llm-finetune")
+            # MLflow 3 keeps file stores in maintenance mode and refuses them unless asked: a laptop run needs no
+            # database server, and `mlflow ui` reads the folder.
+            env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
     else:
         from components.kube import current_namespace
         from components.train.launch import run_training_job, training_job_for_run
         from components.train.pytorchjob import job_name_for
 
-        job_name = job_name_for(run_id)
+        job_name = job_name_for(run_id, stage)
+        if s.cluster.tensorboard:
+            # After the config is written: the run's folder, the Tensorboard's subPath mount, exists now.
+            from components.observe.tensorboard import ensure_tensorboard, tensorboard_manifest
+
+            ensure_tensorboard(tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(),
+                                                    s.cluster.model_pvc, run_id))
         manifest = training_job_for_run(
             s.cluster, run_id=run_id, namespace=current_namespace(),
-            config_path=config_path.replace(model_root, MODEL_MOUNT, 1),
+            config_path=config_path.replace(model_root, MODEL_MOUNT, 1), stage=stage,
         )
 
         def record(job: dict) -> None:
@@ -98,6 +128,36 @@ def train_model(
     uri = final_dir if local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)
     with open(os.path.join(out_dir, "metrics.json")) as f:
         metrics = json.load(f)
-    model.metadata.update({"pvc": s.cluster.model_pvc, "path": final_dir, "uri": uri,
-                           "base_model": s.train.model_name_or_path, "method": s.train.method, "job_name": job_name, **metrics})
-    return namedtuple("TrainOutputs", ["model_uri", "job_name"])(uri, job_name)
+    model.metadata.update({"pvc": s.cluster.model_pvc, "path": final_dir, "uri": uri, "stage": stage,
+                           "base_model": base_model_path, "method": cfg["method"], "job_name": job_name,
+                           **metrics})
+    return namedtuple("TrainOutputs", ["model_uri", "model_path", "job_name"])(uri, final_dir, job_name)
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def base_model(settings: dict) -> str:
+    """The model the first training stage starts from: the run's ``model_name_or_path``, handed from stage to
+    stage as a path (a string: kfp.local cannot choose between artifacts of condition branches).
+
+    Args:
+        settings: every setting, as validate_inputs resolved them.
+
+    Returns:
+        The Hub id, folder or ``builtin:`` name, as given.
+    """
+    return settings["model_name_or_path"]
+
+
+@dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
+def skip_stage(previous: str, stage: str) -> str:
+    """Hand the previous model on unchanged: slot ``stage`` has no stage in this run's ``stages``.
+
+    Args:
+        previous: the model the stage would have started from.
+        stage: the slot that does not run.
+
+    Returns:
+        ``previous``.
+    """
+    print(f"stage slot {stage} is not used by this run's stages: {previous} goes on unchanged")
+    return previous

@@ -84,6 +84,7 @@ def build_trainer_config(
     use_cpu: bool,
     model_cache_dir: str,
     packing: bool = True,
+    stage: str = "sft",
 ) -> dict:
     """The config dict the pipeline writes for the trainer: every setting of ``train``
     (``components.settings.TrainSettings``) under its own name, two renamed (below), plus the run's paths and the
@@ -91,9 +92,12 @@ def build_trainer_config(
 
     ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
     ``use_cpu``: torchrun on a laptop (gloo, fp32) instead of GPUs (nccl, bf16).
+    ``stage``: ``cpt``, ``sft`` or ``dpo`` (components/train/stages.py): the trainer's loss and data layout.
     """
     import dataclasses
 
+    # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py
+    # sets the folder); MLflow and W&B read their address and key from the environment (components/train/pods.py).
     cfg = dataclasses.asdict(train)
     # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
     # this runs in the launcher's image and the trainer image installs the package somewhere else.
@@ -102,13 +106,12 @@ def build_trainer_config(
         cfg["deepspeed"] = deepspeed
     cfg["warmup_steps"] = cfg.pop("warmup_ratio")  # transformers 5: a float < 1 is a ratio of total steps
     cfg.update({
+        "stage": stage,
         "dataset_path": dataset_path,
         "output_dir": output_dir,
         "model_cache_dir": model_cache_dir,
         "per_device_eval_batch_size": train.per_device_train_batch_size,
         "save_strategy": "steps",
-        # TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py sets the folder).
-        "report_to": ["tensorboard"],
         "include_num_input_tokens_seen": "non_padding",
         "remove_unused_columns": False,
         # Packed rows all have one length: a random order, which accelerate seeds per epoch, so a job resumed in
@@ -116,7 +119,8 @@ def build_trainer_config(
         # global RNG, which the checkpoint restores as it was after the order was drawn: a mid-epoch resume
         # would skip a different set of rows). Unpacked rows are padded per batch: batching similar lengths
         # halves the padding work, at the price of that resume caveat.
-        "train_sampling_strategy": "random" if packing else "group_by_length",
+        # DPO pairs are text until TRL tokenizes them in the trainer: no lengths to group by.
+        "train_sampling_strategy": "random" if packing or stage == "dpo" else "group_by_length",
         # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
         # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
         "dataloader_num_workers": 0,

@@ -442,7 +442,7 @@ def _failure_report(what: str, failed: dict, failure: Failure, rank0: str | None
             + (f"\nlast {FAILURE_TAIL_LINES} lines of {culprit}:\n{tail}" if tail else ""))
 
 
-def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: str) -> dict:
+def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft") -> dict:
     """The PyTorchJob or TrainJob of one run from its cluster settings (``components.settings.ClusterSettings``;
     the train step and ``--render`` call this).
 
@@ -457,7 +457,7 @@ def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: s
         num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, data_pvc=c.data_pvc, model_pvc=c.model_pvc,
         hf_token_secret=c.hf_token_secret, node_selector=c.node_selector, tolerations=c.tolerations,
         affinity=c.affinity or None, active_deadline_seconds=c.active_deadline_seconds or None,
-        queue_name=c.queue_name,
+        queue_name=c.queue_name, stage=stage, tracking_secret=c.tracking_secret,
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.

@@ -41,9 +41,22 @@ def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1
     ]
 
 
-def trainer_env(hf_token_secret: str, nccl_env: dict | None) -> list[k8s.V1EnvVar]:
-    """The trainer container's environment: the HF token by Secret reference, the cache on the data claim, NCCL."""
-    env = [
+# What the trainer's MLflow and W&B callbacks read from the environment, each an optional key of tracking_secret:
+# whichever the Secret holds reaches the pods, and nothing is set when it is absent.
+TRACKING_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                 "WANDB_API_KEY", "WANDB_BASE_URL")
+# Where the runs go in the tracker: one experiment (MLflow) / project (W&B) for the pipeline's runs.
+TRACKING_NAMES = {"MLFLOW_EXPERIMENT_NAME": "llm-finetune", "WANDB_PROJECT": "llm-finetune"}
+
+
+def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: str = "") -> list[k8s.V1EnvVar]:
+    """The trainer container's environment: the HF token and the tracker's keys by Secret reference, the cache on
+    the data claim, NCCL."""
+    tracking = [] if not tracking_secret else [
+        k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=tracking_secret, key=key, optional=True)))
+        for key in TRACKING_KEYS] + [k8s.V1EnvVar(name=k, value=v) for k, v in TRACKING_NAMES.items()]
+    env = [*tracking,
         # optional: public models need no token, and a missing Secret must not block the pod.
         k8s.V1EnvVar(name="HF_TOKEN", value_from=k8s.V1EnvVarSource(
             secret_key_ref=k8s.V1SecretKeySelector(name=hf_token_secret, key="HF_TOKEN", optional=True))),
@@ -64,7 +77,8 @@ def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str
 def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_per_node: int, config_path: str,
                          hf_token_secret: str, nccl_env: dict | None, cpu: str, memory: str, data_pvc: str,
                          model_pvc: str, shm_size: str, labels: dict, node_selector: dict, tolerations: list,
-                         affinity: dict | None, priority_class: str = "") -> k8s.V1PodTemplateSpec:
+                         affinity: dict | None, priority_class: str = "",
+                         tracking_secret: str = "") -> k8s.V1PodTemplateSpec:
     """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
 
     Args:
@@ -82,7 +96,7 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
         image=image,
         command=["torchrun"],
         args=torchrun_args(nnodes, gpus_per_node, config_path),
-        env=trainer_env(hf_token_secret, nccl_env),
+        env=trainer_env(hf_token_secret, nccl_env, tracking_secret),
         resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
         volume_mounts=TRAINER_VOLUME_MOUNTS,
     )

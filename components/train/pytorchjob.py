@@ -104,7 +104,7 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
                      ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
                      active_deadline_seconds: int | None = None, queue_name: str = "",
                      gang_scheduling: bool = False, priority_class: str = "",
-                     min_nodes: int | None = None, max_restarts: int = 3) -> dict:
+                     min_nodes: int | None = None, max_restarts: int = 3, tracking_secret: str = "") -> dict:
     """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
 
     Args:
@@ -125,6 +125,8 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         cpu: CPU request and limit per pod.
         memory: memory request and limit per pod.
         nccl_env: NCCL variables merged over ``pods.NCCL_DEFAULTS``.
+        tracking_secret: Secret with the experiment tracker's keys (``pods.TRACKING_KEYS``, each optional); empty:
+            none referenced.
         clean_pod_policy: pods the operator deletes when the job ends: ``Running`` (the default: pods still
             running when the job fails, ranks hung on a peer that died, free their GPUs; finished and failed pods
             stay with their logs), ``None`` (keep all) or ``All``.
@@ -161,7 +163,7 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         image=image, nnodes=nnodes, gpus_per_node=gpus_per_node, config_path=config_path,
         hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory, data_pvc=data_pvc,
         model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
-        tolerations=tolerations, affinity=affinity, priority_class=priority_class,
+        tolerations=tolerations, affinity=affinity, priority_class=priority_class, tracking_secret=tracking_secret,
     )
     # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
     restart_policy = "OnFailure" if elastic else RESTART_POLICY
@@ -213,16 +215,17 @@ RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 
 def pytorchjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_image: str, num_nodes: int,
                        gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                       node_selector: dict, tolerations: list, **options) -> dict:
+                       node_selector: dict, tolerations: list, stage: str = "sft", **options) -> dict:
     """The PyTorchJob of one KFP run, from the pipeline's parameter names: named and labelled by the run id.
 
     ``options`` are ``build_pytorchjob``'s keyword parameters (affinity, resources, NCCL, run policy,
     Kueue queue, gang scheduling, priority class, elastic min_nodes/max_restarts). The train step,
     ``python -m components.train.launch`` and ``python -m pipelines.run --render`` all build the job
-    through here, so what is rendered is what runs.
+    through here, so what is rendered is what runs. ``stage`` (cpt, sft, dpo) prefixes the name: each stage of a
+    run is its own job.
     """
     return build_pytorchjob(
-        name=job_name_for(run_id), namespace=namespace, image=trainer_image, config_path=config_path,
+        name=job_name_for(run_id, stage), namespace=namespace, image=trainer_image, config_path=config_path,
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc, model_pvc=model_pvc,
         hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
         labels={RUN_ID_LABEL: run_id}, **options,

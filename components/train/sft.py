@@ -1,8 +1,12 @@
-"""Supervised fine-tuning: the entry point every pod (or local process) of the training job runs.
+"""Supervised fine-tuning: the entry point every pod (or local process) of the training job runs, for every stage.
 
     torchrun --nproc_per_node 8 --nnodes 2 ... -m components.train.sft --config /mnt/models/runs/<id>/train/train_config.json
 
-Reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with
+The config's ``stage`` says what this run is: ``sft`` (the default) and ``cpt`` (continued pretraining: the data
+step labels every token of its plain-text rows, so it is the same loss on other rows) run here; ``dpo`` runs
+preference tuning with TRL (dpo.py) and shares the model loading, checkpoints, progress and export below.
+
+For sft and cpt: reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with
 the Hugging Face Trainer: DDP, or DeepSpeed ZeRO-2/3 when the config names a DeepSpeed JSON; full
 fine-tuning or PEFT LoRA/QLoRA. Checkpoints every ``save_steps`` (DeepSpeed's shards only under DeepSpeed;
 complete-marker written last, last ``save_total_limit`` kept), resumes from the newest complete one, logs
@@ -23,7 +27,10 @@ from pathlib import Path
 
 log = logging.getLogger("sft")
 
-REQUIRED_COLUMNS = ("input_ids", "labels")
+# The columns each stage's prepared splits must have: tokenized rows with labels, or TRL's preference layout
+# (conversational: lists of turns; TRL applies the chat template and masks the prompt itself).
+REQUIRED_COLUMNS = {"sft": ("input_ids", "labels"), "cpt": ("input_ids", "labels"),
+                    "dpo": ("prompt", "chosen", "rejected")}
 
 
 class TrainingInterrupted(Exception):
@@ -98,7 +105,8 @@ def _type_error(name: str, value, hint) -> str | None:
 
 
 def parse_config(path: str):
-    """Load an SFTConfig from a JSON or YAML file; unknown keys, wrong types, bad combinations and a missing dataset are errors.
+    """Load the config of the file's ``stage`` (``SFTConfig``, or ``DPOStageConfig`` for dpo) from a JSON or YAML file;
+    an unknown stage, unknown keys, wrong types, bad combinations and a missing dataset are errors.
 
     Every error is a ValueError naming the file and the field, raised before TrainingArguments is built
     (which sets up devices and process groups) and before anything is written.
@@ -108,15 +116,30 @@ def parse_config(path: str):
 
     from transformers import HfArgumentParser
 
-    from components.train.arguments import SFTConfig
+    from components.train.arguments import DPO_DERIVED, config_class
     from components.train.config import DEEPSPEED_CONFIGS, METHODS, check_combination, deepspeed_config_path
+    from components.train.stages import STAGES
 
     data = _read_config(path)
-    hints = typing.get_type_hints(SFTConfig)
-    valid = {f.name for f in dataclasses.fields(SFTConfig)}
+    stage = data.get("stage", "sft")
+    if stage not in STAGES:
+        raise ValueError(f"{path}: stage {stage!r} is not one of {list(STAGES)}")
+    config_cls = config_class(stage)
+    hints = typing.get_type_hints(config_cls)
+    valid = {f.name for f in dataclasses.fields(config_cls)}
     unknown = sorted(set(data) - valid)
     if unknown:
         raise ValueError(f"{path}: unknown keys {unknown}; valid keys are {sorted(valid)}")
+    if stage == "dpo":
+        derived = sorted(set(data) & set(DPO_DERIVED))
+        if derived:
+            raise ValueError(f"{path}: {derived} are set by the trainer for stage 'dpo'; set "
+                             f"{[DPO_DERIVED[k] for k in derived]} instead")
+        if data.get("train_sampling_strategy") == "group_by_length":
+            # TRL tokenizes the preference rows inside the trainer, so the prepared rows have no input_ids to
+            # group by and transformers' LengthGroupedSampler would fail after the model has loaded.
+            raise ValueError(f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage 'dpo' rows "
+                             "(prompt/chosen/rejected, tokenized by TRL); use 'random'")
     for name, value in data.items():
         if why := _type_error(name, value, hints[name]):
             raise ValueError(f"{path}: {why}")
@@ -139,21 +162,32 @@ def parse_config(path: str):
     dataset_path = data.get("dataset_path", "")
     if not dataset_path or not Path(dataset_path, "dataset_dict.json").exists():
         raise ValueError(f"{path}: dataset_path {dataset_path!r} is not a prepared dataset; run prepare_dataset first")
-    _check_dataset(dataset_path)
-    (cfg,) = HfArgumentParser(SFTConfig).parse_dict(data)
+    _check_dataset(dataset_path, stage)
+    if stage == "dpo":
+        defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+        data.update(
+            beta=data.get("dpo_beta", defaults["dpo_beta"]),
+            max_length=data.get("max_seq_length", defaults["max_seq_length"]),
+            # Full fine-tuning: the reference log-probs of every pair are computed once, before training, and TRL
+            # then keeps no reference model (no second copy of the weights on the GPUs). LoRA: each step scores the
+            # reference with the same model, its adapter off (dpo.py).
+            precompute_ref_log_probs=data.get("method", "full") == "full",
+        )
+    (cfg,) = HfArgumentParser(config_cls).parse_dict(data)
     return cfg
 
 
-def _check_dataset(dataset_path: str) -> None:
+def _check_dataset(dataset_path: str, stage: str = "sft") -> None:
     import datasets
 
     data = datasets.load_from_disk(dataset_path)
     for split in ("train", "eval"):
         if split not in data:
             raise ValueError(f"{dataset_path}: no {split!r} split (found {list(data)}); run prepare_dataset again")
-        missing = [c for c in REQUIRED_COLUMNS if c not in data[split].column_names]
+        missing = [c for c in REQUIRED_COLUMNS[stage] if c not in data[split].column_names]
         if missing:
-            raise ValueError(f"{dataset_path}: split {split!r} lacks columns {missing}; it must come from prepare_dataset")
+            raise ValueError(f"{dataset_path}: split {split!r} lacks columns {missing} (stage {stage!r} needs "
+                             f"{list(REQUIRED_COLUMNS[stage])}); it must come from prepare_dataset")
 
 
 def _non_defaults(cfg) -> dict:
@@ -166,16 +200,6 @@ def _non_defaults(cfg) -> dict:
 
     defaults = {f.name: f.default for f in dataclasses.fields(cfg) if f.default is not dataclasses.MISSING}
     return {k: v for k, v in cfg.to_dict().items() if k == "output_dir" or (k in defaults and defaults[k] != v)}
-
-
-def _attn_implementation() -> str:
-    import importlib.util
-
-    import torch
-
-    if torch.cuda.is_available() and importlib.util.find_spec("flash_attn") is not None:
-        return "flash_attention_2"
-    return "sdpa"  # with position_ids and no mask, transformers builds the packed block-causal mask
 
 
 def load_model(cfg, model_path: str):
@@ -191,11 +215,13 @@ def load_model(cfg, model_path: str):
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from components.train.speed import attn_implementation
+
     config = AutoConfig.from_pretrained(model_path)
     # DeepSpeed keeps fp32 master weights itself; plain DDP full fine-tuning needs fp32 weights for Adam.
     low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
     dtype = torch.bfloat16 if low_precision else torch.float32
-    kwargs = {"dtype": dtype, "attn_implementation": _attn_implementation()}
+    kwargs = {"dtype": dtype, "attn_implementation": attn_implementation()}
     if config.model_type == "qwen3_moe":
         kwargs.update(output_router_logits=cfg.router_aux_loss_coef > 0, router_aux_loss_coef=cfg.router_aux_loss_coef)
     if cfg.method == "qlora":
@@ -229,27 +255,19 @@ def _zero_stage(cfg) -> int:
     return load_deepspeed_config(cfg.deepspeed).get("zero_optimization", {}).get("stage", 0) if cfg.deepspeed else 0
 
 
-def _flops_per_token(config: dict, seq_len: int) -> float:
-    """Training FLOPs per token of the model whose ``config.json`` fields are ``config``."""
-    from components.train.callbacks import flops_per_token
-    from components.train.memory import model_shape
-
-    # From the loaded model's config, not a file: a model named by Hub id has no folder to read.
-    shape = model_shape(config)
-    return flops_per_token(shape.active, shape.layers, shape.q_dim, seq_len)
-
-
-def _summary_metrics(trainer, result, eval_metrics: dict, started: float) -> dict:
+def summary_metrics(trainer, result, evaluation: dict, started: float) -> dict:
+    """metrics.json: the figures every stage reports, with the stage's own ``evaluation`` figures after the losses."""
     # Trainer's training_loss averages only the steps run since the last resume; log_history spans the run.
     losses = [e["loss"] for e in trainer.state.log_history if "loss" in e]
     rates = [e["tokens_per_second_per_device"] for e in trainer.state.log_history if "tokens_per_second_per_device" in e]
     mfus = [e["mfu"] for e in trainer.state.log_history if "mfu" in e]
     metrics = {
+        "stage": trainer.args.stage,
         # The mean of the losses logged every logging_steps over the whole run, resumes included; named apart from
         # TensorBoard's train/train_loss, which is HF's mean over the steps of the last session only.
         "train_loss_logged_mean": sum(losses) / len(losses) if losses else result.training_loss,
         "final_train_loss": losses[-1] if losses else result.training_loss,
-        "eval_loss": eval_metrics["eval_loss_per_token"],  # the same tokens, the same way as evaluate_model
+        **evaluation,
         "global_step": result.global_step,
         "train_runtime_seconds": round(time.time() - started, 2),
         "world_size": trainer.args.world_size,
@@ -263,33 +281,20 @@ def _summary_metrics(trainer, result, eval_metrics: dict, started: float) -> dic
     return metrics
 
 
-def main(cfg) -> dict:
-    """Train according to ``cfg`` and return the final metrics (also written to metrics.json)."""
-    import datasets
-    from transformers import AutoTokenizer
-    from transformers.trainer_callback import PrinterCallback
-    from transformers.trainer_callback import ProgressCallback as HFProgressCallback
+def start_run(cfg) -> str:
+    """What every stage does before loading anything: returns the base model's local path.
 
-    from components.train.batches import label_nll, pad_collator, token_weighted_loss
-
+    Resolves the base once per run, logs the config, points TensorBoard at the output folder and, for DeepSpeed
+    on CPU, wraps the process group.
+    """
     from components.models.hub import BASE_MODEL_RECORD, global_rank, resolve_model_for_run
-    from components.train.callbacks import ProgressCallback, peak_flops
-    from components.train.checkpoints import (
-        CheckpointTrainer,
-        CompleteMarkerCallback,
-        SaveOnSigtermCallback,
-        latest_complete_checkpoint,
-    )
-    from components.train.export import export_final
 
-    started = time.time()
-    rank = global_rank()
     # Resolved once per run, by rank 0, and recorded in the output folder: the other ranks read the record
     # (never the Hub), and a re-run after an eviction resumes on the same base snapshot.
     model_path = resolve_model_for_run(cfg.model_name_or_path,
                                        cfg.model_cache_dir or os.path.join(cfg.output_dir, ".cache"),
                                        os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
-    if rank == 0:
+    if global_rank() == 0:
         log.info("config (non-default fields): %s", json.dumps(_non_defaults(cfg), default=str))
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
     if cfg.deepspeed and cfg.use_cpu:
@@ -298,54 +303,107 @@ def main(cfg) -> dict:
         import deepspeed
 
         deepspeed.init_distributed(dist_backend=cfg.ddp_backend)
-    tokenizer = AutoTokenizer.from_pretrained(model_path)
-    data = datasets.load_from_disk(cfg.dataset_path)
-    model = load_model(cfg, model_path)
+    return model_path
+
+
+def checkpoint_callbacks(cfg):
+    """``(callbacks, sigterm)``: complete-marker checkpoints keeping ``save_total_limit``, and save-on-SIGTERM."""
+    from components.train.checkpoints import CompleteMarkerCallback, SaveOnSigtermCallback
 
     # The Trainer's rotation cannot tell complete from partial checkpoints: ours does it after the marker.
     keep = cfg.save_total_limit or 0
     cfg.save_total_limit = None
     sigterm = SaveOnSigtermCallback()
-    trainer = CheckpointTrainer(
-        model=model,
-        args=cfg,
-        train_dataset=data["train"],
-        eval_dataset=data["eval"],
-        data_collator=pad_collator(tokenizer.pad_token_id),
-        processing_class=tokenizer,
-        callbacks=[CompleteMarkerCallback(keep), sigterm],
-        # eval_loss per label token over the whole eval split, exactly as evaluate_model scores it: Trainer's
-        # own eval_loss is a mean of per-batch means, which weighs a short batch like a long one.
-        preprocess_logits_for_metrics=label_nll,
-        compute_metrics=token_weighted_loss,
-    )
+    return [CompleteMarkerCallback(keep), sigterm], sigterm
+
+
+def use_progress(trainer, progress) -> None:
+    """Make ``progress`` (our ProgressCallback) the trainer's only progress output, first in line."""
+    from transformers.trainer_callback import PrinterCallback
+    from transformers.trainer_callback import ProgressCallback as HFProgressCallback
+
     # Our ProgressCallback logs each logging step with rates and ETA on rank 0; HF's tqdm bar and its printed
     # log dicts would repeat the same numbers (and a bar redrawn in place is noise in a pod's log).
     trainer.remove_callback(HFProgressCallback)
     trainer.remove_callback(PrinterCallback)
-    progress = ProgressCallback(_flops_per_token(model.config.to_dict(), cfg.max_seq_length), cfg.world_size, peak_flops())
     # First in line, so the rates it adds to the logs reach TensorBoard and log_history too.
     trainer.callback_handler.callbacks.insert(0, progress)
-    last = latest_complete_checkpoint(cfg.output_dir)
-    if last and rank == 0:
+
+
+def train_resuming(trainer, sigterm):
+    """``trainer.train()`` from the newest complete checkpoint, if any; TrainingInterrupted once SIGTERM stopped it."""
+    from components.train.checkpoints import latest_complete_checkpoint
+
+    last = latest_complete_checkpoint(trainer.args.output_dir)
+    if last and trainer.is_world_process_zero():
         log.info("resuming from %s", last)
     result = trainer.train(resume_from_checkpoint=last)
     if sigterm.stopped_at is not None:
         raise TrainingInterrupted(f"stopped by SIGTERM at step {sigterm.stopped_at} of {trainer.state.max_steps}; "
                                   f"checkpoint-{sigterm.stopped_at} is complete and a re-run resumes from it")
-    eval_metrics = trainer.evaluate()
-    metrics = _summary_metrics(trainer, result, eval_metrics, started)
+    return result
+
+
+def finish_run(trainer, cfg, tokenizer, model_path: str, metrics: dict) -> None:
+    """Export ``final/`` (export.py; collective) and write ``metrics.json`` on rank 0."""
+    from components.train.export import export_final
+
     export_final(trainer, cfg, tokenizer, model_path, metrics)
     if trainer.is_world_process_zero():
         Path(cfg.output_dir, "metrics.json").write_text(json.dumps(metrics, indent=2))
         log.info("metrics %s", metrics)
+
+
+def main(cfg) -> dict:
+    """Train according to ``cfg`` and return the final metrics (also written to metrics.json)."""
+    if cfg.stage == "dpo":
+        from components.train.dpo import main as train_dpo
+
+        return train_dpo(cfg)
+    import datasets
+    from transformers import AutoTokenizer
+
+    from components.train.batches import label_nll, token_weighted_loss
+    from components.train.callbacks import ProgressCallback
+    from components.train.checkpoints import CheckpointTrainer
+    from components.train.speed import attn_implementation, packed_collator
+
+    started = time.time()
+    model_path = start_run(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    data = datasets.load_from_disk(cfg.dataset_path)
+    model = load_model(cfg, model_path)
+
+    callbacks, sigterm = checkpoint_callbacks(cfg)
+    trainer = CheckpointTrainer(
+        model=model,
+        args=cfg,
+        train_dataset=data["train"],
+        eval_dataset=data["eval"],
+        # Under flash-attention a micro-batch's packed rows are joined into one, with their documents' boundaries:
+        # transformers keeps documents apart from position_ids only in a batch of one row (speed.py).
+        data_collator=packed_collator(tokenizer.pad_token_id, attn_implementation()),
+        processing_class=tokenizer,
+        callbacks=callbacks,
+        # eval_loss per label token over the whole eval split, exactly as evaluate_model scores it: Trainer's
+        # own eval_loss is a mean of per-batch means, which weighs a short batch like a long one.
+        preprocess_logits_for_metrics=label_nll,
+        compute_metrics=token_weighted_loss,
+    )
+    use_progress(trainer, ProgressCallback.for_model(model.config.to_dict(), data["train"], cfg.world_size))
+    result = train_resuming(trainer, sigterm)
+    eval_metrics = trainer.evaluate()
+    # eval_loss: the same tokens, the same way as evaluate_model.
+    metrics = summary_metrics(trainer, result, {"eval_loss": eval_metrics["eval_loss_per_token"]}, started)
+    finish_run(trainer, cfg, tokenizer, model_path, metrics)
     return metrics
 
 
 def make_parser() -> argparse.ArgumentParser:
     """The command line: one ``--config`` file (JSON or YAML)."""
     p = argparse.ArgumentParser(prog="torchrun ... -m components.train.sft", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True, help="trainer config (JSON or YAML): SFTConfig fields")
+    p.add_argument("--config", required=True,
+                   help="trainer config (JSON or YAML): SFTConfig fields, DPOStageConfig for stage dpo")
     return p
 
 

@@ -37,12 +37,12 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
                    node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
                    shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi", nccl_env: dict | None = None,
                    runtime: str = RUNTIME, active_deadline_seconds: int | None = None,
-                   queue_name: str = "") -> dict:
+                   queue_name: str = "", tracking_secret: str = "") -> dict:
     """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
 
     Args:
         name, namespace, image, config_path, num_nodes, gpus_per_node, data_pvc, model_pvc, hf_token_secret,
-        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, nccl_env: as for
+        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, nccl_env, tracking_secret: as for
             ``build_pytorchjob``; every node runs the same ``torchrun`` command.
         runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``).
         active_deadline_seconds: the controller fails the job once it has run this long; None: no limit.
@@ -63,7 +63,7 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
         container_name=NODE, image=image, nnodes=str(num_nodes), gpus_per_node=gpus_per_node,
         config_path=config_path, hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory,
         data_pvc=data_pvc, model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
-        tolerations=tolerations, affinity=affinity,
+        tolerations=tolerations, affinity=affinity, tracking_secret=tracking_secret,
     )
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,
@@ -110,14 +110,14 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
 
 def trainjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_image: str, num_nodes: int,
                      gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                     node_selector: dict, tolerations: list, **options) -> dict:
+                     node_selector: dict, tolerations: list, stage: str = "sft", **options) -> dict:
     """The TrainJob of one KFP run, from the pipeline's parameter names (mirrors ``pytorchjob_for_run``).
 
     ``options`` are ``build_trainjob``'s keyword parameters (affinity, resources, NCCL, runtime,
     active_deadline_seconds, queue_name).
     """
     return build_trainjob(
-        name=job_name_for(run_id), namespace=namespace, image=trainer_image, config_path=config_path,
+        name=job_name_for(run_id, stage), namespace=namespace, image=trainer_image, config_path=config_path,
         num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc, model_pvc=model_pvc,
         hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
         labels={RUN_ID_LABEL: run_id}, **options,

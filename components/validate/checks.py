@@ -11,10 +11,15 @@ import logging
 log = logging.getLogger("validate_inputs")
 
 
-def validate(arguments: dict) -> dict:
-    """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked; a
-    ValueError listing every problem, each naming the setting and the fix. On a cluster it also runs the preflight."""
-    from components.settings import check, merge_arguments
+def validate(arguments: dict):
+    """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked, and the
+    stage in each of the pipeline's stage slots (empty when the slot is unused); a ValueError listing every problem,
+    each naming the setting and the fix. On a cluster it also runs the preflight."""
+    from collections import namedtuple
+
+    from components.train.stages import STAGES
+
+    from components.settings import check, merge_arguments, warnings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
@@ -25,6 +30,8 @@ def validate(arguments: dict) -> dict:
     if errors:
         raise ValueError("invalid settings: " + "; ".join(errors))
     log.info("settings are valid: %s", settings)
+    for warning in warnings(settings):
+        log.warning("%s", warning)
     if settings["train_backend"] != "local":
         from components.validate.preflight import preflight
 
@@ -32,4 +39,6 @@ def validate(arguments: dict) -> dict:
         if problems:
             raise ValueError("cluster preflight: " + "; ".join(problems))
         log.info("cluster preflight passed")
-    return settings
+    slots = [f"stage_{i + 1}" for i in range(len(STAGES))]
+    stages = settings["stages"] + [""] * (len(STAGES) - len(settings["stages"]))
+    return namedtuple("ValidateOutputs", ["settings", *slots])(settings, *stages)

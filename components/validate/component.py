@@ -5,6 +5,8 @@ this file. Its inputs are the pipeline's parameters (the plain settings and ``ad
 every setting, resolved and checked: the ``settings`` input of every later step.
 """
 
+from typing import NamedTuple
+
 from kfp import dsl
 
 from components.version import COMPONENTS_IMAGE
@@ -25,6 +27,10 @@ def validate_inputs(
     deepspeed_config: str,
     save_steps: int,
     save_total_limit: int,
+    stages: list,
+    cpt_dataset_source: str,
+    dpo_dataset_source: str,
+    hpo_trials: int,
     dataset_source: str,
     dataset_format: str,
     column_mapping: dict,
@@ -52,6 +58,8 @@ def validate_inputs(
     min_nodes: int,
     max_restarts: int,
     job_restarts: int,
+    alert_webhook_secret: str,
+    tensorboard: bool,
     pending_timeout_seconds: int,
     eval_gpus: int,
     eval_max_samples: int,
@@ -69,7 +77,7 @@ def validate_inputs(
     canary_traffic_percent: int,
     keep_serving: bool,
     advanced_settings: dict,
-) -> dict:
+) -> NamedTuple("ValidateOutputs", [("settings", dict), ("stage_1", str), ("stage_2", str), ("stage_3", str)]):
     """Check the run's settings and the cluster, and fail with every problem listed, each naming the fix.
 
     The checks also run in ``python -m pipelines.run`` before a run is submitted; this task repeats them because
@@ -95,6 +103,14 @@ def validate_inputs(
             on a mounted volume.
         save_steps: Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).
         save_total_limit: Complete checkpoints kept on the model volume.
+        stages: Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised fine-
+            tuning) and dpo (preference tuning); each trains from the previous stage's final model.
+        cpt_dataset_source: cpt stage: raw domain text (a text column), same syntax as dataset_source;
+            builtin:domain-text is a bundled sample.
+        dpo_dataset_source: dpo stage: preference pairs (prompt, chosen, rejected), same syntax as dataset_source;
+            builtin:preference is a bundled sample.
+        hpo_trials: Hyper-parameter search: short training trials before the sft stage, which then trains with the
+            best trial's settings (Katib Experiment on a cluster, Optuna locally); 0 turns it off.
         dataset_source: Training data, comma-separated: builtin:sample, files/folders/globs (JSONL, JSON, Parquet,
             CSV, saved Arrow) on a mounted volume, pvc://claim/path, hf://... or Hub ids
             (org/name?config=C&split=S&revision=R).
@@ -129,6 +145,10 @@ def validate_inputs(
         max_restarts: Elastic restarts before the job fails (with min_nodes).
         job_restarts: Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it
             resumes from its last complete checkpoint. 0: a failed job fails the step at once.
+        alert_webhook_secret: Secret whose key ALERT_WEBHOOK_URL is a Slack-compatible incoming webhook: the run's
+            outcome is posted there when it ends (an optional reference: no Secret, no alert).
+        tensorboard: Create a Kubeflow Tensorboard for the run's training curves (logspath
+            pvc://<model_pvc>/runs/<run id>/...), opened from the Kubeflow dashboard.
         pending_timeout_seconds: Fail the step when a job's pod stays unschedulable this long (at least 60: an
             autoscaler needs minutes to add a GPU node).
         eval_gpus: GPUs of the evaluation pod.
@@ -151,11 +171,16 @@ def validate_inputs(
         canary_traffic_percent: Knative only: share of traffic for the new revision (0: all at once).
         keep_serving: Local runs: leave the model server running after the smoke test.
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
-            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, lr_scheduler_type, weight_decay,
-            max_grad_norm, gradient_checkpointing, logging_steps. python -m pipelines.run --help describes each.
+            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, lr_scheduler_type,
+            weight_decay, max_grad_norm, gradient_checkpointing, logging_steps, report_to, stage_settings,
+            hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
+            tracking_secret. python -m pipelines.run --help describes each.
 
     Returns:
-        Every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.
+        settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.
+        stage_1: the first training stage to run (cpt, sft or dpo).
+        stage_2: the second, or empty when there is none.
+        stage_3: the third, or empty when there is none.
     """
     arguments = dict(locals())  # every argument, taken before anything else binds a local name
     from components.validate.checks import validate

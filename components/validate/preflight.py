@@ -42,6 +42,8 @@ LAUNCHER_ACCESS = {
                  ("delete", "trainer.kubeflow.org", "trainjobs", "")],
 }
 POD_ACCESS = [("list", "", "pods", ""), ("get", "", "pods", "log")]
+# The train step creates the run's Tensorboard (components/observe/tensorboard.py) when `tensorboard` is on.
+TENSORBOARD_ACCESS = [("create", "tensorboard.kubeflow.org", "tensorboards", "")]
 DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
                    ("get", "serving.kserve.io", "inferenceservices", ""),
                    ("patch", "serving.kserve.io", "inferenceservices", ""),
@@ -179,7 +181,7 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     wanted: list = []
     if train in TRAIN_APIS:
         problems.append(_missing_api(custom, *TRAIN_APIS[train]))
-        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS
+        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS + (TENSORBOARD_ACCESS if params["tensorboard"] else [])
     if deploy.startswith("kserve"):
         problems.append(_missing_api(custom, *SERVING_API))
         wanted += DEPLOYER_ACCESS + [("list", "", "pods", "")]  # it waits on the predictor's pods
