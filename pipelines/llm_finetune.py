@@ -21,6 +21,7 @@ from kfp.dsl import Metrics
 from components.data.component import prepare_dataset
 from components.deploy.component import deploy_model, skip_deployment
 from components.evaluate.component import evaluate_model
+from components.hpo.component import search_hyperparameters
 from components.observe.alerts import WEBHOOK_SECRET_KEY, WEBHOOK_URL_ENV
 from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
@@ -88,7 +89,12 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
         settings=settings, stage="sft", data_root=data_root, run_id=run_id,
     ).set_display_name("Prepare dataset").set_caching_options(False)
     base = base_model(settings=settings).set_display_name("Base model")
-    tuned = {}
+    # Settings chosen by short trials on the sft data (hpo_trials; {} at once when it is 0): the sft stage uses them.
+    search = search_hyperparameters(
+        dataset=prepare.outputs["dataset"], settings=settings, data_root=data_root, model_root=model_root,
+        run_id=run_id,
+    ).set_display_name("Search hyper-parameters (Katib / Optuna)").set_caching_options(False)
+    tuned = search.outputs["Output"]
 
     # One slot per possible stage; a slot runs when validate_inputs names a stage for it (the run's `stages`, in
     # order), trains from the model the previous slot ends with, and hands on its own (or, unused, that one).
@@ -125,7 +131,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
 
     if cluster:
         # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-        _attach_cluster_resources(preps, trains, evaluate, p["data_pvc"], p["model_pvc"], p["hf_token_secret"],
+        _attach_cluster_resources(preps, [search, *trains], evaluate, p["data_pvc"], p["model_pvc"], p["hf_token_secret"],
                                   p["node_selector"], p["tolerations"], p["eval_gpus"])
     return Outputs(
         model_uri=model_uri,

@@ -20,12 +20,14 @@ import pytest
 import yaml
 
 from components import kube
+from components.hpo.follow import run_experiment
 from components.observe import tensorboard
 from components.deploy import inference_service
 from components.train.launch import run_training_job
 from components.train.pytorchjob import job_name_for, pytorchjob_for_run
 from components.train.trainjob import trainjob_for_run
 from components.validate.preflight import (
+    SEARCH_ACCESS,
     TENSORBOARD_ACCESS,
     DEPLOYER_ACCESS,
     LAUNCHER_ACCESS,
@@ -139,6 +141,17 @@ def scripted_runs() -> set[tuple]:
             "hf_token_secret": "hf-token", "node_selector": {}, "tolerations": []}
     needed = launcher_rules(pytorchjob_for_run(**args), "pytorchjobs", "training.kubeflow.org/job-name", "Succeeded")
     needed |= launcher_rules(trainjob_for_run(**args), "trainjobs", "jobset.sigs.k8s.io/jobset-name", "Complete")
+    from tests.test_hpo_step import KatibAPI, experiment, katib_runs, succeeds, trial
+
+    with KatibAPI() as api:  # the search step: an Experiment followed to the end, one given up (deleted)
+        api.on_get("experiments", api.steps(*succeeds(api)))
+        run_experiment(experiment(), api_client=api.client, poll_seconds=0.01)
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
+    with KatibAPI() as api:
+        api.on_get("experiments", katib_runs(api, trial("t-1", "3e-05", "Running")))
+        with pytest.raises(TimeoutError):
+            run_experiment(experiment(), api_client=api.client, poll_seconds=0.01, timeout_seconds=0.1)
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
     with FakeKubeAPI() as api:  # the train step's Tensorboard, created and then found existing
         api.install_crd(tensorboard.GROUP, tensorboard.VERSION, tensorboard.PLURAL, tensorboard.KIND)
         for _ in range(2):
@@ -208,7 +221,7 @@ def test_preflight_reviews_what_the_role_grants_to_the_runner():
     (role,) = resources("Role")
     reviewed = {(True, g, f"{r}/{s}" if s else r, v)
                 for v, g, r, s in [*LAUNCHER_ACCESS["pytorchjob"], *LAUNCHER_ACCESS["trainjob"], *POD_ACCESS,
-                                   *DEPLOYER_ACCESS, *TENSORBOARD_ACCESS]}
+                                   *DEPLOYER_ACCESS, *TENSORBOARD_ACCESS, *SEARCH_ACCESS]}
     # The rest of the Role is preflight's own reads, which it checks by making them.
     assert granted(role, True) - reviewed == {(True, "", "persistentvolumeclaims", "get"), (True, "", "secrets", "get")}
 

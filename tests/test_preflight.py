@@ -17,6 +17,7 @@ PARAMS = {
     "train_backend": "pytorchjob", "deploy_backend": "kserve-vllm", "data_pvc": "llm-data", "model_pvc": "llm-models",
     "hf_token_secret": "hf-token", "num_nodes": 2, "gpus_per_node": 8, "node_selector": H100,
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], "tensorboard": True,
+    "hpo_trials": 0,
 }
 
 

@@ -93,9 +93,11 @@ def test_the_bundled_samples_cover_every_stage():
     assert len(pairs) > 300 and len(texts) == 537
     for pair in pairs:
         assert pair["prompt"][-1]["role"] == "user" and pair["chosen"][0]["role"] == "assistant"
-        assert pair["chosen"] != pair["rejected"]
-    chosen = [p["chosen"] for p in pairs]
-    assert all(p["rejected"] in chosen for p in pairs)  # a real answer, to another question
+        korean = samples._is_korean(pair["prompt"][-1]["content"])
+        chosen, rejected = pair["chosen"][0]["content"], pair["rejected"][0]["content"]
+        # The same answer, opened by acknowledging the question or by a filler, in the prompt's language.
+        answer = chosen.removeprefix(samples.PREFERRED[korean])
+        assert chosen != answer and any(rejected == filler + answer for filler in samples.FILLERS[korean])
     path = samples.builtin_path("builtin:preference")
     assert path == samples.builtin_path("builtin:preference")  # written once per content
     assert len(open(path, encoding="utf-8").read().splitlines()) == len(pairs)

@@ -50,10 +50,12 @@ def _inputs(**overrides) -> dict:
 
 
 def test_reference_run_passes_parameter_checks_and_preflight(cluster):
-    settings = validate_inputs.python_func(**_inputs(lora_r=32))
+    outputs = validate_inputs.python_func(**_inputs(lora_r=32))
+    settings = outputs.settings
     assert cluster.requests_for("GET", "persistentvolumeclaims/llm-data")
     # Its output is every setting, resolved: advanced ones (lora_r) included, for the later steps.
     assert settings == P.resolve("qwen3-30b-a3b-full", overrides=["lora_r=32"])
+    assert (outputs.stage_1, outputs.stage_2, outputs.stage_3) == ("sft", "", "")  # the pipeline's stage slots
 
 
 def test_advanced_settings_are_checked_by_name_and_type():
@@ -66,7 +68,7 @@ def test_advanced_settings_are_checked_by_name_and_type():
         validate_inputs.python_func(**{**args, "advanced_settings": {"lora_r": "8"}})
     # KFP carries a dict parameter as a protobuf Struct: every number arrives as a double.
     assert validate_inputs.python_func(**{**args, "train_backend": "local", "num_nodes": 1, "deploy_backend": "local",
-                                          "advanced_settings": {"lora_r": 8.0}})["lora_r"] == 8
+                                          "advanced_settings": {"lora_r": 8.0}}).settings["lora_r"] == 8
 
 
 def test_missing_claim_and_too_few_gpu_nodes_fail_before_any_job(cluster):

@@ -59,7 +59,7 @@ def train_model(
     import torch
 
     from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
-    from components.settings import Settings
+    from components.settings import Settings, whole_numbers
     from components.train.config import build_trainer_config, write_trainer_config
     from components.train.stages import stage_folder, stage_train_settings
 
@@ -73,7 +73,7 @@ def train_model(
     if base_path.startswith(model_root + "/"):  # a previous stage's model, on the model volume
         base_path = base_path.replace(model_root, pod_models, 1)
     cfg = build_trainer_config(
-        stage_train_settings(s.train, settings, stage, base_path, tuned),
+        stage_train_settings(s.train, settings, stage, base_path, whole_numbers(tuned)),
         stage=stage,
         dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
         output_dir=out_dir.replace(model_root, pod_models, 1),
@@ -159,5 +159,4 @@ def skip_stage(previous: str, stage: str) -> str:
     Returns:
         ``previous``.
     """
-    print(f"stage slot {stage} is not used by this run's stages: {previous} goes on unchanged")
     return previous

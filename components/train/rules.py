@@ -145,9 +145,10 @@ def check_hpo_settings(p: dict) -> list[str | None]:
     """A hyper-parameter search that can start: Katib's rules (components/hpo/katib.py), and an sft stage to tune."""
     if p["hpo_trials"] == 0:
         return []
-    from components.hpo.katib import check_search
+    from components.hpo.katib import check_search, typed_search_space
 
-    errors = check_search(p["hpo_search_space"], trials=p["hpo_trials"], parallel_trials=p["hpo_parallel_trials"],
+    # A dict parameter reaches validate_inputs through KFP as a Struct: integer values arrive as doubles.
+    errors = check_search(typed_search_space(p["hpo_search_space"]), trials=p["hpo_trials"], parallel_trials=p["hpo_parallel_trials"],
                           max_failed_trials=p["hpo_max_failed_trials"], algorithm=p["hpo_algorithm"],
                           method=p["method"])
     if "sft" not in p["stages"]:

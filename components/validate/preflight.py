@@ -44,6 +44,9 @@ LAUNCHER_ACCESS = {
 POD_ACCESS = [("list", "", "pods", ""), ("get", "", "pods", "log")]
 # The train step creates the run's Tensorboard (components/observe/tensorboard.py) when `tensorboard` is on.
 TENSORBOARD_ACCESS = [("create", "tensorboard.kubeflow.org", "tensorboards", "")]
+# The search step (components/hpo/follow.py) when hpo_trials > 0: its Experiment and the Experiment's Trials.
+SEARCH_ACCESS = [("create", "kubeflow.org", "experiments", ""), ("get", "kubeflow.org", "experiments", ""),
+                 ("delete", "kubeflow.org", "experiments", ""), ("list", "kubeflow.org", "trials", "")]
 DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
                    ("get", "serving.kserve.io", "inferenceservices", ""),
                    ("patch", "serving.kserve.io", "inferenceservices", ""),
@@ -182,6 +185,9 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     if train in TRAIN_APIS:
         problems.append(_missing_api(custom, *TRAIN_APIS[train]))
         wanted += LAUNCHER_ACCESS[train] + POD_ACCESS + (TENSORBOARD_ACCESS if params["tensorboard"] else [])
+        if params["hpo_trials"]:
+            problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))
+            wanted += SEARCH_ACCESS
     if deploy.startswith("kserve"):
         problems.append(_missing_api(custom, *SERVING_API))
         wanted += DEPLOYER_ACCESS + [("list", "", "pods", "")]  # it waits on the predictor's pods

@@ -76,11 +76,9 @@ def train_step_arguments(cfg: dict, dataset, model) -> dict:
     errors = check(settings)
     if errors:
         raise ValueError(f"the rehearsal's settings are invalid: {errors}")
-    from kfp.dsl import Model
-
-    # What the pipeline's base_model step hands the first stage: the base model by name, no files.
-    base = Model(name="base", uri="", metadata={"path": MODEL_ID, "uri": MODEL_ID, "stage": "base"})
-    return {"settings": settings, "stage": "sft", "tuned": {}, "dataset": dataset, "base": base, "model": model,
+    # What the pipeline's base_model step hands the first stage: the base model by name.
+    return {"settings": settings, "stage": "sft", "tuned": {}, "dataset": dataset, "base_model_path": MODEL_ID,
+            "model": model,
             "data_root": DATA_MOUNT, "model_root": MODEL_MOUNT, "run_id": cfg["run_id"]}
 
 

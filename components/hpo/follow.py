@@ -1,0 +1,270 @@
+"""Follow a Katib ``Experiment`` to its end, with the launcher's rigour (components/train/launch.py).
+
+    experiment, trials = run_experiment(manifest, trials_dir="/mnt/models/runs/RUN/hpo",
+                                        pending_timeout_seconds=900)
+    best = katib.best_trial(experiment)["parameters"]
+
+The Experiment's name comes from the run id (``katib.experiment_name_for``), so a retried step finds the one it
+created (POST answers 409 AlreadyExists) and re-attaches instead of starting a second search. Then it polls at a
+fixed interval, printing the search's progress when it changes, and ends one of these ways:
+
+- ``Succeeded``: the Experiment and its Trials (listed by ``katib.EXPERIMENT_LABEL``) are returned;
+- ``Failed``: raised at once, with Katib's reason and the failed trials' own messages (Katib fails an Experiment
+  once more than ``maxFailedTrialCount`` trials failed, or when its suggestion service fails);
+- a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), or no
+  trial at all that long after the Experiment was created (the suggestion service did not start): the Experiment
+  is deleted (it holds GPUs, or would) and the error names the pod or says where to look;
+- the deadline (``timeout_seconds``) passes, or SIGTERM arrives (the run was cancelled): the Experiment is deleted,
+  and with it its Trials, their jobs and pods.
+
+Transient API errors (5xx, 429, dropped connections) are retried (``components.kube.call_api``). Each trial's
+``final/`` export (~61 GB for a full fine-tune of Qwen3-30B-A3B) is deleted from the model volume as soon as the
+trial has ended, and once more when the search ends: trials are for their eval_loss, and 12 exports would fill
+the volume. Their config, metrics.json and TensorBoard events stay (the run's Tensorboard shows the trials' curves).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import threading
+import time
+from collections import Counter
+from contextlib import contextmanager
+from pathlib import Path
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from components.hpo import katib
+from components.kube import Cancelled, call_api, load_api_client, sigterm_cancels, unstartable_pod_reason
+from components.train.launch import DELETION_TIMEOUT_SECONDS, KINDS
+from components.train.pytorchjob import RUN_ID_LABEL
+
+# Trial conditions after which the trial's job is gone (or going) and writes nothing more.
+_ENDED = {"Succeeded", "Failed", "MetricsUnavailable", "EarlyStopped", "Killed"}
+
+
+@contextmanager
+def _sigterm_flag():
+    """``components.kube.sigterm_cancels``, plus an Event set on SIGTERM, which the poll loop checks.
+
+    The handler raises ``Cancelled`` wherever the main thread is; when that is a finalizer (a ``__del__`` run by the
+    garbage collector, say a dropped connection's), Python reports the exception and drops it, and a later SIGTERM
+    is ignored: without the flag the step would poll on and the Experiment would outlive the cancelled run.
+    """
+    received = threading.Event()
+    with sigterm_cancels():
+        if threading.current_thread() is threading.main_thread():  # where sigterm_cancels installs its handler
+            cancel = signal.getsignal(signal.SIGTERM)
+
+            def handler(signum, frame):
+                received.set()
+                cancel(signum, frame)
+
+            signal.signal(signal.SIGTERM, handler)
+        yield received
+
+
+def remove_exports(trials_dir: str | Path, trial_names=None) -> None:
+    """Delete ``<trials_dir>/<trial>/final`` for these trials (None: every trial folder)."""
+    root = Path(trials_dir)
+    folders = [root / name for name in trial_names] if trial_names is not None else \
+        [p for p in root.glob("*") if p.is_dir()]
+    for final in (folder / "final" for folder in folders):
+        if final.is_dir():
+            shutil.rmtree(final, ignore_errors=True)
+            print(f"deleted {final} (the trial has ended: its eval_loss is what the search keeps)", flush=True)
+
+
+def _true(obj: dict, kind: str) -> dict | None:
+    return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == kind and c.get("status") == "True"), None)
+
+
+def _progress(experiment: dict, trials: list[dict]) -> str:
+    """One line: the Experiment's state, its trial counts and the best eval_loss so far."""
+    status = experiment.get("status") or {}
+    true = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
+    states = Counter(row["state"] for row in katib.trial_summaries(trials))
+    counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(states.items())) or "none yet"
+    line = (f"{true[-1] if true else 'Pending'}; trials {len(trials)}/{experiment['spec'].get('maxTrialCount', '?')}: "
+            f"{counts}")
+    try:
+        best = katib.best_trial(experiment)
+    except ValueError:
+        return line
+    values = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["parameters"].items())
+    return f"{line}; best {katib.OBJECTIVE} {best[katib.OBJECTIVE]:.4f} ({best['name']}: {values})"
+
+
+def _failure_report(what: str, failed: dict, trials: list[dict]) -> str:
+    """The error for a failed Experiment: Katib's reason and each failed trial with its values and message."""
+    lines = [f"{what} failed: {failed.get('reason', '')}: {failed.get('message', '')}"]
+    bad = [r for r in katib.trial_summaries(trials) if r["state"] in _ENDED - {"Succeeded"}]
+    for r in bad:
+        values = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
+        lines.append(f"  trial {r['name']} ({values}): {r['state']}: {r['message'] or 'no message'}")
+    if not trials:
+        lines.append("  no trial was created: check the Suggestion of the same name (kubectl describe suggestion) "
+                     "and its algorithm pod")
+    return "\n".join(lines)
+
+
+def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_seconds: float = 30.0,
+                   timeout_seconds: float | None = None, pending_timeout_seconds: float = 900.0,
+                   on_created=None, api_client=None) -> tuple[dict, list[dict]]:
+    """Create the Experiment in ``manifest`` (or re-attach to it), follow it to the end and return it with its Trials.
+
+    Args:
+        manifest: from ``katib.experiment_manifest``; its name and namespace identify the Experiment, its
+            ``pipelines.kubeflow.org/run-id`` label finds the trials' pods.
+        trials_dir: the trials' folder as this process sees it (the model volume's mount here); each ended
+            trial's ``final/`` is deleted from it. None: leave the folders alone.
+        poll_seconds: interval between polls of the Experiment, its Trials and their pods.
+        timeout_seconds: give up (and delete the Experiment) after this long; None waits as long as it runs.
+        pending_timeout_seconds: how long a trial pod may stay Unschedulable, and how long the Experiment may go
+            without creating any trial, before the search is given up (the Experiment is deleted).
+        on_created: called with the Experiment as the API server returned it, once it exists (created or
+            re-attached), so that the caller can record its identity before the long wait.
+        api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
+
+    Returns:
+        ``(experiment, trials)``: the Succeeded Experiment as last read (``katib.best_trial`` reads it) and its
+        Trial objects (``katib.trials_markdown`` reports them).
+
+    Raises:
+        ValueError: a manifest that is not an Experiment, or a negative limit, before anything is created.
+        RuntimeError: the Experiment failed (Katib's reason, each failed trial's values and message), was deleted
+            while it ran, a trial pod cannot start, or no trial appeared within ``pending_timeout_seconds``.
+        TimeoutError: ``timeout_seconds`` passed (the Experiment is deleted).
+        SystemExit: 143 after SIGTERM, once the Experiment is deleted.
+    """
+    if manifest.get("kind") != katib.KIND or manifest.get("apiVersion") != f"{katib.GROUP}/{katib.VERSION}":
+        raise ValueError(f"manifest must be a {katib.GROUP}/{katib.VERSION} {katib.KIND}, got "
+                         f"{manifest.get('apiVersion')} {manifest.get('kind')}")
+    if poll_seconds <= 0 or pending_timeout_seconds < 0 or (timeout_seconds is not None and timeout_seconds < 0):
+        raise ValueError(f"poll_seconds must be > 0 and the timeouts >= 0, got {poll_seconds}, "
+                         f"{pending_timeout_seconds}, {timeout_seconds}")
+    api_client = api_client or load_api_client()
+    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
+    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+    what = f"{katib.KIND} {namespace}/{name}"
+    ref = (katib.GROUP, katib.VERSION, namespace, katib.PLURAL)
+    retry_delay = min(1.0, poll_seconds)
+    started = time.monotonic()
+    deadline = None if timeout_seconds is None else started + timeout_seconds
+    # The trials' pods: the run's label (on every pod of the run's jobs) and the trial job's own label = trial name.
+    run_id = (manifest["metadata"].get("labels") or {}).get(RUN_ID_LABEL)
+    pod_label = KINDS[manifest["spec"]["trialTemplate"]["trialSpec"]["kind"]].pod_label
+
+    def get_experiment() -> dict:
+        return call_api(custom.get_namespaced_custom_object, *ref, name, retry_delay=retry_delay)
+
+    def list_trials() -> list[dict]:
+        answer = call_api(custom.list_namespaced_custom_object, katib.GROUP, katib.VERSION, namespace,
+                          katib.TRIAL_PLURAL, label_selector=f"{katib.EXPERIMENT_LABEL}={name}",
+                          retry_delay=retry_delay)
+        return answer.get("items") or []
+
+    def trial_pods(trial_names: set) -> list:
+        if run_id is None or not trial_names:
+            return []
+        pods = call_api(core.list_namespaced_pod, namespace, label_selector=f"{RUN_ID_LABEL}={run_id}",
+                        retry_delay=retry_delay).items
+        return [p for p in pods if (p.metadata.labels or {}).get(pod_label) in trial_names]
+
+    def delete_experiment(why: str) -> None:
+        print(f"deleting {what}: {why}", flush=True)
+        try:
+            call_api(custom.delete_namespaced_custom_object, *ref, name, retry_delay=retry_delay,
+                     body=k8s.V1DeleteOptions(propagation_policy="Background"))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def wait_until_gone() -> None:
+        give_up = time.monotonic() + DELETION_TIMEOUT_SECONDS
+        while time.monotonic() < give_up:
+            try:
+                get_experiment()
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            if cancelled.wait(poll_seconds):
+                raise Cancelled()
+        raise RuntimeError(f"{what} is still being deleted after {DELETION_TIMEOUT_SECONDS:.0f}s: check that Katib's "
+                           "controller is running, then delete it by hand")
+
+    def create() -> None:
+        while True:
+            try:
+                call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
+                print(f"created {what}", flush=True)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            try:
+                existing = get_experiment()
+            except ApiException as exc:
+                if exc.status == 404:
+                    continue  # deleted in between: the name is free now
+                raise
+            if not existing["metadata"].get("deletionTimestamp"):
+                # The step was retried (or a dropped response hid our own create): same run, same search.
+                print(f"{what} already exists: re-attaching to it", flush=True)
+                return
+            print(f"{what} is being deleted: creating it again once it is gone", flush=True)
+            wait_until_gone()
+
+    ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
+    unschedulable_since: dict = {}
+    with _sigterm_flag() as cancelled:
+        try:
+            create()
+            announce, line = True, None
+            while True:
+                try:
+                    experiment = get_experiment()
+                except ApiException as exc:
+                    if exc.status == 404:
+                        raise RuntimeError(f"{what} was deleted while it ran") from None
+                    raise
+                if announce and on_created is not None:
+                    on_created(experiment)
+                announce = False
+                trials = list_trials()
+                progress = _progress(experiment, trials)
+                if progress != line:
+                    line = progress
+                    print(f"{what}: {line}", flush=True)
+                done = {t["metadata"]["name"] for t in trials if any(_true(t, kind) for kind in _ENDED)}
+                if trials_dir is not None:
+                    remove_exports(trials_dir, sorted(done - ended))
+                ended |= done
+                if _true(experiment, "Succeeded"):
+                    return experiment, trials
+                if failed := _true(experiment, "Failed"):
+                    raise RuntimeError(_failure_report(what, failed, trials))
+                running = {t["metadata"]["name"] for t in trials} - ended
+                if why := unstartable_pod_reason(trial_pods(running), unschedulable_since, pending_timeout_seconds):
+                    delete_experiment(f"a trial cannot start: {why}")
+                    raise RuntimeError(f"{what}: a trial cannot start: {why}")
+                if not trials and time.monotonic() - started > pending_timeout_seconds:
+                    delete_experiment(f"no trial after {pending_timeout_seconds:.0f}s")
+                    raise RuntimeError(f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "
+                                       f"service did not start or answer (kubectl -n {namespace} describe suggestion "
+                                       f"{name}, and its pod)")
+                if deadline is not None and time.monotonic() > deadline:
+                    delete_experiment(f"still running after {timeout_seconds:.0f}s")
+                    raise TimeoutError(f"{what} did not finish within {timeout_seconds:.0f}s ({line})")
+                if cancelled.wait(poll_seconds):  # wakes at once on SIGTERM
+                    raise Cancelled()
+        except Cancelled:
+            delete_experiment("the run was cancelled (SIGTERM)")
+            raise SystemExit(128 + signal.SIGTERM) from None
+        finally:
+            if trials_dir is not None:
+                remove_exports(trials_dir)
