@@ -98,7 +98,7 @@ class TrainSettings(SFTSettings):
     deepspeed_config: str = setting(
         "zero3", "DeepSpeed: zero3, zero2, zero3_offload (shipped configs), none (plain DDP) or a .json path on a "
                  "mounted volume.")
-    gradient_checkpointing: bool = setting(
+    activation_checkpointing: bool = setting(
         True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False)
     save_steps: int = setting(200, "Checkpoint every this many optimizer steps (a restarted job resumes from the "
                                    "last complete one).", min=1)

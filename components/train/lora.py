@@ -65,7 +65,7 @@ def apply_lora(model, cfg):
             "fused expert tensors without dropout; set lora_dropout to 0, or leave experts out of lora_target_modules"
         )
     if cfg.method == "qlora":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.gradient_checkpointing)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.activation_checkpointing)
     model = get_peft_model(model, LoraConfig(
         r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM",
         target_modules=modules, target_parameters=parameters or None,

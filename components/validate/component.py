@@ -172,7 +172,7 @@ def validate_inputs(
         keep_serving: Local runs: leave the model server running after the smoke test.
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
             lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, lr_scheduler_type,
-            weight_decay, max_grad_norm, gradient_checkpointing, logging_steps, report_to, stage_settings,
+            weight_decay, max_grad_norm, activation_checkpointing, logging_steps, report_to, stage_settings,
             hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
             tracking_secret. python -m pipelines.run --help describes each.
 

@@ -61,6 +61,9 @@ REHEARSAL_PARAMETERS = dict(
     model_name_or_path=MODEL_ID, method="full", max_seq_length=128, num_nodes=2, gpus_per_node=1,
     per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=3e-3, deepspeed_config="zero3",
     save_total_limit=2,
+    # A logged train loss is the mean since the previous log; a resumed run restarts that window at its checkpoint.
+    # Logging at every checkpoint step keeps the windows of a resumed and an uninterrupted run the same.
+    logging_steps=5,
 )
 
 
