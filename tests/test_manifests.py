@@ -211,10 +211,11 @@ def test_cluster_role_grants_only_listing_nodes(needed_rules):
     assert granted(cluster_role, False) == {r for r in needed_rules if not r[0]} == {(False, "", "nodes", "list")}
 
 
-def test_secret_access_is_limited_to_the_token_secret():
+def test_secret_access_is_limited_to_the_token_and_alert_secrets():
     (role,) = resources("Role")
     (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
-    assert rule["resourceNames"] == [PARAMS["hf_token_secret"]] and rule["verbs"] == ["get"]
+    assert rule["resourceNames"] == [PARAMS["hf_token_secret"], PARAMS["alert_webhook_secret"]]
+    assert rule["verbs"] == ["get"]
 
 
 def test_preflight_reviews_what_the_role_grants_to_the_runner():
@@ -255,7 +256,8 @@ def test_parameters_reach_every_resource(tmp_path):
     text = params.read_text()
     for old, new in [("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
                      ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
-                     ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf")]:
+                     ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf"),
+                     ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts")]:
         assert old in text
         text = text.replace(old, new)
     params.write_text(text)
@@ -267,7 +269,7 @@ def test_parameters_reach_every_resource(tmp_path):
         {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
     (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
-    assert secrets["resourceNames"] == ["team-hf"]
+    assert secrets["resourceNames"] == ["team-hf", "team-alerts"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
     cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}
     assert cluster["ClusterRoleBinding"]["subjects"] == [

@@ -17,7 +17,7 @@ PARAMS = {
     "train_backend": "pytorchjob", "deploy_backend": "kserve-vllm", "data_pvc": "llm-data", "model_pvc": "llm-models",
     "hf_token_secret": "hf-token", "num_nodes": 2, "gpus_per_node": 8, "node_selector": H100,
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], "tensorboard": True,
-    "hpo_trials": 0,
+    "hpo_trials": 0, "alert_webhook_secret": "llm-alerts",
 }
 
 
@@ -94,6 +94,19 @@ def test_absent_token_secret_is_a_warning_and_a_wrong_key_a_failure(caplog):
         assert check(api, hf_token_secret="wrong-key") == [
             "hf_token_secret='wrong-key' has no key HF_TOKEN (it has: token); the pods read the token from that key"]
         assert check(api, hf_token_secret="empty") == ["hf_token_secret='empty': key HF_TOKEN is empty"]
+
+
+def test_an_alert_secret_without_its_key_fails_and_an_absent_one_warns(caplog):
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        with caplog.at_level(logging.WARNING):
+            assert check(api, alert_webhook_secret="llm-alerts") == []  # absent: runs end without an alert
+        assert "alert_webhook_secret='llm-alerts': Secret not found" in caplog.text
+        api.add_secret(NS, "llm-alerts", {"url": "https://hooks.example.com/T/B/x"})
+        assert check(api) == ["alert_webhook_secret='llm-alerts' has no key ALERT_WEBHOOK_URL (it has: url); "
+                              "the pods read the webhook URL from that key"]
+        api.add_secret(NS, "llm-alerts-ok", {"ALERT_WEBHOOK_URL": "https://hooks.example.com/T/B/x"})
+        assert check(api, alert_webhook_secret="llm-alerts-ok") == []
 
 
 def test_the_secret_value_never_appears_in_messages_or_logs(caplog):

@@ -53,6 +53,7 @@ DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
                    ("delete", "serving.kserve.io", "inferenceservices", "")]
 GPU = "nvidia.com/gpu"
 HF_TOKEN_KEY = "HF_TOKEN"
+WEBHOOK_SECRET_KEY = "ALERT_WEBHOOK_URL"  # components/observe/alerts.py reads the variable of that name
 
 
 def _missing_api(custom: k8s.CustomObjectsApi, group: str, version: str, plural: str, what: str) -> str | None:
@@ -88,25 +89,26 @@ def _claim_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str) -
     return None
 
 
-def _secret_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, key: str, why: str) -> str | None:
+    """The problem with the optional Secret ``name`` (setting ``field``) when it exists without a non-empty ``key``;
+    a missing Secret (or one the runner may not read) only warns: the pods' references are optional."""
     try:
         secret = call_api(core.read_namespaced_secret, name, namespace)
     except ApiException as exc:
         if exc.status == 404:
-            log.warning("hf_token_secret=%r: Secret not found in %s; fine for public models, gated ones will "
-                        "fail to download (kubectl create secret generic %s --from-literal=%s=hf_...)",
-                        name, namespace, name, HF_TOKEN_KEY)
+            log.warning("%s=%r: Secret not found in %s; %s (kubectl create secret generic %s --from-literal=%s=...)",
+                        field, name, namespace, why, name, key)
             return None
         if exc.status == 403:
-            log.warning("hf_token_secret=%r: may not read it to check its key (see manifests/rbac)", name)
+            log.warning("%s=%r: may not read it to check its key (see manifests/rbac)", field, name)
             return None
         raise
     data = secret.data or {}
-    if HF_TOKEN_KEY not in data:
-        return (f"hf_token_secret={name!r} has no key {HF_TOKEN_KEY} (it has: {', '.join(sorted(data)) or 'none'}); "
-                f"the pods read the token from that key")
-    if not base64.b64decode(data[HF_TOKEN_KEY]).strip():
-        return f"hf_token_secret={name!r}: key {HF_TOKEN_KEY} is empty"
+    if key not in data:
+        return (f"{field}={name!r} has no key {key} (it has: {', '.join(sorted(data)) or 'none'}); "
+                f"the pods read the {'token' if key == HF_TOKEN_KEY else 'webhook URL'} from that key")
+    if not base64.b64decode(data[key]).strip():
+        return f"{field}={name!r}: key {key} is empty"
     return None
 
 
@@ -194,7 +196,10 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     problems.append(_claim_problem(core, namespace, "data_pvc", params["data_pvc"]))
     problems.append(_claim_problem(core, namespace, "model_pvc", params["model_pvc"]))
     if train in TRAIN_APIS:
-        problems.append(_secret_problem(core, namespace, params["hf_token_secret"]))
+        problems.append(_secret_problem(core, namespace, "hf_token_secret", params["hf_token_secret"], HF_TOKEN_KEY,
+                                        "fine for public models, gated ones will fail to download"))
+        problems.append(_secret_problem(core, namespace, "alert_webhook_secret", params["alert_webhook_secret"],
+                                        WEBHOOK_SECRET_KEY, "runs end without an alert"))
     problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
     if train in TRAIN_APIS:
         problems.append(_gpu_node_problem(core, params["node_selector"], params["tolerations"], params["num_nodes"],
