@@ -11,10 +11,10 @@ optimizer step, every example once, through ``transformers.Trainer`` (AdamW; bf1
 a GPU, as the trainer's single-GPU full fine-tuning):
 
 - ours: the examples packed into rows of ``--max-seq-length`` with ``position_ids`` (the prepared-dataset
-  contract) and ``components.train.speed.packed_collator``; ``--micro-batch`` rows per micro-batch x
-  ``--grad-accum``; attention from ``components.train.speed.attn_implementation`` (flash-attention varlen when
+  contract) and ``components.train.trainer.speed.packed_collator``; ``--micro-batch`` rows per micro-batch x
+  ``--grad-accum``; attention from ``components.train.trainer.speed.attn_implementation`` (flash-attention varlen when
   flash-attn imports on a GPU, else SDPA with the block-causal mask) unless ``--attn`` names one; ``--liger``
-  applies ``components.train.speed.apply_liger_kernels`` (GPU and liger_kernel only).
+  applies ``components.train.trainer.speed.apply_liger_kernels`` (GPU and liger_kernel only).
 - baseline: one example per row, each micro-batch padded to its longest row with an attention mask, SDPA, no
   Liger. Its micro-batch is ``--baseline-micro-batch`` examples (default 1: at most ``--max-seq-length`` tokens,
   so it fits wherever ours fits one packed row without Liger) and its gradient accumulation gives the same real
@@ -22,7 +22,7 @@ a GPU, as the trainer's single-GPU full fine-tuning):
 
 Each run trains in its own process: Liger patches transformers' classes for a whole process, and peak memory is
 then the run's own. Reported per run: real (non-pad) tokens/s per device after ``--warmup`` optimizer steps; MFU
-with causal attention counted per document (components/train/mfu.py; n/a on CPU and unknown GPUs); peak memory
+with causal attention counted per document (components/models/mfu.py; n/a on CPU and unknown GPUs); peak memory
 (GPU: ``torch.cuda.max_memory_allocated``; CPU: the process's peak RSS). Results are appended to
 benchmarks/results/train_throughput.md (``--results``; the smoke run only prints unless given one).
 """
@@ -106,8 +106,8 @@ def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dic
     from transformers.trainer_callback import PrinterCallback
 
     from components.models.tiny import build_tokenizer
-    from components.train.mfu import peak_flops
-    from components.train.speed import apply_liger_kernels, attn_implementation, packed_collator
+    from components.models.mfu import peak_flops
+    from components.train.trainer.speed import apply_liger_kernels, attn_implementation, packed_collator
 
     gpu = torch.cuda.is_available()
     examples = make_examples(args.examples, args.max_seq_length, MODELS[args.model]["vocab_size"])
@@ -215,8 +215,8 @@ def main(argv=None) -> None:
     import importlib.metadata
     import importlib.util
 
-    from components.train.memory import model_shape
-    from components.train.mfu import causal_attention_length, flops_per_token
+    from components.models.shape import model_shape
+    from components.models.mfu import causal_attention_length, flops_per_token
 
     if args.liger and importlib.util.find_spec("liger_kernel") is None:
         p.error("--liger needs the liger_kernel package (and a CUDA GPU)")

@@ -7,6 +7,7 @@ resource, wait on its pods, fail fast on pods that cannot start and stream their
 from __future__ import annotations
 
 import calendar
+import hashlib
 import math
 import re
 import signal
@@ -27,6 +28,14 @@ from kubernetes.client.rest import ApiException
 DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
+# Every object a run creates carries the KFP run id under this label (jobs, their pods, Experiments,
+# InferenceServices, Tensorboards): the Katib search finds its trials' pods by it, and users find a run's objects.
+RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
+# The PyTorchJob operator names pods and their headless Services ``<job>-worker-<index>``; Service names must be
+# DNS-1035 labels (<= 63 characters), which leaves 52 for the job with three-digit worker indexes. Names from
+# ``job_name_for`` keep to it by default, whatever their kind.
+MAX_JOB_NAME = 52
+
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
@@ -37,6 +46,26 @@ def name_error(field: str, value: str, pattern: re.Pattern, limit: int, what: st
     suggestion = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:limit] or "my-name"
     return (f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); "
             f"e.g. {suggestion!r}")
+
+
+def job_name_for(run_id: str, prefix: str = "sft", max_length: int = MAX_JOB_NAME) -> str:
+    """Deterministic, valid DNS-1035 label (<= ``max_length`` chars, lowercase, starts with a letter) from the KFP
+    run id.
+
+    The same run id always gives the same name, so a retried launcher finds the job it created. Names
+    longer than ``max_length`` keep their start and end in an 8-character hash of the full run id.
+    """
+    if not DNS1035_LABEL.match(prefix):
+        raise ValueError(f"prefix {prefix!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
+                         "starts with a letter)")
+    slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
+    if not slug:
+        raise ValueError(f"run_id {run_id!r} has no letters or digits; pass the KFP run id")
+    name = f"{prefix}-{slug}"
+    if len(name) > max_length:
+        digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
+        name = f"{name[:max_length - len(digest) - 1].rstrip('-')}-{digest}"
+    return name
 
 
 def current_namespace(default: str = "default") -> str:

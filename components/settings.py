@@ -11,7 +11,7 @@ Everything else derives from it:
   input of every later step;
 - ``python -m pipelines.run --help``, ``-p NAME=VALUE``, ``--params FILE`` and the presets (any setting by name);
 - the trainer: ``build_trainer_config`` writes every ``TrainSettings`` field into the trainer config, and
-  ``SFTConfig`` (components/train/arguments.py) is ``TrainingArguments`` plus ``SFTSettings``;
+  ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus ``SFTSettings``;
 - the README's parameter table (``python -m pipelines.compile`` checks it is current).
 
 Rules between settings live with the module that owns the behaviour (``check()`` lists them); the bounds of a
@@ -63,7 +63,7 @@ class SFTSettings:
         0.0, "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).",
         plain=False, min=0, below=1)
     lora_target_modules: str = setting(
-        "", "Comma-separated LoRA targets; empty chooses by model type (components/train/lora.py): every linear "
+        "", "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every linear "
             "projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is an "
             "nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.", plain=False)
     merge_lora: bool = setting(
@@ -412,7 +412,7 @@ def check(values: dict) -> list[str]:
                   check_cluster_settings, check_evaluate_settings, check_deploy_settings):
         errors += [e for e in rules(values) if e]
     if not errors and values["train_backend"] != "local":
-        from components.train.memory import check_memory_fit
+        from components.train.launcher.memory import check_memory_fit
         from components.train.stages import stage_overrides
 
         # Last, on settings known to be valid: an estimate over bad inputs would only add noise. Each stage with

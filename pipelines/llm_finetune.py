@@ -22,18 +22,18 @@ from components.data.component import prepare_dataset
 from components.deploy.component import deploy_model, skip_deployment
 from components.evaluate.component import evaluate_model
 from components.hpo.component import search_hyperparameters
-from components.observe.alerts import WEBHOOK_SECRET_KEY, WEBHOOK_URL_ENV
+from components.observe.alerts import WEBHOOK_URL_ENV
 from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
 from components.train.component import base_model, skip_stage, train_model
 from components.train.stages import STAGES
 from components.validate.component import validate_inputs
+from pipelines import PIPELINE_NAME
 from pipelines.derive import pipeline_docstring, pipeline_parameters
 
-PIPELINE_NAME = "llm-finetune"
 DESCRIPTION = "Fine-tune an LLM with PyTorchJob, evaluate it, serve it with KServe + vLLM."
 PARAMETER_NAMES = [name for name, _, _, _ in pipeline_parameters()]
-HF_TOKEN_KEY = "HF_TOKEN"
 SHM_SIZE = "64Gi"
 
 Outputs = NamedTuple(

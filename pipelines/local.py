@@ -42,8 +42,8 @@ import warnings
 from pathlib import Path
 
 from components.version import COMPONENTS_IMAGE
+from pipelines import PIPELINE_NAME
 
-PIPELINE_NAME = "llm-finetune"
 # Libraries' own switches for their progress bars: in a log of interleaved processes each redraw is a line.
 QUIET_ENV = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
 # kfp.local's warnings that say nothing about this run (messages as kfp 2.17 words them).

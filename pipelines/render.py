@@ -43,7 +43,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         )
         written.append(_write(out_dir / f"train_config{suffix}.json", json.dumps(cfg, indent=2, sort_keys=True)))
         if s.cluster.train_backend != "local":
-            from components.train.launch import training_job_for_run
+            from components.train.launcher.job import training_job_for_run
 
             job = training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, stage=stage,
                                        config_path=os.path.join(stage_dir, "train_config.json"))
@@ -52,13 +52,13 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     train_dir = os.path.dirname(base)  # the last stage's: its final model is what is served
     if s.cluster.train_backend != "local" and s.cluster.tensorboard:
         from components.observe.tensorboard import tensorboard_manifest
-        from components.train.pytorchjob import job_name_for
+        from components.kube import job_name_for
 
         board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)
         written.append(_write(out_dir / "tensorboard.yaml", yaml.safe_dump(board, sort_keys=False)))
     if s.cluster.train_backend != "local" and s.hpo.hpo_trials:
         from components.hpo.katib import experiment_manifest, experiment_name_for, trials_dir_for
-        from components.train.launch import training_job_for_run
+        from components.train.launcher.job import training_job_for_run
 
         # The search tunes the sft stage, from the run's base model with the sft data (components/hpo/).
         sft_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder("sft"))

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from components.train.pytorchjob import build_pytorchjob
+from components.train.launcher.pytorchjob import build_pytorchjob
 from tests.conftest import ROOT
-from tests.crd_schema import crd_errors
+from tests.helpers.crd_schema import crd_errors
 
 HERE = "tests/test_reference_in_ci.py"
 

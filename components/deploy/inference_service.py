@@ -30,6 +30,7 @@ from kubernetes.client.rest import ApiException
 from components.deploy.smoke import chat_completion
 from components.kube import (
     DNS1035_LABEL,
+    RUN_ID_LABEL,
     Cancelled,
     call_api,
     load_api_client,
@@ -165,7 +166,6 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": {"predictor": predictor}}
 
 
-RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 
 
 def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, storage_uri: str) -> dict:

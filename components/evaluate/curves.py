@@ -20,7 +20,7 @@ def training_log(train_dir: str) -> dict | None:
 
     Returns ``train`` and ``eval`` as ``[(step, loss), ...]``, ``logging_steps`` and ``last_step``.
     """
-    from components.train.checkpoints import latest_complete_checkpoint
+    from components.train.trainer.checkpoints import latest_complete_checkpoint
 
     checkpoint = latest_complete_checkpoint(train_dir)
     if checkpoint is None:

@@ -58,7 +58,7 @@ def load_causal_lm(model_path: str):
 def _label_nll(model, rows, batch_size: int) -> tuple[float, int]:
     import torch
 
-    from components.train.batches import label_nll, pad_collator
+    from components.models.batches import label_nll, pad_collator
 
     collate = pad_collator(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     total_nll, total_tokens = 0.0, 0

@@ -111,7 +111,7 @@ def search_hyperparameters(
     else:
         from components.hpo.follow import run_experiment
         from components.kube import current_namespace
-        from components.train.launch import training_job_for_run
+        from components.train.launcher.job import training_job_for_run
 
         namespace = current_namespace()
         job = training_job_for_run(s.cluster, run_id=run_id, namespace=namespace,

@@ -1,4 +1,4 @@
-"""Follow a Katib ``Experiment`` to its end, with the launcher's rigour (components/train/launch.py).
+"""Follow a Katib ``Experiment`` to its end, with the launcher's rigour (components/train/launcher/job.py).
 
     experiment, trials = run_experiment(manifest, trials_dir="/mnt/models/runs/RUN/hpo",
                                         pending_timeout_seconds=900)
@@ -37,9 +37,8 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.hpo import katib
-from components.kube import Cancelled, call_api, load_api_client, sigterm_cancels, unstartable_pod_reason
-from components.train.launch import DELETION_TIMEOUT_SECONDS, KINDS
-from components.train.pytorchjob import RUN_ID_LABEL
+from components.kube import RUN_ID_LABEL, Cancelled, call_api, load_api_client, sigterm_cancels, unstartable_pod_reason
+from components.train.launcher.job import DELETION_TIMEOUT_SECONDS, KINDS
 
 # Trial conditions after which the trial's job is gone (or going) and writes nothing more.
 _ENDED = {"Succeeded", "Failed", "MetricsUnavailable", "EarlyStopped", "Killed"}

@@ -12,7 +12,7 @@ Each trial runs the PyTorchJob or TrainJob the launcher builds (``training_job_f
 pods, volumes, placement and queue. Only the trainer container's command differs.
 
 How a trial's values reach the trainer. The trainer reads one JSON config file (``torchrun ... -m
-components.train.sft --config FILE``, components/train/pods.py) and its command line takes nothing else, while a
+components.train.trainer.sft --config FILE``, components/train/launcher/pods.py) and its command line takes nothing else, while a
 trial needs its own values and its own output folder (the checkpoints, metrics.json and TensorBoard events of
 concurrent trials must not mix). Katib only substitutes ``${trialParameters.<name>}`` into the text of the trial
 template, so the values travel as command-line arguments, HfArgumentParser-style, to a small entry point that
@@ -20,7 +20,7 @@ runs first in every pod of the trial (components/hpo/trial.py)::
 
     python -m components.hpo.trial --base-config <the run's train_config.json> --trial-dir <trials_dir>/<trial>
         --max_steps 50 --save_strategy no --learning_rate ${trialParameters.learning_rate} ...
-        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.sft --config <trials_dir>/<trial>/train_config.json
+        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.trainer.sft --config <trials_dir>/<trial>/train_config.json
 
 It writes the run's config with the trial's values and ``output_dir`` into the trial's folder and then becomes
 (exec) the unchanged ``torchrun`` command on it: the trainer, its config checks (a bad value exits with code 2)
@@ -54,10 +54,9 @@ import re
 
 from kubeflow.training.constants import constants as kfc
 
-from components.kube import DNS1035_LABEL
+from components.kube import DNS1035_LABEL, RUN_ID_LABEL, job_name_for
 from components.paths import MODEL_MOUNT, run_dir
-from components.train import trainjob
-from components.train.pytorchjob import RUN_ID_LABEL
+from components.train.launcher import trainjob
 
 GROUP, VERSION, PLURAL, KIND = "kubeflow.org", "v1beta1", "experiments", "Experiment"
 TRIAL_PLURAL = "trials"
@@ -117,7 +116,6 @@ TRIAL_NAME_PARAMETER = "trialName"  # camelCase: no setting is named so
 def experiment_name_for(run_id: str) -> str:
     """``hpo-<run id>``: deterministic (a retried step finds its Experiment), a DNS-1035 label of at most 40
     characters; a longer one keeps its start and an 8-character hash of the whole run id."""
-    from components.train.pytorchjob import job_name_for
 
     return job_name_for(run_id, "hpo", max_length=MAX_EXPERIMENT_NAME)
 

@@ -32,6 +32,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from components.distributed import global_rank
 from components.models import fp8, tiny
 
 log = logging.getLogger(__name__)
@@ -44,11 +45,6 @@ BASE_MODEL_RECORD = "base_model.json"
 # How long ranks other than 0 wait for rank 0 to download (30 GB) and build (60 GB) the model.
 WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 5.0
-
-
-def global_rank() -> int:
-    """This process's global rank in a torchrun job (env ``RANK``); 0 outside one."""
-    return int(os.environ.get("RANK", "0"))
 
 
 def resolve_model(model_name_or_path: str, cache_root: str) -> str:

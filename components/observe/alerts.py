@@ -30,11 +30,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from components.secrets import WEBHOOK_SECRET_KEY
+
 log = logging.getLogger("alerts")
 
-WEBHOOK_URL_ENV = "ALERT_WEBHOOK_URL"
-# The key the Secret must hold, the same name as the variable (as HF_TOKEN is for the Hub token Secret).
-WEBHOOK_SECRET_KEY = WEBHOOK_URL_ENV
+# The variable the webhook URL arrives in: the Secret's key of the same name (as HF_TOKEN is for the Hub token).
+WEBHOOK_URL_ENV = WEBHOOK_SECRET_KEY
 STATES = ("SUCCEEDED", "FAILED", "CANCELLED")  # KFP's PipelineTaskFinalStatus.state
 _HEADLINE = {"SUCCEEDED": ":white_check_mark: {} succeeded", "FAILED": ":x: {} failed",
              "CANCELLED": ":warning: {} was cancelled"}

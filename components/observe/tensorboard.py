@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import logging
 
-from components.kube import DNS1035_LABEL, DNS1123_SUBDOMAIN
+from components.kube import DNS1035_LABEL, DNS1123_SUBDOMAIN, RUN_ID_LABEL
 from components.paths import MODEL_MOUNT, pvc_uri, run_dir
 
 log = logging.getLogger("tensorboard")
 
 GROUP, VERSION, PLURAL, KIND = "tensorboard.kubeflow.org", "v1alpha1", "tensorboards", "Tensorboard"
-RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"  # as on the run's training job
 # The controller names a Deployment, a Service and an Istio VirtualService after the Tensorboard, and labels its
 # pod app=<name>: a Service name is a DNS-1035 label, a label value at most 63 characters.
 MAX_NAME = 63

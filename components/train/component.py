@@ -24,7 +24,7 @@ def train_model(
 
     With ``train_backend=pytorchjob`` (or ``trainjob``, Trainer v2) this small CPU pod writes the trainer
     config to the model volume, creates the job (``num_nodes`` pods of ``gpus_per_node`` GPUs) running
-    ``torchrun -m components.train.sft``, follows it to the end and fails with the job's reason; a retried
+    ``torchrun -m components.train.trainer.sft``, follows it to the end and fails with the job's reason; a retried
     pod re-attaches to the job instead of creating a second one, and cancelling the run deletes it. A job that
     failed for a retriable cause (pod evicted or preempted, node lost, rendezvous/NCCL failure) is created again
     up to ``job_restarts`` times and resumes from its last complete checkpoint; deterministic failures (OOMKilled,
@@ -84,7 +84,7 @@ def train_model(
     config_path = write_trainer_config(cfg, os.path.join(out_dir, "train_config.json"))
     job_name = ""
     if local:
-        from components.train.local import run_torchrun
+        from components.train.launcher.local import run_torchrun
 
         env = dict(os.environ)
         if "mlflow" in cfg["report_to"]:
@@ -98,8 +98,8 @@ def train_model(
         run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
     else:
         from components.kube import current_namespace
-        from components.train.launch import run_training_job, training_job_for_run
-        from components.train.pytorchjob import job_name_for
+        from components.train.launcher.job import run_training_job, training_job_for_run
+        from components.kube import job_name_for
 
         job_name = job_name_for(run_id, stage)
         if s.cluster.tensorboard:

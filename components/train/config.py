@@ -1,7 +1,7 @@
 """The trainer's configuration file: what the pipeline writes, and the rules on what goes together.
 
 The pipeline writes one such file per run (JSON) onto the model volume; every pod of the job reads it
-with ``torchrun -m components.train.sft --config FILE`` into ``SFTConfig`` (components/train/arguments.py).
+with ``torchrun -m components.train.trainer.sft --config FILE`` into ``SFTConfig`` (components/train/trainer/arguments.py).
 This module imports no ML library: validate_inputs and ``--render`` use its rules without loading torch.
 """
 
@@ -97,7 +97,7 @@ def build_trainer_config(
     import dataclasses
 
     # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py
-    # sets the folder); MLflow and W&B read their address and key from the environment (components/train/pods.py).
+    # sets the folder); MLflow and W&B read their address and key from the environment (components/train/launcher/pods.py).
     cfg = dataclasses.asdict(train)
     # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
     # this runs in the launcher's image and the trainer image installs the package somewhere else.

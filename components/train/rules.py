@@ -10,7 +10,7 @@ import importlib.util
 
 from components.kube import DNS1123_SUBDOMAIN, name_error
 from components.train.config import DEEPSPEED_CONFIGS, METHODS, check_method_deepspeed
-from components.train.launch import CLEANUP_POLICIES, TRAIN_BACKENDS
+from components.train.launcher.job import CLEANUP_POLICIES, TRAIN_BACKENDS
 from components.train.stages import STAGE_DATA, STAGES, stage_overrides
 
 

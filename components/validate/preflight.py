@@ -22,6 +22,7 @@ import logging
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
 from components.kube import call_api, current_namespace, load_api_client
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ TRAIN_APIS = {
 }
 SERVING_API = ("serving.kserve.io", "v1beta1", "inferenceservices", "KServe")
 
-# What the launcher (components/train/launch.py) and deployer (components/deploy/inference_service.py)
+# What the launcher (components/train/launcher/job.py) and deployer (components/deploy/inference_service.py)
 # call, as (verb, group, resource, subresource); manifests/rbac/role.yaml grants exactly these.
 LAUNCHER_ACCESS = {
     "pytorchjob": [("create", "kubeflow.org", "pytorchjobs", ""), ("get", "kubeflow.org", "pytorchjobs", ""),
@@ -52,8 +53,6 @@ DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
                    ("patch", "serving.kserve.io", "inferenceservices", ""),
                    ("delete", "serving.kserve.io", "inferenceservices", "")]
 GPU = "nvidia.com/gpu"
-HF_TOKEN_KEY = "HF_TOKEN"
-WEBHOOK_SECRET_KEY = "ALERT_WEBHOOK_URL"  # components/observe/alerts.py reads the variable of that name
 
 
 def _missing_api(custom: k8s.CustomObjectsApi, group: str, version: str, plural: str, what: str) -> str | None:

@@ -96,7 +96,7 @@ def patch_for_this_machine() -> None:
     """The two deliberate deviations from the cluster run (module docstring, step 3)."""
     import components.train.component as component
     import components.train.config as config
-    import components.train.launch as launch
+    import components.train.launcher.job as launch
 
     build = config.build_trainer_config
 
@@ -182,7 +182,7 @@ def main(config_path: str) -> int:
         folder.mkdir(parents=True)
     # What is on the data claim before the train step runs: the prepared dataset and the Hub cache.
     shutil.copytree(fixtures / "data", claims["llm-data"] / "runs" / cfg["run_id"] / "dataset")
-    from tests.hf_cache import add_to_hub_cache
+    from tests.helpers.hf_cache import add_to_hub_cache
 
     add_to_hub_cache(claims["llm-data"] / "cache" / "huggingface" / "hub", MODEL_ID, fixtures / "base")
 

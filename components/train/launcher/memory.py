@@ -1,0 +1,242 @@
+"""Will the training job fit? Per-GPU and per-pod (host) memory estimates, checked before any job is created.
+
+Per GPU, in bytes, with P parameters (all MoE experts included), N = num_nodes x gpus_per_node GPUs,
+L = the largest block ZeRO-3 gathers at once, T = trainable LoRA parameters (lora.py's targets; on a
+fused expert tensor of shape (E, out, in) PEFT adds a rank-r pair per expert: E r (in + out)):
+
+  model states (the weights, gradients and Adam states; DeepSpeed's own estimators for full fine-tuning,
+  ``estimate_zero{2,3}_model_states_mem_needs``, give the same numbers and a test holds us to them):
+    full, ZeRO-3                    4L + 18P/N     (offload_optimizer: 4L + 2P/N; offload_param too: 4L)
+    full, ZeRO-2                    2P + 18P/N     (offload_optimizer: 2P)
+    full, no DeepSpeed (DDP, fp32)  16P            (fp32 weights 4 + grads 4 + Adam 8, replicated)
+    lora, ZeRO-3                    4L + 2P/N + 18T/N
+    lora, ZeRO-2 or DDP             2P + 16T       (frozen bf16 base replicated; fp32 adapter + grads + Adam)
+    qlora (DDP)                     0.52Q + 4(P-Q) + 16T
+        Q = nn.Linear weights of the decoder layers, which bitsandbytes stores as NF4 (~4.13 bits with double
+        quantisation). Everything else stays 16-bit when loaded, and PEFT's prepare_model_for_kbit_training
+        then casts every parameter that is not 4-bit to fp32: embeddings, norms, the router, the output head
+        (transformers never quantises it) and, in Qwen3-MoE, the experts, which transformers 5 holds as fused
+        3-D tensors rather than nn.Linear modules. For Qwen3-30B-A3B that is ~29B parameters in fp32, ~111 GiB
+        per GPU. A 4-layer slice of that shape measured 11.37 GiB on an H100 (its bf16 weights: 5.80 GiB); this
+        formula gives 11.36 (tests/test_memory_fit.py).
+  activations (bf16, gradient checkpointing on, as the trainer runs on GPUs; b = micro-batch, s = seq):
+    checkpointed layer inputs       2 s b h x layers
+    one layer recomputed            2 s b (6h + 2(q + 2kv) + 3 I)   (I = intermediate, k x moe_intermediate for MoE)
+    logits                          10 s b V       (bf16 logits + fp32 copy + fp32 gradient)
+    LoRA on expert tensors          2 w X          (X = one layer's expert parameters, 3 E h moe_intermediate:
+                                                    PEFT builds W + BA in the forward and gets its gradient in the
+                                                    backward; w = 2 bytes, 4 under qlora's fp32 experts)
+  plus 3 GiB for the CUDA context, NCCL buffers and allocator fragmentation.
+
+Attention memory is linear in s because flash-attention (or SDPA's memory-efficient kernel) never
+materialises the s x s scores.
+
+Per pod (host memory, against the pod's ``memory`` limit; R = gpus_per_node ranks, M = num_nodes pods):
+
+    every rank                      3 GiB process (CUDA context, NCCL, libraries, data-loader workers)
+                                    + 0.5 GiB written to /dev/shm (NCCL segments, batches from data-loader
+                                    workers). /dev/shm is a memory-backed emptyDir: what is written there
+                                    counts toward the pod's limit; its size (64Gi) is a cap, not a reservation.
+    ZeRO-3 (zero.Init)              6LR            (DeepSpeed's estimator: each rank's largest layer in fp32,
+                                                    x 1.5 for pinned buffers); with offload instead
+                                    24T'/M + 3P/M  (offload_optimizer: fp32 master, grads, Adam; offload_param:
+                                                    bf16 weights; each x 1.5; T' = trainable: P full, T LoRA)
+    ZeRO-1/2 or DDP                 R C + 24T'/M with offload_optimizer, C = what a rank converts on the CPU
+                                    and holds until the Trainer moves the model to its GPU: the checkpoint is
+                                    memory-mapped (shared, reclaimable page cache), but Qwen3-MoE's per-expert
+                                    checkpoint tensors are fused into new ones (C = 2 x expert parameters),
+                                    and full fine-tuning without DeepSpeed casts every weight to fp32 (C = 4P)
+    qlora                           2LR            (bitsandbytes loads onto the GPU one tensor at a time)
+"""
+
+from __future__ import annotations
+
+from components.models.shape import ModelShape, load_architecture, model_shape
+
+GIB = 1024**3
+OVERHEAD_BYTES = 3 * GIB
+NF4_BYTES_PER_PARAM = 4.127 / 8  # 4-bit codes + double-quantised fp8 absmax per 64 weights
+# Host memory per rank: a CUDA PyTorch process with NCCL, DeepSpeed and two data-loader workers (typical RSS),
+# and what NCCL and the workers write to /dev/shm.
+HOST_PROCESS_BYTES = 3 * GIB
+SHM_BYTES_PER_RANK = GIB // 2
+# DeepSpeed's estimators multiply host-side states by this (``additional_buffer_factor``): pinned buffers are
+# allocated in power-of-two blocks and the optimizer keeps staging copies.
+HOST_BUFFER_FACTOR = 1.5
+# The trainer pod's memory request and limit: build_pytorchjob's and build_trainjob's ``memory`` default ("128Gi").
+POD_MEMORY_GIB = 128.0
+LORA_PRESET = "qwen3-30b-a3b-lora"
+
+
+def base_weight_bytes(shape: ModelShape, method: str) -> int:
+    """The frozen base's weights on one GPU once loaded (and, for qlora, prepared by PEFT), before any sharding.
+
+    qlora: NF4 for the decoder's nn.Linear weights, fp32 for every other tensor (module docstring); else bf16.
+    """
+    if method == "qlora":
+        return int(NF4_BYTES_PER_PARAM * shape.linear) + 4 * (shape.total - shape.linear)
+    return 2 * shape.total
+
+
+def model_states_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, lora_params: int = 0) -> int:
+    """Weights + gradients + optimizer states per GPU (see the module docstring for the formulas)."""
+    p, n, t = shape.total, n_gpus, lora_params
+    stage = zero.get("stage", 0)
+    offload_opt = zero.get("offload_optimizer", {}).get("device", "none") != "none"
+    offload_param = zero.get("offload_param", {}).get("device", "none") != "none"
+    largest = 4 * shape.largest_block
+    if method == "full":
+        if stage == 3:
+            if offload_param:
+                return largest
+            return largest + (int(2 * p / n) if offload_opt else int(18 * p / n))
+        if stage in (1, 2):
+            return 2 * p if offload_opt else 2 * p + int(18 * p / n)
+        return 16 * p
+    if method == "lora":
+        if stage == 3:
+            return largest + int(2 * p / n) + int(18 * t / n)
+        return base_weight_bytes(shape, method) + 16 * t
+    if method == "qlora":
+        return base_weight_bytes(shape, method) + 16 * t
+    raise ValueError(f"method {method!r} is not one of full, lora, qlora")
+
+
+def activation_bytes(shape: ModelShape, max_seq_length: int, per_device_train_batch_size: int,
+                     expert_lora_bytes_per_param: int = 0) -> int:
+    """Activation memory per GPU for one micro-batch with gradient checkpointing (module docstring).
+
+    ``expert_lora_bytes_per_param``: 0 without LoRA on expert tensors, else the experts' bytes per parameter
+    (2 in bf16, 4 under qlora), for the adapted expert weights PEFT builds per layer.
+    """
+    tokens = max_seq_length * per_device_train_batch_size
+    checkpoints = 2 * tokens * shape.hidden * shape.layers
+    one_layer = 2 * tokens * (6 * shape.hidden + 2 * (shape.q_dim + 2 * shape.kv_dim) + 3 * shape.intermediate)
+    logits = 10 * tokens * shape.vocab
+    layer_experts = shape.expert_params // shape.sparse_layers if shape.sparse_layers else 0
+    return checkpoints + one_layer + logits + 2 * expert_lora_bytes_per_param * layer_experts
+
+
+def estimate_gib(shape: ModelShape, method: str, zero: dict, n_gpus: int, max_seq_length: int,
+                 per_device_train_batch_size: int, lora_params: int = 0, expert_lora: bool = False) -> dict:
+    """The per-GPU estimate in GiB: ``model_states``, ``activations``, ``overhead`` and ``total``.
+
+    ``expert_lora``: LoRA adapters on the fused expert tensors (lora.py's ``experts.*`` targets).
+    """
+    states = model_states_bytes(shape, method, zero, n_gpus, lora_params) / GIB
+    expert_bytes = (4 if method == "qlora" else 2) if expert_lora else 0
+    acts = activation_bytes(shape, max_seq_length, per_device_train_batch_size, expert_bytes) / GIB
+    overhead = OVERHEAD_BYTES / GIB
+    return {"model_states": states, "activations": acts, "overhead": overhead, "total": states + acts + overhead}
+
+
+def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int,
+                       lora_params: int = 0) -> dict:
+    """Host memory of one trainer pod in bytes: ``processes``, ``shm``, ``model`` and ``total`` (module docstring).
+
+    ``model`` is what the ranks hold of the model in host memory: while loading it, and offloaded states.
+    For full fine-tuning under ZeRO-3 it equals DeepSpeed's ``estimate_zero3_model_states_mem_needs`` (cpu).
+    """
+    ranks, stage = gpus_per_node, zero.get("stage", 0)
+    offload_opt = zero.get("offload_optimizer", {}).get("device", "none") != "none"
+    offload_param = zero.get("offload_param", {}).get("device", "none") != "none"
+    trainable = shape.total if method == "full" else lora_params
+    # Offloaded states: each pod holds its ranks' partitions, 1/num_nodes of the whole.
+    offloaded = HOST_BUFFER_FACTOR * (16 * trainable * offload_opt + 2 * shape.total * offload_param) / num_nodes
+    if method == "qlora":
+        model = 2 * shape.largest_block * ranks
+    elif stage == 3:
+        model = offloaded if (offload_opt or offload_param) else HOST_BUFFER_FACTOR * 4 * shape.largest_block * ranks
+    else:
+        converted = 4 * shape.total if (method == "full" and stage == 0) else 2 * shape.expert_params
+        model = converted * ranks + offloaded
+    processes, shm = HOST_PROCESS_BYTES * ranks, SHM_BYTES_PER_RANK * ranks
+    return {"processes": processes, "shm": shm, "model": int(model), "total": processes + shm + int(model)}
+
+
+def _gpu_error(method: str, zero: dict, est: dict, shape: ModelShape, num_nodes: int,
+               per_device_train_batch_size: int, max_seq_length: int, gpu_memory_gib: float) -> str:
+    summary = (f"needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} model states + "
+               f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead) but a GPU has {gpu_memory_gib:g} GiB")
+    if est["model_states"] + est["overhead"] <= gpu_memory_gib:
+        fix = (f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "
+               f"(now {max_seq_length}) and raise gradient_accumulation_steps to keep the global batch")
+    elif method == "qlora" and shape.is_moe:
+        fix = (f"bitsandbytes quantises only nn.Linear layers, so the {shape.expert_params / 1e9:.1f}B parameters of "
+               "the fused expert tensors stay unquantised and PEFT's k-bit preparation casts them to fp32; use method "
+               f"'lora' with deepspeed_config 'zero3' (preset {LORA_PRESET}), which shards the bf16 base and trains "
+               "the experts through adapters")
+    elif method == "full" and zero.get("stage", 0) != 3:
+        fix = "set deepspeed_config to 'zero3' (shards weights, gradients and optimizer states over all GPUs)"
+    elif method == "full" or (method == "lora" and zero.get("stage", 0) == 3):
+        fix = f"raise num_nodes (now {num_nodes}) or set deepspeed_config to 'zero3_offload'"
+    elif method == "lora":
+        fix = "set deepspeed_config to 'zero3' (shards the frozen base over all GPUs)"
+    else:
+        fix = "use method 'lora' with deepspeed_config 'zero3', or a GPU with more memory (gpu_memory_gib)"
+    return f"{summary}: {fix}"
+
+
+def _host_error(method: str, zero: dict, host: dict, num_nodes: int, gpus_per_node: int, pod_memory_gib: float) -> str:
+    summary = (f"needs about {host['total'] / GIB:.0f} GiB of host memory per pod ({gpus_per_node} ranks: "
+               f"{host['processes'] / GIB:.0f} processes + {host['shm'] / GIB:.0f} /dev/shm + "
+               f"{host['model'] / GIB:.0f} model) but a pod has {pod_memory_gib:g} GiB")
+    offload = any(zero.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
+    if offload:
+        fix = (f"raise num_nodes (now {num_nodes}; each pod holds 1/num_nodes of the offloaded states) or set "
+               "deepspeed_config to 'zero3' (states stay on the GPUs)")
+    elif zero.get("stage", 0) != 3 and method != "qlora":
+        fix = ("set deepspeed_config to 'zero3' (every rank otherwise holds its own converted copy of the weights "
+               "in host memory until they move to its GPU)")
+    else:
+        fix = f"lower gpus_per_node (now {gpus_per_node}) so fewer ranks share a pod, and raise num_nodes"
+    return f"{summary}: {fix}"
+
+
+def check_memory_fit(
+    model: str | dict,
+    method: str,
+    deepspeed_config: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    max_seq_length: int,
+    per_device_train_batch_size: int,
+    gpu_memory_gib: float = 80.0,
+    lora_r: int = 16,
+    lora_target_modules: str = "",
+    pod_memory_gib: float = POD_MEMORY_GIB,
+) -> str | None:
+    """An error naming the knob to change when the job cannot fit, else None.
+
+    Checks the per-GPU estimate against ``gpu_memory_gib`` and the per-pod host estimate against
+    ``pod_memory_gib`` (the trainer pod's memory limit, /dev/shm included); both problems are reported
+    together. ``model`` is a model name/folder (architecture looked up with :func:`load_architecture`; an
+    unknown Hub id is not checked and returns None) or a config.json dict. ``deepspeed_config`` is a shipped
+    name (``zero3``), a JSON path, or ``none``. ``lora_target_modules`` as the trainer takes it (empty: by
+    model type, see components/train/trainer/lora.py).
+    """
+    from components.train.config import load_deepspeed_config
+    from components.train.trainer.lora import lora_targets
+
+    config = model if isinstance(model, dict) else load_architecture(model)
+    if config is None:
+        return None
+    shape = model_shape(config)
+    zero = load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
+    n_gpus = num_nodes * gpus_per_node
+    lora, expert_lora = 0, False
+    if method in ("lora", "qlora"):
+        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", lora_target_modules)
+        lora, expert_lora = shape.lora_params(lora_r, modules + parameters), bool(parameters)
+    est = estimate_gib(shape, method, zero, n_gpus, max_seq_length, per_device_train_batch_size, lora, expert_lora)
+    host = host_bytes_per_pod(shape, method, zero, num_nodes, gpus_per_node, lora)
+    problems = []
+    if est["total"] > gpu_memory_gib:
+        problems.append(_gpu_error(method, zero, est, shape, num_nodes, per_device_train_batch_size, max_seq_length,
+                                   gpu_memory_gib))
+    if host["total"] / GIB > pod_memory_gib:
+        problems.append(_host_error(method, zero, host, num_nodes, gpus_per_node, pod_memory_gib))
+    if not problems:
+        return None
+    name = model if isinstance(model, str) else "the model"
+    return f"{method} fine-tuning of {name} " + "; and it ".join(problems)

@@ -1,0 +1,120 @@
+"""The trainer's pod, whichever operator runs it: the PyTorchJob (pytorchjob.py) and the TrainJob (trainjob.py).
+
+Every pod of a training job is the same: ``torchrun`` with the trainer entry point, the HF token by Secret
+reference, the two claims and a memory-backed ``/dev/shm``, placed on the GPU nodes, without an Istio sidecar.
+``trainer_pod_template`` builds it once; the PyTorchJob uses it as it is, the TrainJob splits it between the
+fields Trainer v2 gives the trainer and the patch it applies to the runtime's pod.
+"""
+
+from __future__ import annotations
+
+from kubeflow.training.constants import constants as kfc
+from kubernetes import client as k8s
+
+from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.secrets import HF_TOKEN_KEY
+
+# NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
+# the per-rank INFO flood. Callers override or add (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) per cluster.
+NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN"}
+# An evicted or preempted pod gets SIGTERM, then SIGKILL after the grace period (30 s by default). The trainer
+# saves a complete checkpoint on SIGTERM (components/train/trainer/checkpoints.py): for Qwen3-30B-A3B each pod writes
+# ~183 GB of ZeRO-3 shards, 3-6 minutes at 0.5-1 GB/s to a shared volume. torchrun SIGKILLs its ranks 30 s
+# after forwarding SIGTERM unless TORCH_ELASTIC_SHUTDOWN_TIMEOUT says otherwise; it must end before the
+# kubelet's SIGKILL. Spot reclaims and hard evictions give less notice: the save_steps checkpoints cover those.
+TERMINATION_GRACE_PERIOD_SECONDS = 600
+TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS = 570
+
+TRAINER_VOLUME_MOUNTS = [
+    k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
+    k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT),
+    k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+]
+
+
+def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1Volume]:
+    """The two claims and the memory-backed ``/dev/shm`` the trainer's pods mount (``TRAINER_VOLUME_MOUNTS``)."""
+    return [
+        k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=data_pvc)),
+        k8s.V1Volume(name="models",
+                     persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=model_pvc)),
+        k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
+    ]
+
+
+# What the trainer's MLflow and W&B callbacks read from the environment, each an optional key of tracking_secret:
+# whichever the Secret holds reaches the pods, and nothing is set when it is absent.
+TRACKING_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
+                 "WANDB_API_KEY", "WANDB_BASE_URL")
+# Where the runs go in the tracker: one experiment (MLflow) / project (W&B) for the pipeline's runs.
+TRACKING_NAMES = {"MLFLOW_EXPERIMENT_NAME": "llm-finetune", "WANDB_PROJECT": "llm-finetune"}
+
+
+def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: str = "") -> list[k8s.V1EnvVar]:
+    """The trainer container's environment: the HF token and the tracker's keys by Secret reference, the cache on
+    the data claim, NCCL."""
+    tracking = [] if not tracking_secret else [
+        k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=tracking_secret, key=key, optional=True)))
+        for key in TRACKING_KEYS] + [k8s.V1EnvVar(name=k, value=v) for k, v in TRACKING_NAMES.items()]
+    env = [*tracking,
+        # optional: public models need no token, and a missing Secret must not block the pod.
+        k8s.V1EnvVar(name="HF_TOKEN", value_from=k8s.V1EnvVarSource(
+            secret_key_ref=k8s.V1SecretKeySelector(name=hf_token_secret, key=HF_TOKEN_KEY, optional=True))),
+        # Base-model downloads (60 GB for Qwen3-30B-A3B) go to the shared data claim once, not to each
+        # node's ephemeral storage, where they would risk eviction.
+        k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
+        k8s.V1EnvVar(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS)),
+    ]
+    return env + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
+
+
+def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str]:
+    """torchrun's arguments (no shell): the operators inject the rendezvous as ``PET_*`` variables."""
+    return ["--nnodes", nnodes, "--nproc_per_node", str(gpus_per_node),
+            "-m", "components.train.trainer.sft", "--config", config_path]
+
+
+def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_per_node: int, config_path: str,
+                         hf_token_secret: str, nccl_env: dict | None, cpu: str, memory: str, data_pvc: str,
+                         model_pvc: str, shm_size: str, labels: dict, node_selector: dict, tolerations: list,
+                         affinity: dict | None, priority_class: str = "",
+                         tracking_secret: str = "") -> k8s.V1PodTemplateSpec:
+    """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
+
+    Args:
+        container_name: where the operator injects the ``PET_*`` rendezvous (``pytorch``; ``node`` for Trainer v2).
+        nnodes: torchrun's ``--nnodes``: a count, or ``min:max`` for an elastic job.
+
+    Returns:
+        The template: one container (``torchrun`` command and args, env, GPU/CPU/memory requests equal to
+        limits, the volume mounts) in a pod with the volumes, node placement, priority, labels and the
+        Istio opt-out. Empty selectors, tolerations, affinity and priority are left out.
+    """
+    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
+    container = k8s.V1Container(
+        name=container_name,
+        image=image,
+        command=["torchrun"],
+        args=torchrun_args(nnodes, gpus_per_node, config_path),
+        env=trainer_env(hf_token_secret, nccl_env, tracking_secret),
+        resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
+        volume_mounts=TRAINER_VOLUME_MOUNTS,
+    )
+    return k8s.V1PodTemplateSpec(
+        metadata=k8s.V1ObjectMeta(
+            labels=dict(labels),
+            # An Istio sidecar never exits, so a finished pod would never complete, and it races the
+            # trainer for the rendezvous port at start-up.
+            annotations={kfc.ISTIO_SIDECAR_INJECTION: "false"},
+        ),
+        spec=k8s.V1PodSpec(
+            containers=[container],
+            node_selector=dict(node_selector) or None,
+            tolerations=list(tolerations) or None,
+            affinity=affinity or None,
+            priority_class_name=priority_class or None,
+            termination_grace_period_seconds=TERMINATION_GRACE_PERIOD_SECONDS,
+            volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
+        ),
+    )

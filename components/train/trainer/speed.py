@@ -1,0 +1,116 @@
+"""The trainer's kernels, chosen from what this machine has: the attention implementation (with the collator it
+needs) and Liger kernels.
+
+One code path serves a GPU image (flash-attn built for sm_90, liger-kernel when installed) and a CPU laptop (SDPA,
+plain PyTorch). What each is worth on a GPU is measured one at a time by benchmarks/train_throughput.py
+(``--attn``, ``--liger``); that each keeps the loss is tested in tests/test_gpu_speed.py.
+"""
+
+from __future__ import annotations
+
+import logging
+
+log = logging.getLogger("sft.speed")
+_said: set[str] = set()
+
+
+def _once(key: str, message: str, *args, warning: bool = False) -> None:
+    """Log ``message`` the first time ``key`` comes up in this process, from rank 0 only."""
+    from components.distributed import global_rank
+
+    if key in _said:
+        return
+    _said.add(key)
+    if global_rank() == 0:
+        (log.warning if warning else log.info)(message, *args)
+
+
+def attn_implementation() -> str:
+    """``flash_attention_2`` when CUDA is present and flash-attn imports, else ``sdpa``.
+
+    Packed rows carry ``position_ids`` and no attention mask: flash-attention then runs its varlen kernel over
+    each row's documents (no masked-out work), SDPA gets the block-causal mask transformers builds from where
+    the positions restart; both score a packed row as its documents one by one. A flash-attn that is installed
+    but does not import (built against another torch or CUDA) falls back to SDPA with a warning, where naming
+    it to transformers would fail the run at model load.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        return "sdpa"
+    try:
+        import flash_attn  # noqa: F401
+    except ImportError as exc:
+        if not (isinstance(exc, ModuleNotFoundError) and exc.name == "flash_attn"):
+            _once("flash_attn", "flash-attn is installed but does not import (%s); attention uses SDPA", exc,
+                  warning=True)
+        return "sdpa"
+    return "flash_attention_2"
+
+
+def packed_collator(pad_token_id: int, attn_implementation: str):
+    """``batches.pad_collator``, plus what flash-attention needs to keep a micro-batch's documents apart.
+
+    transformers finds the documents of packed rows from ``position_ids`` for flash-attention only in a batch of
+    one row (``_is_packed_sequence``: batch_size == 1, re-checked with a device sync in every layer); a batch of
+    several packed rows would be attended causally over each whole row, one document into the next, and train
+    on a wrong loss without an error. Under ``flash_attention_2`` the micro-batch's packed rows are therefore
+    laid end to end as one row (``position_ids`` restart at every document, so the documents stay the same) and
+    the varlen boundaries are passed along (``cu_seq_lens_q/k``, ``max_length_q/k``), as transformers'
+    ``DataCollatorWithFlattening`` does. SDPA builds a block mask per row and gets the batch as it is (one row of
+    b x s tokens would cost it a b x s square mask). Unpacked rows, with their attention mask, are never changed.
+    """
+    import torch
+
+    from components.models.batches import pad_collator
+
+    collate = pad_collator(pad_token_id)
+    if attn_implementation != "flash_attention_2":
+        return collate
+
+    def flatten(rows):
+        batch = collate(rows)
+        if "position_ids" not in batch:
+            return batch
+        flat = {k: v.reshape(1, -1) for k, v in batch.items()}
+        starts = torch.nonzero(flat["position_ids"][0] == 0).flatten()
+        bounds = torch.cat([starts, torch.tensor([flat["position_ids"].shape[1]])]).to(torch.int32)
+        longest = int((bounds[1:] - bounds[:-1]).max())
+        return {**flat, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest,
+                "max_length_k": longest}
+
+    return flatten
+
+
+def apply_liger_kernels(model_type: str) -> bool:
+    """Patch transformers' Qwen3 or Qwen3-MoE modelling with Liger's Triton kernels; return whether it did.
+
+    Patched: RoPE, RMSNorm, SwiGLU and the causal-LM loss, which becomes Liger's fused linear cross-entropy: it
+    computes the loss chunk by chunk from the hidden states and never holds the (tokens x vocabulary) fp32
+    logits, the tensor that ran out of memory at 4 rows of 4096 tokens with Qwen3's 151,936-token vocabulary
+    on an H100 (../shared/gpu-checks). Call it before the model is built or loaded: it replaces classes and
+    ``forward`` in transformers' modules, for every model of that type this process builds afterwards.
+
+    A no-op returning False (logged once) without CUDA, without the ``liger_kernel`` package, or for another
+    ``model_type``. Not known to work under DeepSpeed ZeRO-3: the fused loss reads ``lm_head.weight`` outside
+    the module's forward, where ZeRO-3 has not gathered it (Liger-Kernel issue #1048).
+    """
+    import torch
+
+    if model_type not in ("qwen3", "qwen3_moe"):
+        _once(f"liger:{model_type}", "Liger kernels not applied: model type %r is neither qwen3 nor qwen3_moe",
+              model_type)
+        return False
+    if not torch.cuda.is_available():
+        _once("liger:cuda", "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)")
+        return False
+    try:
+        from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
+    except ImportError as exc:
+        _once("liger:import", "Liger kernels not applied: liger_kernel does not import (%s)", exc)
+        return False
+    apply = apply_liger_kernel_to_qwen3 if model_type == "qwen3" else apply_liger_kernel_to_qwen3_moe
+    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
+    _once(f"liger:applied:{model_type}", "Liger kernels applied to %s: RoPE, RMSNorm, SwiGLU, fused linear "
+          "cross-entropy", model_type)
+    return True

@@ -1,0 +1,49 @@
+"""The prepare_dataset KFP component's function, run as the KFP executor runs it: artifacts, report, cache."""
+
+import json
+
+import datasets
+from kfp.dsl import Dataset, Markdown
+
+from components.data.component import prepare_dataset
+from components.settings import defaults
+from tests.data import test_data_prepare as base
+
+# the same module-scoped corpus and tokenizer as tests/test_data_prepare.py
+corpus, tokenizer_dir = base.corpus, base.tokenizer_dir
+write_jsonl = base.write_jsonl
+_conv = base._conv
+
+
+def run_component(tmp_path, tokenizer_dir, source, run_id):
+    artifacts = tmp_path / f"artifacts-{run_id}"
+    artifacts.mkdir()
+    dataset, report = Dataset(uri=str(artifacts / "dataset")), Markdown(uri=str(artifacts / "report.md"))
+    settings = {**defaults(), "dataset_source": source, "model_name_or_path": tokenizer_dir, "max_seq_length": 128,
+                "eval_size": 0.2, "seed": 0, "data_pvc": "llm-data", "num_proc": 1}
+    prepare_dataset.python_func(settings=settings, stage="sft", data_root=str(tmp_path / "data"), run_id=run_id, dataset=dataset,
+                                report=report)
+    return dataset, report
+
+
+def test_component_writes_the_dataset_metadata_and_report(tokenizer_dir, tmp_path):
+    data = tmp_path / "data"
+    (data / "incoming").mkdir(parents=True)
+    write_jsonl(data / "incoming" / "a.jsonl", [_conv(i) for i in range(30)])
+    write_jsonl(data / "incoming" / "b.jsonl", [_conv(i, "ko") for i in range(30, 50)])
+    source = "pvc://llm-data/incoming/a.jsonl, pvc://llm-data/incoming/b.jsonl"
+    dataset, _ = run_component(tmp_path, tokenizer_dir, source, "run-1")
+    md = dataset.metadata
+    assert md["uri"] == "pvc://llm-data/runs/run-1/dataset" and md["path"] == str(data / "runs" / "run-1" / "dataset")
+    assert md["train_examples"] + md["eval_examples"] == 50 and md["packing"] and 0.5 < md["packing_efficiency"] <= 1
+    assert not md["cache_hit"]
+    ds = datasets.load_from_disk(md["path"])
+    assert len(ds["train"]) == md["train_rows"] and ds["train"].column_names == ["input_ids", "labels", "position_ids"]
+    assert json.loads((tmp_path / "artifacts-run-1" / "dataset" / "stats.json").read_text())["rows_in"] == 50
+    text = (tmp_path / "artifacts-run-1" / "report.md").read_text()
+    assert "| read | 50 |" in text and text.count("### Example ") == 3
+
+    # a recurring run with unchanged inputs reuses the cached result on the data volume
+    again, _ = run_component(tmp_path, tokenizer_dir, source, "run-2")
+    assert again.metadata["cache_hit"] and again.metadata["train_rows"] == md["train_rows"]
+    assert datasets.load_from_disk(again.metadata["path"])["train"]["input_ids"] == ds["train"]["input_ids"]

@@ -1,0 +1,387 @@
+"""The InferenceService manifest (against KServe's CRD and runtimes) and its rollout (against the fake API
+server, with a tiny local OpenAI-compatible server standing in for the model server)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import yaml
+
+from components.deploy.inference_service import RUNTIMES, build_inference_service, deploy_inference_service
+from components import kube
+from tests.helpers.crd_schema import crd_errors, require_reference
+from tests.fakes.k8s_api import FakeKubeAPI
+
+CRD = "serving.kserve.io_inferenceservices.yaml"
+GVP = ("serving.kserve.io", "v1beta1", "inferenceservices")
+NS, NAME = "team-llm", "qwen3-30b-a3b-sft"
+STORAGE = "pvc://llm-models/runs/8b0e3f2a/train/final"
+FAST = {"poll_seconds": 0.01}
+
+
+@pytest.fixture(autouse=True)
+def short_api_outages(monkeypatch):
+    """A scenario mistake must fail in seconds, not after five minutes of API retries."""
+    monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
+
+
+def isvc(runtime="kserve-vllm", **overrides) -> dict:
+    kwargs = dict(name=NAME, namespace=NS, storage_uri=STORAGE, runtime=runtime, gpus=2, max_model_len=8192,
+                  served_model_name="qwen3-sft", node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+                  tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+                  labels={"pipelines.kubeflow.org/run-id": "8b0e3f2a"})
+    return build_inference_service(**{**kwargs, **overrides})
+
+
+# -- the manifest ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_manifest_matches_the_crd(runtime):
+    assert crd_errors(isvc(runtime), CRD) == []
+
+
+def test_vllm_predictor_names_the_runtime_format_and_engine_args():
+    model = isvc("kserve-vllm", gpus=4, max_model_len=4096)["spec"]["predictor"]["model"]
+    assert model["modelFormat"] == {"name": "vLLM"} and model["runtime"] == "kserve-vllmserver"
+    assert model["storageUri"] == STORAGE
+    assert model["args"] == ["--served-model-name=qwen3-sft", "--tensor-parallel-size=4", "--max-model-len=4096"]
+    assert model["resources"]["limits"]["nvidia.com/gpu"] == "4" == model["resources"]["requests"]["nvidia.com/gpu"]
+
+
+def test_huggingface_predictor_uses_the_vllm_backend():
+    model = isvc("kserve-huggingface", gpus=1)["spec"]["predictor"]["model"]
+    assert model["modelFormat"] == {"name": "huggingface"} and model["runtime"] == "kserve-huggingfaceserver"
+    assert "--backend=vllm" in model["args"] and "--model_name=qwen3-sft" in model["args"]
+    assert "--tensor-parallel-size=1" in model["args"] and "--max_model_len=8192" in model["args"]
+
+
+def test_placement_and_labels():
+    manifest = isvc()
+    assert manifest["metadata"]["labels"] == {"pipelines.kubeflow.org/run-id": "8b0e3f2a"}
+    assert manifest["spec"]["predictor"]["nodeSelector"] == {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
+    assert manifest["spec"]["predictor"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert "nodeSelector" not in isvc(node_selector={}, tolerations=[])["spec"]["predictor"]
+
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_runtimes_match_kserves_definitions(runtime):
+    """Our format, runtime name and OpenAI route agree with KServe's shipped ClusterServingRuntime."""
+    rt = RUNTIMES[runtime]
+    definition = yaml.safe_load((require_reference() / "runtimes" / f"runtime_{rt.runtime}.yaml").read_text())
+    assert definition["metadata"]["name"] == rt.runtime
+    assert rt.model_format in [f["name"] for f in definition["spec"]["supportedModelFormats"]]
+    (container,) = definition["spec"]["containers"]
+    # The runtime names the model after the service unless our (later) flag overrides it.
+    assert any(a.startswith(rt.served_name_flag + "=") for a in container["args"])
+    # vLLM's own server routes /v1; KServe's model server mounts OpenAI under /openai/v1.
+    serves_vllm_directly = "vllm.entrypoints.openai.api_server" in container.get("command", [])
+    assert rt.openai_route == ("/v1" if serves_vllm_directly else "/openai/v1")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("name", "Qwen3_SFT"), ("runtime", "triton"), ("gpus", 0), ("max_model_len", 0), ("storage_uri", "/mnt/models/x"),
+    ("served_model_name", ""),
+])
+def test_bad_input_is_a_value_error_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        isvc(**{field: value})
+
+
+# -- the rollout against the fake API server -------------------------------------------------------------
+
+class OpenAIServer:
+    """A local OpenAI-compatible chat endpoint; ``fail`` makes it answer 500; each request also appends
+    "smoke" to ``events`` (to check what happened before it)."""
+
+    def __init__(self, fail: bool = False, events: list | None = None):
+        self.fail, self.requests, self.events = fail, [], events if events is not None else []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append((self.path, body))
+                outer.events.append("smoke")
+                reply = {"index": 0, "message": {"role": "assistant", "content": "Hi! How can I help?"}}
+                status, payload = (500, {"error": "CUDA out of memory"}) if outer.fail else (
+                    200, {"object": "chat.completion", "model": body["model"], "choices": [reply]})
+                data = json.dumps(payload).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self):
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def becomes_ready(api, url, address=None, after=1, events=None):
+    """KServe's side: the status stays as it was (none, or the previous generation's) for ``after`` GETs of a
+    new generation, then says Ready at ``url`` for it."""
+    seen = {"polls": 0}
+
+    def controller(obj):
+        generation = obj["metadata"]["generation"]
+        status = obj.setdefault("status", {})
+        if status.get("observedGeneration") == generation:
+            return
+        seen["polls"] += 1
+        if seen["polls"] <= after:
+            return
+        status.update(observedGeneration=generation, url=url)
+        if address:
+            status["address"] = {"url": address}
+        api.set_condition(obj, "PredictorReady", "True")
+        api.set_condition(obj, "Ready", "True")
+        if events is not None:
+            events.append("ready for the new spec")
+
+    return controller
+
+
+def existing_service(api, url, **overrides) -> dict:
+    """A Ready service from an earlier run (older model, extra field our spec does not have)."""
+    old = isvc(storage_uri="pvc://llm-models/runs/previous/train/final", max_model_len=4096, **overrides)
+    old["spec"]["predictor"]["minReplicas"] = 1
+    old["status"] = {"observedGeneration": 1, "url": url, "conditions": [{"type": "Ready", "status": "True"}]}
+    return api.put_object(*GVP, old)
+
+
+@pytest.mark.parametrize("runtime,route", [("kserve-vllm", "/v1"), ("kserve-huggingface", "/openai/v1")])
+def test_create_then_ready_then_smoke_test(runtime, route):
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        api.on_get("inferenceservices", becomes_ready(api, model_server.url, after=2))
+        result = deploy_inference_service(isvc(runtime), api_client=api.client, **FAST)
+        assert len(api.requests_for("POST", "/inferenceservices")) == 1
+    assert result == {"endpoint": model_server.url + route, "served_model_name": "qwen3-sft",
+                      "smoke_reply": "Hi! How can I help?"}
+    ((path, body),) = model_server.requests
+    assert path == route + "/chat/completions" and body["model"] == "qwen3-sft"
+
+
+def test_smoke_test_uses_the_in_cluster_address_and_reports_the_public_url():
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        public = "http://qwen3-30b-a3b-sft-team-llm.example.invalid"
+        api.on_get("inferenceservices", becomes_ready(api, public, address=model_server.url))
+        result = deploy_inference_service(isvc(), api_client=api.client, **FAST)
+    assert result["endpoint"] == public + "/v1" and len(model_server.requests) == 1
+
+
+def test_existing_service_is_patched_in_place_and_stale_ready_is_not_trusted():
+    events = []
+    with FakeKubeAPI() as api, OpenAIServer(events=events) as model_server:
+        before = existing_service(api, model_server.url)
+        # The old generation's Ready=True stays in place for three polls after the patch.
+        api.on_get("inferenceservices", becomes_ready(api, model_server.url, after=3, events=events))
+        deploy_inference_service(isvc(), api_client=api.client, **FAST)
+        assert api.requests_for("POST") == [] and api.requests_for("DELETE") == []
+        assert len(api.requests_for("PATCH", f"/inferenceservices/{NAME}")) == 1
+        after = api.get_object(*GVP, NS, NAME)
+    assert events == ["ready for the new spec", "smoke"]
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["metadata"]["generation"] == 2
+    assert after["spec"] == isvc()["spec"]  # minReplicas, which our spec lacks, was removed
+
+
+def test_never_ready_times_out_with_the_conditions_reason_and_deletes_the_new_service():
+    message = 'Revision "qwen3-30b-a3b-sft-predictor-00001" failed with message: Container failed with: OOMKilled.'
+
+    def failing(obj):
+        api.set_condition(obj, "PredictorReady", "False", "RevisionFailed", message)
+        api.set_condition(obj, "Ready", "False", "RevisionFailed", message)
+        obj["status"]["modelStatus"] = {"transitionStatus": "BlockedByFailedLoad",
+                                        "lastFailureInfo": {"reason": "ModelLoadFailed", "message": "OOMKilled"}}
+
+    with FakeKubeAPI() as api:
+        api.on_get("inferenceservices", failing)
+        with pytest.raises(TimeoutError) as err:
+            deploy_inference_service(isvc(), api_client=api.client, timeout_seconds=0.2, **FAST)
+        assert api.get_object(*GVP, NS, NAME) is None
+    text = str(err.value)
+    assert "RevisionFailed" in text and "OOMKilled" in text and "ModelLoadFailed" in text
+    assert "deleted the new InferenceService" in text
+
+
+def test_predictor_pod_that_cannot_start_fails_fast():
+    def crashing(obj):
+        if ("team-llm", "p-0") not in api.pods:
+            api.add_pod(NS, "p-0", {"serving.kserve.io/inferenceservice": NAME}, container="kserve-container",
+                        state="waiting", reason="CrashLoopBackOff", message="back-off 40s restarting failed container")
+
+    with FakeKubeAPI() as api:
+        api.on_get("inferenceservices", crashing)
+        with pytest.raises(RuntimeError, match="CrashLoopBackOff"):
+            deploy_inference_service(isvc(), api_client=api.client, **FAST)
+
+
+def test_smoke_failure_deletes_a_new_service():
+    with FakeKubeAPI() as api, OpenAIServer(fail=True) as model_server:
+        api.on_get("inferenceservices", becomes_ready(api, model_server.url))
+        with pytest.raises(RuntimeError, match="smoke test.*HTTP 500.*deleted the new InferenceService"):
+            deploy_inference_service(isvc(), api_client=api.client, **FAST)
+        assert len(api.requests_for("DELETE", f"/inferenceservices/{NAME}")) == 1
+        assert api.get_object(*GVP, NS, NAME) is None
+
+
+def test_smoke_failure_restores_the_previous_spec():
+    with FakeKubeAPI() as api, OpenAIServer(fail=True) as model_server:
+        before = existing_service(api, model_server.url)
+        api.on_get("inferenceservices", becomes_ready(api, model_server.url))
+        with pytest.raises(RuntimeError, match="restored the previous spec"):
+            deploy_inference_service(isvc(), api_client=api.client, **FAST)
+        assert api.requests_for("DELETE") == []
+        after = api.get_object(*GVP, NS, NAME)
+    assert after["spec"] == before["spec"] and after["metadata"]["uid"] == before["metadata"]["uid"]
+
+
+# -- deployment mode, canary, startup probe ----------------------------------------------------------------
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+def test_knative_canary_manifest_matches_the_crd(runtime):
+    assert crd_errors(isvc(runtime, deployment_mode="Knative", canary_traffic_percent=10), CRD) == []
+
+
+def test_deployment_mode_is_kserves_annotation():
+    standard = isvc()
+    assert standard["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Standard"}
+    assert "canaryTrafficPercent" not in standard["spec"]["predictor"]
+    assert "annotations" not in standard["spec"]["predictor"]
+    knative = isvc(deployment_mode="Knative")
+    assert knative["metadata"]["annotations"] == {"serving.kserve.io/deploymentMode": "Knative"}
+    # Knative would fail a revision still loading after its default 10 minutes.
+    assert knative["spec"]["predictor"]["annotations"] == {"serving.knative.dev/progress-deadline": "1830s"}
+
+
+def test_canary_splits_traffic_and_tags_the_new_revision():
+    manifest = isvc(deployment_mode="Knative", canary_traffic_percent=10)
+    assert manifest["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    assert manifest["metadata"]["annotations"]["serving.kserve.io/enable-tag-routing"] == "true"
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"canary_traffic_percent": 10}, "canary_traffic_percent=10 needs deployment_mode='Knative'"),
+    ({"deployment_mode": "Knative", "canary_traffic_percent": 100}, "canary_traffic_percent must be 0"),
+    ({"deployment_mode": "RawDeployment"}, "deployment_mode 'RawDeployment' is not one of .*use 'Standard'"),
+    ({"deployment_mode": "Serverless"}, "use 'Knative'"),
+])
+def test_bad_mode_or_canary_is_a_value_error_naming_the_field(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        isvc(**overrides)
+
+
+def test_startup_probe_only_where_the_runtime_has_none():
+    """KServe's vLLM runtime already waits 30 minutes for the model; its Hugging Face runtime has no probe."""
+    assert "startupProbe" not in isvc("kserve-vllm")["spec"]["predictor"]["model"]
+    probe = isvc("kserve-huggingface")["spec"]["predictor"]["model"]["startupProbe"]
+    assert probe["httpGet"] == {"path": "/openai/v1/models", "port": 8080}
+    assert probe["initialDelaySeconds"] + probe["failureThreshold"] * probe["periodSeconds"] >= 1800
+    runtimes = require_reference() / "runtimes"
+    vllm = yaml.safe_load((runtimes / "runtime_kserve-vllmserver.yaml").read_text())["spec"]["containers"][0]
+    hf = yaml.safe_load((runtimes / "runtime_kserve-huggingfaceserver.yaml").read_text())["spec"]["containers"][0]
+    assert "startupProbe" in vllm and "startupProbe" not in hf
+    assert RUNTIMES["kserve-vllm"].has_startup_probe and not RUNTIMES["kserve-huggingface"].has_startup_probe
+
+
+def test_inference_service_for_run_reads_the_deploy_and_cluster_settings():
+    from components.deploy.inference_service import inference_service_for_run
+    from components.settings import ClusterSettings, DeploySettings
+
+    deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, serving_gpus=8, max_model_len=4096)
+    cluster = ClusterSettings(node_selector={"pool": "gpu"}, tolerations=[])
+    standard = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    assert standard["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
+    assert standard["metadata"]["labels"] == {"pipelines.kubeflow.org/run-id": "r1"}
+    assert standard["spec"]["predictor"]["nodeSelector"] == {"pool": "gpu"}
+    deploy.deployment_mode, deploy.canary_traffic_percent = "Knative", 25
+    canary = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    assert canary["spec"]["predictor"]["canaryTrafficPercent"] == 25
+    assert crd_errors(canary, CRD) == []
+
+
+def test_changing_the_mode_of_an_existing_service_is_refused_before_any_change():
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        existing = isvc(deployment_mode="Knative")
+        existing["status"] = {"observedGeneration": 1, "url": model_server.url, "deploymentMode": "Serverless",
+                              "conditions": [{"type": "Ready", "status": "True"}]}
+        api.put_object(*GVP, existing)
+        with pytest.raises(ValueError, match="runs in deployment mode Knative.*pass deployment_mode='Knative'"):
+            deploy_inference_service(isvc(), api_client=api.client, **FAST)
+        assert api.requests_for("PATCH") == [] and api.requests_for("POST") == []
+
+
+def test_canary_smoke_test_goes_to_the_new_revision():
+    """With a canary, the shared address reaches the old revision 90% of the time: test the new one by its tag."""
+    with FakeKubeAPI() as api, OpenAIServer() as canary, OpenAIServer(fail=True) as stable:
+        before = isvc(deployment_mode="Knative", storage_uri="pvc://llm-models/runs/previous/train/final")
+        before["status"] = {"observedGeneration": 1, "url": stable.url, "deploymentMode": "Knative",
+                            "conditions": [{"type": "Ready", "status": "True"}]}
+        api.put_object(*GVP, before)
+
+        ready = becomes_ready(api, "http://qwen3-30b-a3b-sft.team-llm.example.invalid", address=stable.url)
+
+        def rolled_out(obj):
+            ready(obj)
+            obj["status"]["components"] = {"predictor": {"traffic": [
+                {"tag": "prev", "percent": 90, "url": stable.url, "revisionName": "p-00001"},
+                {"tag": "latest", "percent": 10, "url": canary.url, "revisionName": "p-00002", "latestRevision": True},
+            ]}}
+
+        api.on_get("inferenceservices", rolled_out)
+        manifest = isvc(deployment_mode="Knative", canary_traffic_percent=10)
+        result = deploy_inference_service(manifest, api_client=api.client, **FAST)
+        after = api.get_object(*GVP, NS, NAME)
+    assert len(canary.requests) == 1 and stable.requests == []
+    assert result["endpoint"] == "http://qwen3-30b-a3b-sft.team-llm.example.invalid/v1"
+    assert after["spec"]["predictor"]["canaryTrafficPercent"] == 10
+    assert after["metadata"]["annotations"]["serving.kserve.io/enable-tag-routing"] == "true"
+
+
+def _sigterm_after(seconds: float) -> threading.Timer:
+    import os
+    import signal
+
+    timer = threading.Timer(seconds, os.kill, args=(os.getpid(), signal.SIGTERM))
+    timer.start()
+    return timer
+
+
+def test_sigterm_during_the_rollout_deletes_the_new_service(capsys):
+    with FakeKubeAPI() as api:
+        api.on_get("inferenceservices", lambda obj: None)  # never Ready
+        timer = _sigterm_after(0.3)
+        with pytest.raises(SystemExit) as exit_:
+            deploy_inference_service(isvc(), api_client=api.client, timeout_seconds=30, **FAST)
+        timer.join()
+        assert api.get_object(*GVP, NS, NAME) is None
+    assert exit_.value.code == 143
+    assert "cancelled (SIGTERM)" in capsys.readouterr().out
+
+
+def test_sigterm_during_the_rollout_restores_the_previous_spec():
+    import signal
+
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        before = existing_service(api, model_server.url)
+        api.on_get("inferenceservices", lambda obj: None)  # the new generation never becomes Ready
+        timer = _sigterm_after(0.3)
+        with pytest.raises(SystemExit):
+            deploy_inference_service(isvc(), api_client=api.client, timeout_seconds=30, **FAST)
+        timer.join()
+        after = api.get_object(*GVP, NS, NAME)
+    assert after["spec"] == before["spec"] and after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
