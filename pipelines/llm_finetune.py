@@ -60,9 +60,11 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             # locally pipelines.run prints the outcome itself, so the local variant is the steps alone.
             return _steps(p, cluster, data_root, model_root)
         # The exit handler posts how the run ended (alert_webhook_secret), whatever step failed.
-        notify = notify_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, model_root=model_root, model_pvc=p["model_pvc"]
-                            ).set_display_name("Notify (run outcome)").set_caching_options(False)
+        notify = notify_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, model_root=model_root, model_pvc=p["model_pvc"],
+                            data_root=data_root).set_display_name("Notify (run outcome)").set_caching_options(False)
+        # The steps record how they ended on both volumes (components/observe/outcome.py).
         kubernetes.mount_pvc(notify, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
+        kubernetes.mount_pvc(notify, pvc_name=p["data_pvc"], mount_path=DATA_MOUNT)
         # Optional: without the Secret (or its key) the run ends without an alert, and the pod still starts.
         kubernetes.use_secret_as_env(notify, secret_name=p["alert_webhook_secret"],
                                      secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)

@@ -36,9 +36,9 @@ log = logging.getLogger("alerts")
 
 # The variable the webhook URL arrives in: the Secret's key of the same name (as HF_TOKEN is for the Hub token).
 WEBHOOK_URL_ENV = WEBHOOK_SECRET_KEY
-STATES = ("SUCCEEDED", "FAILED", "CANCELLED")  # KFP's PipelineTaskFinalStatus.state
+STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")  # components/observe/outcome.py maps KFP's states to these
 _HEADLINE = {"SUCCEEDED": ":white_check_mark: {} succeeded", "FAILED": ":x: {} failed",
-             "CANCELLED": ":warning: {} was cancelled"}
+             "CANCELLED": ":warning: {} was cancelled", "UNKNOWN": ":grey_question: {} ended, outcome not reported"}
 # Slack's limits on what a block holds (characters); longer text makes the whole post an invalid_blocks 400.
 HEADER_LIMIT, SECTION_LIMIT, FIELD_LIMIT = 150, 3000, 2000
 
