@@ -23,10 +23,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
-# Kubernetes object names: claims and secrets are DNS-1123 subdomains; InferenceService names become
-# Service/host names, so they must be DNS-1035 labels (start with a letter) of at most 63 characters.
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+from components.names import DNS1035_LABEL, DNS1123_SUBDOMAIN, name_error  # noqa: F401 (kube.name_error: one place)
 
 # Every object a run creates carries the KFP run id under this label (jobs, their pods, Experiments,
 # InferenceServices, Tensorboards): the Katib search finds its trials' pods by it, and users find a run's objects.
@@ -37,15 +34,6 @@ RUN_ID_LABEL = "pipelines.kubeflow.org/run-id"
 MAX_JOB_NAME = 52
 
 _SA_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
-
-
-def name_error(field: str, value: str, pattern: re.Pattern, limit: int, what: str) -> str | None:
-    """The error for a setting that is not a valid Kubernetes name (``what``), with a corrected suggestion."""
-    if len(value) <= limit and pattern.match(value):
-        return None
-    suggestion = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:limit] or "my-name"
-    return (f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); "
-            f"e.g. {suggestion!r}")
 
 
 def job_name_for(run_id: str, prefix: str = "sft", max_length: int = MAX_JOB_NAME) -> str:
