@@ -1,7 +1,9 @@
-"""Talking to the Kubernetes API from inside a pipeline step: client, retries, pod checks, logs.
+"""Talking to the Kubernetes API from inside a pipeline step: client, retries, pod checks, logs, and the one
+runner of a custom resource's life (``CustomResourceRunner``).
 
-Shared by the training launcher (PyTorchJob) and the deployer (InferenceService), which both create a
-resource, wait on its pods, fail fast on pods that cannot start and stream their logs.
+Shared by the training launcher (PyTorchJob, TrainJob), the Katib search (Experiment) and the deployer
+(InferenceService), which all create a resource, follow it, fail fast on pods that cannot start, read their logs
+and delete what they created when the run is cancelled.
 """
 
 from __future__ import annotations
@@ -265,18 +267,228 @@ class Cancelled(BaseException):
 
 @contextmanager
 def sigterm_cancels():
-    """Turn SIGTERM into ``Cancelled`` while the block runs; restore the previous handler afterwards."""
+    """Turn SIGTERM into ``Cancelled`` while the block runs, and set the ``threading.Event`` it yields; restore the
+    previous handler afterwards.
+
+    The Event is for the poll loops (``CustomResourceRunner.sleep``): the handler raises ``Cancelled`` wherever the
+    main thread is, and when that is a finalizer (a ``__del__`` the garbage collector runs, say a dropped
+    connection's) Python reports the exception and drops it, while the handler has already set a second SIGTERM
+    to be ignored. Without the Event the step would poll on and what it created would outlive the cancelled run.
+    """
+    received = threading.Event()
     if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be installed from the main thread
+        yield received  # signal handlers can only be installed from the main thread
         return
 
     def handler(signum, frame):
+        received.set()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up or rollback
         raise Cancelled()
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
-        yield
+        yield received
     finally:
         # None: the previous handler was not installed from Python; the default is what it did.
         signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+# -- one custom resource's life ----------------------------------------------------------------------------
+
+def true_condition(obj: dict, type_: str) -> dict | None:
+    """The object's status condition of this type if its status is True, else None."""
+    return next((c for c in (obj.get("status") or {}).get("conditions") or []
+                 if c.get("type") == type_ and c.get("status") == "True"), None)
+
+
+def latest_state(obj: dict) -> str:
+    """The type of the object's last True status condition (Created, Running, Succeeded, ...), or Pending."""
+    true = [c for c in (obj.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    return true[-1]["type"] if true else "Pending"
+
+
+class CustomResourceRunner:
+    """One custom resource's life as a pipeline step drives it: create or re-attach, follow, delete, wait until gone.
+
+        runner = CustomResourceRunner(manifest, "pytorchjobs", poll_seconds=10, timeout_seconds=None,
+                                      controller="the training operator")
+        with runner.cancel_on_sigterm():          # SIGTERM: delete it, exit 143
+            runner.create(manifest)               # or re-attach to the one of its name
+            result = runner.follow(poll)          # poll(obj) -> a result, or None to poll again
+
+    The resource's name comes from the run id, so a retried step finds what its first attempt created. ``create``
+    answers a 409 AlreadyExists by reading the object: one being deleted (a previous attempt deleted it and
+    stopped) is waited out and created again; one that ``replace`` says is spent (a finished, failed Katib
+    Experiment) is deleted, waited out and created again; any other is re-attached to. ``follow`` reads the object
+    every ``poll_seconds`` and hands it to the callback until that returns a result; a 404 meanwhile means someone
+    deleted it. Past ``timeout_seconds`` (counted from the runner's creation, across re-creations) the resource is
+    deleted and ``TimeoutError`` raised, unless ``follow`` is told otherwise. ``wait_until_gone`` polls until the
+    API server answers 404 (until then a create under the name answers 409); a deletion still there after
+    ``deletion_timeout_seconds`` is held by a finalizer nobody removes, and the error names it and ``controller``.
+
+    Inside ``cancel_on_sigterm`` SIGTERM deletes the resource (or runs the step's own undo) and exits with 143,
+    also when the signal's exception was dropped inside a finalizer (``sigterm_cancels``): ``sleep``, between
+    polls, checks the Event as well. Every request goes through ``call_api`` (transient errors are retried).
+    """
+
+    def __init__(self, manifest: dict, plural: str, *, api_client=None, poll_seconds: float = 10.0,
+                 timeout_seconds: float | None = None, deletion_timeout_seconds: float = 900.0,
+                 controller: str = "its controller"):
+        group, _, version = manifest["apiVersion"].rpartition("/")
+        self.name, self.namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
+        self.what = f"{manifest['kind']} {self.namespace}/{self.name}"
+        self.ref = (group, version, self.namespace, plural)
+        self.api_client = api_client or load_api_client()
+        self.custom = k8s.CustomObjectsApi(self.api_client)
+        self.poll_seconds, self.retry_delay = poll_seconds, min(1.0, poll_seconds)
+        self.timeout_seconds = timeout_seconds
+        self.deadline = None if timeout_seconds is None else time.monotonic() + timeout_seconds
+        self.deletion_timeout_seconds, self.controller = deletion_timeout_seconds, controller
+        self._cancelled = threading.Event()  # replaced by sigterm_cancels' Event inside cancel_on_sigterm
+
+    # -- requests ------------------------------------------------------------------------------------------
+    def get(self) -> dict:
+        """The object as the API server has it (ApiException 404 when there is none)."""
+        return call_api(self.custom.get_namespaced_custom_object, *self.ref, self.name, retry_delay=self.retry_delay)
+
+    def read(self) -> dict | None:
+        """The object, or None when there is none."""
+        try:
+            return self.get()
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    def create(self, body, *, replace=None, describe=None) -> dict:
+        """Create the resource, or re-attach to the one of its name; returns it as the API server answered.
+
+        Args:
+            body: the manifest, or a function of the object found being deleted (None at first) that returns the
+                manifest to create (the launcher carries a re-run count over from the deleted job).
+            replace: a function of an existing object that says why it must be replaced (deleted, waited out and
+                created again) rather than re-attached to, or returns None.
+            describe: a function of the body created that returns what to add to the "created" line.
+        """
+        gone = None
+        while True:
+            manifest = body(gone) if callable(body) else body
+            try:
+                created = call_api(self.custom.create_namespaced_custom_object, *self.ref, manifest,
+                                   retry_delay=self.retry_delay)
+                print(f"created {self.what}" + (describe(manifest) if describe else ""), flush=True)
+                return created
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            existing = self.read()
+            if existing is None:
+                continue  # deleted in between: the name is free now
+            if existing["metadata"].get("deletionTimestamp"):
+                # A previous attempt deleted it (for a re-run, a clean-up) and stopped before creating it again.
+                print(f"{self.what} is being deleted: creating it again once it is gone", flush=True)
+                gone = existing
+                self.wait_until_gone()
+                continue
+            why = replace(existing) if replace is not None else None
+            if why is None:
+                # The step was retried (or a dropped response hid our own create): same run, same resource.
+                print(f"{self.what} already exists: re-attaching to it", flush=True)
+                return existing
+            self.delete(f"{why}; creating it again once it is gone", foreground=True)
+            gone = existing
+            self.wait_until_gone()
+
+    def patch(self, body: dict) -> dict:
+        """Merge-patch the resource (RFC 7386); returns it as patched."""
+        return call_api(self.custom.patch_namespaced_custom_object, *self.ref, self.name, body,
+                        retry_delay=self.retry_delay)
+
+    def delete(self, why: str, *, foreground: bool = False) -> None:
+        """Delete the resource (gone already: nothing to do). Foreground: the API server keeps it until its
+        dependents (pods, trials) are gone, so ``wait_until_gone`` returns once what they held is free."""
+        print(f"deleting {self.what}: {why}", flush=True)
+        try:
+            call_api(self.custom.delete_namespaced_custom_object, *self.ref, self.name, retry_delay=self.retry_delay,
+                     body=k8s.V1DeleteOptions(propagation_policy="Foreground" if foreground else "Background"))
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+    def wait_until_gone(self) -> None:
+        """Poll until the API server answers 404 for the resource.
+
+        Raises:
+            RuntimeError: still there after ``deletion_timeout_seconds``, naming its finalizers.
+            TimeoutError: the runner's ``timeout_seconds`` passed meanwhile.
+        """
+        print(f"waiting for {self.what} to be deleted", flush=True)
+        give_up = time.monotonic() + self.deletion_timeout_seconds
+        while (obj := self.read()) is not None:
+            if self.past_deadline():
+                raise TimeoutError(f"{self.what} did not finish within {self.timeout_seconds:.0f}s (it was being "
+                                   "deleted)")
+            if time.monotonic() > give_up:
+                finalizers = ", ".join(obj["metadata"].get("finalizers") or []) or "none"
+                raise RuntimeError(f"{self.what} is still being deleted after {self.deletion_timeout_seconds:.0f}s "
+                                   f"(finalizers: {finalizers}): check that {self.controller} is running, then "
+                                   "delete what holds it (its pods, or its finalizers)")
+            self.sleep()
+
+    # -- following -----------------------------------------------------------------------------------------
+    def past_deadline(self) -> bool:
+        """Whether the runner's ``timeout_seconds`` have passed."""
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def sleep(self) -> None:
+        """Wait ``poll_seconds``; raise ``Cancelled`` at once if SIGTERM has arrived (even one whose exception a
+        finalizer dropped)."""
+        if self._cancelled.wait(self.poll_seconds):
+            raise Cancelled()
+
+    def follow(self, poll, *, describe=None, on_deadline=None):
+        """Read the resource every ``poll_seconds`` and return the first result ``poll(obj)`` gives (not None).
+
+        Args:
+            poll: called with the object as read; returns a result to end the wait, or None; may raise.
+            describe: a function of the object for the timeout's messages; default: its latest state.
+            on_deadline: called with the object once ``timeout_seconds`` have passed, instead of deleting it and
+                raising ``TimeoutError``; it must raise.
+
+        Raises:
+            RuntimeError: the resource was deleted while it was followed.
+        """
+        while True:
+            try:
+                obj = self.get()
+            except ApiException as exc:
+                if exc.status == 404:
+                    raise RuntimeError(f"{self.what} was deleted while it ran") from None
+                raise
+            result = poll(obj)
+            if result is not None:
+                return result
+            if self.past_deadline():
+                if on_deadline is not None:
+                    on_deadline(obj)
+                state = describe(obj) if describe else f"last state {latest_state(obj)}"
+                self.delete(f"not finished after {self.timeout_seconds:.0f}s ({state})")
+                raise TimeoutError(f"{self.what} did not finish within {self.timeout_seconds:.0f}s ({state})")
+            self.sleep()
+
+    @contextmanager
+    def cancel_on_sigterm(self, on_cancel=None):
+        """While the block runs, SIGTERM deletes the resource (``on_cancel()`` instead, when given) and raises
+        ``SystemExit(143)``."""
+        with sigterm_cancels() as received:
+            self._cancelled = received
+            try:
+                yield self
+            except Cancelled:
+                if on_cancel is None:
+                    self.delete("the run was cancelled (SIGTERM)")
+                else:
+                    on_cancel()
+                raise SystemExit(128 + signal.SIGTERM) from None
+            finally:
+                self._cancelled = threading.Event()

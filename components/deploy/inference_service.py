@@ -19,24 +19,12 @@ previous one keeps the rest). KServe cannot switch an existing service between m
 
 from __future__ import annotations
 
-import re
-import signal
-import time
 from dataclasses import dataclass
 
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
 
 from components.deploy.smoke import chat_completion
-from components.kube import (
-    DNS1035_LABEL,
-    RUN_ID_LABEL,
-    Cancelled,
-    call_api,
-    load_api_client,
-    sigterm_cancels,
-    unstartable_pod_reason,
-)
+from components.kube import DNS1035_LABEL, RUN_ID_LABEL, CustomResourceRunner, call_api, unstartable_pod_reason
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
 # KServe labels every pod of a service with its name.
@@ -247,28 +235,16 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
         SystemExit: 143 after SIGTERM, once rolled back.
     """
-    api_client = api_client or load_api_client()
-    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
-    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
     model = manifest["spec"]["predictor"]["model"]
     rt = next((r for r in RUNTIMES.values() if r.runtime == model.get("runtime")), None)
     if rt is None:
         raise ValueError(f"runtime {model.get('runtime')!r} is not one of {[r.runtime for r in RUNTIMES.values()]}")
-    retry_delay = min(1.0, poll_seconds)
-    ref = (GROUP, VERSION, namespace, PLURAL)
-
-    def get():
-        return call_api(custom.get_namespaced_custom_object, *ref, name, retry_delay=retry_delay)
-
-    def patch(body):
-        return call_api(custom.patch_namespaced_custom_object, *ref, name, body, retry_delay=retry_delay)
-
-    try:
-        previous = get()
-    except ApiException as exc:
-        if exc.status != 404:
-            raise
-        previous = None
+    # The runner's deadline bounds the rollout; on it the service is rolled back, not deleted (on_deadline below).
+    runner = CustomResourceRunner(manifest, PLURAL, api_client=api_client, poll_seconds=poll_seconds,
+                                  timeout_seconds=timeout_seconds, controller="KServe's controller")
+    core = k8s.CoreV1Api(runner.api_client)
+    name, namespace, what = runner.name, runner.namespace, runner.what
+    previous = runner.read()
     wanted_mode = manifest["metadata"].get("annotations", {}).get(DEPLOYMENT_MODE_ANNOTATION)
     if previous is not None and (running := _deployment_mode(previous)) and wanted_mode and running != wanted_mode:
         raise ValueError(f"InferenceService {namespace}/{name} runs in deployment mode {running}, and KServe cannot "
@@ -277,44 +253,38 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
 
     def roll_back() -> str:
         if previous is None:
-            try:
-                call_api(custom.delete_namespaced_custom_object, *ref, name, retry_delay=retry_delay)
-            except ApiException as exc:
-                if exc.status != 404:
-                    raise
+            runner.delete("rolling back: it did not exist before this step")
             return "deleted the new InferenceService"
-        patch({"spec": merge_patch_to(get()["spec"], previous["spec"])})
+        runner.patch({"spec": merge_patch_to(runner.get()["spec"], previous["spec"])})
         return "restored the previous spec"
 
-    with sigterm_cancels():
+    def cancelled() -> None:
+        # KFP cancelled the run mid-rollout: leave the service as it was before this step.
+        print(f"the run was cancelled (SIGTERM); {what}: {roll_back()}", flush=True)
+
+    with runner.cancel_on_sigterm(on_cancel=cancelled):
+        # Create or update in place, never re-attach: a retried step must roll out this spec, whatever is there.
+        if previous is None:
+            applied = call_api(runner.custom.create_namespaced_custom_object, *runner.ref, manifest,
+                               retry_delay=runner.retry_delay)
+            print(f"created {what}", flush=True)
+        else:
+            applied = runner.patch({"metadata": {key: manifest["metadata"].get(key, {})
+                                                 for key in ("labels", "annotations")},
+                                    "spec": merge_patch_to(previous["spec"], manifest["spec"])})
+            print(f"patched {what} (generation {applied['metadata'].get('generation')})", flush=True)
         try:
-            if previous is None:
-                applied = call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
-                print(f"created InferenceService {namespace}/{name}", flush=True)
-            else:
-                applied = patch({"metadata": {key: manifest["metadata"].get(key, {}) for key in ("labels", "annotations")},
-                                 "spec": merge_patch_to(previous["spec"], manifest["spec"])})
-                generation = applied["metadata"].get("generation")
-                print(f"patched InferenceService {namespace}/{name} (generation {generation})", flush=True)
-            try:
-                isvc = _wait_ready(get, core, name=name, namespace=namespace,
-                                   generation=applied["metadata"].get("generation", 1), timeout_seconds=timeout_seconds,
-                                   poll_seconds=poll_seconds, pending_timeout_seconds=pending_timeout_seconds,
-                                   retry_delay=retry_delay)
-            except (RuntimeError, TimeoutError) as exc:
-                raise type(exc)(f"InferenceService {namespace}/{name} {exc}; {roll_back()}") from exc
-            status, served = isvc["status"], _served_name(manifest, rt)
-            canary = "canaryTrafficPercent" in manifest["spec"]["predictor"] and previous is not None
-            try:
-                reply = chat_completion(_smoke_url(status, canary) + rt.openai_route, served, smoke_prompt)
-            except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
-                raise RuntimeError(f"InferenceService {namespace}/{name} is Ready but failed the smoke test: {exc}; "
-                                   f"{roll_back()}") from exc
-        except Cancelled:
-            # KFP cancelled the run mid-rollout: leave the service as it was before this step.
-            print(f"the run was cancelled (SIGTERM); InferenceService {namespace}/{name}: {roll_back()}", flush=True)
-            raise SystemExit(128 + signal.SIGTERM) from None
-    print(f"InferenceService {namespace}/{name} is Ready and answered the smoke test"
+            isvc = _wait_ready(runner, core, generation=applied["metadata"].get("generation", 1),
+                               pending_timeout_seconds=pending_timeout_seconds)
+        except (RuntimeError, TimeoutError) as exc:
+            raise type(exc)(f"{what} {exc}; {roll_back()}") from exc
+        status, served = isvc["status"], _served_name(manifest, rt)
+        canary = "canaryTrafficPercent" in manifest["spec"]["predictor"] and previous is not None
+        try:
+            reply = chat_completion(_smoke_url(status, canary) + rt.openai_route, served, smoke_prompt)
+        except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
+            raise RuntimeError(f"{what} is Ready but failed the smoke test: {exc}; {roll_back()}") from exc
+    print(f"{what} is Ready and answered the smoke test"
           + (f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
              if canary else ""), flush=True)
     return {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served, "smoke_reply": reply}
@@ -338,18 +308,21 @@ def _smoke_url(status: dict, canary: bool) -> str:
     return ((status.get("address") or {}).get("url") or status["url"]).rstrip("/")
 
 
-def _wait_ready(get, core, *, name, namespace, generation, timeout_seconds, poll_seconds, pending_timeout_seconds,
-                retry_delay) -> dict:
-    deadline = time.monotonic() + timeout_seconds
+def _wait_ready(runner: CustomResourceRunner, core, *, generation: int, pending_timeout_seconds: float) -> dict:
+    """The service once Ready for ``generation`` with a URL; RuntimeError for a pod that cannot start,
+    TimeoutError past the runner's deadline (both without the service's name: the caller adds it and the rollback)."""
     unschedulable_since: dict = {}
-    while True:
-        isvc = get()
+
+    def ready(isvc: dict) -> dict | None:
         if _ready(isvc, generation) and (isvc.get("status") or {}).get("url"):
             return isvc
-        pods = call_api(core.list_namespaced_pod, namespace, label_selector=f"{POD_LABEL}={name}",
-                        retry_delay=retry_delay).items
+        pods = call_api(core.list_namespaced_pod, runner.namespace, label_selector=f"{POD_LABEL}={runner.name}",
+                        retry_delay=runner.retry_delay).items
         if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
             raise RuntimeError(f"cannot start: {why}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"was not Ready after {timeout_seconds:.0f}s: {_not_ready_reasons(isvc)}")
-        time.sleep(poll_seconds)
+        return None
+
+    def not_ready(isvc: dict) -> None:
+        raise TimeoutError(f"was not Ready after {runner.timeout_seconds:.0f}s: {_not_ready_reasons(isvc)}")
+
+    return runner.follow(ready, on_deadline=not_ready)

@@ -1,4 +1,4 @@
-"""Follow a Katib ``Experiment`` to its end, with the launcher's rigour (components/train/launcher/job.py).
+"""Follow a Katib ``Experiment`` to its end, as the launcher follows a training job (components/train/launcher/job.py).
 
     experiment, trials = run_experiment(manifest, trials_dir="/mnt/models/runs/RUN/hpo",
                                         pending_timeout_seconds=900)
@@ -17,52 +17,29 @@ fixed interval, printing the search's progress when it changes, and ends one of 
 - the deadline (``timeout_seconds``) passes, or SIGTERM arrives (the run was cancelled): the Experiment is deleted,
   and with it its Trials, their jobs and pods.
 
-Transient API errors (5xx, 429, dropped connections) are retried (``components.kube.call_api``). Each trial's
-``final/`` export (~61 GB for a full fine-tune of Qwen3-30B-A3B) is deleted from the model volume as soon as the
-trial has ended, and once more when the search ends: trials are for their eval_loss, and 12 exports would fill
-the volume. Their config, metrics.json and TensorBoard events stay (the run's Tensorboard shows the trials' curves).
+Creating or re-attaching, following, deleting and SIGTERM are the one custom-resource runner's
+(``components.kube.CustomResourceRunner``); transient API errors (5xx, 429, dropped connections) are retried. Each
+trial's ``final/`` export (~61 GB for a full fine-tune of Qwen3-30B-A3B) is deleted from the model volume as soon
+as the trial has ended, and once more when the search ends: trials are for their eval_loss, and 12 exports would
+fill the volume. Their config, metrics.json and TensorBoard events stay (the run's Tensorboard shows the trials'
+curves).
 """
 
 from __future__ import annotations
 
 import shutil
-import signal
-import threading
 import time
 from collections import Counter
-from contextlib import contextmanager
 from pathlib import Path
 
 from kubernetes import client as k8s
-from kubernetes.client.rest import ApiException
 
 from components.hpo import katib
-from components.kube import RUN_ID_LABEL, Cancelled, call_api, load_api_client, sigterm_cancels, unstartable_pod_reason
-from components.train.launcher.job import DELETION_TIMEOUT_SECONDS, KINDS
+from components.kube import RUN_ID_LABEL, CustomResourceRunner, call_api, true_condition, unstartable_pod_reason
+from components.train.launcher.kinds import DELETION_TIMEOUT_SECONDS, pod_label_for
 
 # Trial conditions after which the trial's job is gone (or going) and writes nothing more.
 _ENDED = {"Succeeded", "Failed", "MetricsUnavailable", "EarlyStopped", "Killed"}
-
-
-@contextmanager
-def _sigterm_flag():
-    """``components.kube.sigterm_cancels``, plus an Event set on SIGTERM, which the poll loop checks.
-
-    The handler raises ``Cancelled`` wherever the main thread is; when that is a finalizer (a ``__del__`` run by the
-    garbage collector, say a dropped connection's), Python reports the exception and drops it, and a later SIGTERM
-    is ignored: without the flag the step would poll on and the Experiment would outlive the cancelled run.
-    """
-    received = threading.Event()
-    with sigterm_cancels():
-        if threading.current_thread() is threading.main_thread():  # where sigterm_cancels installs its handler
-            cancel = signal.getsignal(signal.SIGTERM)
-
-            def handler(signum, frame):
-                received.set()
-                cancel(signum, frame)
-
-            signal.signal(signal.SIGTERM, handler)
-        yield received
 
 
 def remove_exports(trials_dir: str | Path, trial_names=None) -> None:
@@ -74,11 +51,6 @@ def remove_exports(trials_dir: str | Path, trial_names=None) -> None:
         if final.is_dir():
             shutil.rmtree(final, ignore_errors=True)
             print(f"deleted {final} (the trial has ended: its eval_loss is what the search keeps)", flush=True)
-
-
-def _true(obj: dict, kind: str) -> dict | None:
-    return next((c for c in (obj.get("status") or {}).get("conditions") or []
-                 if c.get("type") == kind and c.get("status") == "True"), None)
 
 
 def _progress(experiment: dict, trials: list[dict]) -> str:
@@ -145,20 +117,15 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
     if poll_seconds <= 0 or pending_timeout_seconds < 0 or (timeout_seconds is not None and timeout_seconds < 0):
         raise ValueError(f"poll_seconds must be > 0 and the timeouts >= 0, got {poll_seconds}, "
                          f"{pending_timeout_seconds}, {timeout_seconds}")
-    api_client = api_client or load_api_client()
-    custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
-    name, namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
-    what = f"{katib.KIND} {namespace}/{name}"
-    ref = (katib.GROUP, katib.VERSION, namespace, katib.PLURAL)
-    retry_delay = min(1.0, poll_seconds)
+    runner = CustomResourceRunner(manifest, katib.PLURAL, api_client=api_client, poll_seconds=poll_seconds,
+                                  timeout_seconds=timeout_seconds, deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
+                                  controller="Katib's controller")
+    custom, core = k8s.CustomObjectsApi(runner.api_client), k8s.CoreV1Api(runner.api_client)
+    name, namespace, what, retry_delay = runner.name, runner.namespace, runner.what, runner.retry_delay
     started = time.monotonic()
-    deadline = None if timeout_seconds is None else started + timeout_seconds
     # The trials' pods: the run's label (on every pod of the run's jobs) and the trial job's own label = trial name.
     run_id = (manifest["metadata"].get("labels") or {}).get(RUN_ID_LABEL)
-    pod_label = KINDS[manifest["spec"]["trialTemplate"]["trialSpec"]["kind"]].pod_label
-
-    def get_experiment() -> dict:
-        return call_api(custom.get_namespaced_custom_object, *ref, name, retry_delay=retry_delay)
+    pod_label = pod_label_for(manifest["spec"]["trialTemplate"]["trialSpec"]["kind"])
 
     def list_trials() -> list[dict]:
         answer = call_api(custom.list_namespaced_custom_object, katib.GROUP, katib.VERSION, namespace,
@@ -173,97 +140,43 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
                         retry_delay=retry_delay).items
         return [p for p in pods if (p.metadata.labels or {}).get(pod_label) in trial_names]
 
-    def delete_experiment(why: str) -> None:
-        print(f"deleting {what}: {why}", flush=True)
-        try:
-            call_api(custom.delete_namespaced_custom_object, *ref, name, retry_delay=retry_delay,
-                     body=k8s.V1DeleteOptions(propagation_policy="Background"))
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-
-    def wait_until_gone() -> None:
-        give_up = time.monotonic() + DELETION_TIMEOUT_SECONDS
-        while time.monotonic() < give_up:
-            try:
-                get_experiment()
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise
-            if cancelled.wait(poll_seconds):
-                raise Cancelled()
-        raise RuntimeError(f"{what} is still being deleted after {DELETION_TIMEOUT_SECONDS:.0f}s: check that Katib's "
-                           "controller is running, then delete it by hand")
-
-    def create() -> None:
-        while True:
-            try:
-                call_api(custom.create_namespaced_custom_object, *ref, manifest, retry_delay=retry_delay)
-                print(f"created {what}", flush=True)
-                return
-            except ApiException as exc:
-                if exc.status != 409:
-                    raise
-            try:
-                existing = get_experiment()
-            except ApiException as exc:
-                if exc.status == 404:
-                    continue  # deleted in between: the name is free now
-                raise
-            if not existing["metadata"].get("deletionTimestamp"):
-                # The step was retried (or a dropped response hid our own create): same run, same search.
-                print(f"{what} already exists: re-attaching to it", flush=True)
-                return
-            print(f"{what} is being deleted: creating it again once it is gone", flush=True)
-            wait_until_gone()
-
     ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
     unschedulable_since: dict = {}
-    with _sigterm_flag() as cancelled:
+    announce, line = True, None
+
+    def poll(experiment: dict) -> tuple[dict, list[dict]] | None:
+        nonlocal announce, line, ended
+        if announce and on_created is not None:
+            on_created(experiment)
+        announce = False
+        trials = list_trials()
+        progress = _progress(experiment, trials)
+        if progress != line:
+            line = progress
+            print(f"{what}: {line}", flush=True)
+        done = {t["metadata"]["name"] for t in trials if any(true_condition(t, kind) for kind in _ENDED)}
+        if trials_dir is not None:
+            remove_exports(trials_dir, sorted(done - ended))
+        ended |= done
+        if true_condition(experiment, "Succeeded"):
+            return experiment, trials
+        if failed := true_condition(experiment, "Failed"):
+            raise RuntimeError(_failure_report(what, failed, trials))
+        running = {t["metadata"]["name"] for t in trials} - ended
+        if why := unstartable_pod_reason(trial_pods(running), unschedulable_since, pending_timeout_seconds):
+            runner.delete(f"a trial cannot start: {why}")
+            raise RuntimeError(f"{what}: a trial cannot start: {why}")
+        if not trials and time.monotonic() - started > pending_timeout_seconds:
+            runner.delete(f"no trial after {pending_timeout_seconds:.0f}s")
+            raise RuntimeError(f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "
+                               f"service did not start or answer (kubectl -n {namespace} describe suggestion "
+                               f"{name}, and its pod)")
+        return None
+
+    with runner.cancel_on_sigterm():
         try:
-            create()
-            announce, line = True, None
-            while True:
-                try:
-                    experiment = get_experiment()
-                except ApiException as exc:
-                    if exc.status == 404:
-                        raise RuntimeError(f"{what} was deleted while it ran") from None
-                    raise
-                if announce and on_created is not None:
-                    on_created(experiment)
-                announce = False
-                trials = list_trials()
-                progress = _progress(experiment, trials)
-                if progress != line:
-                    line = progress
-                    print(f"{what}: {line}", flush=True)
-                done = {t["metadata"]["name"] for t in trials if any(_true(t, kind) for kind in _ENDED)}
-                if trials_dir is not None:
-                    remove_exports(trials_dir, sorted(done - ended))
-                ended |= done
-                if _true(experiment, "Succeeded"):
-                    return experiment, trials
-                if failed := _true(experiment, "Failed"):
-                    raise RuntimeError(_failure_report(what, failed, trials))
-                running = {t["metadata"]["name"] for t in trials} - ended
-                if why := unstartable_pod_reason(trial_pods(running), unschedulable_since, pending_timeout_seconds):
-                    delete_experiment(f"a trial cannot start: {why}")
-                    raise RuntimeError(f"{what}: a trial cannot start: {why}")
-                if not trials and time.monotonic() - started > pending_timeout_seconds:
-                    delete_experiment(f"no trial after {pending_timeout_seconds:.0f}s")
-                    raise RuntimeError(f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "
-                                       f"service did not start or answer (kubectl -n {namespace} describe suggestion "
-                                       f"{name}, and its pod)")
-                if deadline is not None and time.monotonic() > deadline:
-                    delete_experiment(f"still running after {timeout_seconds:.0f}s")
-                    raise TimeoutError(f"{what} did not finish within {timeout_seconds:.0f}s ({line})")
-                if cancelled.wait(poll_seconds):  # wakes at once on SIGTERM
-                    raise Cancelled()
-        except Cancelled:
-            delete_experiment("the run was cancelled (SIGTERM)")
-            raise SystemExit(128 + signal.SIGTERM) from None
+            runner.create(manifest)
+            return runner.follow(poll, describe=lambda experiment: line)
         finally:
             if trials_dir is not None:
                 remove_exports(trials_dir)
