@@ -4,7 +4,7 @@ import re
 import tomllib
 
 from components import version
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())
 

@@ -36,7 +36,7 @@ from components.validate.preflight import (
     preflight,
 )
 from tests.fakes.k8s_api import FakeKubeAPI
-from tests.validate.test_preflight import PARAMS, ready_cluster
+from tests.helpers.cluster import PARAMS, ready_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
 MANIFESTS = ROOT / "manifests"
@@ -142,7 +142,7 @@ def scripted_runs() -> set[tuple]:
             "hf_token_secret": "hf-token", "node_selector": {}, "tolerations": []}
     needed = launcher_rules(pytorchjob_for_run(**args), "pytorchjobs", "training.kubeflow.org/job-name", "Succeeded")
     needed |= launcher_rules(trainjob_for_run(**args), "trainjobs", "jobset.sigs.k8s.io/jobset-name", "Complete")
-    from tests.hpo.test_hpo_step import KatibAPI, experiment, katib_runs, succeeds, trial
+    from tests.fakes.katib import KatibAPI, experiment, katib_runs, succeeds, trial
 
     with KatibAPI() as api:  # the search step: an Experiment followed to the end, one given up (deleted)
         api.on_get("experiments", api.steps(*succeeds(api)))

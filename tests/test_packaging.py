@@ -6,7 +6,7 @@ import zipfile
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 
 def test_wheel_contains_presets_sample_data_templates_and_deepspeed_configs(tmp_path):

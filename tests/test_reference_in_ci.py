@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from components.train.launcher.pytorchjob import build_pytorchjob
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 from tests.helpers.crd_schema import crd_errors
 
 HERE = "tests/test_reference_in_ci.py"

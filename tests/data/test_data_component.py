@@ -7,12 +7,7 @@ from kfp.dsl import Dataset, Markdown
 
 from components.data.component import prepare_dataset
 from components.settings import defaults
-from tests.data import test_data_prepare as base
-
-# the same module-scoped corpus and tokenizer as tests/test_data_prepare.py
-corpus, tokenizer_dir = base.corpus, base.tokenizer_dir
-write_jsonl = base.write_jsonl
-_conv = base._conv
+from tests.helpers.data import conversation, write_jsonl
 
 
 def run_component(tmp_path, tokenizer_dir, source, run_id):
@@ -29,8 +24,8 @@ def run_component(tmp_path, tokenizer_dir, source, run_id):
 def test_component_writes_the_dataset_metadata_and_report(tokenizer_dir, tmp_path):
     data = tmp_path / "data"
     (data / "incoming").mkdir(parents=True)
-    write_jsonl(data / "incoming" / "a.jsonl", [_conv(i) for i in range(30)])
-    write_jsonl(data / "incoming" / "b.jsonl", [_conv(i, "ko") for i in range(30, 50)])
+    write_jsonl(data / "incoming" / "a.jsonl", [conversation(i) for i in range(30)])
+    write_jsonl(data / "incoming" / "b.jsonl", [conversation(i, "ko") for i in range(30, 50)])
     source = "pvc://llm-data/incoming/a.jsonl, pvc://llm-data/incoming/b.jsonl"
     dataset, _ = run_component(tmp_path, tokenizer_dir, source, "run-1")
     md = dataset.metadata

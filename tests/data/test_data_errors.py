@@ -5,11 +5,7 @@ import json
 import pytest
 
 from components.data.prepare import DataError, prepare
-from tests.data import test_data_prepare as base
-
-# the same module-scoped corpus and tokenizer as tests/test_data_prepare.py
-corpus, tokenizer_dir = base.corpus, base.tokenizer_dir
-write_jsonl = base.write_jsonl
+from tests.helpers.data import write_jsonl
 
 OK = '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'
 

@@ -9,11 +9,7 @@ import pytest
 from components.data import formats
 from components.data.prepare import prepare
 from components.data.sources import resolve
-from tests.data import test_data_prepare as base
-
-# the same module-scoped corpus and tokenizer as tests/test_data_prepare.py
-corpus, tokenizer_dir = base.corpus, base.tokenizer_dir
-write_jsonl = base.write_jsonl
+from tests.helpers.data import write_jsonl
 
 QA = [(f"What is {i} times 3?", f"It is {3 * i}.") for i in range(12)]
 

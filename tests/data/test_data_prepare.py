@@ -13,33 +13,8 @@ from components.data.prepare import prepare
 from components.data.report import markdown
 from components.data.tokenizing import tokenize_batch
 from components.models.tiny import build_tokenizer
-from tests.conftest import run_cli
-
-
-def _conv(i: int, lang: str = "en") -> dict:
-    if lang == "ko":
-        return {"messages": [{"role": "user", "content": f"{i} 더하기 {i}는 무엇입니까?"},
-                             {"role": "assistant", "content": f"정답은 {2 * i}입니다."}]}
-    return {"messages": [{"role": "system", "content": "Be brief."},
-                         {"role": "user", "content": f"What is {i} plus {i}?"},
-                         {"role": "assistant", "content": f"The answer is {2 * i}." + " Indeed." * (i % 7)}]}
-
-
-def write_jsonl(path, rows):
-    path.write_text("\n".join(r if isinstance(r, str) else json.dumps(r, ensure_ascii=False) for r in rows), encoding="utf-8")
-    return path
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    return write_jsonl(tmp_path_factory.mktemp("data") / "chat.jsonl", [_conv(i, "ko" if i % 2 else "en") for i in range(60)])
-
-
-@pytest.fixture(scope="module")
-def tokenizer_dir(corpus, tmp_path_factory):
-    out = tmp_path_factory.mktemp("tok")
-    build_tokenizer(corpus).save_pretrained(out)
-    return str(out)
+from tests.helpers.data import conversation, write_jsonl
+from tests.helpers.repo import run_cli
 
 
 def examples_of(split) -> list[tuple]:
@@ -121,7 +96,7 @@ def test_decomposed_hangul_is_normalised(tokenizer_dir, tmp_path):
 
 
 def test_cleaning_counts_every_reason(tokenizer_dir, tmp_path):
-    good = [_conv(i) for i in range(10)]
+    good = [conversation(i) for i in range(10)]
     nfd_twin = {"messages": [{"role": "user", "content": unicodedata.normalize("NFD", "한국")},
                              {"role": "assistant", "content": "네"}]}
     nfc_twin = {"messages": [{"role": "user", "content": "한국"}, {"role": "assistant", "content": "네"}]}
@@ -136,8 +111,8 @@ def test_cleaning_counts_every_reason(tokenizer_dir, tmp_path):
 
 
 def test_over_length_can_truncate_instead_of_drop(tokenizer_dir, tmp_path):
-    rows = [_conv(i) for i in range(6)] + [{"messages": [{"role": "user", "content": "hi"},
-                                                          {"role": "assistant", "content": "long answer " * 200}]}]
+    rows = [conversation(i) for i in range(6)] + [{"messages": [{"role": "user", "content": "hi"},
+                                                                {"role": "assistant", "content": "long answer " * 200}]}]
     src = write_jsonl(tmp_path / "d.jsonl", rows)
     dropped = prepare(str(src), tokenizer_dir, str(tmp_path / "a"), 64, 1, 0, over_length="drop")
     cut = prepare(str(src), tokenizer_dir, str(tmp_path / "b"), 64, 1, 0, over_length="truncate")
@@ -147,7 +122,7 @@ def test_over_length_can_truncate_instead_of_drop(tokenizer_dir, tmp_path):
 
 
 def test_separate_eval_source(corpus, tokenizer_dir, tmp_path):
-    held_out = write_jsonl(tmp_path / "eval.jsonl", [_conv(i) for i in range(100, 105)] + [_conv(0)])
+    held_out = write_jsonl(tmp_path / "eval.jsonl", [conversation(i) for i in range(100, 105)] + [conversation(0)])
     stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.5, 0, eval_source=str(held_out))
     # every corpus row trains; the eval copy of a training row is a duplicate and is dropped from eval
     assert stats["train"]["examples"] == 60 and stats["eval"]["examples"] == 5 and stats["dropped"] == {"duplicate": 1, "over_length": 0}
@@ -165,7 +140,7 @@ def test_unchanged_inputs_reuse_the_cache(corpus, tokenizer_dir, tmp_path):
     assert a["train"]["input_ids"] == b["train"]["input_ids"] and a["eval"]["labels"] == b["eval"]["labels"]
     # the cached copy's stats were not rewritten by the reusing run (its files are hard links)
     assert json.loads((cache / first["fingerprint"] / "stats.json").read_text())["cache_hit"] is False
-    corpus.write_text(corpus.read_text() + "\n" + json.dumps(_conv(999)))  # a changed source is a miss
+    corpus.write_text(corpus.read_text() + "\n" + json.dumps(conversation(999)))  # a changed source is a miss
     assert prepare(str(corpus), tokenizer_dir, str(tmp_path / "r4"), 128, 0.2, 1, cache_dir=str(cache))["cache_hit"] is False
 
 
@@ -178,9 +153,10 @@ def test_report_shows_counts_histogram_and_three_examples(corpus, tokenizer_dir,
 
 def test_report_counts_add_up(tokenizer_dir, tmp_path):
     """Rows read, minus each reason's drops (cleaning, then over-length after tokenizing), are the examples kept."""
-    rows = [_conv(i) for i in range(10)] + [_conv(0), {"messages": [{"role": "user", "content": "only a question"}]},
-                                            {"messages": [{"role": "user", "content": "long " * 400},
-                                                          {"role": "assistant", "content": "ok"}]}]
+    rows = [conversation(i) for i in range(10)] + [conversation(0),
+                                                   {"messages": [{"role": "user", "content": "only a question"}]},
+                                                   {"messages": [{"role": "user", "content": "long " * 400},
+                                                                 {"role": "assistant", "content": "ok"}]}]
     stats = prepare(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0)
     md = markdown(stats)
     read = int(re.search(r"\| read \| (\d+) \|", md).group(1))

@@ -15,7 +15,7 @@ from components.deploy import inference_service, local_server, smoke
 from components.deploy.local_server import serve_locally
 from components.deploy.smoke import chat_completion, readable_reply, wait_healthy
 from components.models.tiny import materialize
-from tests.deploy.test_inference_service import OpenAIServer
+from tests.fakes.openai_server import OpenAIServer
 
 
 def test_cluster_and_local_deploys_share_one_smoke_client():

@@ -3,9 +3,7 @@ server, with a tiny local OpenAI-compatible server standing in for the model ser
 
 from __future__ import annotations
 
-import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import yaml
@@ -14,6 +12,7 @@ from components.deploy.inference_service import RUNTIMES, build_inference_servic
 from components import kube
 from tests.helpers.crd_schema import crd_errors, require_reference
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.fakes.openai_server import OpenAIServer
 
 CRD = "serving.kserve.io_inferenceservices.yaml"
 GVP = ("serving.kserve.io", "v1beta1", "inferenceservices")
@@ -91,44 +90,6 @@ def test_bad_input_is_a_value_error_naming_the_field(field, value):
 
 
 # -- the rollout against the fake API server -------------------------------------------------------------
-
-class OpenAIServer:
-    """A local OpenAI-compatible chat endpoint; ``fail`` makes it answer 500; each request also appends
-    "smoke" to ``events`` (to check what happened before it)."""
-
-    def __init__(self, fail: bool = False, events: list | None = None):
-        self.fail, self.requests, self.events = fail, [], events if events is not None else []
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                outer.requests.append((self.path, body))
-                outer.events.append("smoke")
-                reply = {"index": 0, "message": {"role": "assistant", "content": "Hi! How can I help?"}}
-                status, payload = (500, {"error": "CUDA out of memory"}) if outer.fail else (
-                    200, {"object": "chat.completion", "model": body["model"], "choices": [reply]})
-                data = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self):
-        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
 
 def becomes_ready(api, url, address=None, after=1, events=None):
     """KServe's side: the status stays as it was (none, or the previous generation's) for ``after`` GETs of a

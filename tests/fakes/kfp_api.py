@@ -35,7 +35,7 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from tests.conftest import REFERENCE  # one place for the specs: REFERENCE_DIR moves it
+from tests.helpers.repo import REFERENCE  # one place for the specs: REFERENCE_DIR moves it
 
 SWAGGER_PATH = REFERENCE / "kfp" / "kfp_api_single_file.swagger.json"
 API = "/apis/v2beta1"

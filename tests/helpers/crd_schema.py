@@ -18,14 +18,14 @@ from pathlib import Path
 import jsonschema
 import yaml
 
-from tests import conftest
+from tests.helpers import repo
 
-CRDS = conftest.REFERENCE / "crds"
+CRDS = repo.REFERENCE / "crds"
 
 
 def require_reference() -> Path:
     """The reference folder, once its CRDs are there; else the calling test skips (fails in CI)."""
-    return conftest.require_reference("crds")
+    return repo.require_reference("crds")
 
 
 def _strict(schema: dict) -> dict:

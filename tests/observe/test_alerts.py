@@ -4,66 +4,16 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
 from components.observe import alerts
 from components.observe.alerts import RunOutcome, alert_message, notify_run_outcome, post_alert
+from tests.fakes.webhook import TOKEN_PATH, Hook
 
-TOKEN_PATH = "/services/T0001/B0002/s3cr3tT0k3n"  # an incoming webhook's path is its credential
+# A "hang" reply (Hook's default 2.5 s) outlasts timeout_seconds.
 FAST = dict(backoff_seconds=0.05, max_wait_seconds=5.0, timeout_seconds=2.0)
-
-
-class Hook:
-    """An incoming webhook on localhost that answers each POST with the next scripted reply, then 200 ``ok``.
-
-    A reply is ``(status, headers, body)``, ``"drop"`` (read the request, close the connection without an
-    answer) or ``"hang"`` (answer nothing until the client gives up). Every request is kept with its arrival time.
-    """
-
-    def __init__(self, *replies):
-        self.replies = list(replies)
-        self.requests: list[dict] = []
-        hook = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                hook.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
-                                      "at": time.monotonic()})
-                reply = hook.replies.pop(0) if hook.replies else (200, {}, "ok")
-                if reply == "drop":
-                    self.close_connection = True
-                    return
-                if reply == "hang":
-                    time.sleep(FAST["timeout_seconds"] + 0.5)
-                    self.close_connection = True
-                    return
-                status, headers, text = reply
-                self.send_response(status)
-                for k, v in {"Content-Type": "text/plain", **headers}.items():
-                    self.send_header(k, v)
-                self.send_header("Content-Length", str(len(text)))
-                self.end_headers()
-                self.wfile.write(text.encode())
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}{TOKEN_PATH}"
-
-    def __enter__(self):
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        return self
-
-    def __exit__(self, *exc):
-        self.server.shutdown()
-        self.server.server_close()
-
 
 FAILED = RunOutcome(pipeline="llm-finetune", run_id="8346555", status="FAILED", failed_step="train-model",
                     reason="pod sft-8346555-master-0: container pytorch was OOMKilled (exit code 137)\n"

@@ -6,7 +6,7 @@ from kfp.dsl import PipelineTaskFinalStatus
 
 from components.observe import alerts
 from components.observe.component import notify_run
-from tests.observe.test_alerts import Hook
+from tests.fakes.webhook import Hook
 
 
 def _status(state: str, task: str = "", error: str = "") -> PipelineTaskFinalStatus:

@@ -15,7 +15,7 @@ from kfp.dsl import PipelineTaskFinalStatus
 from components.observe import alerts
 from components.observe.component import notify_run
 from components.observe.outcome import recording_outcome, run_outcome
-from tests.observe.test_alerts import Hook
+from tests.fakes.webhook import Hook
 
 RUN = "0b6f2c1e-5a3d-4c8e-9f10-2a4b6c8d0e12"  # a KFP run id: a 36-character UUID
 

@@ -9,7 +9,7 @@ from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 from pipelines.compile import COMPILED, same_pipeline
-from tests.conftest import run_cli
+from tests.helpers.repo import run_cli
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.local import ExecutorLineFilter, StepLines
-from tests.conftest import run_cli
+from tests.helpers.repo import run_cli
 
 # The whole terminal output of the default local run: 62 lines measured with five steps, 80 with the stage slots
 # (base model, the stage's data step, two unused slots: two lines each); 640-780 before kfp.local's bookkeeping was

@@ -2,12 +2,12 @@
 
 import yaml
 
-from tests.conftest import run_cli
+from tests.helpers.repo import run_cli
 
 
 def test_render_writes_the_tensorboard_and_the_experiment(tmp_path, reference):
     from tests.helpers.crd_schema import crd_errors
-    from tests.hpo.test_katib_experiment import experiment_type_errors, katib_webhook_errors
+    from tests.helpers.katib_go import experiment_type_errors, katib_webhook_errors
 
     result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "-p", "hpo_trials=6",
                      "-p", "hpo_parallel_trials=2",

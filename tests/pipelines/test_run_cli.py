@@ -6,7 +6,7 @@ import socket
 import pytest
 import yaml
 
-from tests.conftest import run_cli
+from tests.helpers.repo import run_cli
 
 
 def _closed_port() -> int:
@@ -50,7 +50,7 @@ def test_help_imports_no_ml_or_kubernetes_library():
     import subprocess
     import sys
 
-    from tests.conftest import ROOT
+    from tests.helpers.repo import ROOT
 
     probe = ("import sys\nfrom pipelines import run\ntry:\n    run.main(['--help'])\nexcept SystemExit:\n    pass\n"
              "print(sorted(m for m in ('kfp', 'torch', 'transformers', 'kubernetes', 'datasets') if m in sys.modules))")

@@ -20,7 +20,7 @@ from kfp import compiler, dsl
 from pipelines.errors import UsageError
 from pipelines.schedule import validate_cron
 from pipelines.submit import Submission, submit
-from tests.conftest import require_reference
+from tests.helpers.repo import require_reference
 from tests.fakes.kfp_api import API, SWAGGER_PATH, running_fake_kfp
 
 PARAMS = {"message": "hello from the test", "repeats": 3}

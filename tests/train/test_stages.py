@@ -10,7 +10,7 @@ from components.settings import check, defaults, warnings
 from components.train.stages import STAGES, stage_overrides, stage_train_settings
 from pipelines import params as P
 from pipelines.errors import UsageError
-from tests.conftest import run_cli
+from tests.helpers.repo import run_cli
 
 ALL = {"stages": ["cpt", "sft", "dpo"], "cpt_dataset_source": "builtin:domain-text",
        "dpo_dataset_source": "builtin:preference"}

@@ -9,7 +9,7 @@ import yaml
 
 from components.settings import check, defaults
 from components.train.launcher.pods import TRACKING_KEYS
-from tests.conftest import run_cli
+from tests.helpers.repo import run_cli
 
 
 def test_the_jobs_pods_read_the_trackers_keys_from_the_secret_by_reference(tmp_path, reference):

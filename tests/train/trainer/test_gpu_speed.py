@@ -19,7 +19,7 @@ from concurrent.futures import ProcessPoolExecutor
 import pytest
 import torch
 
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 needs_flash_attn = pytest.mark.skipif(importlib.util.find_spec("flash_attn") is None, reason="needs flash-attn")

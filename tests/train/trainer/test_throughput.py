@@ -26,7 +26,7 @@ from components.models.mfu import (
     document_lengths,
     flops_per_token,
 )
-from tests.conftest import ROOT
+from tests.helpers.repo import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
 import train_throughput as bench  # noqa: E402

@@ -22,7 +22,7 @@ from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
 from components.train.launcher.local import run_torchrun
-from tests.conftest import run_cli
+from tests.helpers.repo import run_module
 from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
 
 EVAL_PAIRS = 16
@@ -91,7 +91,7 @@ def _parse(path):
 
 def test_an_unknown_stage_is_one_error_line_naming_the_file_and_field(workdir):
     path = _config(workdir, "ppo", stage="ppo")
-    result = run_cli("components.train.trainer.sft", "--config", path, timeout=120)
+    result = run_module("components.train.trainer.sft", "--config", path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == f"error: {path}: stage 'ppo' is not one of ['cpt', 'sft', 'dpo']"
 
