@@ -10,7 +10,8 @@ fixed interval, printing the search's progress when it changes, and ends one of 
 
 - ``Succeeded``: the Experiment and its Trials (listed by ``katib.EXPERIMENT_LABEL``) are returned;
 - ``Failed``: raised at once, with Katib's reason and the failed trials' own messages (Katib fails an Experiment
-  once more than ``maxFailedTrialCount`` trials failed, or when its suggestion service fails);
+  once its failed trials reach ``maxFailedTrialCount``, ``katib.search_failed``, or when its suggestion service
+  fails);
 - a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), or no
   trial at all that long after the Experiment was created (the suggestion service did not start): the Experiment
   is deleted (it holds GPUs, or would) and the error names the pod or says where to look;

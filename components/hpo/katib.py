@@ -12,15 +12,16 @@ Each trial runs the PyTorchJob or TrainJob the launcher builds (``training_job_f
 pods, volumes, placement and queue. Only the trainer container's command differs.
 
 How a trial's values reach the trainer. The trainer reads one JSON config file (``torchrun ... -m
-components.train.trainer.sft --config FILE``, components/train/launcher/pods.py) and its command line takes nothing else, while a
-trial needs its own values and its own output folder (the checkpoints, metrics.json and TensorBoard events of
-concurrent trials must not mix). Katib only substitutes ``${trialParameters.<name>}`` into the text of the trial
-template, so the values travel as command-line arguments, HfArgumentParser-style, to a small entry point that
+components.train.trainer.sft --config FILE``, components/train/launcher/pods.py) and its command line takes nothing
+else, while a trial needs its own values and its own output folder (the checkpoints, metrics.json and TensorBoard
+events of concurrent trials must not mix). Katib only substitutes ``${trialParameters.<name>}`` into the text of the
+trial template, so the values travel as command-line arguments, HfArgumentParser-style, to a small entry point that
 runs first in every pod of the trial (components/hpo/trial.py)::
 
     python -m components.hpo.trial --base-config <the run's train_config.json> --trial-dir <trials_dir>/<trial>
         --max_steps 50 --save_strategy no --learning_rate ${trialParameters.learning_rate} ...
-        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.trainer.sft --config <trials_dir>/<trial>/train_config.json
+        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.trainer.sft \\
+           --config <trials_dir>/<trial>/train_config.json
 
 It writes the run's config with the trial's values and ``output_dir`` into the trial's folder and then becomes
 (exec) the unchanged ``torchrun`` command on it: the trainer, its config checks (a bad value exits with code 2)
@@ -34,7 +35,7 @@ What Katib reads back. The objective is ``eval_loss``, minimised: the trainer's 
 rank 0) with ``METRICS_FORMAT``; it also keeps the ``loss`` of each progress line (``step 10/50 | loss 2.3456 |
 ...``, callbacks.py) as the trial's curve in the Katib UI. A File collector on metrics.json cannot work: its JSON
 format wants string values, one object per line. A trial with no numeric eval_loss (``nan``, or a crash) is
-MetricsUnavailable or Failed, and counts toward ``maxFailedTrialCount``.
+MetricsUnavailable or Failed, and counts toward ``maxFailedTrialCount`` (``search_failed``).
 
 What the StdOut collector implies: Katib's pod webhook runs the primary container as ``sh -c "<command> 1>file
 2>&1 && ..."`` (its output shows in the ``metrics-logger-and-collector`` sidecar's log) and injects only in
@@ -87,6 +88,17 @@ TRIAL_FIELDS = {"max_steps": int, "save_strategy": str}
 # PyTorchJob's 52 (pytorchjob.MAX_JOB_NAME). Katib's own limit on an Experiment name is 40 as well.
 MAX_EXPERIMENT_NAME = 40
 TRIAL_NAME_PARAMETER = "trialName"  # camelCase: no setting is named so
+
+
+def search_failed(failed: int, max_failed_trials: int) -> bool:
+    """Whether ``failed`` failed trials end a search allowed ``max_failed_trials`` (maxFailedTrialCount).
+
+    Katib's rule, which the local search follows too: an Experiment fails once its failed trials (Failed or
+    MetricsUnavailable: no objective) are not 0 and reach maxFailedTrialCount (kubeflow/katib
+    ``pkg/controller.v1beta1/experiment/util/status_util.go``, since v0.14). So 0 and 1 both end the search at its
+    first failure.
+    """
+    return failed > 0 and failed >= max_failed_trials
 
 
 def experiment_name_for(run_id: str) -> str:

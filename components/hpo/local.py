@@ -4,12 +4,12 @@
                                     algorithm="tpe", seed=42, trial_steps=4, max_failed_trials=1, nproc_per_node=2)
     best = katib.best_trial(experiment)["parameters"]
 
-The search a Katib Experiment runs on a cluster, on this machine. Each trial writes its trainer config as a
-Katib trial's pods do (``components.hpo.trial.write_trial_config``: the run's config, the trial's values,
-``max_steps`` = ``trial_steps``, ``save_strategy`` no, ``output_dir`` = ``<trials_dir>/trial-<n>``), runs the
-trainer on it with ``components.train.launcher.local.run_torchrun`` and reads its ``eval_loss`` from ``metrics.json``: the
-objective, minimised. Then the trial's ``final/`` export is deleted (trials are for their eval_loss); its config,
-metrics.json and TensorBoard events stay.
+The search a Katib Experiment runs on a cluster, on this machine. Each trial writes its trainer config as a Katib
+trial's pods do (``components.hpo.trial.write_trial_config``: the run's config, the trial's values, ``max_steps`` =
+``trial_steps``, ``save_strategy`` no, ``output_dir`` = ``<trials_dir>/trial-<n>``), runs the trainer on it with
+``components.train.launcher.local.run_torchrun`` and reads its ``eval_loss`` from ``metrics.json``: the objective,
+minimised. Then the trial's ``final/`` export is deleted (trials are for their eval_loss); its config, metrics.json
+and TensorBoard events stay.
 
 Katib's algorithms here: random (``RandomSampler``), tpe and multivariate-tpe (``TPESampler``, the second with
 ``multivariate=True``, as Katib's Optuna service runs it) and grid (``GridSampler`` over every combination of the
@@ -17,7 +17,8 @@ listed values and stepped ranges, visited in a seeded random order where Katib's
 (bayesianoptimization, cmaes, sobol) run as tpe, with a warning: their libraries are not installed here.
 Every sampler is seeded with the run's ``seed``. Trials run one after another whatever ``hpo_parallel_trials``
 says: each torchrun already takes every core. As in Katib, a trial that fails (the trainer exits non-zero) or
-reports no finite eval_loss counts as failed, and more than ``max_failed_trials`` failures end the search.
+reports no finite eval_loss counts as failed, and the search ends where Katib would end the Experiment
+(``katib.search_failed``: once failures reach ``max_failed_trials``, at the first one when that is 0 or 1).
 
 The results come back shaped as Katib's (an Experiment with ``status.currentOptimalTrial``, Trial objects), so that
 one reader (``katib.best_trial``) and one report (``katib.trials_markdown``) serve both backends.
@@ -144,7 +145,8 @@ def run_search(base_config: str, trials_dir: str, *, name: str, search_space: di
         a Succeeded condition), and one Trial object per trial, in order.
 
     Raises:
-        RuntimeError: more than ``max_failed_trials`` trials failed (each failed trial's values and why).
+        RuntimeError: the failed trials reached ``max_failed_trials`` (``katib.search_failed``; each failed
+            trial's values and why).
     """
     import optuna
 
@@ -173,8 +175,9 @@ def run_search(base_config: str, trials_dir: str, *, name: str, search_space: di
         if why:
             failures.append(f"  trial {trial_name} ({values}): {why}")
             log.warning("trial %d/%d failed in %.0fs: %s", number, trials, time.monotonic() - began, why)
-            if len(failures) > max_failed_trials:
-                raise RuntimeError(f"the search {name} failed: {len(failures)} trials failed, more than "
+            if katib.search_failed(len(failures), max_failed_trials):
+                count = f"{len(failures)} trial{'s' if len(failures) > 1 else ''}"
+                raise RuntimeError(f"the search {name} failed: {count} failed, which reaches "
                                    f"hpo_max_failed_trials={max_failed_trials}\n" + "\n".join(failures))
             raise _TrialFailed(why)
         loss = metrics[katib.OBJECTIVE]

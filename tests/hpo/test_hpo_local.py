@@ -139,20 +139,33 @@ def test_failed_trials_count_and_too_many_end_the_search_with_their_reasons(tmp_
     trainer = fake_trainer(fail_if=lambda cfg: True)
     monkeypatch.setattr(train_local, "run_torchrun", trainer)
     with pytest.raises(RuntimeError) as error:
-        search(tmp_path, max_failed_trials=1)
-    assert len(trainer.calls) == 2  # the second failure is one more than hpo_max_failed_trials allows
+        search(tmp_path, max_failed_trials=2)
+    assert len(trainer.calls) == 2  # the second failure reaches hpo_max_failed_trials
     lines = str(error.value).splitlines()
-    assert lines[0] == "the search hpo-local-run-1 failed: 2 trials failed, more than hpo_max_failed_trials=1"
+    assert lines[0] == ("the search hpo-local-run-1 failed: 2 trials failed, which reaches "
+                        "hpo_max_failed_trials=2")
     assert lines[1].startswith("  trial trial-1 (learning_rate=") and \
         lines[1].endswith("): torchrun exited with code 1; last lines:")
     assert "ValueError: learning rate too high" in lines and "line 5" not in lines  # the tail only
     assert not list((tmp_path / "hpo").glob("*/final"))  # a failed trial's export goes too
 
 
+@pytest.mark.parametrize("max_failed,trials_run", [(0, 1), (1, 1), (2, 2), (3, 3)])
+def test_the_search_fails_where_katib_fails_an_experiment(tmp_path, monkeypatch, max_failed, trials_run):
+    """Katib fails an Experiment once its failed trials are not 0 and reach maxFailedTrialCount (>=; kubeflow/katib
+    experiment/util/status_util.go since v0.14): 0 and 1 both end the search at the first failure."""
+    trainer = fake_trainer(fail_if=lambda cfg: True)
+    monkeypatch.setattr(train_local, "run_torchrun", trainer)
+    with pytest.raises(RuntimeError, match=f"{trials_run} trials? failed"):
+        search(tmp_path, trials=3, max_failed_trials=max_failed)
+    assert len(trainer.calls) == trials_run
+    assert [katib.search_failed(n, max_failed) for n in range(4)] == [False] + [n >= trials_run for n in range(1, 4)]
+
+
 def test_a_trial_without_a_finite_eval_loss_is_failed_but_the_search_goes_on(tmp_path, monkeypatch):
     trainer = fake_trainer(loss_of=lambda cfg: math.nan if len(trainer.calls) == 1 else 2.0 + len(trainer.calls))
     monkeypatch.setattr(train_local, "run_torchrun", trainer)
-    experiment, trials = search(tmp_path, max_failed_trials=1)
+    experiment, trials = search(tmp_path, max_failed_trials=2)  # one failure does not end it
     rows = katib.trial_summaries(trials)
     assert [(r["name"], r["state"], r["eval_loss"]) for r in rows] == [
         ("trial-2", "Succeeded", 4.0), ("trial-3", "Succeeded", 5.0), ("trial-1", "Failed", None)]
