@@ -5,13 +5,16 @@
     best = katib.best_trial(experiment)["parameters"]
 
 The Experiment's name comes from the run id (``katib.experiment_name_for``), so a retried step finds the one it
-created (POST answers 409 AlreadyExists) and re-attaches instead of starting a second search. Then it polls at a
-fixed interval, printing the search's progress when it changes, and ends one of these ways:
+created (POST answers 409 AlreadyExists) and re-attaches instead of starting a second search; one that had failed
+is deleted (foreground: its trials and their pods go first) and created again, since re-attaching to it could only
+fail again. Then it polls at a fixed interval, printing the search's progress when it changes, and ends one of
+these ways:
 
 - ``Succeeded``: the Experiment and its Trials (listed by ``katib.EXPERIMENT_LABEL``) are returned;
-- ``Failed``: raised at once, with Katib's reason and the failed trials' own messages (Katib fails an Experiment
-  once its failed trials reach ``maxFailedTrialCount``, ``katib.search_failed``, or when its suggestion service
-  fails);
+- ``Failed``: the Experiment is deleted (Katib never stops the trials still running in a finished Experiment, and
+  they hold GPUs) and the step fails with Katib's reason and the failed trials' own messages (Katib fails an
+  Experiment once its failed trials reach ``maxFailedTrialCount``, ``katib.search_failed``, or when its suggestion
+  service fails);
 - a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), or no
   trial at all that long after the Experiment was created (the suggestion service did not start): the Experiment
   is deleted (it holds GPUs, or would) and the error names the pod or says where to look;
@@ -83,6 +86,14 @@ def _failure_report(what: str, failed: dict, trials: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def _spent(experiment: dict) -> str | None:
+    """Why an Experiment found under our name cannot be re-attached to (a finished, failed one: re-attaching would
+    only read its failure again, and a retried step could never succeed), or None."""
+    if failed := true_condition(experiment, "Failed"):
+        return f"it failed in an earlier attempt ({failed.get('reason', '')}: {failed.get('message', '')})"
+    return None
+
+
 def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_seconds: float = 30.0,
                    timeout_seconds: float | None = None, pending_timeout_seconds: float = 900.0,
                    on_created=None, api_client=None) -> tuple[dict, list[dict]]:
@@ -107,8 +118,9 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
 
     Raises:
         ValueError: a manifest that is not an Experiment, or a negative limit, before anything is created.
-        RuntimeError: the Experiment failed (Katib's reason, each failed trial's values and message), was deleted
-            while it ran, a trial pod cannot start, or no trial appeared within ``pending_timeout_seconds``.
+        RuntimeError: the Experiment failed (it is deleted; Katib's reason, each failed trial's values and
+            message), was deleted while it ran, a trial pod cannot start, or no trial appeared within
+            ``pending_timeout_seconds``.
         TimeoutError: ``timeout_seconds`` passed (the Experiment is deleted).
         SystemExit: 143 after SIGTERM, once the Experiment is deleted.
     """
@@ -162,6 +174,8 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
         if true_condition(experiment, "Succeeded"):
             return experiment, trials
         if failed := true_condition(experiment, "Failed"):
+            # Katib never stops the trials still running in a finished Experiment: they would keep their GPUs.
+            runner.delete("it failed; its running trials would keep their GPUs")
             raise RuntimeError(_failure_report(what, failed, trials))
         running = {t["metadata"]["name"] for t in trials} - ended
         if why := unstartable_pod_reason(trial_pods(running), unschedulable_since, pending_timeout_seconds):
@@ -176,7 +190,7 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
 
     with runner.cancel_on_sigterm():
         try:
-            runner.create(manifest)
+            runner.create(manifest, replace=_spent)
             return runner.follow(poll, describe=lambda experiment: line)
         finally:
             if trials_dir is not None:

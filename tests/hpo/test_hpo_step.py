@@ -101,7 +101,8 @@ def test_a_failed_search_fails_at_once_with_katibs_reason_and_the_failed_trials(
                        "reached", *failed)))
         with pytest.raises(RuntimeError) as error:
             run_experiment(experiment(), trials_dir=str(trials_dir), api_client=api.client, **FAST)
-        assert api.requests_for("DELETE") == []  # a failed Experiment is kept, for kubectl describe
+        # Deleted: Katib never stops a finished Experiment's running trials (tests/hpo/test_hpo_cleanup.py).
+        assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
     message = str(error.value)
     assert message.startswith(f"{WHAT} failed: ExperimentFailed: Experiment has failed because max failed count "
                               "has reached")
