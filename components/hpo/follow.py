@@ -10,11 +10,16 @@ is deleted (foreground: its trials and their pods go first) and created again, s
 fail again. Then it polls at a fixed interval, printing the search's progress when it changes, and ends one of
 these ways:
 
-- ``Succeeded``: the Experiment and its Trials (listed by ``katib.EXPERIMENT_LABEL``) are returned;
+- ``Succeeded``: the Experiment and its Trials (listed by ``katib.EXPERIMENT_LABEL``) are returned, and the
+  Experiment is deleted (its trials' jobs and pods, which the trial template keeps for their logs, go with it);
 - ``Failed``: the Experiment is deleted (Katib never stops the trials still running in a finished Experiment, and
   they hold GPUs) and the step fails with Katib's reason and the failed trials' own messages (Katib fails an
   Experiment once its failed trials reach ``maxFailedTrialCount``, ``katib.search_failed``, or when its suggestion
   service fails);
+
+A trial seen Failed or MetricsUnavailable has its pods' last lines read before anything is deleted (the pod to blame
+as the launcher names it; with Katib's StdOut collector the primary pod's output is in its collector sidecar):
+they go into the step's error, and into the returned Trial objects (``katib.LOG_TAIL``) for the report.
 - a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), or no
   trial at all that long after the Experiment was created (the suggestion service did not start): the Experiment
   is deleted (it holds GPUs, or would) and the error names the pod or says where to look;
@@ -31,6 +36,7 @@ curves).
 
 from __future__ import annotations
 
+import re
 import shutil
 import time
 from collections import Counter
@@ -39,11 +45,70 @@ from pathlib import Path
 from kubernetes import client as k8s
 
 from components.hpo import katib
-from components.kube import RUN_ID_LABEL, CustomResourceRunner, call_api, true_condition, unstartable_pod_reason
-from components.train.launcher.kinds import DELETION_TIMEOUT_SECONDS, pod_label_for
+from components.kube import (
+    RUN_ID_LABEL,
+    CustomResourceRunner,
+    PodLogFollower,
+    call_api,
+    true_condition,
+    unstartable_pod_reason,
+)
+from components.train.launcher.failures import classify_failure
+from components.train.launcher.kinds import DELETION_TIMEOUT_SECONDS, JobKind, job_kind
 
-# Trial conditions after which the trial's job is gone (or going) and writes nothing more.
+# Trial conditions after which the trial's job has ended and writes nothing more.
 _ENDED = {"Succeeded", "Failed", "MetricsUnavailable", "EarlyStopped", "Killed"}
+# Trials without an objective, whose logs say why (Katib counts both as failed).
+_FAILED = ("Failed", "MetricsUnavailable")
+# Katib's StdOut collector runs the primary pod's trainer as sh -c "<command> 1>file 2>&1 && ...", and this sidecar
+# prints the file, each line behind a klog header (cmd/metricscollector/v1beta1/file-metricscollector/main.go).
+METRICS_COLLECTOR = "metrics-logger-and-collector"
+_KLOG_HEADER = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\] ")
+
+
+class _TrialLogs:
+    """The end of each failed trial's log, read once the trial is seen failed (``retain: true`` keeps its pods until
+    the Experiment is deleted), with the pod to blame as the launcher would name it
+    (components/train/launcher/failures.py): the trainer container's log, or, in the primary pod, the collector's."""
+
+    def __init__(self, core, namespace: str, kind: JobKind, retry_delay: float):
+        self._kind, self._namespace = kind, namespace
+        self._trainer = PodLogFollower(core, namespace, kind.container, out=_quiet, retry_delay=retry_delay)
+        self._collector = PodLogFollower(core, namespace, METRICS_COLLECTOR, out=_quiet, retry_delay=retry_delay)
+        self.tails: dict = {}  # trial name -> katib.LOG_TAIL
+
+    def _lines(self, pod_name: str) -> list[str]:
+        return self._trainer.last_lines(pod_name) + [_KLOG_HEADER.sub("", line)
+                                                     for line in self._collector.last_lines(pod_name)]
+
+    def read(self, trial: dict, pods: list) -> None:
+        """Read the failed ``trial``'s ``pods`` and keep the pod to blame, why, and its last lines."""
+        name = trial["metadata"]["name"]
+        if not pods:
+            self.tails[name] = {"pod": None, "lines": [],
+                                "cause": f"no pod of trial {name} is left to read (kubectl -n {self._namespace} "
+                                         f"describe {self._kind.kind.lower()} {name})"}
+            return
+        rank0 = self._kind.rank0(name, pods)
+        pods = sorted(pods, key=lambda pod: (pod.metadata.name != rank0, pod.metadata.name))
+        self._trainer.poll(pods)
+        self._collector.poll(pods)
+        condition = next(filter(None, (true_condition(trial, state) for state in _FAILED)), {})
+        failure = classify_failure(condition, pods, self._kind.container, self._lines)
+        pod = failure.pod or pods[0].metadata.name  # none to blame: rank 0 tells how far the trial got
+        cause = failure.cause if failure.pod else f"pod {pod}: {failure.cause}"
+        self.tails[name] = {"pod": pod, "cause": cause, "lines": self._lines(pod)[-katib.TRIAL_TAIL_LINES:]}
+
+    def attach(self, trials: list[dict]) -> list[dict]:
+        """``trials`` with each failed one's ``katib.LOG_TAIL``."""
+        for trial in trials:
+            if trial["metadata"]["name"] in self.tails:
+                trial[katib.LOG_TAIL] = self.tails[trial["metadata"]["name"]]
+        return trials
+
+
+def _quiet(line: str) -> None:
+    """Trials' pods are read for failure reports only: their lines are not printed."""
 
 
 def remove_exports(trials_dir: str | Path, trial_names=None) -> None:
@@ -74,12 +139,18 @@ def _progress(experiment: dict, trials: list[dict]) -> str:
 
 
 def _failure_report(what: str, failed: dict, trials: list[dict]) -> str:
-    """The error for a failed Experiment: Katib's reason and each failed trial with its values and message."""
+    """The error for a failed Experiment: Katib's reason and each failed trial with its values and message, the pod
+    to blame and its last lines."""
     lines = [f"{what} failed: {failed.get('reason', '')}: {failed.get('message', '')}"]
     bad = [r for r in katib.trial_summaries(trials) if r["state"] in _ENDED - {"Succeeded"}]
     for r in bad:
         values = ", ".join(f"{k}={v}" for k, v in r["parameters"].items())
         lines.append(f"  trial {r['name']} ({values}): {r['state']}: {r['message'] or 'no message'}")
+        if tail := r["log_tail"]:
+            lines.append(f"    cause: {tail['cause']}")
+            if tail["lines"]:
+                lines.append(f"    last {katib.TRIAL_TAIL_LINES} lines of {tail['pod']}:")
+                lines += [f"      {line}" for line in tail["lines"]]
     if not trials:
         lines.append("  no trial was created: check the Suggestion of the same name (kubectl describe suggestion) "
                      "and its algorithm pod")
@@ -113,8 +184,9 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
         api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
 
     Returns:
-        ``(experiment, trials)``: the Succeeded Experiment as last read (``katib.best_trial`` reads it) and its
-        Trial objects (``katib.trials_markdown`` reports them).
+        ``(experiment, trials)``: the Succeeded Experiment as last read (``katib.best_trial`` reads it; it is
+        deleted since) and its Trial objects (``katib.trials_markdown`` reports them), each failed one with its
+        ``katib.LOG_TAIL``.
 
     Raises:
         ValueError: a manifest that is not an Experiment, or a negative limit, before anything is created.
@@ -138,7 +210,8 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
     started = time.monotonic()
     # The trials' pods: the run's label (on every pod of the run's jobs) and the trial job's own label = trial name.
     run_id = (manifest["metadata"].get("labels") or {}).get(RUN_ID_LABEL)
-    pod_label = pod_label_for(manifest["spec"]["trialTemplate"]["trialSpec"]["kind"])
+    kind = job_kind(manifest["spec"]["trialTemplate"]["trialSpec"]["kind"])
+    logs = _TrialLogs(core, namespace, kind, retry_delay)
 
     def list_trials() -> list[dict]:
         answer = call_api(custom.list_namespaced_custom_object, katib.GROUP, katib.VERSION, namespace,
@@ -151,7 +224,7 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
             return []
         pods = call_api(core.list_namespaced_pod, namespace, label_selector=f"{RUN_ID_LABEL}={run_id}",
                         retry_delay=retry_delay).items
-        return [p for p in pods if (p.metadata.labels or {}).get(pod_label) in trial_names]
+        return [p for p in pods if (p.metadata.labels or {}).get(kind.pod_label) in trial_names]
 
     ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
     unschedulable_since: dict = {}
@@ -167,10 +240,14 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
         if progress != line:
             line = progress
             print(f"{what}: {line}", flush=True)
-        done = {t["metadata"]["name"] for t in trials if any(true_condition(t, kind) for kind in _ENDED)}
+        done = {t["metadata"]["name"] for t in trials if any(true_condition(t, state) for state in _ENDED)}
         if trials_dir is not None:
             remove_exports(trials_dir, sorted(done - ended))
+        for t in trials:
+            if t["metadata"]["name"] in done - ended and any(true_condition(t, state) for state in _FAILED):
+                logs.read(t, trial_pods({t["metadata"]["name"]}))
         ended |= done
+        logs.attach(trials)
         if true_condition(experiment, "Succeeded"):
             return experiment, trials
         if failed := true_condition(experiment, "Failed"):
@@ -191,7 +268,11 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
     with runner.cancel_on_sigterm():
         try:
             runner.create(manifest, replace=_spent)
-            return runner.follow(poll, describe=lambda experiment: line)
+            result = runner.follow(poll, describe=lambda experiment: line)
+            # Katib keeps the trials' jobs and pods (retain), and would keep those of trials still running: the
+            # report has what it needs from them.
+            runner.delete("the search is over; its trials' jobs and pods go with it")
+            return result
         finally:
             if trials_dir is not None:
                 remove_exports(trials_dir)

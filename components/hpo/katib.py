@@ -88,6 +88,10 @@ TRIAL_FIELDS = {"max_steps": int, "save_strategy": str}
 # PyTorchJob's 52 (pytorchjob.MAX_JOB_NAME). Katib's own limit on an Experiment name is 40 as well.
 MAX_EXPERIMENT_NAME = 40
 TRIAL_NAME_PARAMETER = "trialName"  # camelCase: no setting is named so
+# What the search step adds to a failed trial's Trial object (not a Katib field): ``{"pod", "cause", "lines"}``, the
+# pod to blame and its last log lines, read before the Experiment and with it the trial's pods are deleted.
+LOG_TAIL = "logTail"
+TRIAL_TAIL_LINES = 20
 
 
 def search_failed(failed: int, max_failed_trials: int) -> bool:
@@ -196,7 +200,8 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
         The Experiment as a plain dict: objective ``eval_loss`` minimised (the last value each trial prints),
         the trainer's loss curve as an additional metric, the StdOut collector with ``METRICS_FORMAT``,
         ``resumePolicy: Never`` (the suggestion service goes away with the search) and the trial template
-        (trial parameters ``${trialParameters.<setting>}`` plus ``trialName`` = ``${trialSpec.Name}``).
+        (trial parameters ``${trialParameters.<setting>}`` plus ``trialName`` = ``${trialSpec.Name}``; ``retain``:
+        a finished trial's job and pods stay until the Experiment is deleted, for their logs).
 
     Raises:
         ValueError: the ``check_search`` errors, one per line, or a bad name, trial_steps or training job.
@@ -254,6 +259,9 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
             "trialTemplate": {
                 "primaryContainerName": primary_container,
                 "primaryPodLabels": primary_labels,
+                # Katib deletes a finished trial's job, and with it the only copy of its log, unless told to keep
+                # it; the search step reads failed trials' logs, then deletes the Experiment (components/hpo/follow.py).
+                "retain": True,
                 "successCondition": f'status.conditions.#(type=="{done}")#|#(status=="True")#',
                 "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
                 "trialParameters": [
@@ -333,8 +341,9 @@ def trial_summaries(trials: list[dict]) -> list[dict]:
     """One row per Trial object (kubeflow.org/v1beta1 ``trials``, listed with ``EXPERIMENT_LABEL=<name>``).
 
     Returns:
-        ``{"name", "state", "message", "parameters", "eval_loss", "loss", "started", "finished"}`` per trial,
-        best eval_loss first, then trials without one in creation order. Values missing are None or "".
+        ``{"name", "state", "message", "parameters", "eval_loss", "loss", "started", "finished", "log_tail"}`` per
+        trial, best eval_loss first, then trials without one in creation order. Values missing are None or "";
+        ``log_tail`` is the ``LOG_TAIL`` the search step added to a failed trial.
     """
     rows = []
     for trial in sorted(trials, key=lambda t: t["metadata"].get("creationTimestamp", "")):
@@ -344,12 +353,14 @@ def trial_summaries(trials: list[dict]) -> list[dict]:
                      "parameters": _assignments(trial.get("spec", {}).get("parameterAssignments")),
                      OBJECTIVE: _metric(status.get("observation"), OBJECTIVE),
                      TRAIN_LOSS: _metric(status.get("observation"), TRAIN_LOSS),
-                     "started": status.get("startTime", ""), "finished": status.get("completionTime", "")})
+                     "started": status.get("startTime", ""), "finished": status.get("completionTime", ""),
+                     "log_tail": trial.get(LOG_TAIL)})
     return sorted(rows, key=lambda r: (r[OBJECTIVE] is None, r[OBJECTIVE] or 0.0))
 
 
 def trials_markdown(experiment: dict, trials: list[dict]) -> str:
-    """A Markdown report of the search for the KFP UI: the best trial, then a table of every trial."""
+    """A Markdown report of the search for the KFP UI: the best trial, a table of every trial, then why each failed
+    trial failed (its pod to blame and last log lines)."""
     rows = trial_summaries(trials)
     spec = experiment.get("spec") or {}
     names = [p["name"] for p in spec.get("parameters") or []]
@@ -371,4 +382,12 @@ def trials_markdown(experiment: dict, trials: list[dict]) -> str:
                               else "")
         losses = [f"{r[k]:.4f}" if r[k] is not None else "-" for k in (OBJECTIVE, TRAIN_LOSS)]
         lines.append("| " + " | ".join([f"`{r['name']}`", state.replace("|", "\\|"), *values, *losses]) + " |")
+    failed = [r for r in rows if r["log_tail"]]
+    if failed:
+        lines += ["", "### Why trials failed"]
+    for r in failed:
+        tail = r["log_tail"]
+        lines += ["", f"`{r['name']}`: {tail['cause']}"]
+        if tail["lines"]:
+            lines += ["", "```", *tail["lines"], "```"]
     return "\n".join(lines) + "\n"

@@ -74,6 +74,7 @@ class _Pod:
     obj: dict
     log: list = field(default_factory=list)  # [(time_ns, line)] of the current container
     previous: list | None = None  # the previous container's log, once it restarted
+    sidecars: dict = field(default_factory=dict)  # container name -> [(time_ns, line)] of each other container
 
 
 def rfc3339_nano(t_ns: int) -> str:
@@ -206,24 +207,26 @@ class FakeKubeAPI:
 
     def add_pod(self, namespace: str, name: str, labels: dict, *, container: str = "pytorch",
                 state: str = "running", reason: str = "", message: str = "", unschedulable: str | None = None,
-                owner: dict | None = None) -> None:
+                owner: dict | None = None, sidecars: tuple = ()) -> None:
         """Create or replace a pod (a new uid, an empty log): ``state`` is running, waiting (with
         ``reason``/``message``) or terminated; ``unschedulable`` (the scheduler's message) makes it Pending with
         PodScheduled=False; ``owner`` (a job as stored) makes it the job's controlled dependent, as the
-        operator creates its pods, so deleting the job removes it."""
+        operator creates its pods, so deleting the job removes it; ``sidecars`` names more containers (Katib's
+        metrics collector, say), running beside the first, each with its own log."""
         with self.lock:
             pod = {
                 "apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "uid": str(uuid.uuid4()),
                              "creationTimestamp": _now()},
-                "spec": {"containers": [{"name": container, "image": "trainer:test"}]},
+                "spec": {"containers": [{"name": container, "image": "trainer:test"},
+                                        *({"name": c, "image": f"{c}:test"} for c in sidecars)]},
                 "status": {"phase": "Pending"},
             }
             if owner is not None:
                 pod["metadata"]["ownerReferences"] = [{
                     "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
                     "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
-            self.pods[(namespace, name)] = _Pod(pod)
+            self.pods[(namespace, name)] = _Pod(pod, sidecars={c: [] for c in sidecars})
             if unschedulable is None:
                 self.schedule_pod(namespace, name, state, reason=reason, message=message)
             else:
@@ -235,10 +238,13 @@ class FakeKubeAPI:
         """The scheduler binds the pod (same uid) and its container moves to ``state``."""
         with self.lock:
             pod = self.pods[(namespace, name)].obj
-            container = pod["spec"]["containers"][0]["name"]
+            container, *sidecars = (c["name"] for c in pod["spec"]["containers"])
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}]
             pod["status"]["containerStatuses"] = [{"name": container, "image": "trainer:test", "imageID": "",
                                                    "ready": False, "restartCount": 0, "state": {}}]
+            pod["status"]["containerStatuses"] += [{"name": c, "image": f"{c}:test", "imageID": "", "ready": True,
+                                                    "restartCount": 0, "state": {"running": {"startedAt": _now()}}}
+                                                   for c in sidecars]
             self.set_container_state(namespace, name, state, reason=reason, message=message)
 
     def set_container_state(self, namespace: str, name: str, state: str, *, reason: str = "", message: str = "",
@@ -305,12 +311,13 @@ class FakeKubeAPI:
         with self.lock:
             del self.pods[(namespace, name)]
 
-    def log(self, namespace: str, name: str, *lines: str) -> None:
-        """Append lines to the pod's current container log, stamped now."""
+    def log(self, namespace: str, name: str, *lines: str, container: str | None = None) -> None:
+        """Append lines to the pod's current container log (or a sidecar's), stamped now."""
         with self.lock:
             pod = self.pods[(namespace, name)]
+            log = pod.sidecars[container] if container in pod.sidecars else pod.log
             for line in lines:
-                pod.log.append((time.time_ns(), line))
+                log.append((time.time_ns(), line))
 
     def install_crd(self, group: str, version: str, plural: str, kind: str, namespaced: bool = True) -> None:
         """Make ``plural`` discoverable under ``/apis/<group>/<version>``, as an installed CRD is."""
@@ -530,6 +537,8 @@ class FakeKubeAPI:
                 return _status(400, "BadRequest",
                                f'previous terminated container "{container}" in pod "{rest[0]}" not found')
             lines = pod.previous
+        elif container in pod.sidecars:
+            lines = pod.sidecars[container]
         else:
             state = pod.obj["status"].get("containerStatuses", [{}])[0].get("state", {})
             if "waiting" in state or not state:
