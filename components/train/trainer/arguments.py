@@ -2,85 +2,76 @@
 settings; unknown keys are an error.
 
 The fields the trainer adds (method, LoRA, MoE router loss, DPO's beta, ...) are ``SFTSettings`` of the settings
-model (components/settings.py): declared there once, with their defaults and help, and reachable from a preset,
-``-p`` and the pipeline. They are copied here with their help only, because ``HfArgumentParser`` hands a field's
-metadata to argparse, which knows nothing of the model's other metadata (bounds, plain).
+model (components/settings.py), where a preset, ``-p`` and the pipeline set them. They are written out here again,
+with their types, defaults and help, as plain dataclass fields: ``HfArgumentParser`` hands a field's metadata to
+argparse, which knows nothing of the model's other metadata (bounds, choices, plain), and a reader sees the whole
+class at once. Duplication accepted, consistency enforced: a test fails when the two differ in a name, a type, a
+default or a help text (TRL keeps its configs beside ``TrainingArguments`` the same way).
 
 A config file's ``stage`` picks the class (``config_class``): ``SFTConfig`` for ``sft`` and ``cpt`` (continued
-pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig`` for ``dpo``. TRL is
-imported only for the latter: ``DPOStageConfig`` is built on first use.
+pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig``
+(components/train/trainer/dpo_arguments.py) for ``dpo``; TRL is imported only for the latter.
 """
 
-from __future__ import annotations
-
-import dataclasses
-import typing
+# No ``from __future__ import annotations``: HfArgumentParser reads these fields' types as real classes.
+from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from components.settings import SFTSettings
 from components.train.stages import STAGES
 
 
-def _copy(f: dataclasses.Field, kind: type) -> tuple[str, type, dataclasses.Field]:
-    default = {"default": f.default} if f.default is not dataclasses.MISSING else {"default_factory": f.default_factory}
-    return f.name, kind, dataclasses.field(**default, metadata={"help": f.metadata["help"]})
+@dataclass
+class SFTConfig(TrainingArguments):
+    """``TrainingArguments`` for supervised fine-tuning (and continued pretraining) on a prepared dataset, plus
+    ``SFTSettings`` and what the train step fills in for each run. Trainer pickles it into each checkpoint
+    (training_args.bin): it stays importable as ``components.train.trainer.arguments.SFTConfig``."""
 
+    # SFTSettings (components/settings.py), field by field.
+    model_name_or_path: str = field(default="Qwen/Qwen3-30B-A3B-Thinking-2507-FP8", metadata={"help": (
+        "Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3 (built offline). "
+        "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.")})
+    method: str = field(default="full", metadata={"help": (
+        "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).")})
+    max_seq_length: int = field(default=4096, metadata={"help": (
+        "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.")})
+    lora_r: int = field(default=16, metadata={"help": "LoRA rank: higher learns more and costs more memory."})
+    lora_alpha: int = field(default=32, metadata={"help": (
+        "LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_r).")})
+    lora_dropout: float = field(default=0.0, metadata={"help": (
+        "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).")})
+    lora_target_modules: str = field(default="", metadata={"help": (
+        "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every linear "
+        "projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is an "
+        "nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.")})
+    merge_lora: bool = field(default=True, metadata={"help": (
+        "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
+        "the adapter alone always goes to adapter/.")})
+    router_aux_loss_coef: float = field(default=0.001, metadata={"help": (
+        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")})
+    dpo_beta: float = field(default=0.1, metadata={"help": (
+        "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).")})
 
-_HINTS = typing.get_type_hints(SFTSettings)
-_FIELDS = [_copy(f, _HINTS[f.name]) for f in dataclasses.fields(SFTSettings)] + [
     # Not settings: the train step fills these in for each run.
-    ("stage", str, dataclasses.field(default="sft", metadata={
-        "help": f"the training stage this run is, one of {', '.join(STAGES)}: picks the config class and the loss"})),
-    ("dataset_path", str, dataclasses.field(default="", metadata={
-        "help": "prepare_dataset's output (save_to_disk folder)"})),
-    ("model_cache_dir", str, dataclasses.field(default="", metadata={
-        "help": "where Hub downloads and built-in models are cached"})),
-]
+    stage: str = field(default="sft", metadata={
+        "help": f"the training stage this run is, one of {', '.join(STAGES)}: picks the config class and the loss"})
+    dataset_path: str = field(default="", metadata={"help": "prepare_dataset's output (save_to_disk folder)"})
+    model_cache_dir: str = field(default="", metadata={"help": "where Hub downloads and built-in models are cached"})
 
-SFTConfig = dataclasses.make_dataclass(
-    "SFTConfig",
-    _FIELDS,
-    bases=(TrainingArguments,),
-    # Trainer pickles its arguments into each checkpoint (training_args.bin): the class must be importable here.
-    namespace={"__module__": __name__, "__doc__": "``TrainingArguments`` for supervised fine-tuning (and continued "
-                                                  "pretraining) on a prepared dataset, plus ``SFTSettings``."},
-)
+
+# The fields SFTConfig adds to TrainingArguments that are not settings (the train step's, per run).
+RUN_FIELDS = ("stage", "dataset_path", "model_cache_dir")
 
 # DPOConfig fields the trainer derives from the settings (parse_config fills them in; a config file may not set
 # them): one name per knob, as users set it for every stage.
 DPO_DERIVED = {"beta": "dpo_beta", "max_length": "max_seq_length", "precompute_ref_log_probs": "method"}
 
 
-def _dpo_stage_config():
-    from trl import DPOConfig
-
-    return dataclasses.make_dataclass(
-        "DPOStageConfig",
-        _FIELDS + [
-            # TRL's configs default bf16 to True when unset; the train step sets it for GPUs only (as for SFTConfig),
-            # and on CPU (the local run, use_cpu) bf16 autocast is not wanted.
-            ("bf16", bool, dataclasses.field(default=False, metadata={"help": "bf16 mixed precision (GPUs)"})),
-        ],
-        bases=(DPOConfig,),
-        namespace={"__module__": __name__, "__doc__": "TRL's ``DPOConfig`` for preference tuning on a prepared "
-                                                      "dataset of prompt/chosen/rejected rows, plus ``SFTSettings``."},
-    )
-
-
-def __getattr__(name: str):
-    # ``DPOStageConfig`` is built when first asked for (the dpo stage, or unpickling its training_args.bin), so
-    # that the other stages never import TRL.
-    if name == "DPOStageConfig":
-        globals()[name] = _dpo_stage_config()
-        return globals()[name]
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
 def config_class(stage: str) -> type:
     """The config class of a trainer config whose ``stage`` is ``stage`` (one of ``STAGES``)."""
     if stage == "dpo":
-        from components.train.trainer.arguments import DPOStageConfig
+        # TRL (and its imports) only for the dpo stage.
+        from components.train.trainer.dpo_arguments import DPOStageConfig
 
         return DPOStageConfig
     return SFTConfig

@@ -46,6 +46,47 @@ def test_every_training_setting_reaches_the_trainer_config_under_its_name():
     assert set(cfg) <= {f.name for f in dataclasses.fields(SFTConfig)}  # the trainer takes every key
 
 
+def _own_fields(cls, base=None) -> dict:
+    """``{name: (type, default, help)}`` of the fields ``cls`` declares beyond ``base``'s (all without one)."""
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    inherited = {f.name for f in dataclasses.fields(base)} if base else set()
+    return {f.name: (hints[f.name], f.default, f.metadata["help"]) for f in dataclasses.fields(cls)
+            if f.name not in inherited}
+
+
+def test_sft_config_writes_out_the_settings_model_field_for_field():
+    """SFTConfig repeats SFTSettings as plain fields: duplication accepted, consistency enforced (TRL's rule)."""
+    from transformers import TrainingArguments
+
+    from components.settings import SFTSettings
+    from components.train.trainer.arguments import RUN_FIELDS, SFTConfig
+
+    own = _own_fields(SFTConfig, TrainingArguments)
+    settings = _own_fields(SFTSettings)
+    assert list(own) == [*settings, *RUN_FIELDS]  # the same names, in the model's order, then the run's paths
+    for name, (kind, default, help) in settings.items():
+        assert own[name] == (kind, default, help), name
+
+
+def test_the_dpo_config_adds_the_same_fields_to_trls():
+    import dataclasses
+
+    from transformers import TrainingArguments
+    from trl import DPOConfig
+
+    from components.train.trainer.arguments import SFTConfig
+    from components.train.trainer.dpo_arguments import DPOStageConfig
+
+    sft, dpo = _own_fields(SFTConfig, TrainingArguments), _own_fields(DPOStageConfig, TrainingArguments)
+    assert {name: dpo[name] for name in sft} == sft  # router_aux_loss_coef too, over DPOConfig's own
+    assert set(_own_fields(DPOStageConfig, DPOConfig)) == set(sft) - {"router_aux_loss_coef"}  # nothing else new
+    # bf16 off unless the train step sets it (GPUs): TRL's own default would turn it on for a CPU run.
+    assert next(f for f in dataclasses.fields(DPOStageConfig) if f.name == "bf16").default is False
+
+
 def test_rendered_config_names_the_deepspeed_setting_not_a_launcher_path():
     cfg = _cluster_config("zero3")
     assert cfg["deepspeed"] == "zero3"

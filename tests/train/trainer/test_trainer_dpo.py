@@ -99,7 +99,7 @@ def test_an_unknown_stage_is_one_error_line_naming_the_file_and_field(workdir):
 def test_a_dpo_config_is_trl_dpo_config_with_beta_length_and_reference_from_the_settings(workdir):
     from trl import DPOConfig
 
-    from components.train.trainer.arguments import DPOStageConfig
+    from components.train.trainer.dpo_arguments import DPOStageConfig
 
     cfg = _parse(_config(workdir, "parsed", dpo_beta=0.25, max_seq_length=96))
     assert type(cfg) is DPOStageConfig and isinstance(cfg, DPOConfig) and cfg.stage == "dpo"
