@@ -16,7 +16,7 @@ import inspect
 from typing import NamedTuple, Optional
 
 from kfp import dsl, kubernetes
-from kfp.dsl import Metrics
+from kfp.dsl import Metrics, pipeline_context
 
 from components.data.component import prepare_dataset
 from components.deploy.component import deploy_model, skip_deployment
@@ -26,6 +26,7 @@ from components.observe.alerts import WEBHOOK_URL_ENV
 from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
+from components.security import RUN_AS_GROUP, RUN_AS_USER
 from components.train.component import base_model, skip_stage, train_model
 from components.train.stages import STAGES
 from components.validate.component import validate_inputs
@@ -70,6 +71,7 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
                                      secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)
         with dsl.ExitHandler(notify, name="Run"):
             _steps(p, cluster, data_root, model_root)
+        _run_as_non_root(pipeline_context.Pipeline.get_default_pipeline().tasks.values())
 
     llm_finetune.__signature__ = inspect.Signature(
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
@@ -167,3 +169,13 @@ def _attach_cluster_resources(preps, trains, evaluate, data_pvc, model_pvc, hf_t
     kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE)
     kubernetes.add_node_selector_json(evaluate, node_selector)
     kubernetes.add_toleration_json(evaluate, tolerations)
+
+
+def _run_as_non_root(tasks) -> None:
+    """Every step's pod runs as the images' non-root user (components/security.py), as the training and serving pods
+    do: the steps and the trainer write the same claims. KFP's backend (2.16 and later) adds the rest of the Pod
+    Security Standards' restricted profile to every step's pod (no privilege escalation, capabilities dropped,
+    RuntimeDefault seccomp; backend/src/v2/compiler/argocompiler/security_context.go); kfp-kubernetes sets only
+    the user, group and runAsNonRoot."""
+    for task in tasks:
+        kubernetes.set_security_context(task, run_as_user=RUN_AS_USER, run_as_group=RUN_AS_GROUP, run_as_non_root=True)

@@ -80,8 +80,11 @@ def test_claims_are_read_write_many_and_named_like_the_pipeline_defaults():
 def rule_for(method: str, path: str) -> tuple | None:
     """(namespaced, apiGroup, resource, verb) RBAC needs for one request; None when every account may."""
     parts = path.strip("/").split("/")
-    if parts[0] == "apis" and len(parts) == 3:
-        return None  # API discovery: system:discovery
+    if parts[0] == "apis" and len(parts) == 3 or parts[0] == "openapi":
+        return None  # API discovery and the published OpenAPI schemas: system:discovery
+    if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4:
+        # The API server authorizes a read of a namespace as a request in that namespace: a Role may grant it.
+        return True, "", "namespaces", {"GET": "get"}[method]
     if parts[1:] == ["authorization.k8s.io", "v1", "selfsubjectaccessreviews"]:
         return None  # system:basic-user
     group, rest = ("", parts[2:]) if parts[0] == "api" else (parts[1], parts[3:])
@@ -163,6 +166,11 @@ def scripted_runs() -> set[tuple]:
         with FakeKubeAPI() as api:
             assert preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client, namespace=NS) == []
             needed |= {rule_for(r.method, r.path) for r in api.requests}
+    with FakeKubeAPI() as api:  # with a search: Katib, and the namespace's injection label
+        ready_cluster(api).install_crd("kubeflow.org", "v1beta1", "experiments", "Experiment")
+        api.add_namespace(NS, {"katib.kubeflow.org/metrics-collector-injection": "enabled"})
+        assert preflight({**PARAMS, "hpo_trials": 4}, api_client=api.client, namespace=NS) == []
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
     return needed - {None}
 
 
@@ -225,7 +233,8 @@ def test_preflight_reviews_what_the_role_grants_to_the_runner():
                 for v, g, r, s in [*LAUNCHER_ACCESS["pytorchjob"], *LAUNCHER_ACCESS["trainjob"], *POD_ACCESS,
                                    *DEPLOYER_ACCESS, *TENSORBOARD_ACCESS, *SEARCH_ACCESS]}
     # The rest of the Role is preflight's own reads, which it checks by making them.
-    assert granted(role, True) - reviewed == {(True, "", "persistentvolumeclaims", "get"), (True, "", "secrets", "get")}
+    assert granted(role, True) - reviewed == {(True, "", "persistentvolumeclaims", "get"), (True, "", "secrets", "get"),
+                                              (True, "", "namespaces", "get")}
 
 
 # -- kustomize ------------------------------------------------------------------------------------------

@@ -35,6 +35,7 @@ CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 40
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 DEPLOYMENT_MODES = ("Standard", "Knative")
+from components.security import container_security_context, pod_security_context
 # What KServe still accepts and normalises to the current names.
 LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
 # Knative gives each revision tagged URLs ("latest", "prev"), so a canary's smoke test reaches the new model.
@@ -124,7 +125,7 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
                          "(Standard mode has one Deployment and no traffic split); set it to 0")
     rt = RUNTIMES[runtime]
     resources = {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GI_PER_GPU * gpus}Gi", "nvidia.com/gpu": str(gpus)}
-    predictor = {
+    predictor: dict = {
         "model": {
             "modelFormat": {"name": rt.model_format},
             "runtime": rt.runtime,
@@ -148,6 +149,13 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         predictor["nodeSelector"] = dict(node_selector)
     if tolerations:
         predictor["tolerations"] = list(tolerations)
+    # The Pod Security Standards' `restricted` profile (components/security.py), whichever runtime serves: vLLM's
+    # image runs as root unless told otherwise, and its home is not writable by another user, so HOME (vLLM's,
+    # Triton's and torch's caches) goes to /tmp. The server never calls the Kubernetes API: no token.
+    predictor["securityContext"] = pod_security_context()
+    predictor["automountServiceAccountToken"] = False
+    predictor["model"]["securityContext"] = container_security_context()
+    predictor["model"]["env"] = [{"name": "HOME", "value": "/tmp"}]
     metadata = {"name": name, "namespace": namespace, "annotations": annotations}
     if labels:
         metadata["labels"] = dict(labels)

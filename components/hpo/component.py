@@ -114,8 +114,15 @@ def search_hyperparameters(
         from components.train.launcher.job import training_job_for_run
 
         namespace = current_namespace()
+        trainer_version = None
+        if s.cluster.train_backend == "trainjob":
+            from components.train.launcher.trainjob import installed_trainer_version
+
+            # Katib creates the trials' TrainJobs as the template says: render it for the installed Trainer.
+            trainer_version = installed_trainer_version()
         job = training_job_for_run(s.cluster, run_id=run_id, namespace=namespace,
-                                   config_path=base_config.replace(model_root, MODEL_MOUNT, 1), stage="sft")
+                                   config_path=base_config.replace(model_root, MODEL_MOUNT, 1), stage="sft",
+                                   trainer_version=trainer_version)
         manifest = katib.experiment_manifest(
             name=name, namespace=namespace, training_job=job, trials_dir=katib.trials_dir_for(run_id),
             search_space=search_space, trials=hpo.hpo_trials, parallel_trials=hpo.hpo_parallel_trials,

@@ -108,9 +108,16 @@ def train_model(
 
             ensure_tensorboard(tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(),
                                                     s.cluster.model_pvc, run_id))
+        trainer_version = None
+        if s.cluster.train_backend == "trainjob":
+            from components.train.launcher.trainjob import installed_trainer_version
+
+            # Read here, in the launcher pod, once before the job is created: the TrainJob's pod patch differs
+            # between Trainer releases, and the API server would silently drop the one the cluster lacks.
+            trainer_version = installed_trainer_version()
         manifest = training_job_for_run(
             s.cluster, run_id=run_id, namespace=current_namespace(),
-            config_path=config_path.replace(model_root, MODEL_MOUNT, 1), stage=stage,
+            config_path=config_path.replace(model_root, MODEL_MOUNT, 1), stage=stage, trainer_version=trainer_version,
         )
 
         def record(job: dict) -> None:

@@ -8,6 +8,11 @@ What it checks, each failure one message naming the fix:
 - both claims exist, are Bound and ReadWriteMany (the job's pods on several nodes mount them at once);
 - the Hugging Face token Secret has key ``HF_TOKEN`` (a missing Secret is only a warning: public models
   need no token, and the pods reference it as optional);
+- with ``train_backend=trainjob``, which Kubeflow Trainer release serves the TrainJob (from the schema the API
+  server publishes, components/train/launcher/trainjob.py), and that the settings need nothing it lacks
+  (Trainer v2.1 has no ``activeDeadlineSeconds``);
+- with ``hpo_trials > 0``, that the namespace carries Katib's metrics-collector injection label (without it every
+  trial's job succeeds, no metric is recorded and Katib requeues the trial forever);
 - this service account may do what the launcher and the deployer do (SelfSubjectAccessReview);
 - enough schedulable nodes match the node selector, tolerate their taints and have ``gpus_per_node``
   allocatable ``nvidia.com/gpu`` (Nodes are cluster-scoped: without a ClusterRole to list them this
@@ -53,6 +58,10 @@ DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
                    ("patch", "serving.kserve.io", "inferenceservices", ""),
                    ("delete", "serving.kserve.io", "inferenceservices", "")]
 GPU = "nvidia.com/gpu"
+# Katib's pod webhook injects the metrics collector only into pods of namespaces labelled so.
+KATIB_INJECTION_LABEL, KATIB_INJECTION_VALUE = "katib.kubeflow.org/metrics-collector-injection", "enabled"
+# The Pod Security Admission label a namespace enforces a profile with.
+PSS_ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 
 
 def _missing_api(custom: k8s.CustomObjectsApi, group: str, version: str, plural: str, what: str) -> str | None:
@@ -109,6 +118,57 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
     if not base64.b64decode(data[key]).strip():
         return f"{field}={name!r}: key {key} is empty"
     return None
+
+
+def _namespace_labels(core: k8s.CoreV1Api, namespace: str) -> dict | None:
+    """The namespace's labels; None (with a warning) when this account may not read its namespace."""
+    try:
+        return call_api(core.read_namespace, namespace).metadata.labels or {}
+    except ApiException as exc:
+        if exc.status == 404:  # the claims' checks name the missing namespace
+            return None
+        if exc.status != 403:
+            raise
+        log.warning("may not read namespace %s to check its labels: apply manifests/rbac (kubectl apply -k "
+                    "manifests/) for the pipeline runner", namespace)
+        return None
+
+
+def _katib_injection_problem(labels: dict | None, namespace: str) -> str | None:
+    fix = f"kubectl label namespace {namespace} {KATIB_INJECTION_LABEL}={KATIB_INJECTION_VALUE}"
+    if labels is None:
+        log.warning("hpo_trials > 0: could not check that namespace %s has the label %s=%s, without which Katib "
+                    "records no metric and every trial runs forever; if it lacks it: %s", namespace,
+                    KATIB_INJECTION_LABEL, KATIB_INJECTION_VALUE, fix)
+        return None
+    if labels.get(KATIB_INJECTION_LABEL) == KATIB_INJECTION_VALUE:
+        return None
+    found = f" (it is {labels[KATIB_INJECTION_LABEL]!r})" if KATIB_INJECTION_LABEL in labels else ""
+    return (f"hpo_trials > 0: namespace {namespace} lacks the label {KATIB_INJECTION_LABEL}={KATIB_INJECTION_VALUE}"
+            f"{found}, so Katib injects no metrics collector: every trial's job would succeed with no metric "
+            f"recorded and Katib would requeue the trial forever; add it: {fix}")
+
+
+def _trainer_problem(api_client, active_deadline_seconds: int, labels) -> str | None:
+    """What the installed Trainer cannot do for these settings (``labels``: a function returning the namespace's)."""
+    from components.train.launcher import trainjob
+
+    try:
+        version = trainjob.installed_trainer_version(api_client)
+    except RuntimeError as exc:
+        return f"train_backend=trainjob: {exc}"
+    log.info("train_backend=trainjob: %s (TrainJob spec.%s)", trainjob.TRAINER_NAMES[version],
+             trainjob.POD_PATCH_FIELDS[version])
+    if version != trainjob.TRAINER_V2_1:
+        return None
+    log.warning("Trainer v2.1: the TrainJob cannot set its pods' grace period or security context, so they get the "
+                "ClusterTrainingRuntime's: an evicted pod may be killed before its checkpoint is saved, and a "
+                "namespace enforcing the Pod Security Standards' restricted profile admits the pods only if the "
+                "runtime sets it; Trainer v2.2 or later, or train_backend=pytorchjob, sets both")
+    if (labels() or {}).get(PSS_ENFORCE_LABEL) == "restricted":
+        log.warning("the namespace enforces the restricted Pod Security Standard: unless the ClusterTrainingRuntime "
+                    "gives its pods a restricted security context, Trainer v2.1's TrainJob pods will be refused")
+    return trainjob.unsupported_deadline(active_deadline_seconds) if active_deadline_seconds else None
 
 
 def _access_problems(authz: k8s.AuthorizationV1Api, namespace: str, wanted: list[tuple]) -> list[str]:
@@ -172,7 +232,8 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
 
     Returns:
         One message per problem, each naming the parameter or resource and the fix. Warnings (an absent
-        optional Secret, Nodes that may not be listed) are logged, not returned.
+        optional Secret, Nodes or the namespace that may not be read, what Trainer v2.1 cannot set) are logged,
+        not returned.
     """
     train, deploy = params["train_backend"], params["deploy_backend"]
     if train == "local" and deploy == "local":
@@ -183,11 +244,22 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     authz = k8s.AuthorizationV1Api(api_client)
     problems: list = []
     wanted: list = []
+    read: dict = {}
+
+    def labels() -> dict | None:  # the namespace's, read once, when a check needs them
+        if "labels" not in read:
+            read["labels"] = _namespace_labels(core, namespace)
+        return read["labels"]
+
     if train in TRAIN_APIS:
-        problems.append(_missing_api(custom, *TRAIN_APIS[train]))
+        missing = _missing_api(custom, *TRAIN_APIS[train])
+        problems.append(missing)
+        if train == "trainjob" and missing is None:
+            problems.append(_trainer_problem(api_client, params.get("active_deadline_seconds") or 0, labels))
         wanted += LAUNCHER_ACCESS[train] + POD_ACCESS + (TENSORBOARD_ACCESS if params["tensorboard"] else [])
         if params["hpo_trials"]:
             problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))
+            problems.append(_katib_injection_problem(labels(), namespace))
             wanted += SEARCH_ACCESS
     if deploy.startswith("kserve"):
         problems.append(_missing_api(custom, *SERVING_API))

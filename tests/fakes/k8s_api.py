@@ -12,9 +12,10 @@ pods (list with ``labelSelector``) and ``pods/<name>/log`` (``container``, ``pre
 ``Conflict`` 409, ``BadRequest`` 400).
 
 For the cluster preflight it also serves API discovery (``/apis/<group>/<version>``, for the resources
-registered with ``install_crd``), core/v1 PersistentVolumeClaims and Secrets (get), Nodes (list with
-``labelSelector``) and ``SelfSubjectAccessReview`` (allowed unless ``deny`` says otherwise). ``forbid``
-answers a path with 403 Forbidden, as RBAC would.
+registered with ``install_crd``), the OpenAPI v3 document of a group/version (``/openapi/v3/apis/<group>/<version>``,
+for the schemas registered with ``publish_schema``), core/v1 PersistentVolumeClaims and Secrets (get), Namespaces
+(get, ``add_namespace``), Nodes (list with ``labelSelector``) and ``SelfSubjectAccessReview`` (allowed unless
+``deny`` says otherwise). ``forbid`` answers a path with 403 Forbidden, as RBAC would.
 
 The controller side is scripted: ``on_get(plural, fn)`` calls ``fn(obj)`` on every GET of such an object,
 before answering, so a scenario advances one step per poll (``steps(...)`` builds such a function from a
@@ -132,6 +133,7 @@ class FakeKubeAPI:
         self._faults: list[_Fault] = []
         self.core: dict[tuple, dict] = {}  # (plural, namespace or "", name) -> PVCs, Secrets, Nodes
         self.crds: dict[tuple, list] = {}  # (group, version) -> discovery APIResource entries
+        self.openapi: dict[tuple, dict] = {}  # (group, version) -> components.schemas of its OpenAPI v3 document
         self.denied: set[tuple] = set()  # (verb, group, resource, subresource) a SelfSubjectAccessReview refuses
         self.forbidden: list[str] = []  # path fragments answered 403
         # GETs a foreground-deleted object survives, as while the garbage collector deletes its pods.
@@ -326,6 +328,23 @@ class FakeKubeAPI:
                 {"name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
                  "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"]})
 
+    def publish_schema(self, group: str, version: str, kind: str, schema: dict) -> None:
+        """Publish ``schema`` (a CRD version's ``openAPIV3Schema``) at ``/openapi/v3/apis/<group>/<version>`` as the
+        API server does for a CRD: under ``components.schemas`` as ``<reversed group>.<version>.<kind>``, tagged
+        with ``x-kubernetes-group-version-kind``."""
+        name = ".".join([*reversed(group.split(".")), version, kind])
+        with self.lock:
+            self.openapi.setdefault((group, version), {})[name] = {
+                **copy.deepcopy(schema),
+                "x-kubernetes-group-version-kind": [{"group": group, "version": version, "kind": kind}]}
+
+    def add_namespace(self, name: str, labels: dict | None = None) -> None:
+        """A Namespace with these labels (plus the ``kubernetes.io/metadata.name`` label every namespace has)."""
+        self._put_core("namespaces", "", name, {
+            "apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"labels": {"kubernetes.io/metadata.name": name, **(labels or {})}},
+            "status": {"phase": "Active"}})
+
     def add_pvc(self, namespace: str, name: str, *, phase: str = "Bound", access_modes=("ReadWriteMany",),
                 storage: str = "1Ti") -> None:
         """A PersistentVolumeClaim in ``phase`` with these access modes."""
@@ -404,6 +423,10 @@ class FakeKubeAPI:
                 return self._pods(method, parts[3], parts[5:], query)
             if parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[2] == "namespaces" and method == "GET":
                 return self._core_get(parts[4], parts[3], parts[5])
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4 and method == "GET":
+                return self._core_get("namespaces", "", parts[3])
+            if parts[:3] == ["openapi", "v3", "apis"] and len(parts) == 5 and method == "GET":
+                return self._openapi(parts[3], parts[4])
             if parts == ["api", "v1", "nodes"] and method == "GET":
                 return self._core_list("nodes", query)
             if parts == ["apis", "authorization.k8s.io", "v1", "selfsubjectaccessreviews"] and method == "POST":
@@ -516,6 +539,13 @@ class FakeKubeAPI:
             return _status(404, "NotFound", "the server could not find the requested resource")
         return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
                      "resources": resources}, "application/json"
+
+    def _openapi(self, group, version):
+        schemas = self.openapi.get((group, version))
+        if schemas is None:
+            return _status(404, "NotFound", "the server could not find the requested resource")
+        return 200, {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"}, "paths": {},
+                     "components": {"schemas": copy.deepcopy(schemas)}}, "application/json"
 
     def _pods(self, method, namespace, rest, query):
         if method != "GET":

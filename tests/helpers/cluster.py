@@ -13,12 +13,18 @@ PARAMS = {
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], "tensorboard": True,
     "hpo_trials": 0, "alert_webhook_secret": "llm-alerts",
 }
+# Trainer v2.2's TrainJob schema as the API server publishes it, cut down to the spec fields (what the launcher and
+# preflight read to tell the release apart; tests/train/launcher/test_trainjob_versions.py publishes the whole CRDs).
+TRAINJOB_SCHEMA = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
+    field: {} for field in ("activeDeadlineSeconds", "initializer", "managedBy", "runtimePatches", "runtimeRef",
+                            "suspend", "trainer")}}}}
 
 
 def ready_cluster(api: FakeKubeAPI) -> FakeKubeAPI:
-    """Everything the reference run needs: operator, trainer, KServe, claims, token, two H100 nodes."""
+    """Everything the reference run needs: operator, Trainer v2.2, KServe, claims, token, two H100 nodes."""
     api.install_crd("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
     api.install_crd("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
+    api.publish_schema("trainer.kubeflow.org", "v1alpha1", "TrainJob", TRAINJOB_SCHEMA)
     api.install_crd("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService")
     api.add_pvc(NS, "llm-data")
     api.add_pvc(NS, "llm-models")

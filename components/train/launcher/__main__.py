@@ -29,6 +29,7 @@ def _json_arg(text: str, kind: type, flag: str):
 def make_parser() -> argparse.ArgumentParser:
     """The launcher's command line (defaults: the pipeline's, from components.settings.ClusterSettings)."""
     from components.settings import ClusterSettings
+    from components.train.launcher.trainjob import TRAINER_VERSIONS
 
     d = ClusterSettings()
 
@@ -62,6 +63,9 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--pending-timeout", type=float, default=float(d.pending_timeout_seconds), metavar="SECONDS",
                    help=f"give up when a pod stays Unschedulable this long (default {d.pending_timeout_seconds}: time for an autoscaler "
                         "to add a GPU node; 0: at once)")
+    p.add_argument("--trainer-version", choices=sorted(TRAINER_VERSIONS),
+                   help="the Kubeflow Trainer release to render the TrainJob for (v2.2: v2.2 or later); default: "
+                        "the cluster's, read from the TrainJob schema it publishes (v2.2 with --dry-run)")
     p.add_argument("--dry-run", action="store_true", help="print the manifest as YAML and touch nothing")
     return p
 
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from components.kube import current_namespace
     from components.train.launcher.pytorchjob import pytorchjob_for_run
-    from components.train.launcher.trainjob import trainjob_for_run
+    from components.train.launcher.trainjob import TRAINER_V2_2, installed_trainer_version, trainjob_for_run
 
     args = make_parser().parse_args(argv)
     try:
@@ -103,8 +107,9 @@ def main(argv: list[str] | None = None) -> None:
             if v1_only:
                 raise ValueError(f"{', '.join(v1_only)}: PyTorchJob only; with --backend trainjob the "
                                  "ClusterTrainingRuntime sets scheduling and restart policy")
-            manifest = trainjob_for_run(**common)
-    except ValueError as exc:
+            version = args.trainer_version or (TRAINER_V2_2 if args.dry_run else installed_trainer_version())
+            manifest = trainjob_for_run(**common, trainer_version=version)
+    except (ValueError, RuntimeError) as exc:  # RuntimeError: a Trainer this package cannot render for
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
     if args.dry_run:

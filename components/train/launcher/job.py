@@ -171,11 +171,14 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
         return runner.follow(poll)
 
 
-def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft") -> dict:
+def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft",
+                         trainer_version: str | None = None) -> dict:
     """The PyTorchJob or TrainJob of one run from its cluster settings (``components.settings.ClusterSettings``;
     the train step and ``--render`` call this).
 
-    Pipeline parameters cannot be None, so 0 and {} mean "not set" in the settings.
+    Pipeline parameters cannot be None, so 0 and {} mean "not set" in the settings. ``trainer_version`` is the
+    Trainer release a TrainJob is rendered for (``trainjob.TRAINER_VERSIONS``): on a cluster the caller reads it
+    once with ``trainjob.installed_trainer_version()``; None renders for v2.2 and later (``--render``).
     """
     from components.train.launcher.pytorchjob import pytorchjob_for_run
     from components.train.launcher.trainjob import trainjob_for_run
@@ -190,6 +193,6 @@ def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: s
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
-        return trainjob_for_run(**common)
+        return trainjob_for_run(**common, **({"trainer_version": trainer_version} if trainer_version else {}))
     return pytorchjob_for_run(**common, priority_class=c.priority_class, gang_scheduling=c.gang_scheduling,
                               min_nodes=c.min_nodes or None, max_restarts=c.max_restarts)

@@ -13,6 +13,7 @@ from kubernetes import client as k8s
 
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.secrets import HF_TOKEN_KEY
+from components.security import container_security_context, pod_security_context
 
 # NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
 # the per-rank INFO flood. Callers override or add (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) per cluster.
@@ -89,7 +90,8 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
     Returns:
         The template: one container (``torchrun`` command and args, env, GPU/CPU/memory requests equal to
         limits, the volume mounts) in a pod with the volumes, node placement, priority, labels and the
-        Istio opt-out. Empty selectors, tolerations, affinity and priority are left out.
+        Istio opt-out, running as the non-root user under the ``restricted`` security context, without a
+        service-account token. Empty selectors, tolerations, affinity and priority are left out.
     """
     resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
     container = k8s.V1Container(
@@ -100,6 +102,7 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
         env=trainer_env(hf_token_secret, nccl_env, tracking_secret),
         resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
         volume_mounts=TRAINER_VOLUME_MOUNTS,
+        security_context=container_security_context(),
     )
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(
@@ -116,5 +119,9 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
             priority_class_name=priority_class or None,
             termination_grace_period_seconds=TERMINATION_GRACE_PERIOD_SECONDS,
             volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
+            # The Pod Security Standards' `restricted` profile (components/security.py); the trainer never calls
+            # the Kubernetes API, so no service-account token is mounted.
+            security_context=pod_security_context(fs_group=True),
+            automount_service_account_token=False,
         ),
     )

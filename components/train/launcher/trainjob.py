@@ -2,10 +2,17 @@
 
 The cluster's ``torch-distributed`` ClusterTrainingRuntime supplies the JobSet (one replicated job
 ``node`` whose container is ``node``); the TrainJob fills in the image, ``torchrun`` command,
-``numNodes``, ``numProcPerNode`` and ``resourcesPerNode``, and a ``runtimePatches`` entry adds what the
-runtime cannot know: the claims, ``/dev/shm``, node placement, labels and the Istio opt-out. The trainer
-controller injects ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and
-``PET_MASTER_PORT`` into the ``node`` container, as the v1 operator does for ``pytorch``.
+``numNodes``, ``numProcPerNode`` and ``resourcesPerNode``, and a pod patch adds what the runtime cannot
+know: the claims, ``/dev/shm``, node placement, labels and the Istio opt-out. The trainer controller injects
+``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` into the
+``node`` container, as the v1 operator does for ``pytorch``.
+
+The pod patch is where Trainer releases differ (``TRAINER_VERSIONS``): Trainer v2.2 and later take it as a
+``spec.runtimePatches`` entry (which also carries the pods' grace period and security context) and have
+``spec.activeDeadlineSeconds``; Trainer v2.1 takes ``spec.podTemplateOverrides``, which has neither. The API
+server prunes the fields a CRD's schema lacks, with only a warning, so a TrainJob rendered for the wrong release
+would start its pods without the claims: the launcher and preflight read which release is installed
+(``installed_trainer_version``, from the TrainJob schema the API server publishes) and render for it.
 
 Built as a plain dict checked against the CRD (tests/test_trainjob.py): the ``kubeflow`` SDK that
 models it ships its own ``kubeflow/__init__.py`` beside kubeflow-training's, and one of the two
@@ -16,9 +23,10 @@ from __future__ import annotations
 
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 
+from components.kube import RUN_ID_LABEL, call_api, job_name_for, load_api_client
 from components.train.launcher.pods import trainer_pod_template
-from components.kube import RUN_ID_LABEL, job_name_for
 from components.train.launcher.pytorchjob import validate_job
 
 GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
@@ -27,6 +35,18 @@ RUNTIME = "torch-distributed"
 NODE = "node"
 # Who owns our entry in spec.runtimePatches (entries are a map keyed by manager).
 PATCH_MANAGER = "llm-post-training.kubeflow.org/launcher"
+# The Trainer releases whose TrainJob this package renders, each by the spec field that patches the runtime's pods
+# (kubeflow/trainer: podTemplateOverrides in v2.1.0; runtimePatches and activeDeadlineSeconds from v2.2.0 on, the
+# same TrainJob spec through v2.3). "v2.2" stands for v2.2 and later.
+TRAINER_V2_1, TRAINER_V2_2 = "v2.1", "v2.2"
+POD_PATCH_FIELDS = {TRAINER_V2_2: "runtimePatches", TRAINER_V2_1: "podTemplateOverrides"}
+TRAINER_VERSIONS = tuple(POD_PATCH_FIELDS)
+TRAINER_NAMES = {TRAINER_V2_2: "Trainer v2.2 or later", TRAINER_V2_1: "Trainer v2.1"}
+# Pod patch fields of releases this package does not render for: Trainer v2.0's TrainJob.
+UNSUPPORTED_PATCH_FIELDS = {"podSpecOverrides": "Trainer v2.0"}
+# Where the API server publishes the TrainJob's schema, open to every authenticated account (system:discovery),
+# unlike the cluster-scoped CustomResourceDefinition.
+OPENAPI_PATH = f"/openapi/v3/apis/{GROUP}/{VERSION}"
 # JobSet labels every pod with its JobSet's name, which is the TrainJob's; the Job controller labels
 # each pod with its completion index, which the torch runtime makes the node rank.
 POD_SELECTOR_LABEL = "jobset.sigs.k8s.io/jobset-name"
@@ -38,7 +58,7 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
                    node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
                    shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi", nccl_env: dict | None = None,
                    runtime: str = RUNTIME, active_deadline_seconds: int | None = None,
-                   queue_name: str = "", tracking_secret: str = "") -> dict:
+                   queue_name: str = "", tracking_secret: str = "", trainer_version: str = TRAINER_V2_2) -> dict:
     """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
 
     Args:
@@ -48,18 +68,27 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
         runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``).
         active_deadline_seconds: the controller fails the job once it has run this long; None: no limit.
         queue_name: Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``); empty: no Kueue.
+        trainer_version: the installed Trainer's TrainJob (``TRAINER_VERSIONS``; ``installed_trainer_version``
+            reads it): ``v2.2`` (and later) patches the pods through ``spec.runtimePatches``, grace period and
+            security context included; ``v2.1`` through ``spec.podTemplateOverrides``, which has neither, so the
+            pods get the runtime's grace period and security context.
 
     Gang scheduling, priority, restarts and the finished-job TTL are the runtime's policy in Trainer
     v2, not the TrainJob's; ``run_training_job(cleanup=...)`` deletes finished jobs.
 
     Raises:
-        ValueError: naming the field, for an invalid name, image, node or GPU count, or deadline.
+        ValueError: naming the field, for an invalid name, image, node or GPU count, deadline or Trainer
+            version, or a deadline the Trainer version cannot honour (v2.1 has no activeDeadlineSeconds).
     """
     validate_job(name, image, num_nodes, gpus_per_node)
     if not runtime:
         raise ValueError("runtime must name a ClusterTrainingRuntime, e.g. torch-distributed")
     if active_deadline_seconds is not None and active_deadline_seconds < 1:
         raise ValueError(f"active_deadline_seconds must be >= 1 (or None: no limit), got {active_deadline_seconds}")
+    if trainer_version not in TRAINER_VERSIONS:
+        raise ValueError(f"trainer_version {trainer_version!r} must be one of {', '.join(TRAINER_VERSIONS)}")
+    if active_deadline_seconds is not None and trainer_version == TRAINER_V2_1:
+        raise ValueError(unsupported_deadline(active_deadline_seconds))
     template = trainer_pod_template(
         container_name=NODE, image=image, nnodes=str(num_nodes), gpus_per_node=gpus_per_node,
         config_path=config_path, hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory,
@@ -68,15 +97,19 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
     )
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,
-    # and the runtime patch (merged by container name) adds only what the trainer fields cannot hold.
+    # and the pod patch (merged by container name) adds only what the trainer fields cannot hold.
     pod_spec = {
         "nodeSelector": pod.node_selector,
         "tolerations": pod.tolerations,
         "affinity": pod.affinity,
         "volumes": pod.volumes,
-        "terminationGracePeriodSeconds": pod.termination_grace_period_seconds,
         "containers": [{"name": container.name, "volumeMounts": container.volume_mounts}],
     }
+    if trainer_version == TRAINER_V2_2:
+        # Not in v2.1's podTemplateOverrides. Neither release patches automountServiceAccountToken: the runtime's.
+        pod_spec.update(terminationGracePeriodSeconds=pod.termination_grace_period_seconds,
+                        securityContext=pod.security_context)
+        pod_spec["containers"][0]["securityContext"] = container.security_context
     pod_template = {
         "metadata": {"labels": template.metadata.labels, "annotations": template.metadata.annotations},
         "spec": {k: v for k, v in pod_spec.items() if v is not None},
@@ -84,7 +117,7 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
     job_labels = dict(labels)
     if queue_name:
         job_labels[kfc.LOCAL_QUEUE_LABEL] = queue_name
-    spec = {
+    spec: dict = {
         "runtimeRef": {"name": runtime},
         "trainer": {
             "image": container.image,
@@ -95,13 +128,17 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
             "numProcPerNode": gpus_per_node,
             "resourcesPerNode": {"requests": container.resources.requests, "limits": container.resources.limits},
         },
-        "runtimePatches": [{
+    }
+    if trainer_version == TRAINER_V2_2:
+        spec["runtimePatches"] = [{
             "manager": PATCH_MANAGER,
             "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
                 {"name": NODE, "template": {"spec": {"template": pod_template}}},
             ]}}},
-        }],
-    }
+        }]
+    else:
+        # Trainer v2.1 merges it into the named replicated jobs' pod template (a strategic merge patch).
+        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": NODE}], **pod_template}]
     if active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = active_deadline_seconds
     job = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
@@ -115,7 +152,7 @@ def trainjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_i
     """The TrainJob of one KFP run, from the pipeline's parameter names (mirrors ``pytorchjob_for_run``).
 
     ``options`` are ``build_trainjob``'s keyword parameters (affinity, resources, NCCL, runtime,
-    active_deadline_seconds, queue_name).
+    active_deadline_seconds, queue_name, trainer_version).
     """
     return build_trainjob(
         name=job_name_for(run_id, stage), namespace=namespace, image=trainer_image, config_path=config_path,
@@ -123,3 +160,66 @@ def trainjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_i
         hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
         labels={RUN_ID_LABEL: run_id}, **options,
     )
+
+
+def unsupported_deadline(active_deadline_seconds: int) -> str:
+    """The error for a deadline on Trainer v2.1, which cannot honour it."""
+    return (f"active_deadline_seconds={active_deadline_seconds}: Trainer v2.1's TrainJob has no "
+            "activeDeadlineSeconds (it arrived in Trainer v2.2.0, and the API server would drop it silently); "
+            "set active_deadline_seconds to 0 (no limit), upgrade the Trainer to v2.2 or later, or use "
+            "train_backend=pytorchjob")
+
+
+def trainjob_spec_fields(openapi: dict) -> set[str] | None:
+    """The fields of ``TrainJob.spec`` in an OpenAPI v3 document of ``trainer.kubeflow.org/v1alpha1`` as the API
+    server publishes it (``OPENAPI_PATH``), or None when the document has no TrainJob."""
+    for schema in ((openapi or {}).get("components") or {}).get("schemas", {}).values():
+        kinds = schema.get("x-kubernetes-group-version-kind") or []
+        if {"group": GROUP, "version": VERSION, "kind": KIND} in kinds:
+            return set(((schema.get("properties") or {}).get("spec") or {}).get("properties") or {})
+    return None
+
+
+def trainer_version_for(spec_fields: set[str] | None) -> str:
+    """The entry of ``TRAINER_VERSIONS`` whose TrainJob spec has these fields.
+
+    Raises:
+        RuntimeError: no TrainJob is served, or it is one this package does not render for (Trainer v2.0), or its
+            spec has no known pod patch field; the message names what was found and the fix.
+    """
+    if spec_fields is None:
+        raise RuntimeError(f"the API server publishes no TrainJob schema under {OPENAPI_PATH}: install Kubeflow "
+                           "Trainer v2.1 or later (or use train_backend=pytorchjob)")
+    for version, field in POD_PATCH_FIELDS.items():
+        if field in spec_fields:
+            return version
+    for field, release in UNSUPPORTED_PATCH_FIELDS.items():
+        if field in spec_fields:
+            return _unsupported(f"{release} (its TrainJob patches pods through spec.{field})")
+    return _unsupported(f"a Trainer whose TrainJob spec has none of {', '.join(sorted(POD_PATCH_FIELDS.values()))} "
+                        f"(it has: {', '.join(sorted(spec_fields)) or 'nothing'})")
+
+
+def _unsupported(what: str):
+    raise RuntimeError(f"this cluster runs {what}: the TrainJob could not mount the claims or /dev/shm; install "
+                       "Kubeflow Trainer v2.1 or later, or use train_backend=pytorchjob")
+
+
+def installed_trainer_version(api_client=None) -> str:
+    """The Trainer release whose TrainJob this cluster serves (an entry of ``TRAINER_VERSIONS``), read once from the
+    TrainJob schema the API server publishes (OpenAPI v3: readable by every authenticated account, so neither the
+    launcher nor preflight needs a ClusterRole to read the CustomResourceDefinition).
+
+    Raises:
+        RuntimeError: as ``trainer_version_for``.
+        ApiException: the API server refused the read for another reason than 404.
+    """
+    api_client = api_client or load_api_client()
+    try:
+        document = call_api(api_client.call_api, OPENAPI_PATH, "GET", header_params={"Accept": "application/json"},
+                            auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        document = {}  # the group/version is not served: no Trainer
+    return trainer_version_for(trainjob_spec_fields(document))

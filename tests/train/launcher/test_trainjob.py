@@ -83,10 +83,11 @@ def test_trainjob_runs_the_same_command_and_pods_as_the_pytorchjob():
     assert trainer["resourcesPerNode"] == container["resources"]
     pod = pod_patch(trainjob)
     assert pod["metadata"] == master["metadata"]  # run-id label, Istio off
-    for key in ("nodeSelector", "tolerations", "volumes"):
+    for key in ("nodeSelector", "tolerations", "volumes", "securityContext"):
         assert pod["spec"][key] == master["spec"][key], key
     (node,) = pod["spec"]["containers"]
-    assert node == {"name": "node", "volumeMounts": container["volumeMounts"]}
+    assert node == {"name": "node", "volumeMounts": container["volumeMounts"],
+                    "securityContext": container["securityContext"]}
     mounts = {m["mountPath"] for m in node["volumeMounts"]}
     assert {DATA_MOUNT, MODEL_MOUNT, "/dev/shm"} <= mounts
     assert not {"sh", "bash", "-c"} & set(trainer["command"] + trainer["args"])

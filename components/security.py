@@ -1,0 +1,35 @@
+"""Who the package's pods run as, and the security context that lets them into a namespace enforcing the Pod Security
+Standards' ``restricted`` profile (https://kubernetes.io/docs/concepts/security/pod-security-standards/).
+
+Every pod that writes the two claims runs as the same user and group, ``RUN_AS_USER``:``RUN_AS_GROUP``, the user
+the images declare (``USER 1000:1000`` in images/*/Dockerfile): a file one step writes is one the next step may
+rewrite. The trainer pods (components/train/launcher/pods.py), the serving pods
+(components/deploy/inference_service.py) and the pipeline's steps (pipelines/llm_finetune.py) take their settings
+from here.
+"""
+
+from __future__ import annotations
+
+# A numeric user: the kubelet can only verify runAsNonRoot against a numeric image user.
+RUN_AS_USER = 1000
+RUN_AS_GROUP = 1000
+# The claims' group: where the volume plugin supports ownership management (block-backed and most CSI volumes; not
+# NFS), the kubelet makes the volume's files group-owned by it, once (OnRootMismatch: only when the root differs).
+FS_GROUP = RUN_AS_GROUP
+
+
+def pod_security_context(*, fs_group: bool = False) -> dict:
+    """The pod-level security context (Kubernetes JSON): non-root user and group, the runtime's seccomp profile, and
+    with ``fs_group`` the claims' group."""
+    context = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_GROUP,
+               "seccompProfile": {"type": "RuntimeDefault"}}
+    if fs_group:
+        context.update(fsGroup=FS_GROUP, fsGroupChangePolicy="OnRootMismatch")
+    return context
+
+
+def container_security_context() -> dict:
+    """The container-level security context (Kubernetes JSON): no privilege escalation, every capability dropped,
+    non-root (the checks ``restricted`` makes of each container, also where the pod-level context is not ours)."""
+    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+            "seccompProfile": {"type": "RuntimeDefault"}}
