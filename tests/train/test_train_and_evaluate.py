@@ -96,5 +96,5 @@ def test_missing_dataset_is_named(workdir, tmp_path):
 def test_deepspeed_configs_by_name():
     assert deepspeed_config_path("zero3").endswith("deepspeed/zero3.json")
     assert deepspeed_config_path("none") is None
-    with pytest.raises(ValueError, match="use one of \\['zero2', 'zero3', 'zero3_offload', 'none'\\]"):
+    with pytest.raises(ValueError, match="use one of \\['zero2', 'zero3', 'zero3_hpz', 'zero3_offload', 'none'\\]"):
         deepspeed_config_path("zero4")

@@ -1,0 +1,572 @@
+"""The plan of a training job before it runs: seconds per optimizer step, tokens/s per GPU, the bottleneck, the run's
+wall time and GPU-hours, and the memory per GPU, from the settings and the model's config.json alone (no torch, no
+cluster, no GPU, no download). ``python -m pipelines.run ... --plan`` prints it.
+
+Notation: P parameters (all experts), A active parameters (``ModelShape.active``: the experts' top-k, the output
+head), T_r trainable (LoRA: the adapters; full: P), L layers, d = heads x head_dim, s = max_seq_length, b = micro-batch
+rows, k = gradient_accumulation_steps, G = gpus_per_node, M = num_nodes, N = M G GPUs.
+
+Compute, per micro-step and GPU (components/models/mfu.py: 6 A + 12 L d T per token, PaLM appendix B):
+
+    tokens                 t = s b                    (packed rows are full; the pad tail is counted as work)
+    forward                t (2 A + 4 L d T)
+    backward               t (4 A + 8 L d T)          (activation and weight gradients, 2 A each)
+    recomputation          t (2 A + 4 L d T)          when activation_checkpointing: x 4/3 in all
+    LoRA                   minus 2 t A_f: the weight gradients of frozen nn.Linear weights (attention, dense MLP,
+                           router, head) are never computed; a fused expert tensor adapted through PEFT's
+                           target_parameters gets its whole gradient (PEFT builds W + B A, autograd differentiates
+                           the sum), so its A stays at 6
+    seconds                FLOPs / achieved_tflops_per_gpu
+
+T is the mean number of keys a token attends to, causal within its document: (s + 1) / 2 when one document fills a
+row (the upper bound, used before a dataset is prepared), or from the prepared dataset's length histogram
+(sum n (n + 1) / 2 / sum n over its buckets). ``achieved_tflops_per_gpu`` defaults to 129: 8 layers of
+Qwen3-30B-A3B's shape (128 experts, top-8) trained on one H100 at 19,563 tokens/s with transformers' grouped_mm
+experts and SDPA, no recomputation (benchmarks/results/plan.md cites the log). Recomputed FLOPs run at that speed.
+
+Collectives, with ring algorithms (NCCL's for all-gather and reduce-scatter): for S bytes over n ranks every GPU
+sends and receives B = S (n - 1) / n (all-reduce: 2 B). Parameters and gradients travel in bf16 (2 bytes) under
+DeepSpeed; plain DDP all-reduces fp32 gradients (4 bytes). Per optimizer step:
+
+    ZeRO-3, full           every micro-step: all-gather 2P (forward), all-gather 2P (backward: ZeRO-3 frees each
+                           block after its forward), reduce-scatter 2P of gradients (DeepSpeed refuses no_sync under
+                           ZeRO-2/3: gradients are reduced at every backward). Recomputation adds no third gather:
+                           DeepSpeed charges the parameters a recomputed forward fetches to the backward module that
+                           needs them (ds_recompute_parameters) and frees them after its backward.
+    ZeRO-3, LoRA           the frozen base is gathered just the same (2P forward, 2P backward); only the adapters'
+                           gradients are reduce-scattered (2 T_r)
+    ZeRO++ hpZ (ZeRO-3 with zero_hpz_partition_size = h, h = G: one node)
+                           after its forward all-gather over all N ranks, each block keeps a secondary bf16 partition
+                           over the h ranks of its node (2P/h more memory per GPU); every later gather comes from it
+                           over NVLink until the optimizer step invalidates it (DeepSpeed's stage3.py,
+                           invalidate_secondary_tensor, which touches trainable parameters only). So per optimizer
+                           step: one all-gather 2P over N (the first forward), 2k - 1 all-gathers 2P within the node,
+                           k reduce-scatters 2 T_r over N. A frozen LoRA base keeps its secondary partition for the
+                           whole run: after the first step only the adapters cross nodes.
+    ZeRO-2                 every micro-step: reduce-scatter 2 T_r; after the step: all-gather of the updated 2 T_r
+    ZeRO-1 / DDP           once per step, in the last micro-step's backward: all-reduce of the gradients (4 T_r)
+
+Links (bandwidths are settings, per GPU and per direction): a ring inside one node runs on NVLink
+(``intra_node_gb_per_s``). A ring over M > 1 nodes is built as NCCL builds it on DGX-class nodes, one channel per
+NIC (rail-aligned): each channel enters and leaves every node once, so a node's whole inbound traffic equals one
+GPU's ring traffic B, spread over its G NICs. Each GPU then moves B (G - 1) / G over NVLink and B / G over its share of
+the network (``inter_node_gb_per_s`` = the node's network bandwidth / G: 50 GB/s for a DGX H100's 8 x 400 Gb/s):
+
+    seconds = max(B (G - 1) / G / intra, B / G / inter)
+
+Each phase's collectives share the links, so a phase's communication takes max(NVLink bytes / intra, network bytes
+/ inter) over all its collectives.
+
+Overlap and step time. DeepSpeed prefetches the next blocks' parameters while the current block computes and
+reduce-scatters gradients while the backward goes on; DDP all-reduces buckets during the backward. So within a
+micro-step:
+
+    micro-step = max(forward compute, forward communication) + max(backward compute, backward communication)
+                 + exposed
+
+The forward phase gets only the forward's FLOPs to hide behind (1/4 of the micro-step's with recomputation), which is
+why the phases are taken apart rather than max(compute, comm) over the whole micro-step. ``exposed`` is what nothing
+can hide: under ZeRO-3 the first module's gather at the start of each forward (the embedding, vocab x hidden; the
+prefetcher starts from the module it fetches) and the last gradients' reduce-scatter at the end of each backward (the
+embedding's again, when it is trained); under ZeRO-2 that reduce-scatter. Per optimizer step come the optimizer
+update, memory-bound at ``OPTIMIZER_BYTES_PER_PARAM`` bytes per trainable parameter this GPU updates over
+``HBM_BYTES_PER_S``, and ZeRO-2's all-gather of the updated parameters (the next forward needs them). The bottleneck
+is ``compute`` when every phase's compute covers its communication, else the link that is busiest.
+
+The run: tokens per optimizer step k b s x N (x the packing efficiency, for real tokens); steps = max_steps, or the
+training split's rows x epochs / (b k N), rows from the prepared dataset's statistics when given, else
+``dataset_tokens_estimate`` / s; wall time = steps x step seconds; GPU-hours = wall time x N. Memory per GPU is
+components/train/launcher/memory.py's estimate, the one validate_inputs checks.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from components.models.shape import KNOWN_MODELS, ModelShape, load_architecture, lora_targets, model_shape
+from components.settings import Settings
+
+GB = 1e9
+GIB = 1024**3
+PARAM_BYTES = 2  # bf16 parameters and gradients under DeepSpeed (bf16 on GPUs)
+DDP_GRAD_BYTES = 4  # plain DDP and LoRA adapters keep fp32 gradients
+# The optimizer update streams fp32 master weights, Adam's two moments and the fp32 gradient (read 16 bytes, write 12)
+# and writes the bf16 weight (2): ~32 bytes per trainable parameter, at about 60% of an H100's 3.35 TB/s.
+OPTIMIZER_BYTES_PER_PARAM = 32
+HBM_BYTES_PER_S = 2.0e12
+INTRA = "intra-node NVLink"
+INTER = "inter-node link"
+COMPUTE = "compute"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective of the step: ``size`` bytes in all over a ring of ``ranks`` GPUs spanning ``nodes`` nodes with
+    ``per_node`` of them in each; run in ``phase`` (forward, backward, after step) of the micro-steps ``when`` says
+    (every, first, later, last, after)."""
+
+    name: str
+    kind: str  # all-gather, reduce-scatter, all-reduce
+    size: float
+    ranks: int
+    nodes: int
+    per_node: int
+    phase: str
+    when: str
+
+    @property
+    def bytes_per_gpu(self) -> float:
+        """B: what each GPU sends (and receives) in the ring: S (n - 1) / n, twice that for an all-reduce."""
+        ring = self.size * (self.ranks - 1) / self.ranks if self.ranks > 1 else 0.0
+        return 2 * ring if self.kind == "all-reduce" else ring
+
+    @property
+    def network_bytes_per_gpu(self) -> float:
+        """What crosses this GPU's share of the network: B / G for a ring over several nodes (module docstring)."""
+        return self.bytes_per_gpu / self.per_node if self.nodes > 1 else 0.0
+
+    @property
+    def nvlink_bytes_per_gpu(self) -> float:
+        return self.bytes_per_gpu - self.network_bytes_per_gpu
+
+    @property
+    def link(self) -> str:
+        return INTER if self.nodes > 1 else INTRA
+
+    def times_per_step(self, k: int) -> int:
+        return {"every": k, "first": 1, "later": k - 1, "last": 1, "after": 1}[self.when]
+
+    def applies(self, i: int, k: int) -> bool:
+        """Whether micro-step ``i`` (0-based, of ``k``) runs it."""
+        return {"every": True, "first": i == 0, "later": i > 0, "last": i == k - 1, "after": False}[self.when]
+
+
+@dataclass
+class Plan:
+    """The figures of one plan (``plan()``); seconds per optimizer step unless named otherwise."""
+
+    model: str
+    method: str
+    layout: str
+    num_nodes: int
+    gpus_per_node: int
+    micro_batch: int
+    accumulation: int
+    max_seq_length: int
+    tokens_per_micro_step: int  # per GPU, rows x max_seq_length
+    real_token_fraction: float  # packing efficiency (1.0 when unknown)
+    attention_length: float
+    attention_source: str
+    active_params: int
+    total_params: int
+    trainable_params: int
+    flops_per_token_dense: float  # 6 A
+    flops_per_token_attention: float  # 12 L d T
+    flops_per_micro_step: float  # what the GPU executes (recomputation and LoRA included)
+    compute_s: float  # per micro-step
+    forward_compute_s: float
+    backward_compute_s: float
+    collectives: list[Collective]
+    intra_gb_per_s: float
+    inter_gb_per_s: float
+    achieved_tflops: float
+    recompute: bool
+    micro_step_s: list[float]
+    exposed_s: float  # per optimizer step, nothing overlapping it (first gathers, last reduce-scatters)
+    after_step_s: float  # optimizer update + post-step collectives
+    step_s: float
+    tokens_per_s_per_gpu: float
+    bottleneck: str
+    comm_s: dict  # per optimizer step: link -> seconds that link is busy
+    memory_gib: dict
+    gpu_memory_gib: float
+    dataset_tokens: float
+    dataset_source: str
+    steps: int
+    epochs: float
+    wall_s: float
+    gpu_hours: float
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def n_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    @property
+    def fits(self) -> bool:
+        return self.memory_gib["total"] <= self.gpu_memory_gib
+
+    def bytes_per_gpu(self, link: str | None = None, per: str = "step") -> float:
+        """Bytes one GPU moves per optimizer step (``per="micro-step"``: divided by k), over ``link`` or any: the
+        collectives' B for ``None``, the network share for INTER, the NVLink share for INTRA."""
+        k = self.accumulation
+        total = 0.0
+        for c in self.collectives:
+            b = {None: c.bytes_per_gpu, INTER: c.network_bytes_per_gpu, INTRA: c.nvlink_bytes_per_gpu}[link]
+            total += b * c.times_per_step(k)
+        return total / k if per == "micro-step" else total
+
+    def summary(self) -> dict:
+        """The headline figures, JSON-ready."""
+        return {"layout": self.layout, "step_s": round(self.step_s, 3),
+                "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu), "bottleneck": self.bottleneck,
+                "compute_s_per_micro_step": round(self.compute_s, 3),
+                "gb_per_gpu_per_micro_step": round(self.bytes_per_gpu(per="micro-step") / GB, 1),
+                "network_gb_per_gpu_per_step": round(self.bytes_per_gpu(INTER) / GB, 2),
+                "memory_gib_per_gpu": round(self.memory_gib["total"], 1), "fits": self.fits, "steps": self.steps,
+                "wall_hours": round(self.wall_s / 3600, 2), "gpu_hours": round(self.gpu_hours, 1)}
+
+
+def architecture(model_name_or_path: str) -> dict:
+    """The model's config.json as a dict: shipped (components/models/architectures), a local folder, or the Hugging
+    Face cache (HF_HOME / HF_HUB_CACHE; nothing is downloaded). A ValueError naming the setting when none has it."""
+    config = load_architecture(model_name_or_path)
+    if config is not None:
+        return config
+    if model_name_or_path.startswith("builtin:"):
+        raise ValueError(f"model_name_or_path={model_name_or_path!r} is the laptop model of a local CPU run: the plan "
+                         "is for GPU jobs; pass a cluster preset (e.g. --preset qwen3-30b-a3b-full)")
+    if not Path(model_name_or_path).is_absolute() and model_name_or_path.count("/") == 1:
+        from huggingface_hub import try_to_load_from_cache
+
+        cached = try_to_load_from_cache(model_name_or_path, "config.json")
+        if isinstance(cached, str):
+            return json.loads(Path(cached).read_text(encoding="utf-8"))
+    shipped = ", ".join(p.pattern.strip("^$").split("(")[0] for p in KNOWN_MODELS)
+    raise ValueError(
+        f"model_name_or_path={model_name_or_path!r}: its config.json is neither shipped with the package (shipped: "
+        f"{shipped} and their variants) nor a local folder's nor in the Hugging Face cache; fetch just the config "
+        f"(hf download {model_name_or_path} config.json) or set model_name_or_path to a folder holding config.json")
+
+
+def zero_config(deepspeed_config: str) -> dict:
+    """The ``zero_optimization`` section of a shipped DeepSpeed config name or JSON path (empty for ``none``)."""
+    from components.train.config import load_deepspeed_config
+
+    return load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
+
+
+def layout_name(zero: dict) -> str:
+    stage = zero.get("stage", 0)
+    hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
+    if stage == 3:
+        return f"ZeRO++ hpZ (ZeRO-3, partition {hpz})" if hpz > 1 else "ZeRO-3"
+    return f"ZeRO-{stage}" if stage else "DDP"
+
+
+def collectives(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int,
+                trainable: int) -> list[Collective]:
+    """Every collective of one optimizer step (module docstring's table)."""
+    n, m, g = num_nodes * gpus_per_node, num_nodes, gpus_per_node
+    stage = zero.get("stage", 0)
+    params, grads = PARAM_BYTES * shape.total, PARAM_BYTES * trainable
+    out: list[Collective] = []
+    if n == 1:
+        return out
+    if stage == 3:
+        hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
+        out.append(Collective("parameters, forward", "all-gather", params, n, m, g, "forward",
+                              "first" if hpz > 1 else "every"))
+        if hpz > 1:
+            h_nodes = max(1, math.ceil(hpz / g))
+            inner = (hpz, h_nodes, min(hpz, g))
+            if method == "full":
+                out.append(Collective("parameters, later forwards (secondary partition)", "all-gather", params,
+                                      *inner, "forward", "later"))
+            else:
+                # The frozen base keeps its secondary partition for the whole run (module docstring); the adapters'
+                # weights are gathered over all ranks after each step.
+                out[-1] = Collective("frozen base, forward (from the secondary partition after the run's first "
+                                     "step)", "all-gather", params, *inner, "forward", "every")
+                out.append(Collective("adapters, forward", "all-gather", grads, n, m, g, "forward", "first"))
+            out.append(Collective("parameters, backward (secondary partition)", "all-gather", params, *inner,
+                                  "backward", "every"))
+        else:
+            out.append(Collective("parameters, backward", "all-gather", params, n, m, g, "backward", "every"))
+        out.append(Collective("gradients", "reduce-scatter", grads, n, m, g, "backward", "every"))
+    elif stage == 2:
+        out.append(Collective("gradients", "reduce-scatter", grads, n, m, g, "backward", "every"))
+        out.append(Collective("updated parameters", "all-gather", grads, n, m, g, "after step", "after"))
+    else:
+        size = (DDP_GRAD_BYTES if not (stage == 1) else PARAM_BYTES) * trainable
+        out.append(Collective("gradients", "all-reduce", size, n, m, g, "backward", "last"))
+        if stage == 1:
+            out.append(Collective("updated parameters", "all-gather", grads, n, m, g, "after step", "after"))
+    return out
+
+
+def _link_seconds(items: list[Collective], intra: float, inter: float) -> dict:
+    """Seconds each link is busy with ``items`` (bandwidths in bytes/s)."""
+    return {INTRA: sum(c.nvlink_bytes_per_gpu for c in items) / intra,
+            INTER: sum(c.network_bytes_per_gpu for c in items) / inter}
+
+
+def attention_from_stats(stats: dict, max_seq_length: int) -> float | None:
+    """T from a prepared dataset's length histogram (stats.json's ``length_histogram``: bucket midpoints, capped at
+    the row length), or None when it has none."""
+    buckets = [b for b in stats.get("length_histogram") or [] if b.get("count")]
+    if not buckets:
+        return None
+    mids = [(min((b["from"] + b["to"]) / 2, max_seq_length), b["count"]) for b in buckets]
+    return sum(c * n * (n + 1) / 2 for n, c in mids) / sum(c * n for n, c in mids)
+
+
+def plan(settings: Settings | dict, config: dict, stats: dict | None = None, stage: str | None = None) -> Plan:
+    """The plan for ``settings`` (``Settings``, or every setting by name as validate_inputs resolves them) and the
+    model's ``config`` (config.json dict). ``stats``: the prepared dataset's statistics (prepare_dataset's
+    stats.json), for the real row count, packing efficiency and document lengths; without it the run's size is the
+    ``dataset_tokens_estimate`` setting. ``stage``: the training stage to plan (default: sft when it runs, else the
+    first); its ``stage_settings`` apply."""
+    from components.train.launcher.memory import estimate_gib
+    from components.train.stages import stage_overrides
+
+    typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
+    values = typed.flat()
+    stage = stage or ("sft" if "sft" in values["stages"] else values["stages"][0])
+    v = {**values, **stage_overrides(typed, stage)}  # the stage's own training settings over the run's
+    shape = model_shape(config)
+    method, zero = v["method"], zero_config(v["deepspeed_config"])
+    zero_stage, hpz = zero.get("stage", 0), int(zero.get("zero_hpz_partition_size", 1) or 1)
+    m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
+    n = m * g
+    s, b, k = int(v["max_seq_length"]), int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
+    rows = b * (2 if stage == "dpo" else 1)  # DPO: chosen and rejected of each pair in one forward
+    notes: list[str] = []
+
+    # Trainable parameters and the frozen nn.Linear weights whose weight gradients LoRA skips.
+    lora, expert_lora, frozen_linear_active = 0, False, 0
+    if method in ("lora", "qlora"):
+        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", v["lora_target_modules"])
+        lora, expert_lora = shape.lora_params(v["lora_r"], modules + parameters), bool(parameters)
+        experts_active = shape.sparse_layers * 3 * shape.hidden * shape.intermediate if shape.is_moe else 0
+        frozen_linear_active = shape.active - (experts_active if expert_lora else 0)
+    trainable = shape.total if method == "full" else lora
+
+    # Compute (module docstring).
+    tokens = s * rows
+    real = 1.0
+    if stats and stats.get("train", {}).get("packing_efficiency"):
+        real = float(stats["train"]["packing_efficiency"])
+    t_att = attention_from_stats(stats, s) if stats else None
+    att_source = "the prepared dataset's length histogram"
+    if t_att is None:
+        t_att, att_source = (s + 1) / 2, "one document per row, (s + 1) / 2: an upper bound"
+    dense = 6 * shape.active
+    attention = 12 * shape.layers * shape.q_dim * t_att
+    recompute = bool(v["activation_checkpointing"])
+    fwd_flops = tokens * (2 * shape.active + 4 * shape.layers * shape.q_dim * t_att)
+    bwd_flops = tokens * (4 * shape.active - 2 * frozen_linear_active + 8 * shape.layers * shape.q_dim * t_att)
+    if recompute:
+        bwd_flops += fwd_flops
+    speed = float(v["achieved_tflops_per_gpu"]) * 1e12
+    fwd_s, bwd_s = fwd_flops / speed, bwd_flops / speed
+
+    # Communication and overlap.
+    intra, inter = float(v["intra_node_gb_per_s"]) * GB, float(v["inter_node_gb_per_s"]) * GB
+    steps_collectives = collectives(shape, method, zero, m, g, trainable)
+    if zero_stage == 3 and hpz > 1 and hpz != g:
+        notes.append(f"zero_hpz_partition_size is {hpz} but a node has {g} GPUs: the secondary partition "
+                     + ("spans nodes, so its gathers cross the network" if hpz > g else "is smaller than a node")
+                     + f"; set it to gpus_per_node ({g})")
+    if any(zero.get(key, {}).get("device", "none") != "none" for key in ("offload_optimizer", "offload_param")):
+        notes.append("offload: the optimizer steps on the host CPUs and states cross PCIe; neither is in this plan, "
+                     "so its step time is a lower bound")
+    if zero_stage == 3 and hpz > 1 and n % hpz:
+        notes.append(f"zero_hpz_partition_size {hpz} does not divide the {n} GPUs: DeepSpeed refuses it")
+    embed = PARAM_BYTES * shape.vocab * shape.hidden
+    micro: list[float] = []
+    busy = {INTRA: 0.0, INTER: 0.0}
+    exposed_total, comm_bound = 0.0, False
+    for i in range(k):
+        fwd_items = [c for c in steps_collectives if c.phase == "forward" and c.applies(i, k)]
+        bwd_items = [c for c in steps_collectives if c.phase == "backward" and c.applies(i, k)]
+        fwd, bwd = _link_seconds(fwd_items, intra, inter), _link_seconds(bwd_items, intra, inter)
+        # Exposed: the embedding's share of the forward's first gather, and of the backward's reduce-scatter when
+        # the embedding is trained (its gradient comes last).
+        exposed = [c for c in fwd_items if c.kind == "all-gather"][:1]
+        exposed += [c for c in bwd_items if c.kind == "reduce-scatter" and method == "full"]
+        exp = sum(min(1.0, embed / c.size) * max(_link_seconds([c], intra, inter).values()) for c in exposed)
+        for link in busy:
+            busy[link] += fwd[link] + bwd[link]
+        comm_bound |= max(fwd.values()) > fwd_s or max(bwd.values()) > bwd_s
+        micro.append(max(fwd_s, max(fwd.values())) + max(bwd_s, max(bwd.values())) + exp)
+        exposed_total += exp
+    after = [c for c in steps_collectives if c.when == "after"]
+    after_links = _link_seconds(after, intra, inter)
+    for link in busy:
+        busy[link] += after_links[link]
+    updated = trainable / n if zero_stage in (1, 2, 3) else trainable
+    after_s = OPTIMIZER_BYTES_PER_PARAM * updated / HBM_BYTES_PER_S + max(after_links.values())
+    step_s = sum(micro) + after_s
+    bottleneck = max(busy, key=lambda link: busy[link]) if comm_bound else COMPUTE
+    tokens_per_s = tokens * real * k / step_s
+
+    # Memory per GPU: memory.py's estimate, the one validate_inputs checks (hpZ's secondary partition included).
+    est = estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora)
+
+    # The run.
+    epochs = float(v["num_train_epochs"])
+    if stats and stats.get("train", {}).get("rows"):
+        train_rows = float(stats["train"]["rows"])
+        dataset_tokens = float(stats["train"].get("tokens") or train_rows * s * real)
+        source = "the prepared dataset's statistics"
+    else:
+        dataset_tokens = float(v["dataset_tokens_estimate"])
+        train_rows = dataset_tokens / (s * real)
+        source = "the setting dataset_tokens_estimate"
+    if int(v["max_steps"]) > 0:
+        steps = int(v["max_steps"])
+        source += f" (max_steps={steps} decides the length)"
+    else:
+        steps = max(1, math.ceil(train_rows * epochs / (b * k * n)))
+    wall = steps * step_s
+    return Plan(
+        model=v["model_name_or_path"], method=method, layout=layout_name(zero), num_nodes=m, gpus_per_node=g,
+        micro_batch=b, accumulation=k, max_seq_length=s, tokens_per_micro_step=tokens, real_token_fraction=real,
+        attention_length=t_att, attention_source=att_source, active_params=shape.active, total_params=shape.total,
+        trainable_params=trainable, flops_per_token_dense=dense, flops_per_token_attention=attention,
+        flops_per_micro_step=fwd_flops + bwd_flops, compute_s=fwd_s + bwd_s, forward_compute_s=fwd_s,
+        backward_compute_s=bwd_s, collectives=steps_collectives, intra_gb_per_s=intra / GB,
+        inter_gb_per_s=inter / GB, achieved_tflops=speed / 1e12, recompute=recompute, micro_step_s=micro,
+        exposed_s=exposed_total, after_step_s=after_s, step_s=step_s, tokens_per_s_per_gpu=tokens_per_s,
+        bottleneck=bottleneck, comm_s=busy, memory_gib=est, gpu_memory_gib=float(v["gpu_memory_gib"]),
+        dataset_tokens=dataset_tokens, dataset_source=source, steps=steps, epochs=epochs, wall_s=wall,
+        gpu_hours=wall * n / 3600, notes=notes)
+
+
+# The ZeRO-3 layouts ``alternatives`` weighs against each other: shipped DeepSpeed configs.
+ZERO3_LAYOUTS = ("zero3", "zero3_hpz")
+
+
+def alternatives(settings: Settings | dict, config: dict, stats: dict | None = None) -> list[tuple[dict, Plan]]:
+    """Plans of the same run under each ZeRO-3 layout (``ZERO3_LAYOUTS``) and each split of its rows per optimizer
+    step into micro-batches (b 2^j rows, k / 2^j micro-steps: the same global batch), as ``(overrides, plan)``, the
+    run's own first. Empty when the run is not on ZeRO-3 over several nodes (nothing to weigh)."""
+    s = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
+    own = plan(s, config, stats)
+    if not own.layout.startswith(("ZeRO-3", "ZeRO++")) or own.num_nodes < 2:
+        return []
+    flat = s.flat()
+    rows = own.micro_batch * own.accumulation
+    out: list[tuple[dict, Plan]] = [({}, own)]
+    for layout in ZERO3_LAYOUTS:
+        b = 1
+        while b <= rows:
+            if rows % b == 0:
+                over = {"deepspeed_config": layout, "per_device_train_batch_size": b,
+                        "gradient_accumulation_steps": rows // b}
+                over = {key: value for key, value in over.items() if flat[key] != value}
+                if over:
+                    out.append((over, plan({**flat, **over}, config, stats)))
+            b *= 2
+    return out
+
+
+def faster_layout(settings: Settings | dict, config: dict, stats: dict | None = None,
+                  margin: float = 1.1) -> tuple[dict, Plan] | None:
+    """The fastest alternative (``alternatives``) that fits in memory and beats the run's own plan by ``margin``,
+    or None. Of alternatives equally fast (to the token per second), the one that needs the least memory."""
+    options = alternatives(settings, config, stats)
+    if not options:
+        return None
+    own = options[0][1]
+    fitting = [(over, p) for over, p in options[1:] if p.fits]
+    if not fitting:
+        return None
+    over, best = max(fitting, key=lambda item: (round(item[1].tokens_per_s_per_gpu), -item[1].memory_gib["total"]))
+    return (over, best) if best.tokens_per_s_per_gpu > margin * own.tokens_per_s_per_gpu else None
+
+
+def _gb(x: float) -> str:
+    return f"{x / GB:,.1f} GB"
+
+
+def _duration(seconds: float) -> str:
+    hours = seconds / 3600
+    return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.1f} min"
+
+
+def format_plan(p: Plan) -> str:
+    """The plan as the CLI prints it and validate_inputs logs it."""
+    k = p.accumulation
+    lines = [
+        f"plan: {p.method} fine-tuning of {p.model}, {p.num_nodes} x {p.gpus_per_node} GPUs, {p.layout}",
+        f"  per GPU: micro-batch {p.micro_batch} x {p.max_seq_length} tokens, {k} micro-steps per optimizer step",
+        f"  compute:  {p.compute_s:.3f} s per micro-step: {p.flops_per_micro_step / 1e12:,.1f} TFLOP at "
+        f"{p.achieved_tflops:g} TFLOP/s per GPU (achieved_tflops_per_gpu)",
+        f"            6 x {p.active_params / 1e9:.2f}B active parameters + attention 12 L d T, T = "
+        f"{p.attention_length:,.0f} keys per token ({p.attention_source})"
+        f"{', x 4/3 for recomputed activations' if p.recompute else ''}",
+        f"  links:    {p.intra_gb_per_s:g} GB/s per GPU within a node (intra_node_gb_per_s), {p.inter_gb_per_s:g} "
+        "GB/s per GPU between nodes (inter_node_gb_per_s)",
+    ]
+    if p.collectives:
+        lines.append("  collectives per optimizer step (bytes per GPU: all / over the network):")
+        for c in p.collectives:
+            times = c.times_per_step(k)
+            lines.append(f"    {c.kind} of {c.name}: {_gb(c.size)} over {c.ranks} GPUs on {c.nodes} node"
+                         f"{'s' if c.nodes > 1 else ''}, {times}x ({c.phase}): {_gb(c.bytes_per_gpu * times)} / "
+                         f"{_gb(c.network_bytes_per_gpu * times)} ({c.link})")
+        lines.append(f"  per micro-step each GPU moves {_gb(p.bytes_per_gpu(per='micro-step'))}, "
+                     f"{_gb(p.bytes_per_gpu(INTER, per='micro-step'))} of it over the network; links busy per step: "
+                     f"NVLink {p.comm_s[INTRA]:.2f} s, network {p.comm_s[INTER]:.2f} s, against "
+                     f"{p.compute_s * k:.2f} s of compute")
+    else:
+        lines.append("  collectives: none (one GPU)")
+    lines += [
+        f"  overlap:  each micro-step takes max(compute, communication) for its forward and for its backward; "
+        f"not overlapped: {p.exposed_s:.3f} s of first gathers and last reduce-scatters, {p.after_step_s:.3f} s "
+        "after the step (optimizer update, post-step gathers)",
+        f"  step:     {p.step_s:.2f} s per optimizer step, {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, "
+        f"bottleneck: {p.bottleneck}",
+        f"  memory:   {p.memory_gib['total']:.1f} GiB per GPU of {p.gpu_memory_gib:g} ("
+        + " + ".join(f"{v:.1f} {name.replace('_', ' ')}" for name, v in p.memory_gib.items() if name != "total")
+        + f"): {'fits' if p.fits else 'does NOT fit'}",
+        f"  run:      {p.steps:,} optimizer steps ({p.dataset_tokens / 1e6:,.0f}M tokens x {p.epochs:g} epochs, from "
+        f"{p.dataset_source}): {_duration(p.wall_s)} wall, {p.gpu_hours:,.0f} GPU-hours",
+    ]
+    lines += [f"  note:     {note}" for note in p.notes]
+    return "\n".join(lines)
+
+
+def read_stats(path: str) -> dict:
+    """A prepared dataset's statistics from ``path``: prepare_dataset's stats.json, or its artifact's metadata
+    (train_rows, train_tokens, packing_efficiency) saved as JSON. A ValueError says what is wrong."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as e:
+        raise ValueError(f"--plan {path}: {e.strerror}; pass prepare_dataset's stats.json") from None
+    except ValueError:
+        raise ValueError(f"--plan {path}: not JSON; pass prepare_dataset's stats.json") from None
+    if isinstance(data, dict) and isinstance(data.get("train"), dict) and data["train"].get("rows"):
+        return data
+    if isinstance(data, dict) and data.get("train_rows"):
+        return {"train": {"rows": data["train_rows"], "tokens": data.get("train_tokens"),
+                          "packing_efficiency": data.get("packing_efficiency")}}
+    raise ValueError(f"--plan {path}: no training split's row count (train.rows in stats.json, or train_rows); pass "
+                     "prepare_dataset's stats.json")
+
+
+def plan_text(values: dict, stats_path: str | None = None) -> str:
+    """What ``python -m pipelines.run ... --plan [STATS_JSON]`` prints for the resolved settings ``values``: the plan
+    and, when another ZeRO-3 layout or micro-batch split is faster here by 10% or more and fits, that one. A
+    ValueError names the setting when the model's config cannot be found without a download."""
+    s = Settings.from_flat(values)
+    if s.cluster.train_backend == "local":
+        return ("plan: this run trains on this machine's CPUs (train_backend=local); the plan is for GPU jobs: "
+                "pass a cluster preset, e.g. --preset qwen3-30b-a3b-full --plan")
+    config = architecture(s.train.model_name_or_path)
+    stats = read_stats(stats_path) if stats_path else None
+    text = format_plan(plan(s, config, stats))
+    better = faster_layout(s, config, stats)
+    if better:
+        over, p = better
+        own = plan(s, config, stats)
+        args = " ".join(f"-p {key}={value}" for key, value in over.items())
+        text += (f"\n  faster:   {args}: {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
+                 f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), bottleneck {p.bottleneck}, "
+                 f"{p.memory_gib['total']:.1f} GiB per GPU")
+    return text

@@ -1,0 +1,258 @@
+"""The plan before a run (components/train/launcher/plan.py): the issue's worked example, what each layout moves over
+which link, bandwidth settings, the prepared dataset's figures, and ``python -m pipelines.run ... --plan``."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from components.models.shape import load_architecture, model_shape
+from components.settings import Settings
+from components.train.launcher.memory import GIB, estimate_gib
+from components.train.launcher.plan import (
+    GB,
+    INTER,
+    INTRA,
+    alternatives,
+    architecture,
+    faster_layout,
+    plan,
+    read_stats,
+    zero_config,
+)
+from pipelines import params as P
+from tests.validate.test_validate_inputs import _inputs
+from tests.validate.test_validate_inputs import cluster as cluster  # a fixture
+
+ROOT = Path(__file__).resolve().parents[3]
+FULL, LORA, QLORA = "qwen3-30b-a3b-full", "qwen3-30b-a3b-lora", "qwen3-32b-qlora"
+# What the issue's arithmetic takes for the network: each GPU's whole ring traffic through 50 GB/s, i.e. a node's
+# traffic through one 400 Gb/s link (50 GB/s / 8 GPUs per node).
+ONE_400G_LINK_PER_NODE = 50.0 / 8
+
+
+def _settings(preset: str, **over) -> dict:
+    values = P.resolve(preset)
+    values.update(over)
+    return values
+
+
+def _plan(preset: str, stats=None, **over):
+    values = _settings(preset, **over)
+    return plan(values, architecture(values["model_name_or_path"]), stats)
+
+
+def test_zero3_reference_job_reproduces_the_issues_worked_example():
+    """Issue 20: ~57 GB per collective per GPU, ~170 GB per micro-step; compute ~0.84 s (6 x 3.3B x 4096 x 4/3 at
+    129 TFLOP/s); ~3.4 s of communication and ~1,200 tokens/s per GPU when that traffic crosses 50 GB/s per GPU."""
+    p = _plan(FULL)
+    assert (p.layout, p.num_nodes, p.gpus_per_node, p.micro_batch, p.accumulation) == ("ZeRO-3", 2, 8, 1, 4)
+    assert [c.bytes_per_gpu / GB for c in p.collectives] == pytest.approx([57.2] * 3, abs=0.1)
+    assert p.bytes_per_gpu(per="micro-step") / GB == pytest.approx(171.7, abs=0.1)
+    # The issue counts 3.3B active parameters (the embedding table included); the config's matmuls see 3.04B.
+    dense_s = p.flops_per_token_dense * 4096 * 4 / 3 / 129e12
+    assert dense_s == pytest.approx(0.84, rel=0.1) and dense_s == pytest.approx(0.773, abs=0.002)
+    # Attention per document, one document filling the row (T = 2048.5), adds the rest.
+    assert p.attention_length == 2048.5 and p.compute_s == pytest.approx(0.977, abs=0.002)
+
+    # Every byte of a GPU's ring through a node's single 400 Gb/s link: the issue's 3.4 s and ~1,200 tokens/s.
+    slow = _plan(FULL, inter_node_gb_per_s=ONE_400G_LINK_PER_NODE)
+    assert slow.comm_s[INTER] / 4 == pytest.approx(3.43, abs=0.01)
+    assert slow.bottleneck == INTER and 1100 < slow.tokens_per_s_per_gpu < 1250
+
+    # A DGX H100 has 8 such links per node, and a ring spanning nodes leaves each node once per channel (one per NIC):
+    # 1/8 of a GPU's ring traffic crosses its own NIC, so the reference job is compute-bound there.
+    assert p.bytes_per_gpu(INTER, per="micro-step") / GB == pytest.approx(171.7 / 8, abs=0.05)
+    assert p.comm_s[INTER] / 4 == pytest.approx(0.43, abs=0.01) and p.bottleneck == "compute"
+    assert p.tokens_per_s_per_gpu == pytest.approx(4096 * 4 / p.step_s)
+    assert 4000 < p.tokens_per_s_per_gpu < 4200
+
+
+def test_memory_is_the_estimate_validate_inputs_checks():
+    p = _plan(FULL)
+    shape = model_shape(load_architecture(p.model))
+    assert p.memory_gib == estimate_gib(shape, "full", zero_config("zero3"), 16, 4096, 1)
+    assert p.memory_gib["total"] == pytest.approx(44.1, abs=0.1) and p.fits
+
+
+def test_hpz_keeps_the_secondary_partition_in_the_memory_estimate():
+    shape = model_shape(load_architecture("Qwen/Qwen3-30B-A3B"))
+    z3 = estimate_gib(shape, "full", zero_config("zero3"), 16, 4096, 1)
+    hpz = estimate_gib(shape, "full", zero_config("zero3_hpz"), 16, 4096, 1)
+    assert hpz["model_states"] - z3["model_states"] == pytest.approx(2 * shape.total / 8 / GIB, abs=1e-6)
+    assert _plan(FULL, deepspeed_config="zero3_hpz").memory_gib == hpz
+
+
+def test_hpz_gathers_within_the_node_after_each_steps_first_forward():
+    z3, hpz = _plan(FULL), _plan(FULL, deepspeed_config="zero3_hpz")
+    assert hpz.layout == "ZeRO++ hpZ (ZeRO-3, partition 8)"
+    crossing = {c.name: c.times_per_step(4) for c in hpz.collectives if c.link == INTER}
+    assert crossing == {"parameters, forward": 1, "gradients": 4}
+    assert all(c.ranks == 8 and c.nodes == 1 for c in hpz.collectives if c.link == INTRA)
+    # 12 collectives of 2P cross nodes per step under ZeRO-3, 5 under hpZ.
+    assert z3.bytes_per_gpu(INTER) / hpz.bytes_per_gpu(INTER) == pytest.approx(12 / 5)
+    # The same total traffic per GPU (8 ranks instead of 16 in the inner rings: (n-1)/n is a little smaller).
+    assert hpz.bytes_per_gpu() < z3.bytes_per_gpu()
+
+
+def test_lora_gathers_the_frozen_base_but_reduces_only_the_adapters():
+    p = _plan(LORA)
+    assert (p.method, p.layout, p.micro_batch, p.accumulation) == ("lora", "ZeRO-3", 2, 2)
+    sizes = {c.name: c.size for c in p.collectives}
+    assert sizes["parameters, forward"] == sizes["parameters, backward"] == 2 * p.total_params
+    assert sizes["gradients"] == 2 * p.trainable_params and 0.6e9 < p.trainable_params < 0.7e9
+    # Under hpZ the frozen base keeps its secondary partition all run long: only the adapters cross nodes.
+    hpz = _plan(LORA, deepspeed_config="zero3_hpz")
+    assert {c.size for c in hpz.collectives if c.link == INTER} == {2 * p.trainable_params}
+    assert hpz.bytes_per_gpu(INTER) < p.bytes_per_gpu(INTER) / 40
+    # LoRA skips the frozen nn.Linear weights' gradients; the fused experts' are computed (PEFT's W + BA).
+    full = _plan(FULL, per_device_train_batch_size=2, gradient_accumulation_steps=2)
+    assert p.compute_s < full.compute_s and p.compute_s > 0.85 * full.compute_s
+
+
+def test_ddp_all_reduces_once_per_step_within_one_node():
+    p = _plan(QLORA)
+    assert p.layout == "DDP" and p.num_nodes == 1
+    [c] = p.collectives
+    assert (c.kind, c.link, c.times_per_step(p.accumulation)) == ("all-reduce", INTRA, 1)
+    assert c.size == 4 * p.trainable_params and p.bytes_per_gpu(INTER) == 0
+
+
+def test_zero2_reduce_scatters_every_micro_step_and_gathers_after_the_step():
+    p = _plan(QLORA, method="lora", deepspeed_config="zero2", num_nodes=2)
+    kinds = {(c.kind, c.when) for c in p.collectives}
+    assert kinds == {("reduce-scatter", "every"), ("all-gather", "after")}
+
+
+def test_a_slower_network_shows_what_it_costs():
+    steps = [_plan(FULL, inter_node_gb_per_s=bw).step_s for bw in (50.0, 25.0, 6.25, 3.125, 1.5625)]
+    assert steps == sorted(steps) and steps[-1] > 10 * steps[0]
+    # Within the node nothing changes.
+    assert _plan(QLORA, inter_node_gb_per_s=1.0).step_s == _plan(QLORA).step_s
+
+
+def test_recomputation_costs_a_third_more_compute():
+    on, off = _plan(FULL), _plan(FULL, activation_checkpointing=False)
+    assert on.compute_s == pytest.approx(4 / 3 * off.compute_s)
+    assert on.achieved_tflops == 129.0 and _plan(FULL, achieved_tflops_per_gpu=258.0).compute_s == pytest.approx(
+        on.compute_s / 2)
+
+
+def test_wall_time_and_gpu_hours_follow_the_tokens_and_epochs():
+    p = _plan(FULL, dataset_tokens_estimate=1_000_000_000, num_train_epochs=1.0)
+    assert p.dataset_source == "the setting dataset_tokens_estimate"
+    assert p.steps == pytest.approx(1e9 / (4096 * 4 * 16), abs=1)
+    assert p.wall_s == pytest.approx(p.steps * p.step_s) and p.gpu_hours == pytest.approx(p.wall_s * 16 / 3600)
+    assert _plan(FULL, max_steps=10).steps == 10
+
+
+def test_the_prepared_datasets_statistics_replace_the_estimate(tmp_path):
+    stats = {"train": {"rows": 20000, "tokens": 73_728_000, "packing_efficiency": 0.9},
+             "length_histogram": [{"from": 0, "to": 511, "count": 900}, {"from": 512, "to": 1023, "count": 100}]}
+    p = _plan(FULL, stats=stats)
+    assert p.dataset_source == "the prepared dataset's statistics"
+    assert p.steps == 20000 * 2 // 64 and p.dataset_tokens == 73_728_000
+    assert p.real_token_fraction == 0.9 and p.tokens_per_s_per_gpu == pytest.approx(0.9 * 4096 * 4 / p.step_s)
+    mids = [(255.5, 900), (767.5, 100)]
+    expected = sum(c * n * (n + 1) / 2 for n, c in mids) / sum(c * n for n, c in mids)
+    assert p.attention_length == pytest.approx(expected) and p.compute_s < _plan(FULL).compute_s
+    # The artifact's metadata works as well as stats.json.
+    meta = tmp_path / "meta.json"
+    meta.write_text(json.dumps({"train_rows": 20000, "train_tokens": 73_728_000, "packing_efficiency": 0.9}))
+    assert read_stats(str(meta))["train"]["rows"] == 20000
+    (tmp_path / "bad.json").write_text("{}")
+    with pytest.raises(ValueError, match="no training split's row count"):
+        read_stats(str(tmp_path / "bad.json"))
+
+
+def test_alternatives_keep_the_global_batch_and_name_a_faster_fitting_layout():
+    values = _settings(FULL, inter_node_gb_per_s=ONE_400G_LINK_PER_NODE)
+    config = architecture(values["model_name_or_path"])
+    options = alternatives(values, config)
+    assert options[0][0] == {} and len(options) == 6  # the run's own + 2 layouts x (1, 2, 4 rows) - itself
+    assert all(p.micro_batch * p.accumulation == 4 for _, p in options)
+    assert options[1][0] == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}  # zero3 unchanged
+    # Through one 400 Gb/s link per node, the forward's gather is what remains: ZeRO-3 and hpZ gather the same for the
+    # first forward of a step, so with one micro-step they tie; the one needing less memory is named.
+    over, best = faster_layout(values, config)
+    assert over == {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
+    assert best.fits and best.tokens_per_s_per_gpu > 3 * options[0][1].tokens_per_s_per_gpu
+    # Through half that, hpZ's fewer crossings win.
+    over, best = faster_layout(_settings(FULL, inter_node_gb_per_s=ONE_400G_LINK_PER_NODE / 2), config)
+    assert over == {"deepspeed_config": "zero3_hpz", "per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
+    # At a DGX H100's network every layout is compute-bound: nothing is 10% faster.
+    assert faster_layout(_settings(FULL), config) is None
+
+
+def test_the_plan_reads_settings_objects_as_well():
+    values = _settings(FULL)
+    config = architecture(values["model_name_or_path"])
+    assert plan(Settings.from_flat(values), config).step_s == plan(values, config).step_s
+
+
+def test_a_hub_id_with_no_config_here_says_so_naming_the_setting(tmp_path, monkeypatch):
+    from huggingface_hub import constants
+
+    # The cache as HF_HUB_CACHE names it; huggingface_hub reads the variable once, at its import.
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ValueError, match=r"model_name_or_path='acme/unknown-7b'.*hf download acme/unknown-7b"):
+        architecture("acme/unknown-7b")
+    # A config in the Hugging Face cache is read from there, without a download.
+    snap = tmp_path / "hub" / "models--acme--unknown-7b" / "snapshots" / ("a" * 40)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(load_architecture("Qwen/Qwen3-32B")))
+    (tmp_path / "hub" / "models--acme--unknown-7b" / "refs").mkdir()
+    (tmp_path / "hub" / "models--acme--unknown-7b" / "refs" / "main").write_text("a" * 40)
+    assert architecture("acme/unknown-7b") == load_architecture("Qwen/Qwen3-32B")
+
+
+def _cli(*args, env=None):
+    start = time.monotonic()
+    result = subprocess.run([sys.executable, "-m", "pipelines.run", *args], cwd=ROOT, capture_output=True, text=True,
+                            timeout=120, env=env)
+    return result, time.monotonic() - start
+
+
+def test_plan_on_the_command_line_needs_no_cluster_gpu_or_download():
+    result, seconds = _cli("--preset", FULL, "--plan")
+    assert result.returncode == 0, result.stderr
+    assert seconds < 10  # 0.3 s on a laptop; loose for a loaded CI machine
+    out = result.stdout
+    assert "ZeRO-3" in out and "4,146 tokens/s per GPU" in out and "bottleneck: compute" in out
+    assert "171.7 GB, 21.5 GB of it over the network" in out and "44.1 GiB per GPU of 80" in out
+    assert "from the setting dataset_tokens_estimate" in out and "GPU-hours" in out
+
+
+def test_plan_on_a_slow_network_names_the_link_and_a_faster_layout(tmp_path):
+    stats = tmp_path / "stats.json"
+    stats.write_text(json.dumps({"train": {"rows": 1000, "tokens": 4_000_000, "packing_efficiency": 1.0}}))
+    result, _ = _cli("--plan", str(stats), "-p", f"inter_node_gb_per_s={ONE_400G_LINK_PER_NODE}")
+    assert result.returncode == 0, result.stderr
+    assert "bottleneck: inter-node link" in result.stdout and "the prepared dataset's statistics" in result.stdout
+    assert "faster:   -p per_device_train_batch_size=4 -p gradient_accumulation_steps=1:" in result.stdout
+
+
+def test_plan_of_an_unknown_hub_model_is_one_line_naming_the_setting(tmp_path):
+    env = {**os.environ, "HF_HUB_CACHE": str(tmp_path), "HF_HUB_OFFLINE": "1"}
+    result, _ = _cli("--plan", "-p", "model_name_or_path=acme/unknown-7b", env=env)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.startswith("error: model_name_or_path='acme/unknown-7b'")
+
+
+def test_plan_of_the_local_run_says_it_is_for_gpu_jobs():
+    result, _ = _cli("--preset", "local-tiny", "--plan")
+    assert result.returncode == 0 and "the plan is for GPU jobs" in result.stdout
+
+
+def test_validate_inputs_logs_the_plan(cluster, caplog):
+    from components.validate.component import validate_inputs
+
+    caplog.set_level("INFO", logger="validate_inputs")
+    validate_inputs.python_func(**_inputs())
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "validate_inputs")
+    assert "plan: full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8, 2 x 8 GPUs, ZeRO-3" in logged
+    assert "4,146 tokens/s per GPU, bottleneck: compute" in logged
