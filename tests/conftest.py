@@ -4,7 +4,11 @@ modules import from there, never from one another (nor from this file)."""
 from pathlib import Path
 
 import pytest
+import yaml
 
+from components import kube
+from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.cluster import GPU_TAINT, H100
 from tests.helpers.repo import require_reference
 
 
@@ -12,3 +16,30 @@ from tests.helpers.repo import require_reference
 def reference() -> Path:
     """``REFERENCE`` (``../shared/reference``); tests that need it skip where it is absent, and fail in CI."""
     return require_reference()
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """A fake cluster the kubernetes client reaches through ~/.kube/config, with the reference run's prerequisites
+    (for validate_inputs run as the pipeline runs it)."""
+    monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
+    with FakeKubeAPI() as api:
+        host = api.client.configuration.host
+        # The client reads $KUBECONFIG once at import; ~/.kube/config is expanded at each load.
+        kubeconfig = tmp_path / ".kube" / "config"
+        kubeconfig.parent.mkdir()
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
+            "clusters": [{"name": "fake", "cluster": {"server": host}}],
+            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "runner", "namespace": "default"}}],
+            "users": [{"name": "runner", "user": {"token": "not-a-secret"}}],
+        }))
+        monkeypatch.setenv("HOME", str(tmp_path))
+        api.install_crd("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
+        api.install_crd("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService")
+        api.add_pvc("default", "llm-data")
+        api.add_pvc("default", "llm-models")
+        api.add_secret("default", "hf-token", {"HF_TOKEN": "hf_abc"})
+        for i in range(2):
+            api.add_node(f"gpu-{i}", {**H100, "kubernetes.io/hostname": f"gpu-{i}"}, gpus=8, taints=[GPU_TAINT])
+        yield api

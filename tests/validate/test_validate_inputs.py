@@ -5,48 +5,13 @@ credentials outside a pod: nothing in the code under test is replaced.
 """
 
 import pytest
-import yaml
 
-from components import kube
-from components.settings import Settings, split_arguments
+from components.settings import Settings
 from components.validate.component import validate_inputs
 from pipelines import params as P
-from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.pipeline_args import reference_arguments as _inputs
 
-H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
-
-
-@pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """A fake cluster the kubernetes client reaches through ~/.kube/config, with the reference run's prerequisites."""
-    monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
-    with FakeKubeAPI() as api:
-        host = api.client.configuration.host
-        # The client reads $KUBECONFIG once at import; ~/.kube/config is expanded at each load.
-        kubeconfig = tmp_path / ".kube" / "config"
-        kubeconfig.parent.mkdir()
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": host}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "runner", "namespace": "default"}}],
-            "users": [{"name": "runner", "user": {"token": "not-a-secret"}}],
-        }))
-        monkeypatch.setenv("HOME", str(tmp_path))
-        api.install_crd("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
-        api.install_crd("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService")
-        api.add_pvc("default", "llm-data")
-        api.add_pvc("default", "llm-models")
-        api.add_secret("default", "hf-token", {"HF_TOKEN": "hf_abc"})
-        for i in range(2):
-            api.add_node(f"gpu-{i}", {**H100, "kubernetes.io/hostname": f"gpu-{i}"}, gpus=8,
-                         taints=[{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}])
-        yield api
-
-
-def _inputs(**overrides) -> dict:
-    """The pipeline's arguments for the reference preset: what KFP hands validate_inputs."""
-    params = P.resolve("qwen3-30b-a3b-full", overrides=[f"{k}={v}" for k, v in overrides.items()])
-    return split_arguments(params)
+# The cluster fixture is tests/conftest.py's.
 
 
 def test_reference_run_passes_parameter_checks_and_preflight(cluster):

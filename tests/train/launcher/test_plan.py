@@ -25,8 +25,7 @@ from components.train.launcher.plan import (
     zero_config,
 )
 from pipelines import params as P
-from tests.validate.test_validate_inputs import _inputs
-from tests.validate.test_validate_inputs import cluster as cluster  # a fixture
+from tests.helpers.pipeline_args import reference_arguments
 
 ROOT = Path(__file__).resolve().parents[3]
 FULL, LORA, QLORA = "qwen3-30b-a3b-full", "qwen3-30b-a3b-lora", "qwen3-32b-qlora"
@@ -252,7 +251,7 @@ def test_validate_inputs_logs_the_plan(cluster, caplog):
     from components.validate.component import validate_inputs
 
     caplog.set_level("INFO", logger="validate_inputs")
-    validate_inputs.python_func(**_inputs())
+    validate_inputs.python_func(**reference_arguments())
     logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "validate_inputs")
     assert "plan: full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8, 2 x 8 GPUs, ZeRO-3" in logged
     assert "4,146 tokens/s per GPU, bottleneck: compute" in logged
