@@ -20,9 +20,11 @@ these ways:
 A trial seen Failed or MetricsUnavailable has its pods' last lines read before anything is deleted (the pod to blame
 as the launcher names it; with Katib's StdOut collector the primary pod's output is in its collector sidecar):
 they go into the step's error, and into the returned Trial objects (``katib.LOG_TAIL``) for the report.
-- a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), or no
-  trial at all that long after the Experiment was created (the suggestion service did not start): the Experiment
-  is deleted (it holds GPUs, or would) and the error names the pod or says where to look;
+- a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), a
+  running trial without any pod that long (its job could not create them: JobSet refused a TrainJob's JobSet, say;
+  a job that Kueue holds suspended is waited for), or no trial at all that long after the Experiment was created
+  (the suggestion service did not start): the Experiment is deleted (it holds GPUs, or would) and the error names
+  the pod or trial and says where to look;
 - the deadline (``timeout_seconds``) passes, or SIGTERM arrives (the run was cancelled): the Experiment is deleted,
   and with it its Trials, their jobs and pods.
 
@@ -43,6 +45,7 @@ from collections import Counter
 from pathlib import Path
 
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 
 from components.hpo import katib
 from components.kube import (
@@ -177,8 +180,8 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
             trial's ``final/`` is deleted from it. None: leave the folders alone.
         poll_seconds: interval between polls of the Experiment, its Trials and their pods.
         timeout_seconds: give up (and delete the Experiment) after this long; None waits as long as it runs.
-        pending_timeout_seconds: how long a trial pod may stay Unschedulable, and how long the Experiment may go
-            without creating any trial, before the search is given up (the Experiment is deleted).
+        pending_timeout_seconds: how long a trial pod may stay Unschedulable, a running trial may go without any
+            pod, and the Experiment without any trial, before the search is given up (the Experiment is deleted).
         on_created: called with the Experiment as the API server returned it, once it exists (created or
             re-attached), so that the caller can record its identity before the long wait.
         api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
@@ -191,8 +194,8 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
     Raises:
         ValueError: a manifest that is not an Experiment, or a negative limit, before anything is created.
         RuntimeError: the Experiment failed (it is deleted; Katib's reason, each failed trial's values and
-            message), was deleted while it ran, a trial pod cannot start, or no trial appeared within
-            ``pending_timeout_seconds``.
+            message), was deleted while it ran, a trial pod cannot start, a trial got no pod or no trial appeared
+            within ``pending_timeout_seconds``.
         TimeoutError: ``timeout_seconds`` passed (the Experiment is deleted).
         SystemExit: 143 after SIGTERM, once the Experiment is deleted.
     """
@@ -228,6 +231,35 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
 
     ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
     unschedulable_since: dict = {}
+    podless_since: dict = {}  # running trial -> when it was first seen without any pod
+
+    def never_got_a_pod(running: set, pods: list) -> str | None:
+        """Why a running trial will never get a pod (its job could not create them), or None. The Trainer only
+        records an event when JobSet refuses the TrainJob's JobSet; a job that Kueue holds (suspended) is queued."""
+        now = time.monotonic()
+        with_pods = {(p.metadata.labels or {}).get(kind.pod_label) for p in pods}
+        for t in sorted(running):
+            if t in with_pods:
+                podless_since.pop(t, None)
+                continue
+            waited = now - podless_since.setdefault(t, now)
+            if waited < pending_timeout_seconds:
+                continue
+            try:
+                job = call_api(custom.get_namespaced_custom_object, kind.group, kind.version, namespace, kind.plural,
+                               t, retry_delay=retry_delay)
+            except ApiException as exc:
+                if exc.status != 404:
+                    raise
+                return (f"trial {t} has had no job for {waited:.0f}s: Katib did not create it (kubectl -n "
+                        f"{namespace} describe trial {t})")
+            if kind.suspended(job):
+                continue
+            hint = (": the Trainer reports a JobSet it cannot create as a TrainJobResourcesCreationFailed event"
+                    if kind.kind == "TrainJob" else ", and its events")
+            return (f"trial {t} has had no pod for {waited:.0f}s: its {kind.kind} could not create them "
+                    f"(kubectl -n {namespace} describe {kind.kind.lower()} {t}{hint})")
+        return None
     announce, line = True, None
 
     def poll(experiment: dict) -> tuple[dict, list[dict]] | None:
@@ -255,9 +287,13 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
             runner.delete("it failed; its running trials would keep their GPUs")
             raise RuntimeError(_failure_report(what, failed, trials))
         running = {t["metadata"]["name"] for t in trials} - ended
-        if why := unstartable_pod_reason(trial_pods(running), unschedulable_since, pending_timeout_seconds):
+        pods = trial_pods(running)
+        if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
             runner.delete(f"a trial cannot start: {why}")
             raise RuntimeError(f"{what}: a trial cannot start: {why}")
+        if run_id is not None and (why := never_got_a_pod(running, pods)):
+            runner.delete(why)
+            raise RuntimeError(f"{what}: {why}")
         if not trials and time.monotonic() - started > pending_timeout_seconds:
             runner.delete(f"no trial after {pending_timeout_seconds:.0f}s")
             raise RuntimeError(f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "

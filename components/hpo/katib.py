@@ -84,9 +84,27 @@ METRICS_FORMAT = [rf"'({OBJECTIVE})': ({_NUMBER})", rf"\| ({TRAIN_LOSS}) ({_NUMB
 TRAINER_FIELD = {"warmup_ratio": "warmup_steps"}
 # What every trial sets besides its parameters, by trainer field: its length, and no checkpoints.
 TRIAL_FIELDS = {"max_steps": int, "save_strategy": str}
-# Katib names a trial <experiment>-<8 characters>, and the trial's job after it: 40 + 9 stays within the
-# PyTorchJob's 52 (pytorchjob.MAX_JOB_NAME). Katib's own limit on an Experiment name is 40 as well.
-MAX_EXPERIMENT_NAME = 40
+# Katib's admission webhook refuses an Experiment name longer than this.
+KATIB_MAX_NAME = 40
+# Katib names a trial "<experiment>-<8 random characters>" (suggestionclient.go) and the trial's job after it; an
+# example of the 8 for messages.
+_TRIAL_SUFFIX_EXAMPLE = "x7k2p9qd"
+# The Trainer names a TrainJob's JobSet after it, and JobSet's admission webhook refuses a JobSet whose longest pod
+# name plus a 6-character suffix passes this (kubernetes-sigs/jobset pkg/webhooks/jobset_webhook.go); the Trainer
+# then only records a TrainJobResourcesCreationFailed event.
+MAX_POD_NAME = 63
+
+
+def longest_trial_pod_name(experiment: str, num_nodes: int) -> str:
+    """The pod name JobSet's webhook checks for a trial of ``experiment`` run as a TrainJob of ``num_nodes`` nodes:
+    ``<jobset>-<replicated job>-<last job index>-<last pod index>`` plus ``-abcde`` (``placement.GenPodName``); the
+    torch runtimes have one replicated job, ``node`` (``trainjob.NODE``), of one replica with a pod per node."""
+    return f"{experiment}-{_TRIAL_SUFFIX_EXAMPLE}-{trainjob.NODE}-0-{num_nodes - 1}-abcde"
+
+
+# Room in every trial's TrainJob pod names for up to 1000 nodes (``experiment_manifest`` checks the job's own node
+# count); 37, so a trial's PyTorchJob name (37 + 9) also stays within its 52 (kube.MAX_JOB_NAME).
+MAX_EXPERIMENT_NAME = MAX_POD_NAME - len(longest_trial_pod_name("", 1000))
 TRIAL_NAME_PARAMETER = "trialName"  # camelCase: no setting is named so
 # What the search step adds to a failed trial's Trial object (not a Katib field): ``{"pod", "cause", "lines"}``, the
 # pod to blame and its last log lines, read before the Experiment and with it the trial's pods are deleted.
@@ -106,8 +124,9 @@ def search_failed(failed: int, max_failed_trials: int) -> bool:
 
 
 def experiment_name_for(run_id: str) -> str:
-    """``hpo-<run id>``: deterministic (a retried step finds its Experiment), a DNS-1035 label of at most 40
-    characters; a longer one keeps its start and an 8-character hash of the whole run id."""
+    """``hpo-<run id>``: deterministic (a retried step finds its Experiment), a DNS-1035 label of at most
+    ``MAX_EXPERIMENT_NAME`` characters, so that every trial's pods get names JobSet accepts; a longer one keeps its
+    start and an 8-character hash of the whole run id (a KFP run id, a 36-character UUID, always is)."""
 
     return job_name_for(run_id, "hpo", max_length=MAX_EXPERIMENT_NAME)
 
@@ -184,7 +203,8 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
     """The Katib Experiment that searches ``search_space`` with short runs of ``training_job``.
 
     Args:
-        name: the Experiment's name, a DNS-1035 label of at most 40 characters (``experiment_name_for``).
+        name: the Experiment's name (``experiment_name_for``): a DNS-1035 label of at most 40 characters (Katib's
+            limit) that leaves room in its trials' TrainJob pod names (``longest_trial_pod_name``).
         namespace: where it runs: the training job's namespace (claims, Secret, queue).
         training_job: the PyTorchJob or TrainJob dict ``training_job_for_run`` returns for this run; it is
             copied, not changed. Its trainer command must read ``--config FILE`` (the run's trainer config, which
@@ -208,9 +228,14 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
     """
     errors = check_search(search_space, trials=trials, parallel_trials=parallel_trials,
                           max_failed_trials=max_failed_trials, algorithm=algorithm, method=method)
-    if not DNS1035_LABEL.match(name) or len(name) > MAX_EXPERIMENT_NAME:
-        errors.append(f"name {name!r} must be a DNS-1035 label of at most {MAX_EXPERIMENT_NAME} characters; "
+    if not DNS1035_LABEL.match(name) or len(name) > KATIB_MAX_NAME:
+        errors.append(f"name {name!r} must be a DNS-1035 label of at most {KATIB_MAX_NAME} characters; "
                       "use experiment_name_for(run_id)")
+    elif training_job.get("kind") == trainjob.KIND and len(
+            longest := longest_trial_pod_name(name, training_job["spec"]["trainer"]["numNodes"])) > MAX_POD_NAME:
+        errors.append(f"name {name!r} leaves no room for its trials' pod names: a trial's TrainJob pod would be named "
+                      f"like {longest!r} ({len(longest)} characters, at most {MAX_POD_NAME}); use "
+                      "experiment_name_for(run_id)")
     if trial_steps < 1:
         errors.append(f"hpo_trial_steps must be >= 1 (optimizer steps per trial), got {trial_steps}")
     if errors:
