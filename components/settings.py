@@ -1,5 +1,6 @@
 """The run's settings: one typed model, grouped by step, the single source of every setting's name, type,
-default, help text and bounds.
+default, help text, bounds and allowed values. It declares and nothing more: the checks live in the validate step
+(components/validate/rules/), which reads these declarations.
 
 Everything else derives from it:
 
@@ -7,24 +8,28 @@ Everything else derives from it:
   ``pipeline_parameters()``): every ``plain`` setting is a typed parameter in the KFP UI; the others go in the one
   ``advanced_settings`` parameter, a JSON object keyed by setting name (``{"lora_r": 32}``);
 - ``validate_inputs`` (generated from this model by ``python -m pipelines.compile``): it takes the plain
-  parameters and ``advanced_settings``, checks everything and returns the resolved settings, the ``settings``
-  input of every later step;
+  parameters and ``advanced_settings``, checks everything (types, bounds and choices as declared here, then the
+  rules between settings) and returns the resolved settings, the ``settings`` input of every later step, which
+  reads them through this model (``Settings.from_flat(settings).train.method``);
 - ``python -m pipelines.run --help``, ``-p NAME=VALUE``, ``--params FILE`` and the presets (any setting by name);
 - the trainer: ``build_trainer_config`` writes every ``TrainSettings`` field into the trainer config, and
-  ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus ``SFTSettings``;
+  ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus ``SFTSettings``'s fields,
+  written out there again and held to these by a test;
+- the code that implements a choice reads its values here (``choices("method")``), or a test holds its own tuple
+  to them where that code must not depend on this model;
 - the README's parameter table (``python -m pipelines.compile`` checks it is current).
 
-Rules between settings live with the module that owns the behaviour (``check()`` lists them); the bounds of a
-single setting (``min``/``max``) are declared here. This module imports no ML or Kubernetes library, so
-``--help`` stays fast.
+This module imports nothing but the package version (no ML or Kubernetes library, no other module of the
+package), so ``--help`` stays fast and every module may read it.
 
 To add a setting: add a field to its step's group below (``setting(default, help, ...)``), use it where the
-step reads ``settings``, and run ``python -m pipelines.compile``.
+step reads its settings, and run ``python -m pipelines.compile``.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import typing
 from dataclasses import dataclass, field
 
@@ -32,13 +37,19 @@ from components.version import TRAINER_IMAGE
 
 ADVANCED = "advanced_settings"  # the pipeline parameter that carries every non-plain setting by name
 
+T = typing.TypeVar("T")
 
-def setting(default, help: str, *, plain: bool = True, min: float | None = None, max: float | None = None,
-            above: float | None = None, below: float | None = None) -> dataclasses.Field:
+
+def setting(default: T, help: str, *, plain: bool = True, min: float | None = None, max: float | None = None,
+            above: float | None = None, below: float | None = None, choices: tuple[str, ...] = (),
+            path_suffix: str = "") -> T:
     """A settings field: ``default``, one paragraph of ``help`` (its first sentence is the ``--help`` line),
-    ``plain`` (a typed parameter of its own in the KFP UI, else inside ``advanced_settings``), and the bounds
-    ``min <= value <= max``, ``above < value < below``."""
-    metadata = {"help": help, "plain": plain, "min": min, "max": max, "above": above, "below": below}
+    ``plain`` (a typed parameter of its own in the KFP UI, else inside ``advanced_settings``), the bounds
+    ``min <= value <= max``, ``above < value < below``, and the allowed values ``choices`` (of a list setting: of
+    each entry). ``path_suffix``: a value outside ``choices`` may also be a path ending so (``deepspeed_config``:
+    a shipped config's name, or a user's ``.json`` on a mounted volume, which only the trainer can read)."""
+    metadata = {"help": help, "plain": plain, "min": min, "max": max, "above": above, "below": below,
+                "choices": tuple(choices), "path_suffix": path_suffix}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -52,7 +63,8 @@ class SFTSettings:
         "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
         "Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3 (built offline). "
         "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.")
-    method: str = setting("full", "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).")
+    method: str = setting("full", "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).",
+                          choices=("full", "lora", "qlora"))
     max_seq_length: int = setting(
         4096, "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.",
         min=64)
@@ -87,8 +99,13 @@ class TrainSettings(SFTSettings):
         4, "Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).", min=1)
     learning_rate: float = setting(
         5e-5, "Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).", above=0, below=1)
-    lr_scheduler_type: str = setting("cosine", "Learning-rate schedule after warm-up (transformers' SchedulerType: "
-                                               "cosine, linear, constant, ...).", plain=False)
+    lr_scheduler_type: str = setting(
+        "cosine", "Learning-rate schedule after warm-up (transformers' SchedulerType): cosine, linear, "
+                  "cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.", plain=False,
+        # The schedules the Trainer builds from these settings alone: the others need lr_scheduler_kwargs or an
+        # eval strategy, which are not settings (a test holds these to transformers' SchedulerType).
+        choices=("cosine", "linear", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                 "inverse_sqrt"))
     num_train_epochs: float = setting(2.0, "Passes over the training split.", min=0)
     max_steps: int = setting(-1, "Stop after this many optimizer steps; -1 runs every epoch.", min=-1)
     warmup_ratio: float = setting(0.03, "Fraction of the steps spent in linear warm-up.", min=0, below=1)
@@ -96,8 +113,11 @@ class TrainSettings(SFTSettings):
     max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 turns clipping off).", plain=False, min=0)
     seed: int = setting(42, "Seed of the train/eval split and of training.")
     deepspeed_config: str = setting(
-        "zero3", "DeepSpeed: zero3, zero2, zero3_offload (shipped configs), none (plain DDP) or a .json path on a "
-                 "mounted volume.")
+        "zero3", "DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped configs), "
+                 "none (plain DDP) or a .json path on a "
+                 "mounted volume.",
+        # The shipped configs are components/train/deepspeed/<name>.json (a test holds the folder to these names).
+        choices=("zero2", "zero3", "zero3_hpz", "zero3_offload", "none"), path_suffix=".json")
     activation_checkpointing: bool = setting(
         True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False)
     save_steps: int = setting(200, "Checkpoint every this many optimizer steps (a restarted job resumes from the "
@@ -108,7 +128,8 @@ class TrainSettings(SFTSettings):
     report_to: list = setting(
         ["tensorboard"], "Where the trainer reports its metrics: tensorboard (the run's Tensorboard reads it), mlflow, "
                          "wandb; on a cluster mlflow and wandb take their address and key from tracking_secret, "
-                         "locally mlflow writes to <workspace>/mlruns.", plain=False)
+                         "locally mlflow writes to <workspace>/mlruns.", plain=False,
+        choices=("tensorboard", "mlflow", "wandb"))  # transformers' integrations the images install
 
 
 @dataclass
@@ -117,7 +138,8 @@ class StageSettings:
 
     stages: list = setting(
         ["sft"], "Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised "
-                 "fine-tuning) and dpo (preference tuning); each trains from the previous stage's final model.")
+                 "fine-tuning) and dpo (preference tuning); each trains from the previous stage's final model.",
+        choices=("cpt", "sft", "dpo"))
     cpt_dataset_source: str = setting(
         "", "cpt stage: raw domain text (a text column), same syntax as dataset_source; builtin:domain-text is a "
             "bundled sample.")
@@ -144,7 +166,9 @@ class HpoSettings:
                                        min=1)
     hpo_max_failed_trials: int = setting(1, "Failed trials that fail the search.", plain=False, min=0)
     hpo_algorithm: str = setting("tpe", "Katib's search algorithm: random, tpe, multivariate-tpe, "
-                                        "bayesianoptimization, grid, cmaes or sobol.", plain=False)
+                                        "bayesianoptimization, grid, cmaes or sobol.", plain=False,
+                                 choices=("random", "tpe", "multivariate-tpe", "bayesianoptimization", "grid",
+                                          "cmaes", "sobol"))
     hpo_trial_steps: int = setting(50, "Optimizer steps per trial (objective: eval_loss, minimised).", plain=False,
                                    min=1)
 
@@ -158,11 +182,15 @@ class DataSettings:
         "Training data, comma-separated: builtin:sample, files/folders/globs (JSONL, JSON, Parquet, CSV, saved Arrow) "
         "on a mounted volume, pvc://claim/path, hf://... or Hub ids (org/name?config=C&split=S&revision=R).")
     dataset_format: str = setting(
-        "auto", "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text.")
+        "auto", "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text "
+                "(preference, prompt/chosen/rejected pairs, is the dpo stage's format: those go in dpo_dataset_source).",
+        # The data step's format vocabulary (components/data/formats.py; a test holds it to these).
+        choices=("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference"))
     column_mapping: dict = setting({}, "The format's column name -> your column name, e.g. {\"messages\": \"dialog\"}.")
     eval_source: str = setting("", "Take the eval split from this source (same syntax) instead of holding out "
                                    "eval_size; empty: hold out.")
-    over_length: str = setting("drop", "What happens to examples longer than max_seq_length: drop or truncate.")
+    over_length: str = setting("drop", "What happens to examples longer than max_seq_length: drop or truncate.",
+                               choices=("drop", "truncate"))
     packing: bool = setting(True, "Pack examples into rows of exactly max_seq_length (position_ids restart per "
                                   "example); false: one example per row, padded per batch.")
     num_proc: int = setting(8, "Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).", min=1)
@@ -174,7 +202,7 @@ class ClusterSettings:
     """Where and how the job runs: backend, nodes, volumes, placement, scheduling and restarts."""
 
     train_backend: str = setting("pytorchjob", "pytorchjob (Training Operator v1), trainjob (Trainer v2) or local "
-                                               "(torchrun on this machine).")
+                                               "(torchrun on this machine).", choices=("pytorchjob", "trainjob", "local"))
     num_nodes: int = setting(2, "Training nodes: pods in the job (1 Master + num_nodes-1 Workers).", min=1)
     gpus_per_node: int = setting(8, "GPUs (torchrun processes) per training node; CPU processes locally.", min=1)
     gpu_memory_gib: float = setting(
@@ -190,7 +218,8 @@ class ClusterSettings:
     tolerations: list = setting([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
                                 "Tolerations of the GPU pods (a JSON list).")
     affinity: dict = setting({}, "Affinity of the training pods (a JSON object; {} for none).")
-    job_cleanup: str = setting("keep", "Delete the training job when it ends: keep, on-success or always.")
+    job_cleanup: str = setting("keep", "Delete the training job when it ends: keep, on-success or always.",
+                               choices=("keep", "on-success", "always"))
     active_deadline_seconds: int = setting(0, "Fail the training job after this long; 0 for no deadline.", min=0)
     queue_name: str = setting("", "Kueue LocalQueue of the training job; empty for none.")
     priority_class: str = setting("", "PriorityClass of the training pods (pytorchjob only); empty for none.")
@@ -243,11 +272,12 @@ class DeploySettings:
     """The deployment step."""
 
     deploy_backend: str = setting("kserve-vllm", "kserve-vllm, kserve-huggingface or local (a local server for a "
-                                                 "local run).")
+                                                 "local run).", choices=("kserve-vllm", "kserve-huggingface", "local"))
     serving_name: str = setting("qwen3-30b-a3b-sft", "InferenceService name (DNS-1035), also the served model name.")
     serving_gpus: int = setting(4, "GPUs per serving replica (vLLM's tensor-parallel size).", min=0)
     max_model_len: int = setting(8192, "Context length the server accepts (at least max_seq_length).", min=1)
-    deployment_mode: str = setting("Standard", "KServe's Standard (Deployment) or Knative (revisions, canary).")
+    deployment_mode: str = setting("Standard", "KServe's Standard (Deployment) or Knative (revisions, canary).",
+                                   choices=("Standard", "Knative"))
     canary_traffic_percent: int = setting(0, "Knative only: share of traffic for the new revision (0: all at once).",
                                           min=0, below=100)
     keep_serving: bool = setting(False, "Local runs: leave the model server running after the smoke test.")
@@ -266,17 +296,19 @@ class Settings:
     deploy: DeploySettings = field(default_factory=DeploySettings)
 
     @classmethod
-    def from_flat(cls, values: dict) -> "Settings":
+    def from_flat(cls, values: dict) -> Settings:
         """Settings from a mapping of setting name -> value (missing names keep their defaults; unknown names are
-        a ValueError). Values are taken as given: ``coerce`` and ``check`` are what validate them."""
+        a ValueError): how every step reads the resolved ``settings`` dict KFP hands it. Values are taken as
+        given: the validate step is what checks them (components/validate/rules/)."""
         unknown = sorted(set(values) - set(specs()))
         if unknown:
             raise ValueError(f"unknown settings {unknown}")
         values = whole_numbers(values)
         groups = {}
         for group in dataclasses.fields(cls):
-            names = {f.name for f in dataclasses.fields(group.default_factory)}
-            groups[group.name] = group.default_factory(**{k: v for k, v in values.items() if k in names})
+            factory = typing.cast(type, group.default_factory)  # each group is a dataclass
+            names = {f.name for f in dataclasses.fields(factory)}
+            groups[group.name] = factory(**{k: v for k, v in values.items() if k in names})
         return cls(**groups)
 
     def flat(self) -> dict:
@@ -299,20 +331,28 @@ class Spec:
     max: float | None
     above: float | None
     below: float | None
+    choices: tuple[str, ...]  # the allowed values (of each entry, for a list setting); () for any
+    path_suffix: str  # with choices: a value outside them may also be a path ending so; "" for none
 
 
 def specs() -> dict[str, Spec]:
     """Every setting, by name, in the model's order (groups as in ``Settings``)."""
     out = {}
     for group in dataclasses.fields(Settings):
-        cls = group.default_factory
+        cls = typing.cast(type, group.default_factory)
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
-            default = f.default_factory() if f.default is dataclasses.MISSING else f.default
-            out[f.name] = Spec(f.name, hints[f.name], default, f.metadata["help"], group.name, f.metadata["plain"],
-                               f.metadata["min"], f.metadata["max"], f.metadata["above"],
-                               f.metadata["below"])
+            default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]
+            m = f.metadata
+            out[f.name] = Spec(f.name, hints[f.name], default, m["help"], group.name, m["plain"], m["min"], m["max"],
+                               m["above"], m["below"], m["choices"], m["path_suffix"])
     return out
+
+
+def choices(name: str) -> tuple[str, ...]:
+    """The allowed values of setting ``name`` (of each entry, for a list setting): what the code that implements
+    the choice offers, declared once here."""
+    return specs()[name].choices
 
 
 def defaults() -> dict:
@@ -344,8 +384,6 @@ def whole_numbers(values: dict) -> dict:
 def merge_arguments(arguments: dict) -> dict:
     """The flat settings from pipeline arguments (the inverse of ``split_arguments``); a ValueError for an
     ``advanced_settings`` key that is unknown or that is a plain parameter of its own."""
-    import difflib
-
     all_specs = specs()
     values = {name: value for name, value in arguments.items() if name != ADVANCED}
     for name, value in (arguments.get(ADVANCED) or {}).items():
@@ -357,79 +395,3 @@ def merge_arguments(arguments: dict) -> dict:
             raise ValueError(f"{ADVANCED}: {name!r} is a pipeline parameter of its own; set it there, not in {ADVANCED}")
         values[name] = value
     return {**defaults(), **whole_numbers(values)}
-
-
-def bound_errors(values: dict) -> list[str]:
-    """The settings outside their declared bounds, each naming the setting and its range."""
-    errors = []
-    for name, spec in specs().items():
-        value = values[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            continue
-        low_ok = (spec.min is None or value >= spec.min) and (spec.above is None or value > spec.above)
-        high_ok = (spec.max is None or value <= spec.max) and (spec.below is None or value < spec.below)
-        if not (low_ok and high_ok):
-            low = f">= {spec.min:g}" if spec.min is not None else f"> {spec.above:g}" if spec.above is not None else ""
-            high = f"<= {spec.max:g}" if spec.max is not None else f"< {spec.below:g}" if spec.below is not None else ""
-            errors.append(f"{name}={value!r} must be {' and '.join(x for x in (low, high) if x)} ({spec.help})")
-    return errors
-
-
-def type_errors(values: dict) -> list[str]:
-    """The settings whose value is not of the setting's type (an int is a float; a bool is not an int)."""
-    errors = []
-    for name, spec in specs().items():
-        value = values[name]
-        if spec.type is float:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
-        elif spec.type is int:
-            ok = isinstance(value, int) and not isinstance(value, bool)
-        else:
-            ok = isinstance(value, spec.type)
-        if not ok:
-            errors.append(f"{name} must be a {spec.type.__name__}, got {value!r}")
-    return errors
-
-
-def check(values: dict) -> list[str]:
-    """Every problem with ``values`` (each setting by name), each naming the setting and the fix: types and bounds
-    (declared here), then each step's rules, which live with the code they protect."""
-    errors = type_errors(values)
-    if errors:
-        return errors  # the rules below compare values: they assume the types
-    errors = bound_errors(values)
-    from components.data.rules import check_data_settings
-    from components.deploy.rules import check_deploy_settings
-    from components.evaluate.rules import check_evaluate_settings
-    from components.train.rules import (
-        check_cluster_settings,
-        check_hpo_settings,
-        check_stage_settings,
-        check_train_settings,
-    )
-
-    for rules in (check_train_settings, check_stage_settings, check_hpo_settings, check_data_settings,
-                  check_cluster_settings, check_evaluate_settings, check_deploy_settings):
-        errors += [e for e in rules(values) if e]
-    if not errors and values["train_backend"] != "local":
-        from components.train.launcher.memory import check_memory_fit
-        from components.train.stages import stage_overrides
-
-        # Last, on settings known to be valid: an estimate over bad inputs would only add noise. Each stage with
-        # its own settings; DPO runs chosen and rejected of each pair in one forward pass: twice the rows.
-        for stage in values["stages"]:
-            v = {**values, **stage_overrides(values, stage)}
-            problem = check_memory_fit(
-                values["model_name_or_path"], v["method"], v["deepspeed_config"], values["num_nodes"],
-                values["gpus_per_node"], v["max_seq_length"],
-                v["per_device_train_batch_size"] * (2 if stage == "dpo" else 1),
-                gpu_memory_gib=values["gpu_memory_gib"], lora_r=v["lora_r"], lora_target_modules=v["lora_target_modules"])
-            errors.append(f"stage {stage}: {problem}" if problem and len(values["stages"]) > 1 else problem)
-    return [e for e in errors if e]
-
-
-def warnings(values: dict) -> list[str]:
-    """What runs but is probably not what was meant (valid ``values``): logged by validate_inputs and the CLI."""
-    from components.train.rules import stage_warnings
-
-    return stage_warnings(values)

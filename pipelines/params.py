@@ -115,7 +115,7 @@ def resolve(preset: str, params_file: str | None = None, overrides: list[str] = 
 
 def check(params: dict) -> None:
     """Raise one UsageError listing every invalid setting (the checks validate_inputs runs)."""
-    from components.settings import check as check_settings
+    from components.validate.rules import check as check_settings
 
     errors = check_settings(params)
     if errors:

@@ -34,7 +34,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         suffix = "" if stage == "sft" else f"-{stage}"
         stage_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder(stage))
         cfg = build_trainer_config(
-            stage_train_settings(s.train, params, stage, base),
+            stage_train_settings(s, stage, base),
             stage=stage,
             dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), dataset_folder(stage)),
             output_dir=stage_dir,
@@ -78,7 +78,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             s.deploy, s.cluster, run_id=RENDER_RUN_ID, namespace=namespace,
             storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, os.path.join(train_dir, "final")))
         written.append(_write(out_dir / "inferenceservice.yaml", yaml.safe_dump(isvc, sort_keys=False)))
-    if params["deploy_backend"] == "kserve-vllm":
+    if s.deploy.deploy_backend == "kserve-vllm":
         from components.deploy.serving_runtime import SERVING_RUNTIME_FILE, serving_runtime_manifest
 
         # For clusters without KServe's built-in runtime; it ships in the source checkout (manifests/serving).

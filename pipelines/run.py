@@ -149,7 +149,7 @@ def _main(args) -> int:
     overrides = args.overrides + (["keep_serving=true"] if args.keep_serving else [])
     params = P.resolve(preset, args.params, overrides)
     P.check(params)
-    from components.settings import warnings
+    from components.validate.rules import warnings
 
     for warning in warnings(params):
         print(f"warning: {warning}", file=sys.stderr)

@@ -55,8 +55,8 @@ def search_hyperparameters(
     from components.paths import DATA_MOUNT, MODEL_MOUNT
     from components.settings import Settings
     from components.train.config import build_trainer_config, write_trainer_config
-    from components.train.rules import check_hpo_settings
     from components.train.stages import stage_train_settings
+    from components.validate.rules.hpo import check_hpo_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("search_hyperparameters")
@@ -68,7 +68,7 @@ def search_hyperparameters(
                     "settings.\n")
         return {}
     search_space = katib.typed_search_space(hpo.hpo_search_space)  # KFP hands integers over as doubles
-    errors = [e for e in check_hpo_settings({**s.flat(), "hpo_search_space": search_space}) if e]
+    errors = check_hpo_settings(s)
     if errors:
         raise ValueError("\n".join(errors))
     local = s.cluster.train_backend == "local"
@@ -86,7 +86,7 @@ def search_hyperparameters(
 
         use_cpu = not torch.cuda.is_available()
     # From the run's base model, also when a cpt stage comes first: the search runs before the stages train.
-    train = stage_train_settings(s.train, s.flat(), "sft", s.train.model_name_or_path)
+    train = stage_train_settings(s, "sft", s.train.model_name_or_path)
     cfg = build_trainer_config(
         train, stage="sft",
         dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),

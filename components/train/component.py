@@ -73,7 +73,7 @@ def train_model(
     if base_path.startswith(model_root + "/"):  # a previous stage's model, on the model volume
         base_path = base_path.replace(model_root, pod_models, 1)
     cfg = build_trainer_config(
-        stage_train_settings(s.train, settings, stage, base_path, whole_numbers(tuned)),
+        stage_train_settings(s, stage, base_path, whole_numbers(tuned)),
         stage=stage,
         dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
         output_dir=out_dir.replace(model_root, pod_models, 1),
@@ -152,7 +152,9 @@ def base_model(settings: dict) -> str:
     Returns:
         The Hub id, folder or ``builtin:`` name, as given.
     """
-    return settings["model_name_or_path"]
+    from components.settings import Settings
+
+    return Settings.from_flat(settings).train.model_name_or_path
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

@@ -2,18 +2,23 @@
 
 The pipeline writes one such file per run (JSON) onto the model volume; every pod of the job reads it
 with ``torchrun -m components.train.trainer.sft --config FILE`` into ``SFTConfig`` (components/train/trainer/arguments.py).
-This module imports no ML library: validate_inputs and ``--render`` use its rules without loading torch.
+This module imports no ML library (only the settings model): validate_inputs and ``--render`` use its rules without
+loading torch.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+from components.settings import TrainSettings, choices
+
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
-METHODS = ("full", "lora", "qlora")
-# The shipped DeepSpeed configs (deepspeed/<name>.json) by name, and none: plain DDP.
-DEEPSPEED_CONFIGS = (*sorted(p.stem for p in DEEPSPEED_DIR.glob("*.json")), "none")
+METHODS = choices("method")
+# The shipped DeepSpeed configs (deepspeed/<name>.json) by name, and none: plain DDP; declared in the settings
+# model (a test holds the folder to them).
+DEEPSPEED_CONFIGS = choices("deepspeed_config")
 
 
 def deepspeed_config_path(name: str) -> str | None:
@@ -77,7 +82,7 @@ def check_combination(cfg: dict) -> list[str]:
 
 
 def build_trainer_config(
-    train,
+    train: TrainSettings,
     *,
     dataset_path: str,
     output_dir: str,
@@ -94,8 +99,6 @@ def build_trainer_config(
     ``use_cpu``: torchrun on a laptop (gloo, fp32) instead of GPUs (nccl, bf16).
     ``stage``: ``cpt``, ``sft`` or ``dpo`` (components/train/stages.py): the trainer's loss and data layout.
     """
-    import dataclasses
-
     # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py
     # sets the folder); MLflow and W&B read their address and key from the environment (components/train/launcher/pods.py).
     cfg = dataclasses.asdict(train)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
-STAGES = ("cpt", "sft", "dpo")
+from components.settings import Settings, TrainSettings, choices
+
+STAGES = choices("stages")  # ("cpt", "sft", "dpo"), declared in the settings model
 # What a stage reads: its data source setting and the format its rows must have (None: the run's dataset_format).
 STAGE_DATA = {"cpt": ("cpt_dataset_source", "text"), "sft": ("dataset_source", None),
               "dpo": ("dpo_dataset_source", "preference")}
@@ -30,19 +32,19 @@ def dataset_folder(stage: str) -> str:
     return "dataset" if stage == "sft" else f"dataset-{stage}"
 
 
-def stage_data(settings: dict, stage: str) -> tuple[str, str]:
-    """``(source, format)`` the stage's data step reads, from every setting by name."""
+def stage_data(s: Settings, stage: str) -> tuple[str, str]:
+    """``(source, format)`` the stage's data step reads."""
     source_setting, fmt = STAGE_DATA[stage]
-    return settings[source_setting], fmt or settings["dataset_format"]
+    return s.flat()[source_setting], fmt or s.data.dataset_format
 
 
-def stage_overrides(settings: dict, stage: str) -> dict:
+def stage_overrides(s: Settings, stage: str) -> dict:
     """The training settings the stage changes: the stage's defaults, then the run's ``stage_settings``."""
-    return {**STAGE_DEFAULTS.get(stage, {}), **settings["stage_settings"].get(stage, {})}
+    return {**STAGE_DEFAULTS.get(stage, {}), **s.stages.stage_settings.get(stage, {})}
 
 
-def stage_train_settings(train, settings: dict, stage: str, base_model: str, tuned: dict | None = None):
-    """``train`` (TrainSettings) for ``stage``, starting from ``base_model``; ``tuned`` (what a hyper-parameter
+def stage_train_settings(s: Settings, stage: str, base_model: str, tuned: dict | None = None) -> TrainSettings:
+    """The run's training settings for ``stage``, starting from ``base_model``; ``tuned`` (what a hyper-parameter
     search chose, components/hpo/) applies to the sft stage, the one its trials train, over everything else."""
-    over = {**stage_overrides(settings, stage), **((tuned or {}) if stage == "sft" else {})}
-    return dataclasses.replace(train, **over, model_name_or_path=base_model)
+    over = {**stage_overrides(s, stage), **((tuned or {}) if stage == "sft" else {})}
+    return dataclasses.replace(s.train, **over, model_name_or_path=base_model)

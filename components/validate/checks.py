@@ -1,12 +1,17 @@
 """The validate_inputs task's work: resolve the settings, check them, then check the cluster.
 
-The checks themselves come from the settings model (types, bounds) and from each step's rules
-(``components.settings.check``); ``python -m pipelines.run`` runs the same ones before it submits a run.
+The checks read what the settings model declares (types, bounds, choices) and each step's rules between settings
+(components/validate/rules/); ``python -m pipelines.run`` runs the same ones before it submits a run.
 """
 
 from __future__ import annotations
 
 import logging
+from collections import namedtuple
+
+from components.settings import Settings, merge_arguments
+from components.train.stages import STAGES
+from components.validate.rules import check, warnings
 
 log = logging.getLogger("validate_inputs")
 
@@ -15,12 +20,6 @@ def validate(arguments: dict):
     """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked, and the
     stage in each of the pipeline's stage slots (empty when the slot is unused); a ValueError listing every problem,
     each naming the setting and the fix. On a cluster it also runs the preflight."""
-    from collections import namedtuple
-
-    from components.train.stages import STAGES
-
-    from components.settings import check, merge_arguments, warnings
-
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         settings = merge_arguments(arguments)
@@ -32,13 +31,14 @@ def validate(arguments: dict):
     log.info("settings are valid: %s", settings)
     for warning in warnings(settings):
         log.warning("%s", warning)
-    if settings["train_backend"] != "local":
-        from components.validate.preflight import preflight
+    s = Settings.from_flat(settings)
+    if s.cluster.train_backend != "local":
+        from components.validate.preflight import preflight  # the Kubernetes client: only to ask a cluster
 
         problems = preflight(settings)
         if problems:
             raise ValueError("cluster preflight: " + "; ".join(problems))
         log.info("cluster preflight passed")
     slots = [f"stage_{i + 1}" for i in range(len(STAGES))]
-    stages = settings["stages"] + [""] * (len(STAGES) - len(settings["stages"]))
+    stages = s.stages.stages + [""] * (len(STAGES) - len(s.stages.stages))
     return namedtuple("ValidateOutputs", ["settings", *slots])(settings, *stages)

@@ -99,8 +99,8 @@ def validate_inputs(
         max_steps: Stop after this many optimizer steps; -1 runs every epoch.
         warmup_ratio: Fraction of the steps spent in linear warm-up.
         seed: Seed of the train/eval split and of training.
-        deepspeed_config: DeepSpeed: zero3, zero2, zero3_offload (shipped configs), none (plain DDP) or a .json path
-            on a mounted volume.
+        deepspeed_config: DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped
+            configs), none (plain DDP) or a .json path on a mounted volume.
         save_steps: Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).
         save_total_limit: Complete checkpoints kept on the model volume.
         stages: Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised fine-
@@ -115,7 +115,8 @@ def validate_inputs(
             CSV, saved Arrow) on a mounted volume, pvc://claim/path, hf://... or Hub ids
             (org/name?config=C&split=S&revision=R).
         dataset_format: Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion
-            or text.
+            or text (preference, prompt/chosen/rejected pairs, is the dpo stage's format: those go in
+            dpo_dataset_source).
         column_mapping: The format's column name -> your column name, e.g. {"messages": "dialog"}.
         eval_source: Take the eval split from this source (same syntax) instead of holding out eval_size; empty:
             hold out.

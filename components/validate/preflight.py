@@ -27,8 +27,9 @@ import logging
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
 from components.kube import call_api, current_namespace, load_api_client
+from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
+from components.settings import Settings
 
 log = logging.getLogger(__name__)
 
@@ -225,8 +226,9 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     """Every reason this cluster cannot run the pipeline with ``params`` (empty when it can).
 
     Args:
-        params: pipeline parameters; reads ``train_backend``, ``deploy_backend``, ``data_pvc``, ``model_pvc``,
-            ``hf_token_secret``, ``num_nodes``, ``gpus_per_node``, ``node_selector`` and ``tolerations``.
+        params: the run's settings by name (missing ones take their defaults), read through the settings model:
+            the backends, claims, Secrets, node count, GPUs per node, node selector and tolerations, and whether
+            a Tensorboard or a search runs.
         api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
         namespace: where the run's jobs go; default: this pod's namespace.
 
@@ -235,7 +237,9 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         optional Secret, Nodes or the namespace that may not be read, what Trainer v2.1 cannot set) are logged,
         not returned.
     """
-    train, deploy = params["train_backend"], params["deploy_backend"]
+    s = Settings.from_flat(params)
+    c = s.cluster
+    train, deploy = c.train_backend, s.deploy.deploy_backend
     if train == "local" and deploy == "local":
         return []
     api_client = api_client or load_api_client()
@@ -255,24 +259,23 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         missing = _missing_api(custom, *TRAIN_APIS[train])
         problems.append(missing)
         if train == "trainjob" and missing is None:
-            problems.append(_trainer_problem(api_client, params.get("active_deadline_seconds") or 0, labels))
-        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS + (TENSORBOARD_ACCESS if params["tensorboard"] else [])
-        if params["hpo_trials"]:
+            problems.append(_trainer_problem(api_client, c.active_deadline_seconds, labels))
+        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS + (TENSORBOARD_ACCESS if c.tensorboard else [])
+        if s.hpo.hpo_trials:
             problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))
             problems.append(_katib_injection_problem(labels(), namespace))
             wanted += SEARCH_ACCESS
     if deploy.startswith("kserve"):
         problems.append(_missing_api(custom, *SERVING_API))
         wanted += DEPLOYER_ACCESS + [("list", "", "pods", "")]  # it waits on the predictor's pods
-    problems.append(_claim_problem(core, namespace, "data_pvc", params["data_pvc"]))
-    problems.append(_claim_problem(core, namespace, "model_pvc", params["model_pvc"]))
+    problems.append(_claim_problem(core, namespace, "data_pvc", c.data_pvc))
+    problems.append(_claim_problem(core, namespace, "model_pvc", c.model_pvc))
     if train in TRAIN_APIS:
-        problems.append(_secret_problem(core, namespace, "hf_token_secret", params["hf_token_secret"], HF_TOKEN_KEY,
+        problems.append(_secret_problem(core, namespace, "hf_token_secret", c.hf_token_secret, HF_TOKEN_KEY,
                                         "fine for public models, gated ones will fail to download"))
-        problems.append(_secret_problem(core, namespace, "alert_webhook_secret", params["alert_webhook_secret"],
+        problems.append(_secret_problem(core, namespace, "alert_webhook_secret", c.alert_webhook_secret,
                                         WEBHOOK_SECRET_KEY, "runs end without an alert"))
     problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
     if train in TRAIN_APIS:
-        problems.append(_gpu_node_problem(core, params["node_selector"], params["tolerations"], params["num_nodes"],
-                                          params["gpus_per_node"]))
+        problems.append(_gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node))
     return [p for p in problems if p]

@@ -39,6 +39,6 @@ def test_no_search_no_experiment_and_no_tensorboard_when_turned_off(tmp_path):
 def test_a_bad_search_fails_before_anything_naming_the_setting(tmp_path):
     result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "hpo_trials=2",
                      "-p", "hpo_parallel_trials=3", "-p", "hpo_algorithm=magic", "--render", str(tmp_path / "r"))
-    assert result.returncode == 2 and "hpo_algorithm 'magic' is not one of" in result.stderr
+    assert result.returncode == 2 and "hpo_algorithm='magic' is not one of" in result.stderr
     assert "hpo_parallel_trials (3) is more than hpo_trials (2)" in result.stderr
     assert not (tmp_path / "r").exists()

@@ -70,7 +70,8 @@ REHEARSAL_PARAMETERS = dict(
 def train_step_arguments(cfg: dict, dataset, model) -> dict:
     """The train step's inputs as the cluster pipeline passes them: its defaults, the rehearsal's sizes, the run."""
     from components.paths import DATA_MOUNT, MODEL_MOUNT
-    from components.settings import check, defaults
+    from components.settings import defaults
+    from components.validate.rules import check
 
     settings = {**defaults(), **REHEARSAL_PARAMETERS, "max_steps": cfg["max_steps"], "save_steps": cfg["save_steps"],
                 "train_backend": cfg["backend"]}

@@ -6,8 +6,9 @@ import pytest
 import yaml
 
 from components.data import samples
-from components.settings import check, defaults, warnings
+from components.settings import Settings, defaults
 from components.train.stages import STAGES, stage_overrides, stage_train_settings
+from components.validate.rules import check, warnings
 from pipelines import params as P
 from pipelines.errors import UsageError
 from tests.helpers.repo import run_cli
@@ -17,7 +18,7 @@ ALL = {"stages": ["cpt", "sft", "dpo"], "cpt_dataset_source": "builtin:domain-te
 
 
 @pytest.mark.parametrize("override, message", [
-    ({"stages": ["sft", "rl"]}, "stages: 'rl' is not a stage; choose from cpt, sft, dpo"),
+    ({"stages": ["sft", "rl"]}, "stages=['sft', 'rl']: each entry is one of cpt, sft, dpo"),
     ({"stages": []}, "stages is empty"),
     ({"stages": ["sft", "sft"]}, "stages lists 'sft' 2 times"),
     ({"stages": ["cpt", "sft"]}, "stages includes 'cpt' but cpt_dataset_source is empty"),
@@ -42,18 +43,16 @@ def test_the_cli_prints_the_warning_and_refuses_a_stage_without_data(tmp_path):
     result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", 'stages=["sft","dpo"]',
                      "--render", str(tmp_path / "r"))
     assert result.returncode == 2 and "dpo_dataset_source is empty" in result.stderr
-    with pytest.raises(UsageError, match="stages: 'ppo' is not a stage"):
+    with pytest.raises(UsageError, match=r"stages=\['ppo'\]: each entry is one of cpt, sft, dpo"):
         P.check(P.resolve("local-tiny", overrides=['stages=["ppo"]']))
 
 
 def test_each_stage_gets_its_defaults_then_the_runs_overrides_and_the_previous_model():
-    from components.settings import Settings
-
-    values = {**defaults(), **ALL, "stage_settings": {"dpo": {"method": "lora"}}}
-    dpo = stage_train_settings(Settings.from_flat(values).train, values, "dpo", "/mnt/models/runs/r/train/final")
+    s = Settings.from_flat({**defaults(), **ALL, "stage_settings": {"dpo": {"method": "lora"}}})
+    dpo = stage_train_settings(s, "dpo", "/mnt/models/runs/r/train/final")
     assert (dpo.learning_rate, dpo.num_train_epochs, dpo.method) == (1e-6, 1.0, "lora")
     assert dpo.model_name_or_path == "/mnt/models/runs/r/train/final"
-    assert stage_overrides(values, "sft") == {}
+    assert stage_overrides(s, "sft") == {}
 
 
 def test_render_writes_a_trainer_config_and_a_job_per_stage(tmp_path):

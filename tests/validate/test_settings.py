@@ -2,10 +2,12 @@
 
 import dataclasses
 import inspect
+import re
 
 import pytest
 
-from components.settings import ADVANCED, Settings, check, defaults, merge_arguments, specs, split_arguments
+from components.settings import ADVANCED, Settings, choices, defaults, merge_arguments, specs, split_arguments
+from components.validate.rules import check
 
 
 def test_every_setting_has_one_name_a_type_a_default_and_help():
@@ -71,6 +73,44 @@ def test_bounds_and_types_name_the_setting():
     assert check({**defaults(), "lora_r": 0})[0].startswith("lora_r=0 must be >= 1")
     assert check({**defaults(), "lora_dropout": 1.0})[0].startswith("lora_dropout=1.0 must be >= 0 and < 1")
     assert check({**defaults(), "merge_lora": "yes"}) == ["merge_lora must be a bool, got 'yes'"]
+
+
+def test_choices_name_the_setting_and_the_values_it_takes():
+    assert check({**defaults(), "method": "dpo"}) == ["method='dpo' is not one of full, lora, qlora"]
+    assert check({**defaults(), "report_to": ["tensorboard", "neptune"]}) == [
+        "report_to=['tensorboard', 'neptune']: each entry is one of tensorboard, mlflow, wandb"]
+    shipped = ", ".join(choices("deepspeed_config"))
+    assert check({**defaults(), "deepspeed_config": "zero4"}) == [
+        f"deepspeed_config='zero4' is not one of {shipped} or a .json path"]
+
+
+def test_every_choice_is_declared_beside_its_help():
+    # What the help says a setting takes is what the checks allow: --help, the KFP UI and the README show the help.
+    declared = {name: spec.choices for name, spec in specs().items() if spec.choices}
+    assert {"method", "deepspeed_config", "lr_scheduler_type", "report_to", "stages", "hpo_algorithm",
+            "dataset_format", "over_length", "train_backend", "job_cleanup", "deploy_backend",
+            "deployment_mode"} <= set(declared)
+    for name, values in declared.items():
+        assert len(set(values)) == len(values), name
+        assert all(isinstance(v, str) for v in values), name
+        for value in values:
+            assert re.search(rf"(?<![\w-]){re.escape(value)}(?![\w-])", specs()[name].help), (name, value)
+        assert specs()[name].type is list or specs()[name].default in values, name
+
+
+def test_the_settings_model_is_a_leaf():
+    # Every module may read the model: it imports no other module of the package (and no ML or Kubernetes
+    # library), so it can never close an import circle.
+    import ast
+    from pathlib import Path
+
+    import components.settings
+
+    tree = ast.parse(Path(components.settings.__file__).read_text())
+    imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    assert {m for m in imported if m and m.split(".")[0] == "components"} == {"components.version"}
+    assert imported <= {"__future__", "dataclasses", "difflib", "typing", "components.version"}, imported
 
 
 def test_whole_floats_from_kfp_become_ints_again():

@@ -1,41 +1,93 @@
-"""One place per choice and per rule: validate_inputs checks with the definitions of the modules that implement
-them, so the check before any GPU is requested and the step that runs later cannot disagree."""
+"""One place per choice and per rule: the settings model declares each setting's allowed values, the modules that
+implement a choice read them there or hold their own tuple to them, and validate_inputs checks with them, so the
+check before any GPU is requested and the step that runs later cannot disagree."""
+
+import subprocess
+import sys
 
 import pytest
 
 from components.data import formats, tokenizing
 from components.deploy import inference_service
-from components.train import config
-from components.train.launcher import job as launch
+from components.hpo import space
+from components.settings import choices, defaults
+from components.train import config, stages
 from components.train.config import check_combination, check_method_deepspeed
-from components.data import rules as data_rules
-from components.deploy import rules as deploy_rules
-from components.train import rules as train_rules
+from components.train.launcher import job as launch
+from components.validate.rules import check
 from pipelines import params as P
 from pipelines.errors import UsageError
 
 
-def test_validate_checks_the_choices_the_steps_implement():
-    # The rules import each choice from the module that implements it: nothing is defined twice.
-    assert train_rules.METHODS is config.METHODS
-    assert train_rules.DEEPSPEED_CONFIGS is config.DEEPSPEED_CONFIGS
-    assert train_rules.CLEANUP_POLICIES is launch.CLEANUP_POLICIES
-    assert train_rules.TRAIN_BACKENDS is launch.TRAIN_BACKENDS
-    assert deploy_rules.DEPLOYMENT_MODES is inference_service.DEPLOYMENT_MODES
-    assert deploy_rules.DEPLOY_BACKENDS is inference_service.DEPLOY_BACKENDS
-    assert data_rules.DATASET_FORMATS is formats.DATASET_FORMATS
-    assert data_rules.OVER_LENGTH is tokenizing.OVER_LENGTH
+def test_the_steps_implement_the_declared_choices():
+    # Read from the settings model where the code may depend on it ...
+    assert config.METHODS is choices("method")
+    assert config.DEEPSPEED_CONFIGS is choices("deepspeed_config")
+    assert stages.STAGES is choices("stages")
+    # ... and held to it where the implementing module keeps its own table.
+    assert launch.CLEANUP_POLICIES == choices("job_cleanup")
+    assert launch.TRAIN_BACKENDS == choices("train_backend")
+    assert inference_service.DEPLOYMENT_MODES == choices("deployment_mode")
+    assert inference_service.DEPLOY_BACKENDS == choices("deploy_backend")
+    assert formats.DATASET_FORMATS == choices("dataset_format")
+    assert tokenizing.OVER_LENGTH == choices("over_length")
+    assert tuple(space.ALGORITHMS) == choices("hpo_algorithm")
+
+
+def test_the_shipped_deepspeed_configs_are_the_declared_names():
+    shipped = {p.stem for p in config.DEEPSPEED_DIR.glob("*.json")}
+    assert shipped | {"none"} == set(config.DEEPSPEED_CONFIGS)
+
+
+def test_every_declared_schedule_is_one_the_trainer_builds_from_the_settings_alone():
+    import torch
+    from transformers import SchedulerType, get_scheduler
+
+    optimizer = torch.optim.SGD(torch.nn.Linear(2, 2).parameters(), lr=0.1)
+    for name in choices("lr_scheduler_type"):
+        assert SchedulerType(name)
+        get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=10)  # no lr_scheduler_kwargs needed
 
 
 @pytest.mark.parametrize("choice, value", [
     ("method", "dpo"), ("train_backend", "slurm"), ("job_cleanup", "never"), ("deploy_backend", "triton"),
     ("deployment_mode", "Serverless"), ("dataset_format", "csv"), ("over_length", "split"),
-    ("deepspeed_config", "zero4"),
+    ("deepspeed_config", "zero4"), ("hpo_algorithm", "magic"), ("lr_scheduler_type", "cosine_with_min_lr"),
 ])
 def test_every_choice_is_checked_naming_the_setting(choice, value):
     params = P.resolve("local-tiny", overrides=[f"{choice}={value}"])
     with pytest.raises(UsageError, match=f"{choice}='{value}' is not one of"):
         P.check(params)
+
+
+def test_a_bad_algorithm_is_named_once_with_a_search_on():
+    errors = check({**defaults(), "hpo_trials": 4, "hpo_algorithm": "magic"})
+    assert [e for e in errors if "magic" in e] == [
+        "hpo_algorithm='magic' is not one of random, tpe, multivariate-tpe, bayesianoptimization, grid, cmaes, sobol"]
+
+
+def test_a_stages_own_settings_are_checked_like_the_runs():
+    errors = check({**defaults(), "stage_settings": {"sft": {"deepspeed_config": "zero4", "method": "ppo"}}})
+    assert "stage_settings.sft: method='ppo' is not one of full, lora, qlora" in errors
+    assert any(e.startswith("stage_settings.sft: deepspeed_config='zero4' is not one of") for e in errors)
+
+
+def test_qlora_under_zero3_is_named_once_for_the_run_and_once_per_stage_that_changes_it():
+    errors = check({**defaults(), "method": "qlora", "deepspeed_config": "zero3"})
+    assert errors == [check_method_deepspeed("qlora", "zero3")]
+    errors = check({**defaults(), "stage_settings": {"sft": {"method": "qlora"}}})
+    assert errors == [f"stage sft: {check_method_deepspeed('qlora', 'zero3')}"]
+
+
+def test_the_checks_import_no_kubernetes_or_ml_library():
+    # validate_inputs checks settings before it asks a cluster (preflight is what imports the client), and
+    # pipelines.run checks them before it submits.
+    probe = ("import sys\nfrom components.settings import defaults\nfrom components.validate.rules import check\n"
+             "assert check({**defaults(), 'hpo_trials': 4}) == []\n"
+             "print(sorted(m for m in ('kubernetes', 'kubeflow', 'torch', 'transformers', 'kfp') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
 
 
 def test_every_deepspeed_choice_resolves_in_the_trainer():

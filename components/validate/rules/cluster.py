@@ -1,0 +1,46 @@
+"""Where the job runs: Kubernetes names, scheduling options and what each training backend supports."""
+
+from __future__ import annotations
+
+from components.names import DNS1123_SUBDOMAIN, name_error
+from components.settings import Settings
+
+
+def check_cluster_settings(s: Settings) -> list[str | None]:
+    """Claim, Secret, queue and priority-class names; scheduling options that go together; backend limits."""
+    c = s.cluster
+    errors = [
+        name_error("data_pvc", c.data_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
+        name_error("model_pvc", c.model_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
+    ]
+    if c.hf_token_secret:
+        errors.append(name_error("hf_token_secret", c.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    else:
+        # Pods get an optional secretKeyRef: a missing Secret is fine, an empty name is rejected by Kubernetes.
+        errors.append("hf_token_secret is empty; name a Secret with key HF_TOKEN (it may be absent: the reference "
+                      "is optional), e.g. 'hf-token'")
+    if c.tracking_secret:
+        errors.append(name_error("tracking_secret", c.tracking_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if c.alert_webhook_secret:
+        errors.append(name_error("alert_webhook_secret", c.alert_webhook_secret, DNS1123_SUBDOMAIN, 253,
+                                 "Secret name"))
+    else:
+        errors.append("alert_webhook_secret is empty; name a Secret with key ALERT_WEBHOOK_URL (it may be absent: "
+                      "the reference is optional), e.g. 'llm-alerts'")
+    if c.queue_name:
+        errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
+    if c.priority_class:
+        errors.append(name_error("priority_class", c.priority_class, DNS1123_SUBDOMAIN, 253, "PriorityClass name"))
+    if c.queue_name and c.gang_scheduling:
+        errors.append("queue_name and gang_scheduling both set: Kueue admits the job as a whole already; use one")
+    if c.min_nodes > c.num_nodes:
+        errors.append(f"min_nodes={c.min_nodes} is more than num_nodes={c.num_nodes}; use 0 for a fixed-size job")
+    if c.train_backend == "local" and c.num_nodes != 1:
+        errors.append(f"num_nodes={c.num_nodes} with train_backend=local: a local run has one node; set num_nodes=1")
+    if c.train_backend == "trainjob":
+        for name, value in (("priority_class", c.priority_class), ("gang_scheduling", c.gang_scheduling),
+                            ("min_nodes", c.min_nodes)):
+            if value:
+                errors.append(f"{name} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
+                              "(Trainer v2 keeps it there), or use train_backend=pytorchjob")
+    return errors
