@@ -256,7 +256,7 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
                              "runs it through sh -c; use paths and names of letters, digits and ./_-")
     primary_container, primary_labels = _primary(trial_spec)
     done = "Complete" if trial_spec["kind"] == trainjob.KIND else "Succeeded"  # Katib's defaults for these kinds
-    metadata = {"name": name, "namespace": namespace}
+    metadata: dict = {"name": name, "namespace": namespace}
     if RUN_ID_LABEL in labels:
         metadata["labels"] = {RUN_ID_LABEL: labels[RUN_ID_LABEL]}
     return {

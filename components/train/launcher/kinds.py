@@ -65,7 +65,7 @@ JOB_KINDS = {
 }
 
 
-def job_kind(kind: str) -> JobKind:
+def job_kind(kind: str | None) -> JobKind:
     """The description of a training job kind (``PyTorchJob`` or ``TrainJob``); ValueError names the kinds."""
     if kind not in JOB_KINDS:
         raise ValueError(f"manifest kind {kind!r} is not one of {', '.join(JOB_KINDS)}")
