@@ -374,11 +374,18 @@ def whole_numbers(values: dict) -> dict:
     """``values`` with integer settings that arrive as whole floats (5.0) turned back into ints.
 
     KFP carries a dict parameter (``advanced_settings``, the ``settings`` every step reads) as a protobuf Struct,
-    whose numbers are all doubles: an int setting comes back as 5.0.
+    whose numbers are all doubles: an int setting comes back as 5.0, also inside ``stage_settings`` (settings by
+    name, per stage).
     """
     all_specs = specs()
-    return {name: int(value) if name in all_specs and all_specs[name].type is int and isinstance(value, float)
-            and value.is_integer() else value for name, value in values.items()}
+    out = {}
+    for name, value in values.items():
+        if name == "stage_settings" and isinstance(value, dict):
+            value = {stage: whole_numbers(over) if isinstance(over, dict) else over for stage, over in value.items()}
+        elif name in all_specs and all_specs[name].type is int and isinstance(value, float) and value.is_integer():
+            value = int(value)
+        out[name] = value
+    return out
 
 
 def merge_arguments(arguments: dict) -> dict:

@@ -2,13 +2,15 @@
 search before anything is created (Katib's admission webhook and suggestion services, components/hpo/katib.py,
 and the local Optuna search, components/hpo/local.py, share them).
 
-It imports no Kubernetes or Katib library: the validate step checks a run's search with it.
+It imports no Kubernetes or Katib library (only the settings model): the validate step checks a run's search with it.
 """
 
 from __future__ import annotations
 
 import math
 import re
+
+from components.settings import choices
 
 # Katib's algorithms for a search over training settings (its default katib-config), and why each is there.
 # Left out: hyperband (needs a resource parameter to grow), enas/darts (architecture search), pbt (hands
@@ -86,6 +88,9 @@ def _parameter_errors(name: str, spec, algorithm: str, method: str) -> list[str]
         elif bad := [v for v in values if kind is str and not _PLAIN_NAME.match(v)]:
             # Katib's StdOut collector runs the trial's command through sh -c: a value must stay one plain word.
             errors.append(f"{where}.values must be plain names (letters, digits, '_', '.', '-'); {bad!r} are not")
+        elif bad := [v for v in values if choices(name) and v not in choices(name)]:
+            # A trial drawing a value the setting does not take would fail in the trainer.
+            errors.append(f"{where}.values: {bad!r} are not among {name}'s choices ({', '.join(choices(name))})")
         elif len(set(values)) != len(values):
             errors.append(f"{where}.values lists a value twice: {values!r}")
         return errors

@@ -82,6 +82,7 @@ def test_choices_name_the_setting_and_the_values_it_takes():
     shipped = ", ".join(choices("deepspeed_config"))
     assert check({**defaults(), "deepspeed_config": "zero4"}) == [
         f"deepspeed_config='zero4' is not one of {shipped} or a .json path"]
+    assert check({**defaults(), "deepspeed_config": "/mnt/data/ds.json"}) == []  # the trainer reads it
 
 
 def test_every_choice_is_declared_beside_its_help():
@@ -118,6 +119,10 @@ def test_whole_floats_from_kfp_become_ints_again():
     s = Settings.from_flat({"num_nodes": 2.0, "lora_r": 8.0, "learning_rate": 1.0})
     assert (s.cluster.num_nodes, s.train.lora_r, s.train.learning_rate) == (2, 8, 1.0)
     assert isinstance(s.cluster.num_nodes, int)
+    # Also the training settings a stage changes: stage_settings holds settings by name.
+    s = Settings.from_flat({"stage_settings": {"dpo": {"lora_r": 8.0, "learning_rate": 1.0}}})
+    assert s.stages.stage_settings == {"dpo": {"lora_r": 8, "learning_rate": 1.0}}
+    assert isinstance(s.stages.stage_settings["dpo"]["lora_r"], int)
 
 
 def test_the_derived_files_are_current():

@@ -6,7 +6,8 @@ credentials outside a pod: nothing in the code under test is replaced.
 
 import pytest
 
-from components.settings import Settings
+from components.settings import ADVANCED, Settings, split_arguments
+from components.train.stages import stage_train_settings
 from components.validate.component import validate_inputs
 from pipelines import params as P
 from tests.helpers.pipeline_args import reference_arguments as _inputs
@@ -34,6 +35,19 @@ def test_advanced_settings_are_checked_by_name_and_type():
     # KFP carries a dict parameter as a protobuf Struct: every number arrives as a double.
     assert validate_inputs.python_func(**{**args, "train_backend": "local", "num_nodes": 1, "deploy_backend": "local",
                                           "advanced_settings": {"lora_r": 8.0}}).settings["lora_r"] == 8
+
+
+def test_a_stages_integer_settings_survive_kfps_doubles():
+    # KFP carries advanced_settings as a protobuf Struct, nested objects too: stage_settings' 8 arrives as 8.0,
+    # and was refused as "stage_settings.sft: lora_r must be a int, got 8.0".
+    args = split_arguments(P.resolve("local-tiny"))
+    args[ADVANCED] = {**args[ADVANCED], "stage_settings": {"sft": {"lora_r": 8.0, "learning_rate": 1e-4}}}
+    settings = validate_inputs.python_func(**args).settings
+    assert settings["stage_settings"] == {"sft": {"lora_r": 8, "learning_rate": 1e-4}}
+    assert isinstance(settings["stage_settings"]["sft"]["lora_r"], int)
+    # And a later step, which reads them through the model, trains with an int.
+    train = stage_train_settings(Settings.from_flat(settings), "sft", "base")
+    assert train.lora_r == 8 and isinstance(train.lora_r, int)
 
 
 def test_missing_claim_and_too_few_gpu_nodes_fail_before_any_job(cluster):

@@ -66,6 +66,15 @@ def test_a_bad_algorithm_is_named_once_with_a_search_on():
         "hpo_algorithm='magic' is not one of random, tpe, multivariate-tpe, bayesianoptimization, grid, cmaes, sobol"]
 
 
+def test_a_search_over_schedules_the_trainer_cannot_build_is_refused_before_any_trial():
+    # cosine_with_min_lr needs lr_scheduler_kwargs, which no setting gives: every trial drawing it would fail.
+    space_ = {"lr_scheduler_type": {"values": ["cosine", "cosine_with_min_lr"]}}
+    errors = check({**defaults(), "hpo_trials": 4, "hpo_search_space": space_})
+    assert errors == ["hpo_search_space.lr_scheduler_type.values: ['cosine_with_min_lr'] are not among "
+                      "lr_scheduler_type's choices (cosine, linear, cosine_with_restarts, polynomial, constant, "
+                      "constant_with_warmup, inverse_sqrt)"]
+
+
 def test_a_stages_own_settings_are_checked_like_the_runs():
     errors = check({**defaults(), "stage_settings": {"sft": {"deepspeed_config": "zero4", "method": "ppo"}}})
     assert "stage_settings.sft: method='ppo' is not one of full, lora, qlora" in errors
@@ -77,6 +86,13 @@ def test_qlora_under_zero3_is_named_once_for_the_run_and_once_per_stage_that_cha
     assert errors == [check_method_deepspeed("qlora", "zero3")]
     errors = check({**defaults(), "stage_settings": {"sft": {"method": "qlora"}}})
     assert errors == [f"stage sft: {check_method_deepspeed('qlora', 'zero3')}"]
+
+
+def test_a_users_deepspeed_json_on_a_volume_passes_validation_for_a_cluster_run():
+    # validate_inputs does not mount the volume: the trainer reads the file (and applies its rules) where it is.
+    # The memory estimate needs the file's ZeRO layout; without it the estimate is skipped, not a crash.
+    params = P.resolve("qwen3-30b-a3b-full", overrides=["deepspeed_config=/mnt/data/configs/ds.json"])
+    P.check(params)
 
 
 def test_the_checks_import_no_kubernetes_or_ml_library():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
+from pathlib import Path
 
 from components.settings import Settings
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
@@ -39,6 +40,8 @@ def memory_errors(s: Settings) -> list[str]:
     errors = []
     for stage in s.stages.stages:
         t = dataclasses.replace(s.train, **stage_overrides(s, stage))
+        if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
+            continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
         # DPO runs chosen and rejected of each pair in one forward pass: twice the rows.
         problem = check_memory_fit(
             s.train.model_name_or_path, t.method, t.deepspeed_config, s.cluster.num_nodes, s.cluster.gpus_per_node,
