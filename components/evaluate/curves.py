@@ -12,6 +12,10 @@ import io
 import json
 from pathlib import Path
 
+from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
+
+from components.train.trainer.checkpoint_dirs import latest_complete_checkpoint
+
 PNG_PREFIX = "data:image/png;base64,"
 
 
@@ -20,8 +24,6 @@ def training_log(train_dir: str) -> dict | None:
 
     Returns ``train`` and ``eval`` as ``[(step, loss), ...]``, ``logging_steps`` and ``last_step``.
     """
-    from components.train.trainer.checkpoints import latest_complete_checkpoint
-
     checkpoint = latest_complete_checkpoint(train_dir)
     if checkpoint is None:
         return None
@@ -38,15 +40,14 @@ def training_log(train_dir: str) -> dict | None:
 def loss_curve_png(log: dict, base_loss: float, tuned_loss: float) -> bytes:
     """A PNG of the train loss per logging window, any eval losses the trainer logged, and this step's
     held-out loss per label token of the base (step 0) and the tuned model (last step)."""
-    from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
-
     fig = Figure(figsize=(7.5, 4.2), dpi=100)
     ax = fig.subplots()
     if log["train"]:
-        steps, losses = zip(*log["train"])
-        ax.plot(steps, losses, marker=".", label=f"train loss (mean of each {log['logging_steps']}-step logging window)")
+        steps, losses = zip(*log["train"], strict=True)
+        ax.plot(steps, losses, marker=".",
+                label=f"train loss (mean of each {log['logging_steps']}-step logging window)")
     if log["eval"]:
-        steps, losses = zip(*log["eval"])
+        steps, losses = zip(*log["eval"], strict=True)
         ax.plot(steps, losses, marker="s", linestyle="none", label="trainer's eval loss (mean of per-batch means)")
     # Two measurements, not a trajectory: markers only.
     ax.plot([0, log["last_step"]], [base_loss, tuned_loss], marker="o", linestyle="none", color="black",

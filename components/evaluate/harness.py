@@ -11,6 +11,8 @@ from __future__ import annotations
 import importlib.util
 import math
 
+from components.evaluate.isolated import run_isolated
+
 LM_EVAL_PIN = "lm-eval==0.4.13"
 # The metric a task is judged on: the first of these it reports, else its first numeric metric.
 PREFERRED_METRICS = ("acc_norm", "acc", "exact_match")
@@ -60,12 +62,11 @@ def run_tasks(model_path: str, tasks: list, limit: int, use_vllm: bool, gpus: in
     """Score ``model_path`` on ``tasks``; ``{}`` (and no import of lm_eval) when ``tasks`` is empty."""
     if not tasks:
         return {}
-    from components.evaluate.isolated import run_isolated
-
     return run_isolated(_evaluate, harness_arguments(model_path, tasks, limit, use_vllm, gpus))
 
 
 def _evaluate(kwargs: dict) -> dict[str, dict]:
+    # Lazy and optional: lm-evaluation-harness comes with the package's ``eval`` extra only, for lm_eval_tasks.
     import lm_eval
 
     return task_scores(lm_eval.simple_evaluate(**kwargs))

@@ -36,8 +36,8 @@ def load_prompts(source: str) -> list[list[dict]]:
             except (json.JSONDecodeError, AttributeError) as exc:
                 raise ValueError(f"{where}: not a JSON object ({exc}); expected {{\"messages\": [...]}}") from None
             if (not isinstance(messages, list) or not messages
-                    or any(not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str)
-                           for m in messages)):
+                    or any(not isinstance(m, dict) or m.get("role") not in _ROLES
+                           or not isinstance(m.get("content"), str) for m in messages)):
                 raise ValueError(f"{where}: 'messages' must be a non-empty list of {{\"role\": one of {list(_ROLES)}, "
                                  "\"content\": str}")
             if messages[-1]["role"] != "user":

@@ -15,6 +15,12 @@ import json
 import logging
 from pathlib import Path
 
+import datasets
+import torch
+from transformers import AutoTokenizer
+
+from components.evaluate.loading import load_causal_lm
+
 log = logging.getLogger("evaluate_model")
 
 # What each stage's metrics.json reports, by stage, for the table (the trainer's own keys).
@@ -34,8 +40,6 @@ def stage_metrics(stage_dirs: dict[str, str]) -> dict[str, dict]:
 
 def _response_logprob(model, tokenizer, prompt: list[dict], response: list[dict]) -> float:
     """Sum of the log-probabilities of ``response``'s tokens after ``prompt`` (both through the chat template)."""
-    import torch
-
     prefix = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
     full = tokenizer.apply_chat_template(prompt + response, tokenize=False)
     prefix_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
@@ -49,10 +53,6 @@ def _response_logprob(model, tokenizer, prompt: list[dict], response: list[dict]
 
 def pair_logprobs(model_path: str, pairs) -> list[tuple[float, float]]:
     """``(log p(chosen), log p(rejected))`` of each pair under the model at ``model_path``."""
-    from transformers import AutoTokenizer
-
-    from components.evaluate.evaluate import load_causal_lm
-
     model, tokenizer = load_causal_lm(model_path), AutoTokenizer.from_pretrained(model_path)
     scores = [(_response_logprob(model, tokenizer, r["prompt"], r["chosen"]),
                _response_logprob(model, tokenizer, r["prompt"], r["rejected"])) for r in pairs]
@@ -64,15 +64,13 @@ def preference_scores(models: dict[str, str], preference_path: str, max_pairs: i
     """For each of ``models`` (role -> folder; ``base`` is the reference): ``accuracy`` (chosen likelier),
     ``reward_accuracy`` (against the base), ``margin`` (mean log-prob margin, chosen - rejected, nats) and ``pairs``,
     on the eval split of the pairs at ``preference_path``."""
-    import datasets
-
     pairs = datasets.load_from_disk(preference_path)["eval"]
     pairs = pairs.select(range(min(max_pairs, len(pairs)))) if max_pairs > 0 else pairs
     reference = pair_logprobs(models["base"], pairs)
     scores = {}
     for role, path in models.items():
         logps = reference if role == "base" else pair_logprobs(path, pairs)
-        rewards = [(c - bc) - (r - br) for (c, r), (bc, br) in zip(logps, reference)]
+        rewards = [(c - bc) - (r - br) for (c, r), (bc, br) in zip(logps, reference, strict=True)]
         scores[role] = {"accuracy": sum(c > r for c, r in logps) / len(logps),
                         "reward_accuracy": sum(m > 0 for m in rewards) / len(rewards),
                         "margin": sum(c - r for c, r in logps) / len(logps), "pairs": len(logps)}

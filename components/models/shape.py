@@ -1,5 +1,7 @@
 """A decoder's shape from its ``config.json``: parameter counts (all, active, per block) for the memory-fit
-estimate (components/train/launcher/memory.py), the trainer's FLOPs (components/models/mfu.py) and the plan.
+estimate (components/train/launcher/memory.py), the trainer's FLOPs (components/models/mfu.py) and the plan; and
+which of its parts LoRA targets by default (the trainer wraps them, components/train/trainer/lora.py, and the
+memory-fit estimate counts them).
 
 Qwen3 and Qwen3-MoE; the shipped architectures (``architectures/``) let a Hub id be checked with no download.
 """
@@ -17,6 +19,19 @@ KNOWN_MODELS = {
     re.compile(r"^Qwen/Qwen3-30B-A3B(-[A-Za-z0-9.-]+)?$"): "qwen3-30b-a3b.json",
     re.compile(r"^Qwen/Qwen3-32B(-FP8)?$"): "qwen3-32b.json",
 }
+# LoRA's targets when the user names none, by model type (components/train/trainer/lora.py says why).
+LORA_TARGETS_DENSE = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
+LORA_TARGETS_MOE = "q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"
+
+
+def lora_targets(model_type: str, lora_target_modules: str = "") -> tuple[list[str], list[str]]:
+    """``(target_modules, target_parameters)`` for PEFT from the user's list, or by ``model_type`` when it is empty.
+
+    A plain name (``q_proj``) is an nn.Linear module, a name with a dot (``experts.gate_up_proj``) a parameter.
+    """
+    targets = lora_target_modules or (LORA_TARGETS_MOE if model_type == "qwen3_moe" else LORA_TARGETS_DENSE)
+    names = [t.strip() for t in targets.split(",") if t.strip()]
+    return [t for t in names if "." not in t], [t for t in names if "." in t]
 
 
 @dataclass(frozen=True)
@@ -94,7 +109,8 @@ def model_shape(config: dict) -> ModelShape:
     linear_attention = h * q_dim + 2 * h * kv_dim + q_dim * h
     return ModelShape(
         total=layers * (attention + norms) + dense_layers * dense + sparse_layers * block + embed + lm_head + h,
-        active=layers * (attention + norms) + dense_layers * dense + sparse_layers * block_active + (lm_head or embed) + h,
+        active=(layers * (attention + norms) + dense_layers * dense + sparse_layers * block_active
+                + (lm_head or embed) + h),
         linear=layers * linear_attention + dense_layers * dense,
         largest_block=largest, layers=layers, hidden=h, q_dim=q_dim, kv_dim=kv_dim, intermediate=width, vocab=vocab,
         experts=experts, expert_params=sparse_layers * experts * 3 * h * moe_i, moe_intermediate=moe_i,

@@ -51,7 +51,8 @@ Per pod (host memory, against the pod's ``memory`` limit; R = gpus_per_node rank
 
 from __future__ import annotations
 
-from components.models.shape import ModelShape, load_architecture, model_shape
+from components.models.shape import ModelShape, load_architecture, lora_targets, model_shape
+from components.train.config import load_deepspeed_config
 
 GIB = 1024**3
 OVERHEAD_BYTES = 3 * GIB
@@ -147,6 +148,7 @@ def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: in
         model = 2 * shape.largest_block * ranks
     elif stage == 3:
         model = offloaded if (offload_opt or offload_param) else HOST_BUFFER_FACTOR * 4 * shape.largest_block * ranks
+    model: float
     else:
         converted = 4 * shape.total if (method == "full" and stage == 0) else 2 * shape.expert_params
         model = converted * ranks + offloaded
@@ -157,7 +159,8 @@ def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: in
 def _gpu_error(method: str, zero: dict, est: dict, shape: ModelShape, num_nodes: int,
                per_device_train_batch_size: int, max_seq_length: int, gpu_memory_gib: float) -> str:
     summary = (f"needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} model states + "
-               f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead) but a GPU has {gpu_memory_gib:g} GiB")
+               f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead) but a GPU has "
+               f"{gpu_memory_gib:g} GiB")
     if est["model_states"] + est["overhead"] <= gpu_memory_gib:
         fix = (f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "
                f"(now {max_seq_length}) and raise gradient_accumulation_steps to keep the global batch")
@@ -215,9 +218,6 @@ def check_memory_fit(
     name (``zero3``), a JSON path, or ``none``. ``lora_target_modules`` as the trainer takes it (empty: by
     model type, see components/train/trainer/lora.py).
     """
-    from components.train.config import load_deepspeed_config
-    from components.train.trainer.lora import lora_targets
-
     config = model if isinstance(model, dict) else load_architecture(model)
     if config is None:
         return None

@@ -8,6 +8,7 @@ import time
 from transformers import TrainerCallback
 
 from components.models.mfu import attention_length, flops_per_token, peak_flops
+from components.models.shape import model_shape
 
 log = logging.getLogger("sft.progress")
 
@@ -44,8 +45,6 @@ class ProgressCallback(TrainerCallback):
         FLOPs per token count attention causally per document, over the documents of ``train_split`` (a prepared
         split: packed rows with ``position_ids``, or one example per row); the peak is this GPU's (None on CPU).
         """
-        from components.models.shape import model_shape
-
         # From the loaded model's config, not a file: a model named by Hub id has no folder to read.
         shape = model_shape(model_config)
         keys = attention_length(train_split)

@@ -5,65 +5,31 @@ The Trainer writes ``checkpoint-<step>/`` (weights, or under DeepSpeed only Deep
 can die half-way through that, leaving a folder that looks like a checkpoint but cannot be resumed from.
 So a checkpoint counts only once every rank has finished writing and rank 0 has written ``COMPLETE`` into
 it; resuming picks the newest complete one. A pod told to stop (SIGTERM) saves one first:
-``SaveOnSigtermCallback``.
+``SaveOnSigtermCallback``. Which folders are complete is read by checkpoint_dirs.py (no torch: evaluation reads
+the run's log from the newest complete one too).
 """
 
 from __future__ import annotations
 
 import logging
-import re
-import shutil
 import signal
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import torch
+import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
+
+from components.train.trainer.checkpoint_dirs import MARKER, latest_complete_checkpoint, prune_checkpoints
 
 log = logging.getLogger("sft.checkpoints")
 
-MARKER = "COMPLETE"
+__all__ = ["EXIT_SIGTERM", "MARKER", "CheckpointMixin", "CheckpointTrainer", "CompleteMarkerCallback",
+           "SaveOnSigtermCallback", "latest_complete_checkpoint", "prune_checkpoints"]
+
 # The exit status of a rank stopped by SIGTERM, as a shell reports a process killed by it: the job is seen
 # as interrupted (retriable), not finished and not failed by a bug.
 EXIT_SIGTERM = 128 + signal.SIGTERM
-_CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-
-
-def _checkpoints(output_dir: str) -> list[tuple[int, Path]]:
-    root = Path(output_dir)
-    if not root.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if p.is_dir() and (m := _CHECKPOINT.match(p.name))]
-    return sorted(found)
-
-
-def is_complete(checkpoint: Path) -> bool:
-    """Whether every rank finished writing ``checkpoint`` (its marker exists)."""
-    return (checkpoint / MARKER).exists()
-
-
-def latest_complete_checkpoint(output_dir: str) -> str | None:
-    """The newest complete ``checkpoint-<step>`` under ``output_dir``; newer partial ones are skipped with a warning."""
-    for _, path in reversed(_checkpoints(output_dir)):
-        if is_complete(path):
-            return str(path)
-        log.warning("skipping %s: no %s marker (the run stopped while writing it)", path, MARKER)
-    return None
-
-
-def prune_checkpoints(output_dir: str, keep: int) -> list[str]:
-    """Delete all but the newest ``keep`` complete checkpoints, and partial ones older than the newest complete.
-
-    A partial checkpoint newer than every complete one is left alone: it may be the one being written.
-    Returns the deleted paths.
-    """
-    found = _checkpoints(output_dir)
-    complete = [p for _, p in found if is_complete(p)]
-    doomed = complete[:-keep] if keep > 0 else []
-    if complete:
-        newest = int(_CHECKPOINT.match(complete[-1].name).group(1))
-        doomed += [p for step, p in found if not is_complete(p) and step < newest]
-    for path in doomed:
-        shutil.rmtree(path, ignore_errors=True)
-    return [str(p) for p in doomed]
 
 
 class CompleteMarkerCallback(TrainerCallback):
@@ -77,8 +43,6 @@ class CompleteMarkerCallback(TrainerCallback):
         self.keep = keep
 
     def on_save(self, args, state, control, **kwargs):
-        import torch.distributed as dist
-
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # every rank's shards, optimizer and RNG files are on disk
         if state.is_world_process_zero:
@@ -89,7 +53,14 @@ class CompleteMarkerCallback(TrainerCallback):
         return control
 
 
-class CheckpointMixin:
+# What the mixin is mixed into, for the type checker; at run time it is a plain mixin.
+if TYPE_CHECKING:
+    _TrainerBase = Trainer
+else:
+    _TrainerBase = object
+
+
+class CheckpointMixin(_TrainerBase):
     """Put before a ``Trainer`` class (``class T(CheckpointMixin, SomeTrainer)``): checkpoints under DeepSpeed are
     DeepSpeed's sharded state only.
 
@@ -155,9 +126,6 @@ class SaveOnSigtermCallback(TrainerCallback):
         signal.signal(signal.SIGTERM, self._handle)
 
     def on_step_end(self, args, state, control, **kwargs):
-        import torch
-        import torch.distributed as dist
-
         signalled = int(self._received)
         if dist.is_available() and dist.is_initialized():
             flag = torch.tensor([signalled], device=args.device)

@@ -2,7 +2,8 @@
 
     torchrun ... -m components.train.trainer.sft --config train_config.json        # the config says "stage": "dpo"
 
-The same entry point, model loading, checkpoints, progress lines and export as SFT (sft.py); what differs:
+The same entry point as SFT (sft.py), and the same model loading, checkpoints, progress lines and export
+(common.py); what differs:
 
 - Data: a ``save_to_disk`` DatasetDict with ``train`` and ``eval`` splits of TRL's conversational preference
   layout, ``{"prompt": [turns], "chosen": [turns], "rejected": [turns]}``. TRL applies the tokenizer's chat
@@ -20,7 +21,7 @@ The same entry point, model loading, checkpoints, progress lines and export as S
 - Metrics (metrics.json): TRL's eval keys ``eval_rewards/accuracies`` (the share of held-out pairs whose implicit
   reward, beta x the log-ratio to the reference, is higher for chosen than rejected), ``eval_rewards/margins``,
   ``eval_rewards/chosen``, ``eval_rewards/rejected`` and ``eval_loss`` (the DPO loss), plus what every stage
-  reports (sft.summary_metrics).
+  reports (common.summary_metrics).
 """
 
 from __future__ import annotations
@@ -28,10 +29,27 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
+from typing import Any
 
+import datasets
+from datasets.fingerprint import Hasher
+from transformers import AutoTokenizer
 from trl import DPOTrainer
 
+from components.distributed import global_rank
+from components.models.mfu import SAMPLE_ROWS, causal_attention_length, flops_per_token, peak_flops
+from components.models.shape import model_shape
+from components.train.trainer.callbacks import ProgressCallback
 from components.train.trainer.checkpoints import CheckpointMixin
+from components.train.trainer.common import (
+    checkpoint_callbacks,
+    finish_run,
+    load_model,
+    start_run,
+    summary_metrics,
+    train_resuming,
+    use_progress,
+)
 
 log = logging.getLogger("sft.dpo")
 
@@ -57,8 +75,6 @@ def _in_run_folder(split, name: str, cfg, model_path: str):
     ZeRO-3 the model is already partitioned when TRL hashes it (every parameter an empty placeholder), so the base
     model's path goes into the fingerprint.
     """
-    from datasets.fingerprint import Hasher
-
     path = Path(cfg.output_dir, "pairs", f"{name}.arrow")
     # Global rank 0 writes the copy; the others (every node: the volume is shared) then load it.
     with cfg.main_process_first(local=False, desc=f"copying the {name} pairs"):
@@ -69,15 +85,13 @@ def _in_run_folder(split, name: str, cfg, model_path: str):
 
 def _progress(trainer, world_size: int):
     """Our ProgressCallback, with FLOPs per token counted over the chosen and rejected sequences TRL tokenized."""
-    from components.train.trainer.callbacks import ProgressCallback
-    from components.models.shape import model_shape
-    from components.models.mfu import SAMPLE_ROWS, causal_attention_length, flops_per_token, peak_flops
-
     split = trainer.train_dataset.select_columns(["prompt_ids", "chosen_ids", "rejected_ids"])
     rows = split.select(range(min(len(split), SAMPLE_ROWS)))
     limit = trainer.args.max_length
-    lengths = [min(len(p) + len(c), limit) for p, c in zip(rows["prompt_ids"], rows["chosen_ids"])]
-    lengths += [min(len(p) + len(r), limit) for p, r in zip(rows["prompt_ids"], rows["rejected_ids"])]
+    # Columns of one split: equally long.
+    prompts = rows["prompt_ids"]
+    lengths = [min(len(p) + len(c), limit) for p, c in zip(prompts, rows["chosen_ids"], strict=True)]
+    lengths += [min(len(p) + len(r), limit) for p, r in zip(prompts, rows["rejected_ids"], strict=True)]
     keys = causal_attention_length(lengths)
     shape = model_shape(trainer.model.config.to_dict())
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
@@ -89,20 +103,6 @@ def _progress(trainer, world_size: int):
 
 def main(cfg) -> dict:
     """Preference-tune according to ``cfg`` (a ``DPOStageConfig``) and return the final metrics (also metrics.json)."""
-    import datasets
-    from transformers import AutoTokenizer
-
-    from components.distributed import global_rank
-    from components.train.trainer.sft import (
-        checkpoint_callbacks,
-        finish_run,
-        load_model,
-        start_run,
-        summary_metrics,
-        train_resuming,
-        use_progress,
-    )
-
     started = time.time()
     model_path = start_run(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -133,7 +133,8 @@ def main(cfg) -> dict:
     result = train_resuming(trainer, sigterm)
     evaluation = trainer.evaluate()
     metrics = summary_metrics(trainer, result, {k: evaluation[k] for k in EVAL_KEYS}, started)
-    if cfg.method != "full" and REF_ADAPTER in trainer.model.peft_config:
-        trainer.model.delete_adapter(REF_ADAPTER)  # adapter/ and the merged final/ hold the trained adapter only
+    tuned: Any = trainer.model  # the PeftModel for lora/qlora
+    if cfg.method != "full" and REF_ADAPTER in tuned.peft_config:
+        tuned.delete_adapter(REF_ADAPTER)  # adapter/ and the merged final/ hold the trained adapter only
     finish_run(trainer, cfg, tokenizer, model_path, metrics)
     return metrics

@@ -42,6 +42,17 @@ import shutil
 import time
 from pathlib import Path
 
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM
+from transformers.core_model_loading import revert_weight_conversion
+from transformers.integrations import deepspeed as hf_deepspeed
+from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+# DeepSpeed and PEFT are imported inside the functions that need them: DeepSpeed only for a ZeRO-3 export, PEFT only
+# for a LoRA/QLoRA run; the laptop install has neither, and a full fine-tuning run never needs them.
+
 log = logging.getLogger("sft.export")
 
 MAX_SHARD_BYTES = 5 * 2**30  # the shard size of Hub checkpoints such as Qwen3-30B-A3B's; bounds rank 0's host memory
@@ -53,8 +64,6 @@ _LAYER = re.compile(r"^(.*?\.\d+)\.")
 
 
 def _is_main_process() -> bool:
-    import torch.distributed as dist
-
     return not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
 
 
@@ -64,10 +73,8 @@ def _saved_names(model) -> list[str]:
     transformers' own rule picks which of two tied names stays; it compares storages, which partitioned
     ZeRO-3 parameters do not have, so it is handed one small stand-in tensor per distinct parameter.
     """
-    import torch
-    from transformers.modeling_utils import remove_tied_weights_from_state_dict
-
-    stand_ins, by_tensor = {}, {}
+    stand_ins: dict[str, torch.Tensor] = {}
+    by_tensor: dict[int, torch.Tensor] = {}
     for name, tensor in model.state_dict(keep_vars=True).items():
         stand_ins[name] = by_tensor.setdefault(id(tensor), torch.empty(1))
     for pattern in model._keys_to_ignore_on_save or ():
@@ -88,9 +95,6 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
     Peak host memory on rank 0: one shard + one layer.
     """
     import deepspeed
-    import torch
-    from safetensors.torch import save_file
-    from transformers.core_model_loading import revert_weight_conversion
 
     main = _is_main_process()
     out = Path(out_dir)
@@ -103,7 +107,10 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
     for name in _saved_names(model):
         groups.setdefault(m.group(1) if (m := _LAYER.match(name)) else name, []).append(name)
 
-    buffer, buffer_bytes, shards, weight_map = {}, 0, [], {}
+    buffer: dict[str, torch.Tensor] = {}
+    buffer_bytes = 0
+    shards: list[tuple[Path, list[str]]] = []
+    weight_map: dict[str, str] = {}
     total_bytes = total_params = 0
     started = time.time()
 
@@ -152,7 +159,8 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
     model.config.save_pretrained(out)
     if model.can_generate():
         model.generation_config.save_pretrained(out)
-    log.info("export: %.2f GiB in %d shard(s) to %s in %.0fs", total_bytes / 2**30, len(shards), out, time.time() - started)
+    log.info("export: %.2f GiB in %d shard(s) to %s in %.0fs", total_bytes / 2**30, len(shards), out,
+             time.time() - started)
 
 
 def merge_lora_zero3(peft_model):
@@ -185,8 +193,6 @@ def outside_zero3():
     ``from_pretrained`` builds models inside ``deepspeed.zero.Init``, partitioned across ranks that are not
     loading it (the "size of tensor a (0)" crash of merging on rank 0 alone).
     """
-    from transformers.integrations import deepspeed as hf_deepspeed
-
     ref = hf_deepspeed._hf_deepspeed_config_weak_ref
     live = ref() if ref is not None else None
     hf_deepspeed.unset_hf_deepspeed_config()
@@ -204,7 +210,6 @@ def merge_adapter(base_path: str, adapter_dir: str, out_dir: str) -> None:
     whose ranks hold the whole model anyway (DDP, ZeRO-2).
     """
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
 
     with outside_zero3():
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype="auto")

@@ -28,17 +28,12 @@ import logging
 
 from components.distributed import global_rank
 
+# The targets by model type live with the model's shape, where the launcher's memory-fit estimate counts them too.
+from components.models.shape import LORA_TARGETS_DENSE, LORA_TARGETS_MOE, lora_targets
+
 log = logging.getLogger("sft.lora")
 
-LORA_TARGETS_DENSE = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"
-LORA_TARGETS_MOE = "q_proj,k_proj,v_proj,o_proj,experts.gate_up_proj,experts.down_proj"
-
-
-def lora_targets(model_type: str, lora_target_modules: str = "") -> tuple[list[str], list[str]]:
-    """``(target_modules, target_parameters)`` for PEFT from the user's list, or by ``model_type`` when it is empty."""
-    targets = lora_target_modules or (LORA_TARGETS_MOE if model_type == "qwen3_moe" else LORA_TARGETS_DENSE)
-    names = [t.strip() for t in targets.split(",") if t.strip()]
-    return [t for t in names if "." not in t], [t for t in names if "." in t]
+__all__ = ["LORA_TARGETS_DENSE", "LORA_TARGETS_MOE", "apply_lora", "lora_targets"]
 
 
 def apply_lora(model, cfg):
@@ -51,6 +46,7 @@ def apply_lora(model, cfg):
     Raises:
         ValueError: expert tensors targeted with a non-zero ``lora_dropout``, or a target the model lacks.
     """
+    # Lazy: PEFT is needed by the lora and qlora methods only (the laptop install has none; full runs never load it).
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     modules, parameters = lora_targets(model.config.model_type, cfg.lora_target_modules)

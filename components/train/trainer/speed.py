@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import logging
 
+import torch
+
+from components.distributed import global_rank
+from components.models.batches import pad_collator
+
 log = logging.getLogger("sft.speed")
 _said: set[str] = set()
 
 
 def _once(key: str, message: str, *args, warning: bool = False) -> None:
     """Log ``message`` the first time ``key`` comes up in this process, from rank 0 only."""
-    from components.distributed import global_rank
-
     if key in _said:
         return
     _said.add(key)
@@ -34,11 +37,10 @@ def attn_implementation() -> str:
     but does not import (built against another torch or CUDA) falls back to SDPA with a warning, where naming
     it to transformers would fail the run at model load.
     """
-    import torch
-
     if not torch.cuda.is_available():
         return "sdpa"
     try:
+        # Lazy and optional: flash-attn exists only in the GPU image (built against its CUDA), never on a laptop.
         import flash_attn  # noqa: F401
     except ImportError as exc:
         if not (isinstance(exc, ModuleNotFoundError) and exc.name == "flash_attn"):
@@ -60,10 +62,6 @@ def packed_collator(pad_token_id: int, attn_implementation: str):
     ``DataCollatorWithFlattening`` does. SDPA builds a block mask per row and gets the batch as it is (one row of
     b x s tokens would cost it a b x s square mask). Unpacked rows, with their attention mask, are never changed.
     """
-    import torch
-
-    from components.models.batches import pad_collator
-
     collate = pad_collator(pad_token_id)
     if attn_implementation != "flash_attention_2":
         return collate
@@ -95,8 +93,6 @@ def apply_liger_kernels(model_type: str) -> bool:
     ``model_type``. Not known to work under DeepSpeed ZeRO-3: the fused loss reads ``lm_head.weight`` outside
     the module's forward, where ZeRO-3 has not gathered it (Liger-Kernel issue #1048).
     """
-    import torch
-
     if model_type not in ("qwen3", "qwen3_moe"):
         _once(f"liger:{model_type}", "Liger kernels not applied: model type %r is neither qwen3 nor qwen3_moe",
               model_type)
@@ -105,6 +101,7 @@ def apply_liger_kernels(model_type: str) -> bool:
         _once("liger:cuda", "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)")
         return False
     try:
+        # Lazy and optional: liger-kernel is installed only where it was asked for, and runs only on CUDA.
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
     except ImportError as exc:
         _once("liger:import", "Liger kernels not applied: liger_kernel does not import (%s)", exc)
