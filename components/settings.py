@@ -75,9 +75,9 @@ class SFTSettings:
         0.0, "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).",
         plain=False, min=0, below=1)
     lora_target_modules: str = setting(
-        "", "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every linear "
-            "projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is an "
-            "nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.", plain=False)
+        "", "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every "
+            "linear projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is "
+            "an nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.", plain=False)
     merge_lora: bool = setting(
         True, "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
               "the adapter alone always goes to adapter/.", plain=False)
@@ -183,7 +183,8 @@ class DataSettings:
         "on a mounted volume, pvc://claim/path, hf://... or Hub ids (org/name?config=C&split=S&revision=R).")
     dataset_format: str = setting(
         "auto", "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text "
-                "(preference, prompt/chosen/rejected pairs, is the dpo stage's format: those go in dpo_dataset_source).",
+                "(preference, prompt/chosen/rejected pairs, is the dpo stage's format: those go in "
+                "dpo_dataset_source).",
         # The data step's format vocabulary (components/data/formats.py; a test holds it to these).
         choices=("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference"))
     column_mapping: dict = setting({}, "The format's column name -> your column name, e.g. {\"messages\": \"dialog\"}.")
@@ -202,7 +203,8 @@ class ClusterSettings:
     """Where and how the job runs: backend, nodes, volumes, placement, scheduling and restarts."""
 
     train_backend: str = setting("pytorchjob", "pytorchjob (Training Operator v1), trainjob (Trainer v2) or local "
-                                               "(torchrun on this machine).", choices=("pytorchjob", "trainjob", "local"))
+                                               "(torchrun on this machine).",
+                                 choices=("pytorchjob", "trainjob", "local"))
     num_nodes: int = setting(2, "Training nodes: pods in the job (1 Master + num_nodes-1 Workers).", min=1)
     gpus_per_node: int = setting(8, "GPUs (torchrun processes) per training node; CPU processes locally.", min=1)
     gpu_memory_gib: float = setting(
@@ -399,6 +401,7 @@ def merge_arguments(arguments: dict) -> dict:
             raise ValueError(f"{ADVANCED}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else
                              "; python -m pipelines.run --help lists every setting"))
         if all_specs[name].plain:
-            raise ValueError(f"{ADVANCED}: {name!r} is a pipeline parameter of its own; set it there, not in {ADVANCED}")
+            raise ValueError(f"{ADVANCED}: {name!r} is a pipeline parameter of its own; set it there, not in "
+                             f"{ADVANCED}")
         values[name] = value
     return {**defaults(), **whole_numbers(values)}

@@ -1,7 +1,8 @@
 """The trainer's configuration file: what the pipeline writes, and the rules on what goes together.
 
-The pipeline writes one such file per run (JSON) onto the model volume; every pod of the job reads it
-with ``torchrun -m components.train.trainer.sft --config FILE`` into ``SFTConfig`` (components/train/trainer/arguments.py).
+The pipeline writes one such file per run (JSON) onto the model volume; every pod of the job reads it with
+``torchrun -m components.train.trainer.sft --config FILE`` into ``SFTConfig``
+(components/train/trainer/arguments.py).
 This module imports no ML library (only the settings model): validate_inputs and ``--render`` use its rules without
 loading torch.
 """
@@ -22,7 +23,8 @@ DEEPSPEED_CONFIGS = choices("deepspeed_config")
 
 
 def deepspeed_config_path(name: str) -> str | None:
-    """The shipped DeepSpeed JSON for ``name`` (``zero2``, ``zero3``, ``zero3_offload``), a user's JSON path, or None for ``none``.
+    """The shipped DeepSpeed JSON for ``name`` (``zero2``, ``zero3``, ...: ``DEEPSPEED_CONFIGS``), a user's JSON path,
+    or None for ``none``.
 
     Shipped names resolve inside this process's own install: call it where the file is read (the trainer),
     and write the name, not the result, into configs that another image reads.
@@ -34,7 +36,8 @@ def deepspeed_config_path(name: str) -> str | None:
         return str(shipped)
     if name.endswith(".json"):
         return name
-    raise ValueError(f"deepspeed_config {name!r} is unknown; use one of {list(DEEPSPEED_CONFIGS)} or a path to a JSON file")
+    raise ValueError(f"deepspeed_config {name!r} is unknown; use one of {list(DEEPSPEED_CONFIGS)} or a path to a "
+                     "JSON file")
 
 
 def load_deepspeed_config(name_or_path: str) -> dict:
@@ -100,7 +103,8 @@ def build_trainer_config(
     ``stage``: ``cpt``, ``sft`` or ``dpo`` (components/train/stages.py): the trainer's loss and data layout.
     """
     # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py
-    # sets the folder); MLflow and W&B read their address and key from the environment (components/train/launcher/pods.py).
+    # sets the folder); MLflow and W&B read their address and key from the environment
+    # (components/train/launcher/pods.py).
     cfg = dataclasses.asdict(train)
     # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
     # this runs in the launcher's image and the trainer image installs the package somewhere else.

@@ -56,7 +56,8 @@ def test_claims_must_exist_be_bound_and_read_write_many():
         problems = check(api) + check(api, model_pvc="pending")
     assert len(problems) == 4, problems  # llm-data missing (twice), llm-models RWO, pending
     assert problems[0].startswith("data_pvc='llm-data': PersistentVolumeClaim not found in namespace team-llm")
-    assert problems[1].startswith("model_pvc='llm-models' has access modes ReadWriteOnce") and "ReadWriteMany" in problems[1]
+    assert problems[1].startswith("model_pvc='llm-models' has access modes ReadWriteOnce")
+    assert "ReadWriteMany" in problems[1]
     assert problems[3].startswith("model_pvc='pending' is Pending, not Bound")
 
 
@@ -143,7 +144,8 @@ def test_too_few_matching_gpu_nodes_fail_with_the_counts(change, expect):
 
 def test_a_prefer_no_schedule_taint_does_not_block():
     with FakeKubeAPI() as api:
-        ready_cluster(api).add_node("gpu-1", H100, gpus=8, taints=[GPU_TAINT, {"key": "x", "effect": "PreferNoSchedule"}])
+        ready_cluster(api).add_node("gpu-1", H100, gpus=8,
+                                    taints=[GPU_TAINT, {"key": "x", "effect": "PreferNoSchedule"}])
         assert check(api) == []
 
 

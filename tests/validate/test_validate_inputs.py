@@ -67,7 +67,8 @@ def test_invalid_parameters_fail_before_the_cluster_is_asked(cluster):
 
 def test_trainjob_refuses_knobs_that_belong_to_its_runtime():
     params = P.resolve("qwen3-30b-a3b-full", overrides=["train_backend=trainjob", "priority_class=high"])
-    with pytest.raises(Exception, match="priority_class with train_backend=trainjob: set it in the ClusterTrainingRuntime"):
+    with pytest.raises(Exception,
+                       match="priority_class with train_backend=trainjob: set it in the ClusterTrainingRuntime"):
         P.check(params)
 
 

@@ -134,4 +134,5 @@ def test_a_users_zero3_json_is_refused_with_qlora_where_it_is_read(tmp_path):
     # validate_inputs may not mount the volume a user's JSON is on; the trainer reads it and applies the rule.
     path = tmp_path / "mine.json"
     path.write_text('{"zero_optimization": {"stage": 3}}')
-    assert check_combination({"method": "qlora", "deepspeed": str(path)}) == [check_method_deepspeed("qlora", str(path))]
+    rule = check_method_deepspeed("qlora", str(path))
+    assert check_combination({"method": "qlora", "deepspeed": str(path)}) == [rule]

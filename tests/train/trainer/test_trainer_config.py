@@ -124,7 +124,8 @@ def _valid(workdir, out):
 @pytest.mark.parametrize("name, text, message", [
     ("empty.yaml", "", "empty.yaml: the config is empty; it must be a mapping of SFTConfig fields"),
     ("list.yaml", "- 1\n- 2\n", "list.yaml: the config must be a mapping of SFTConfig fields, not a list"),
-    ("broken.json", '{"learning_rate": 1e-3,\n "seed": 1\n', "broken.json: not valid JSON: Expecting ',' delimiter: line 3"),
+    ("broken.json", '{"learning_rate": 1e-3,\n "seed": 1\n',
+     "broken.json: not valid JSON: Expecting ',' delimiter: line 3"),
     ("broken.yaml", "seed: [1\n", "broken.yaml: not valid YAML"),
 ])
 def test_unreadable_configs_are_one_error_line(tmp_path, name, text, message):
@@ -139,7 +140,8 @@ def test_unreadable_configs_are_one_error_line(tmp_path, name, text, message):
 def test_a_missing_config_file_is_one_error_line(tmp_path):
     result = _run(tmp_path / "nowhere.json")
     assert result.returncode == 2
-    assert result.stderr.strip() == f"error: {tmp_path / 'nowhere.json'}: no such file (the trainer config the launcher writes)"
+    assert result.stderr.strip() == (f"error: {tmp_path / 'nowhere.json'}: no such file (the trainer config the "
+                                     "launcher writes)")
 
 
 @pytest.mark.parametrize("field, value, message", [
@@ -171,7 +173,8 @@ def test_a_valid_config_passes_the_checks(workdir, tmp_path):
 
 def test_cluster_config_has_no_dataloader_workers_to_die_of_sigterm():
     # torchrun forwards SIGTERM to each rank's whole process group: a data-loader worker dies of it, and the
-    # DataLoader then raises in the rank before the SIGTERM checkpoint is saved (components/train/trainer/checkpoints.py).
+    # DataLoader then raises in the rank before the SIGTERM checkpoint is saved
+    # (components/train/trainer/checkpoints.py).
     # The rows are tokenized and packed already: collating them in the rank costs little.
     assert _cluster_config()["dataloader_num_workers"] == 0
 
