@@ -144,11 +144,11 @@ def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: in
     trainable = shape.total if method == "full" else lora_params
     # Offloaded states: each pod holds its ranks' partitions, 1/num_nodes of the whole.
     offloaded = HOST_BUFFER_FACTOR * (16 * trainable * offload_opt + 2 * shape.total * offload_param) / num_nodes
+    model: float
     if method == "qlora":
         model = 2 * shape.largest_block * ranks
     elif stage == 3:
         model = offloaded if (offload_opt or offload_param) else HOST_BUFFER_FACTOR * 4 * shape.largest_block * ranks
-    model: float
     else:
         converted = 4 * shape.total if (method == "full" and stage == 0) else 2 * shape.expert_params
         model = converted * ranks + offloaded
