@@ -121,7 +121,7 @@ QWEN3_CHAT_TEMPLATE = """{%- if tools %}
     {%- if enable_thinking is defined and enable_thinking is false %}
         {{- '<think>\\n\\n</think>\\n\\n' }}
     {%- endif %}
-{%- endif %}"""
+{%- endif %}"""  # noqa: E501 (Qwen's template, verbatim)
 # Qwen3's added tokens, in id order from 151643.
 QWEN3_SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
@@ -162,13 +162,19 @@ def build_qwen3_tokenizer(out_dir: Path) -> str:
 
 def write_corpus(n: int, path: Path) -> None:
     """``n`` unique conversations: the bundled sample repeated, each user turn tagged with its number."""
-    sample = [json.loads(line)["messages"] for line in (ROOT / "components/data/sample/instructions.jsonl").open(encoding="utf-8")]
+    with (ROOT / "components/data/sample/instructions.jsonl").open(encoding="utf-8") as lines:
+        sample = [json.loads(line)["messages"] for line in lines]
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n):
             messages = [dict(m) for m in sample[i % len(sample)]]
             first_user = next(m for m in messages if m["role"] == "user")
             first_user["content"] = f"{first_user['content']} (#{i})"
             f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
+
+
+# Each runner imports its libraries itself: it runs in a child process whose peak memory is a result, so one
+# pipeline's libraries (TRL, transformers' modelling) must not weigh on the other's; trl and psutil are optional
+# (the bench extra).
 
 
 def run_ours(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int) -> dict:
@@ -195,6 +201,7 @@ def run_trl(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: 
                      assistant_only_loss=True, dataset_num_proc=num_proc, report_to=[], use_cpu=True)
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     packed = trainer.train_dataset
+    assert isinstance(packed, datasets.Dataset)
     packed.save_to_disk(out)
     tokens = int(pc.sum(pc.list_flatten(packed.data.column("seq_lengths"))).as_py())
     return {"tokens": tokens, "efficiency": tokens / (len(packed) * max_seq_length), "rows": len(packed)}
@@ -210,7 +217,8 @@ def run_map(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: 
     def tokenize(batch):
         enc = tok.apply_chat_template(batch["messages"], tokenize=True, return_dict=True, padding=True,
                                       truncation=True, max_length=max_seq_length)
-        enc["labels"] = [[t if m else -100 for t, m in zip(ids, mask)] for ids, mask in zip(enc["input_ids"], enc["attention_mask"])]
+        enc["labels"] = [[t if m else -100 for t, m in zip(ids, mask, strict=True)]
+                         for ids, mask in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
         return enc
 
     ds = datasets.load_dataset("json", data_files=data, split="train")

@@ -39,13 +39,14 @@ import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 RESULTS = ROOT / "benchmarks" / "results" / "train_throughput.md"
 
 # Architectures by name (config.json numbers of the Qwen3 releases; "tiny" is the laptop model's shape).
-MODELS = {
+MODELS: dict[str, dict[str, Any]] = {
     "tiny": dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
     "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
@@ -105,8 +106,8 @@ def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dic
     from transformers import Qwen3Config, Qwen3ForCausalLM, Trainer, TrainerCallback, TrainingArguments
     from transformers.trainer_callback import PrinterCallback
 
-    from components.models.tiny import build_tokenizer
     from components.models.mfu import peak_flops
+    from components.models.tiny import build_tokenizer
     from components.train.trainer.speed import apply_liger_kernels, attn_implementation, packed_collator
 
     gpu = torch.cuda.is_available()
@@ -215,8 +216,8 @@ def main(argv=None) -> None:
     import importlib.metadata
     import importlib.util
 
-    from components.models.shape import model_shape
     from components.models.mfu import causal_attention_length, flops_per_token
+    from components.models.shape import model_shape
 
     if args.liger and importlib.util.find_spec("liger_kernel") is None:
         p.error("--liger needs the liger_kernel package (and a CUDA GPU)")

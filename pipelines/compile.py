@@ -14,14 +14,17 @@ import tempfile
 from pathlib import Path
 
 import yaml
+from kfp import compiler
+
+from pipelines.derive import derived_files
 
 COMPILED = Path(__file__).resolve().parents[1] / "compiled" / "llm_finetune.yaml"
 
 
 def compile_pipeline(path: Path) -> Path:
     """Compile the cluster variant of the pipeline to ``path``."""
-    from kfp import compiler
-
+    # Not at module level: main() first rewrites components/validate/component.py (derived from the settings
+    # model), and the pipeline embeds that file's source when it is imported.
     from pipelines.llm_finetune import build_pipeline
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -44,8 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the checked-in YAML differs from the source")
     parser.add_argument("--output", type=Path, default=COMPILED, help=f"where to write (default {COMPILED})")
     args = parser.parse_args(argv)
-    from pipelines.derive import derived_files
-
     # Before the pipeline is imported: the compiled YAML embeds the validate_inputs component's source.
     stale = []
     for path, text in derived_files().items():

@@ -1,4 +1,5 @@
-"""The LLM post-training pipeline: validate -> prepare -> train each stage (cpt, sft, dpo) -> evaluate -> (gate) -> deploy.
+"""The LLM post-training pipeline: validate -> prepare -> train each stage (cpt, sft, dpo) -> evaluate -> (gate) ->
+deploy.
 
 ``build_pipeline("cluster")`` is what ``compiled/llm_finetune.yaml`` holds: steps mount the data and
 model claims, reference the HF token Secret, and the evaluate step gets GPUs, /dev/shm and node
@@ -7,13 +8,13 @@ kfp.local, the volumes replaced by workspace folders (kfp.local ignores platform
 
 On the cluster an exit handler (notify_run) posts the run's outcome to the webhook in ``alert_webhook_secret``;
 the compiled pipeline then has no outputs of its own (KFP allows none from inside an exit handler): the tasks'
-outputs are in the UI. The parameters are the settings model's (components/settings.py): each plain setting, then ``advanced_settings``
-for the rest; their defaults are the ``qwen3-30b-a3b-full`` preset, the seeds' reference job. validate_inputs
-turns them into the resolved ``settings`` every later step reads.
+outputs are in the UI. The parameters are the settings model's (components/settings.py): each plain setting, then
+``advanced_settings`` for the rest; their defaults are the ``qwen3-30b-a3b-full`` preset, the seeds' reference job.
+validate_inputs turns them into the resolved ``settings`` every later step reads.
 """
 
 import inspect
-from typing import NamedTuple, Optional
+from typing import NamedTuple
 
 from kfp import dsl, kubernetes
 from kfp.dsl import Metrics, pipeline_context
@@ -37,13 +38,16 @@ DESCRIPTION = "Fine-tune an LLM with PyTorchJob, evaluate it, serve it with KSer
 PARAMETER_NAMES = [name for name, _, _, _ in pipeline_parameters()]
 SHM_SIZE = "64Gi"
 
-Outputs = NamedTuple(
-    "Outputs", [("model_uri", str), ("metrics", Metrics), ("passed", bool), ("reason", str), ("endpoint", str),
-                ("smoke_reply", str)]
-)
+class Outputs(NamedTuple):
+    model_uri: str
+    metrics: Metrics
+    passed: bool
+    reason: str
+    endpoint: str
+    smoke_reply: str
 
 
-def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
+def build_pipeline(target: str = "cluster", workspace: str | None = None):
     """The pipeline function for ``target`` ``"cluster"`` (volumes at /mnt/...) or ``"local"`` (under ``workspace``)."""
     if target == "cluster":
         data_root, model_root = DATA_MOUNT, MODEL_MOUNT
@@ -55,7 +59,7 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
 
     def llm_finetune(*arguments):
         # KFP passes one channel per parameter, in the order of the signature set below (the settings model's).
-        p = dict(zip(PARAMETER_NAMES, arguments))
+        p = dict(zip(PARAMETER_NAMES, arguments, strict=True))
         if not cluster:
             # Steps inside an exit handler cannot return the pipeline's outputs, which the local run reports from;
             # locally pipelines.run prints the outcome itself, so the local variant is the steps alone.
@@ -73,7 +77,8 @@ def build_pipeline(target: str = "cluster", workspace: Optional[str] = None):
             _steps(p, cluster, data_root, model_root)
         _run_as_non_root(pipeline_context.Pipeline.get_default_pipeline().tasks.values())
 
-    llm_finetune.__signature__ = inspect.Signature(
+    # KFP reads the parameters from the signature: one per setting, built from the settings model.
+    llm_finetune.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
          for name, kind, default, _ in pipeline_parameters()],
         return_annotation=inspect.Signature.empty if cluster else Outputs)
@@ -111,8 +116,8 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
                 settings=settings, stage=stage, data_root=data_root, run_id=run_id,
             ).after(prepare).set_display_name(f"Stage {i + 1}: prepare data").set_caching_options(False)
             train = train_model(
-                dataset=stage_data.outputs["dataset"], base_model_path=model, settings=settings, stage=stage, tuned=tuned,
-                data_root=data_root, model_root=model_root, run_id=run_id,
+                dataset=stage_data.outputs["dataset"], base_model_path=model, settings=settings, stage=stage,
+                tuned=tuned, data_root=data_root, model_root=model_root, run_id=run_id,
             ).set_display_name(f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
                                ).set_caching_options(False)
         with dsl.Else(name=f"no-stage-{i + 1}"):
@@ -135,8 +140,8 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
 
     if cluster:
         # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-        _attach_cluster_resources(preps, [search, *trains], evaluate, p["data_pvc"], p["model_pvc"], p["hf_token_secret"],
-                                  p["node_selector"], p["tolerations"], p["eval_gpus"])
+        _attach_cluster_resources(preps, [search, *trains], evaluate, p["data_pvc"], p["model_pvc"],
+                                  p["hf_token_secret"], p["node_selector"], p["tolerations"], p["eval_gpus"])
     return Outputs(
         model_uri=model_uri,
         metrics=evaluate.outputs["metrics"],
@@ -166,7 +171,8 @@ def _attach_cluster_resources(preps, trains, evaluate, data_pvc, model_pvc, hf_t
         prepare.set_cpu_request("8").set_memory_request("32G")
     evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
     evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
-    kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE)
+    kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                               size_limit=SHM_SIZE)
     kubernetes.add_node_selector_json(evaluate, node_selector)
     kubernetes.add_toleration_json(evaluate, tolerations)
 

@@ -40,9 +40,15 @@ import sys
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
+from kfp import local
+
+from components.evaluate.curves import PNG_PREFIX
+from components.settings import split_arguments
 from components.version import COMPONENTS_IMAGE
 from pipelines import PIPELINE_NAME
+from pipelines.llm_finetune import build_pipeline
 
 # Libraries' own switches for their progress bars: in a log of interleaved processes each redraw is a line.
 QUIET_ENV = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"}
@@ -66,17 +72,13 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     step gives ``status: failed``, ``error`` and what exists of the rest. ``verbose`` keeps every line kfp.local
     and the steps print.
     """
-    from kfp import local
-
-    from components.settings import split_arguments
-    from pipelines.llm_finetune import build_pipeline
-
     started = time.time()
     workspace.mkdir(parents=True, exist_ok=True)
     # use_venv=False: the steps import this package from the current environment instead of pip-installing it.
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workspace / "kfp"), raise_on_error=True)
     pipeline = build_pipeline("local", str(workspace))
     steps = StepLines()
+    summary: dict[str, Any]
     try:
         with contextlib.ExitStack() as quiet:
             if not verbose:
@@ -113,13 +115,14 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
     everything is. The run id comes from the model's path, or, for a run that failed before training ended,
     from the newest run folder a step made on the data volume since ``started``."""
     kfp_dir = _newest(workspace / "kfp", f"{PIPELINE_NAME}-*", started)
+    run_id: str | None
     if model_uri:
         run_id = Path(model_uri).parents[1].name  # <workspace>/models/runs/<id>/train/final
     else:
         newest = _newest(workspace / "data" / "runs", "*", started)
         run_id = newest.name if newest else None
-    found = {"run_id": run_id, "run_dir": None, "kfp_dir": str(kfp_dir) if kfp_dir else None, "reports": {},
-             "tensorboard": None, "mlflow": None, "server_log": None, "training": {}}
+    found: dict[str, Any] = {"run_id": run_id, "run_dir": None, "kfp_dir": str(kfp_dir) if kfp_dir else None,
+                             "reports": {}, "tensorboard": None, "mlflow": None, "server_log": None, "training": {}}
     if run_id is None:
         return found
     run_dir = workspace / "runs" / run_id
@@ -163,8 +166,6 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
 
 def embedded_png(markdown: str) -> bytes | None:
     """The first base64 PNG embedded in a Markdown report (the evaluation report's training curve)."""
-    from components.evaluate.curves import PNG_PREFIX
-
     match = re.search(re.escape(PNG_PREFIX) + r"([A-Za-z0-9+/=]+)\)", markdown)
     return base64.b64decode(match.group(1)) if match else None
 

@@ -74,7 +74,7 @@ def validate_cron(expression: str) -> None:
     if len(fields) != 6:
         count = f"{len(fields)} field" + ("s" if len(fields) > 1 else "")
         raise UsageError(f'schedule "{spec}" has {count} but {_CRON_FORM}')
-    for field, text in zip(_CRON_FIELDS, fields):
+    for field, text in zip(_CRON_FIELDS, fields, strict=True):
         problem = _cron_field_problem(field, text)
         if problem:
             raise UsageError(f'schedule "{spec}": {field.name} field "{text}" {problem}; {_CRON_FORM}')
@@ -99,6 +99,7 @@ def _cron_field_problem(field: _CronField, text: str) -> str | None:
             if not field.low <= value <= field.high:
                 hint = " (0 is Sunday)" if field.name == "day-of-week" and value == 7 else ""
                 return f"has {value} outside {field.low}-{field.high}{hint}"
+        assert low is not None and high is not None  # the loop returned otherwise
         if low > high:
             return f"has range {low_text}-{high_text} whose start is after its end"
     return None

@@ -15,16 +15,16 @@ import json
 import os
 import re
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import certifi
 import kfp
 import kfp_server_api
 import urllib3
-from kfp.client import KF_PIPELINES_SA_TOKEN_ENV, KF_PIPELINES_SA_TOKEN_PATH
-from kfp.client import ServiceAccountTokenVolumeCredentials
+from kfp.client import KF_PIPELINES_SA_TOKEN_ENV, KF_PIPELINES_SA_TOKEN_PATH, ServiceAccountTokenVolumeCredentials
 
 from components.version import __version__
 from pipelines.errors import UsageError

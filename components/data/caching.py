@@ -27,7 +27,8 @@ def fingerprint(resolved: list, tokenizer, options: dict) -> str | None:
         return None
     h = hashlib.sha256()
     h.update(json.dumps([CACHE_VERSION, ids, options], sort_keys=True, default=str).encode())
-    h.update(tokenizer.backend_tokenizer.to_str().encode() if tokenizer.is_fast else repr(tokenizer.get_vocab()).encode())
+    vocabulary = tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else repr(tokenizer.get_vocab())
+    h.update(vocabulary.encode())
     h.update((tokenizer.chat_template or "").encode())
     h.update(json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str).encode())
     return h.hexdigest()

@@ -34,12 +34,14 @@ import tempfile
 import time
 from pathlib import Path
 
+import datasets
 import numpy as np
 
 from components.data import caching, formats, reading, tokenizing
 from components.data.formats import DataError
 from components.data.report import length_histogram
 from components.data.tokenizing import OVER_LENGTH
+from components.models.hub import resolve_model
 
 __all__ = ["DataError", "prepare", "main"]
 
@@ -106,18 +108,18 @@ def prepare(
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
-        stats = caching.reuse(cache_dir, key, tmp) if key else None
-        if stats is not None:
+        # key is set exactly when cache_dir is.
+        if cache_dir and key and (stats := caching.reuse(cache_dir, key, tmp)) is not None:
             stats.update(cache_hit=True, seconds=round(time.time() - started, 2))
             log.info("inputs unchanged (fingerprint %s): reusing %s", key[:16], Path(cache_dir) / key)
         else:
-            stats = _build(source_list, eval_list, tok, tmp, max_seq_length, eval_size, seed, format, columns, packing,
-                           over_length, num_proc, template_kwargs, max_bad_rows, pvc_mounts)
+            stats = _build(source_list, eval_list, tok, tmp, max_seq_length, eval_size, seed, format, columns,
+                           packing, over_length, num_proc, template_kwargs, max_bad_rows, pvc_mounts)
             stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
         # Unlink first: on a cache hit the file is a hard link to the cached copy, which must not change.
         (tmp / "stats.json").unlink(missing_ok=True)
         (tmp / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False))
-        if key:
+        if cache_dir and key:
             caching.keep(cache_dir, key, tmp)
         if out.exists():
             shutil.rmtree(out)
@@ -136,7 +138,8 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
     if fmt not in formats.DATASET_FORMATS:
         problems.append(f"format {fmt!r}: use auto or one of {', '.join(formats.FORMATS)}")
     known = {c for cols in formats.REQUIRED.values() for c in cols} | {"input", "system"}
-    problems += [f"columns: {k!r} is not a column any format reads; map onto one of {sorted(known)}" for k in columns if k not in known]
+    problems += [f"columns: {k!r} is not a column any format reads; map onto one of {sorted(known)}"
+                 for k in columns if k not in known]
     if over_length not in OVER_LENGTH:
         problems.append(f"over_length {over_length!r}: use {' or '.join(OVER_LENGTH)}")
     if max_seq_length < 2:
@@ -155,8 +158,6 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
 
 def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, seed, fmt, columns, packing,
            over_length, num_proc, template_kwargs, max_bad_rows, pvc_mounts) -> dict:
-    import datasets
-
     work = tmp / "_work"
     work.mkdir()
     kind, n_rows, counts = reading.read_sources(
@@ -166,7 +167,8 @@ def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, se
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
     canonical = datasets.Dataset.from_file(str(work / "canonical.arrow"))
     if eval_list:
-        canonical = datasets.concatenate_datasets([canonical, datasets.Dataset.from_file(str(work / "canonical_eval.arrow"))])
+        eval_rows = datasets.Dataset.from_file(str(work / "canonical_eval.arrow"))
+        canonical = datasets.concatenate_datasets([canonical, eval_rows])
         is_eval = np.arange(len(canonical)) >= n_rows
     else:
         n_eval = round(eval_size * n_rows) if eval_size < 1 else int(eval_size)
@@ -261,8 +263,6 @@ def main(argv: list[str] | None = None) -> int:
                    help="where built-in models are built")
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    from components.models.hub import resolve_model
-
     try:
         stats = prepare(
             args.source, resolve_model(args.tokenizer, args.cache_dir), args.out, args.max_seq_length,

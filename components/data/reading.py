@@ -13,6 +13,9 @@ import json
 import logging
 from pathlib import Path
 
+import datasets
+import pyarrow as pa
+
 from components.data import formats, sources
 from components.data.formats import DataError, RowError
 from components.data.sources import SourceError
@@ -52,8 +55,6 @@ def read_sources(source_list: list[str], eval_list: list[str], work: Path, **rea
 
 
 def _schema(kind: str):
-    import datasets
-
     turns = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
     columns = {"text": {"text": datasets.Value("string")}, "messages": {"messages": turns},
                "preference": {"prompt": turns, "chosen": turns, "rejected": turns}}[kind]
@@ -75,8 +76,6 @@ def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dic
     ``seen`` holds the digests of rows already kept (duplicates are dropped across all sources);
     ``counts`` collects ``rows_in`` and the dropped rows per reason.
     """
-    import pyarrow as pa
-
     resolved = [(s, sources.resolve(s, pvc_mounts)) for s in source_list]  # every path checked before reading
     kind, first_kind_source, writer, batch, written = None, None, None, [], 0
     rename = {src: canonical for canonical, src in columns.items()}
@@ -112,7 +111,8 @@ def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dic
                     n_bad = counts["dropped"].get(e.reason, 0) + 1
                     if sum(counts["dropped"].get(r, 0) for r in BAD_ROW_REASONS) + 1 > max_bad_rows:
                         cap = f" (more than max_bad_rows={max_bad_rows} bad rows)" if max_bad_rows else ""
-                        raise DataError(f"{where}: {e}{cap}; fix the data, or raise --max-bad-rows to skip such rows") from None
+                        raise DataError(f"{where}: {e}{cap}; fix the data, or raise --max-bad-rows to skip such "
+                                        "rows") from None
                     counts["dropped"][e.reason] = n_bad
                     log.warning("skipping %s: %s", where, e)
                     continue
@@ -125,7 +125,8 @@ def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dic
                     writer = pa.ipc.new_stream(str(path), schema)
                 elif row_kind != kind:
                     raise DataError(
-                        f"mixed formats: {source!r} is {source_fmt!r} ({row_kind}) but {first_kind_source!r} is {kind}; "
+                        f"mixed formats: {source!r} is {source_fmt!r} ({row_kind}) but {first_kind_source!r} is "
+                        f"{kind}; "
                         "prepare chat, text and preference data in separate runs"
                     )
                 digest = _digest(row)
@@ -136,6 +137,7 @@ def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dic
                 row["split_key"] = _split_key(digest, seed)
                 batch.append(row)
                 if len(batch) >= sources.BATCH_ROWS:
+                    assert writer is not None  # opened with the first row's kind
                     writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
                     written += len(batch)
                     batch = []
@@ -145,6 +147,7 @@ def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dic
         if kind is None:
             raise DataError(f"every row of {source_list} was filtered out ({counts['dropped']}); check the data")
         if batch:
+            assert writer is not None  # opened with the first row's kind
             writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
             written += len(batch)
     except SourceError as e:

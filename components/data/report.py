@@ -32,11 +32,13 @@ def markdown(stats: dict) -> str:
     if stats["truncated"]:
         lines += [f"| of which truncated to max_seq_length | {stats['truncated']} |"]
     lines.append("")
-    lines += ["| split | examples | rows | tokens | label tokens | packing efficiency |", "|---|---:|---:|---:|---:|---:|"]
+    lines += ["| split | examples | rows | tokens | label tokens | packing efficiency |",
+              "|---|---:|---:|---:|---:|---:|"]
     for split in ("train", "eval"):
         s = stats[split]
         eff = f"{s['packing_efficiency']:.3f}" if "packing_efficiency" in s else "not packed"
-        lines.append(f"| {split} | {s['examples']} | {s['rows']} | {s.get('tokens', '-')} | {s.get('label_tokens', '-')} | {eff} |")
+        lines.append(f"| {split} | {s['examples']} | {s['rows']} | {s.get('tokens', '-')} | "
+                     f"{s.get('label_tokens', '-')} | {eff} |")
     if stats.get("length_histogram"):
         top = max(b["count"] for b in stats["length_histogram"]) or 1
         lines += ["", f"## Example lengths (tokens, max_seq_length {stats['max_seq_length']})", "", "```"]

@@ -21,6 +21,11 @@ import os
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
+import datasets
+import pyarrow.csv as pacsv
+import pyarrow.parquet as pq
+from huggingface_hub import HfFileSystem
+
 from components.data.formats import RowError
 from components.data.samples import BUILTIN, builtin_path
 
@@ -40,7 +45,8 @@ def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
         claim, _, rel = source[len("pvc://"):].partition("/")
         if claim not in pvc_mounts:
             raise SourceError(
-                f"source {source!r}: claim {claim!r} is not mounted in this step (mounted: {sorted(pvc_mounts) or 'none'}); "
+                f"source {source!r}: claim {claim!r} is not mounted in this step "
+                f"(mounted: {sorted(pvc_mounts) or 'none'}); "
                 "put the data on the data claim or pass --pvc-mount CLAIM=MOUNT_PATH"
             )
         source = os.path.join(pvc_mounts[claim], rel)
@@ -64,7 +70,8 @@ def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
         return [source]
     if _looks_like_hub_id(source):
         return _hub_spec(source)
-    raise SourceError(f"source {source!r}: no such file or folder; check the path (or the PVC mount) or pass a Hub dataset id")
+    raise SourceError(f"source {source!r}: no such file or folder; check the path (or the PVC mount) or pass a Hub "
+                      "dataset id")
 
 
 def _looks_like_hub_id(source: str) -> bool:
@@ -92,19 +99,13 @@ def read_rows(resolved):
         if path.endswith((".jsonl", ".json")):
             yield from _read_json(path)
         elif path.endswith(".parquet"):
-            import pyarrow.parquet as pq
-
             yield from _read_batches(path, pq.ParquetFile(_open(path)).iter_batches(batch_size=BATCH_ROWS))
         else:
-            import pyarrow.csv as pacsv
-
             yield from _read_batches(path, pacsv.open_csv(_open(path)))
 
 
 def _open(path: str):
     if path.startswith("hf://"):
-        from huggingface_hub import HfFileSystem
-
         return HfFileSystem().open(path, "rb")
     return open(path, "rb")
 
@@ -139,7 +140,8 @@ def _read_json(path: str):
                 yield f"{path}:{lineno}", RowError("unparseable", f"not valid JSON ({e.msg}); fix or remove the line")
                 continue
             if not isinstance(record, dict):
-                yield f"{path}:{lineno}", RowError("unparseable", f"expected a JSON object, got {type(record).__name__}")
+                yield f"{path}:{lineno}", RowError("unparseable",
+                                                   f"expected a JSON object, got {type(record).__name__}")
                 continue
             yield f"{path}:{lineno}", record
 
@@ -165,8 +167,6 @@ def _decode_json_cells(record: dict) -> dict:
 
 
 def _read_dataset(spec: dict):
-    import datasets
-
     if "saved" in spec:
         ds = datasets.load_from_disk(spec["saved"])
         if isinstance(ds, datasets.DatasetDict):
@@ -181,7 +181,7 @@ def _read_dataset(spec: dict):
         yield f"{name} row {i + 1}", record
 
 
-def identity(resolved) -> list:
+def identity(resolved) -> list | None:
     """What the fingerprint cache keys a resolved source on: file paths with size and mtime, or the Hub spec.
 
     Returns ``None`` for a Hub dataset without a pinned ``revision``: its content can change under the same name.

@@ -14,7 +14,10 @@ import logging
 import os
 from pathlib import Path
 
+import datasets
 import numpy as np
+import pyarrow as pa
+from transformers import AutoTokenizer
 
 from components.data import sources
 from components.data.formats import DataError
@@ -28,11 +31,10 @@ OVER_LENGTH = ("drop", "truncate")
 
 def load_tokenizer(name_or_path: str, chat_template: str | None = None):
     """The tokenizer, with ``chat_template`` (a Jinja file path or the template text) overriding the model's."""
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(name_or_path)
     if chat_template:
-        tok.chat_template = Path(chat_template).read_text(encoding="utf-8") if os.path.isfile(chat_template) else chat_template
+        is_file = os.path.isfile(chat_template)
+        tok.chat_template = Path(chat_template).read_text(encoding="utf-8") if is_file else chat_template
     return tok
 
 
@@ -66,7 +68,8 @@ def assistant_spans(text: str, messages: list[dict], end_token: str) -> list[tup
     return spans
 
 
-def tokenize_batch(batch: dict, tokenizer, kind: str, max_seq_length: int, truncate: bool, template_kwargs: dict) -> dict:
+def tokenize_batch(batch: dict, tokenizer, kind: str, max_seq_length: int, truncate: bool,
+                   template_kwargs: dict) -> dict:
     """``datasets.map`` function: render, tokenize with offsets, label; truncate when asked.
 
     Returns ``input_ids``, ``labels``, ``length`` (before truncation) and ``label_tokens`` (after).
@@ -80,15 +83,15 @@ def tokenize_batch(batch: dict, tokenizer, kind: str, max_seq_length: int, trunc
         texts = tokenizer.apply_chat_template(batch["messages"], tokenize=False, **template_kwargs)
         enc = tokenizer(texts, add_special_tokens=False)
         ids_list, labels_list = enc["input_ids"], []
-        for i, (text, messages, ids) in enumerate(zip(texts, batch["messages"], ids_list)):
+        for i, (text, messages, ids) in enumerate(zip(texts, batch["messages"], ids_list, strict=True)):
             labels = [IGNORE_INDEX] * len(ids)
             for a, b in assistant_spans(text, messages, tokenizer.eos_token):
                 # two lookups per turn in the tokenizer's own alignment, instead of a pass over every token
                 start, end = _token_at(enc, i, a, text, len(ids)), _token_at(enc, i, b, text, len(ids))
                 labels[start:end] = ids[start:end]
             labels_list.append(labels)
-    out = {"input_ids": [], "labels": [], "length": [], "label_tokens": []}
-    for ids, labels in zip(ids_list, labels_list):
+    out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "label_tokens": []}
+    for ids, labels in zip(ids_list, labels_list, strict=True):
         out["length"].append(len(ids))
         if truncate and len(ids) > max_seq_length:
             ids, labels = ids[:max_seq_length], labels[:max_seq_length]
@@ -160,9 +163,8 @@ def split_rows(tokenized, idx: np.ndarray, fitted: np.ndarray, label_tokens: np.
                packing: bool, pad_id: int, path: Path):
     """One split's training rows and counts: the examples ``idx`` of ``tokenized``, packed (into an Arrow
     file at ``path``) or one per row. ``fitted`` and ``label_tokens`` are every example's token counts."""
-    import datasets
-
-    s = {"examples": len(idx), "tokens": int(fitted[idx].sum()), "label_tokens": int(label_tokens[idx].sum())}
+    s: dict[str, float] = {"examples": len(idx), "tokens": int(fitted[idx].sum()),
+                           "label_tokens": int(label_tokens[idx].sum())}
     if packing:
         _write_stream(path, packed_batches(tokenized, idx, fitted[idx], max_seq_length, pad_id))
         rows = datasets.Dataset.from_file(str(path))
@@ -182,11 +184,10 @@ def pad_id(tok) -> int:
 
 
 def _write_stream(path: Path, batches) -> None:
-    import pyarrow as pa
-
     writer = None
     for batch in batches:
         if writer is None:
             writer = pa.ipc.new_stream(str(path), batch.schema)
         writer.write_batch(batch)
+    assert writer is not None, f"{path}: no batches to write"  # a split always has at least one row
     writer.close()

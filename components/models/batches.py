@@ -7,6 +7,8 @@ that evaluation never imports the trainer's entry point.
 
 from __future__ import annotations
 
+import torch
+
 
 def pad_collator(pad_token_id: int):
     """Collate tokenized rows into a batch; packed rows (``position_ids`` present) stay padding-free.
@@ -17,8 +19,6 @@ def pad_collator(pad_token_id: int):
     token of every example gets label -100: nothing predicts it from the previous example (as
     ``DataCollatorWithFlattening`` does), so a packed row's loss is exactly its examples' loss.
     """
-    import torch
-
     def collate(rows):
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
@@ -48,8 +48,6 @@ def label_nll(logits, labels):
     Hugging Face Trainer as ``preprocess_logits_for_metrics`` (with ``compute_metrics=token_weighted_loss``),
     so the trainer's evaluation can score exactly the tokens this step scores, the same way.
     """
-    import torch
-
     if isinstance(logits, tuple):
         # Trainer passes the model's outputs after the loss: Qwen3-MoE's start with its router aux_loss (a scalar),
         # then the logits, then the router logits. The logits are the (rows, tokens, vocab) tensor.

@@ -27,6 +27,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import torch
+from safetensors import safe_open
+from safetensors import torch as safetensors_torch  # its save_file looked up at call time: tests replace it
+
 log = logging.getLogger(__name__)
 
 # Bump when the copy's recipe changes so copies made by older code are not reused.
@@ -81,8 +85,6 @@ def dequantize_fp8_weight(weight, scale_inv, block_size):
     ``(ceil(rows / block_rows), ceil(cols / block_cols))`` (the last block of a ragged edge is partial), or a
     single scale for the whole tensor. Scales may be fp32 or bf16; the product is taken in fp32.
     """
-    import torch
-
     if weight.dtype != torch.float8_e4m3fn:
         raise ValueError(f"expected a float8_e4m3fn weight next to its {SCALE_SUFFIX}, got {weight.dtype}")
     w = weight.to(torch.float32)
@@ -125,8 +127,6 @@ def _weight_map(source: Path) -> dict[str, str]:
     if index.exists():
         return json.loads(index.read_text(encoding="utf-8"))["weight_map"]
     if (source / SINGLE_WEIGHTS).exists():
-        from safetensors import safe_open
-
         with safe_open(str(source / SINGLE_WEIGHTS), framework="pt") as f:
             return {name: SINGLE_WEIGHTS for name in f.keys()}
     raise ValueError(f"{source} holds no {WEIGHTS_INDEX} or {SINGLE_WEIGHTS}; an FP8 checkpoint needs safetensors")
@@ -153,10 +153,6 @@ def build_bf16_copy(source: str, target: str) -> str:
     It is written into a temporary folder beside ``target`` and renamed when complete, so ``target`` is only
     ever seen complete; of concurrent builders the first rename wins and the others discard their work.
     """
-    import torch
-    from safetensors import safe_open
-    from safetensors import torch as safetensors_torch
-
     source_dir, target_dir = Path(source), Path(target)
     if (target_dir / "config.json").exists():
         log.info("reusing the bf16 copy %s", target_dir)

@@ -32,6 +32,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from huggingface_hub import constants, hf_hub_download, snapshot_download
+from huggingface_hub.errors import (
+    GatedRepoError,
+    LocalEntryNotFoundError,
+    OfflineModeIsEnabled,
+    RepositoryNotFoundError,
+)
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 from components.distributed import global_rank
 from components.models import fp8, tiny
 
@@ -168,8 +177,6 @@ def load_model_config(model_name_or_path: str) -> dict:
                 "folder (config.json + safetensors + tokenizer)"
             )
     else:
-        from huggingface_hub import hf_hub_download
-
         try:
             path = Path(hf_hub_download(model_name_or_path, "config.json"))
         except Exception as e:  # noqa: BLE001 - the Hub's failures become one clear message; others propagate
@@ -189,8 +196,6 @@ def _is_builtin(ref: str) -> bool:
 
 def _local_folder(ref: str) -> str | None:
     """The folder ``ref`` names, None when ``ref`` is a Hub id; ValueError when it is neither."""
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     path = Path(ref).expanduser()
     if path.is_dir():
         return str(path)
@@ -212,8 +217,6 @@ def _local_folder(ref: str) -> str | None:
 
 def _hub_snapshot(repo_id: str) -> str:
     """The HF-cache snapshot folder of ``repo_id`` holding ``MODEL_FILES``, downloading what is missing."""
-    from huggingface_hub import snapshot_download
-
     try:
         return snapshot_download(repo_id, allow_patterns=MODEL_FILES)
     except Exception as e:  # noqa: BLE001 - the Hub's failures become one clear message; others propagate
@@ -223,11 +226,6 @@ def _hub_snapshot(repo_id: str) -> str:
 
 def _raise_hub_error(repo_id: str, error: Exception) -> None:
     """Raise one clear ValueError for the ways a Hub id fails to resolve; return for any other error."""
-    from huggingface_hub import constants
-    from huggingface_hub.errors import (
-        GatedRepoError, LocalEntryNotFoundError, OfflineModeIsEnabled, RepositoryNotFoundError,
-    )
-
     if isinstance(error, GatedRepoError):
         raise ValueError(
             f"model_name_or_path {repo_id!r} is gated on the Hugging Face Hub and HF_TOKEN has no access; accept "

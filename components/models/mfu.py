@@ -33,6 +33,9 @@ from __future__ import annotations
 
 import numpy as np
 
+# torch (peak_flops) and pyarrow (document_lengths) are imported inside the two functions that need them: the FLOPs
+# arithmetic is shared with processes that have neither loaded nor need them (benchmarks' parent process, planning).
+
 IGNORE_INDEX = -100
 # Rows read to measure a dataset's documents: evenly spaced, so ~8M tokens at 4096 per row (the mean is then
 # exact to well under 1%) and a few seconds on every rank, whatever the dataset's size.

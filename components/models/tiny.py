@@ -15,6 +15,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import GenerationConfig, PreTrainedTokenizerFast, Qwen3Config
+
 TINY_QWEN3 = "builtin:tiny-qwen3"
 # Bump when the recipe changes so cached builds are not reused.
 RECIPE_VERSION = "1"
@@ -25,7 +29,7 @@ SAMPLE_DATA = Path(__file__).parents[1] / "data" / "sample" / "instructions.json
 
 
 def _corpus(path: Path) -> list[str]:
-    texts = []
+    texts: list[str] = []
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
@@ -35,9 +39,6 @@ def _corpus(path: Path) -> list[str]:
 
 def build_tokenizer(corpus_path: Path = SAMPLE_DATA):
     """Train a byte-level BPE on the bundled data and wrap it as a Hugging Face fast tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
     bpe = Tokenizer(models.BPE())
     bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     bpe.decoder = decoders.ByteLevel()
@@ -61,8 +62,6 @@ def build_tokenizer(corpus_path: Path = SAMPLE_DATA):
 
 def tiny_config(tokenizer):
     """The tiny model's Qwen3Config: 4 layers, hidden size 128, the tokenizer's vocabulary and special ids."""
-    from transformers import Qwen3Config
-
     return Qwen3Config(
         vocab_size=len(tokenizer),
         hidden_size=128,
@@ -81,8 +80,9 @@ def tiny_config(tokenizer):
 
 def build_model(tokenizer, seed: int = 0):
     """A freshly initialised 4-layer Qwen3 sized for a CPU laptop run (about 1M parameters)."""
-    import torch
-    from transformers import GenerationConfig, Qwen3ForCausalLM
+    # Lazy: hub.py imports this module for every model it resolves, and the data step, which loads only the
+    # tokenizer, would pay transformers' modelling import (seconds) for a model it never builds.
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(seed)
     model = Qwen3ForCausalLM(tiny_config(tokenizer))

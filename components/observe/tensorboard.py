@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 
-from components.kube import DNS1035_LABEL, DNS1123_SUBDOMAIN, RUN_ID_LABEL
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from components.kube import DNS1035_LABEL, DNS1123_SUBDOMAIN, RUN_ID_LABEL, call_api, load_api_client
 from components.paths import MODEL_MOUNT, pvc_uri, run_dir
 
 log = logging.getLogger("tensorboard")
@@ -70,11 +73,6 @@ def ensure_tensorboard(manifest: dict, api_client=None) -> bool:
     Never fails the run: a cluster without Kubeflow's Tensorboard controller (standalone KFP) gets a warning that
     names the ``tensorboard`` setting, and the training goes on.
     """
-    from kubernetes import client as k8s
-    from kubernetes.client.rest import ApiException
-
-    from components.kube import call_api, load_api_client
-
     custom = k8s.CustomObjectsApi(api_client or load_api_client())
     meta = manifest["metadata"]
     try:

@@ -20,7 +20,6 @@ from kubernetes import client as k8s
 from components.kube import DNS1035_LABEL, MAX_JOB_NAME, RUN_ID_LABEL, job_name_for
 from components.train.launcher.pods import trainer_pod_template
 
-
 # A failed rank fails the job at once (restartPolicy Never): with a static torchrun rendezvous the other
 # ranks cannot carry on, and restarting one pod in place only leaves the rest hanging in NCCL. The failed
 # pod stays, holding no GPU, with its log for the launcher's report. The operator counts backoffLimit
@@ -65,7 +64,8 @@ def _validate_run_policy(num_nodes: int, clean_pod_policy: str, ttl_seconds_afte
         raise ValueError("queue_name and gang_scheduling are exclusive: Kueue already admits the whole job at once; "
                          "gang_scheduling is for Volcano or scheduler-plugins without Kueue")
     if min_nodes is not None and not 1 <= min_nodes <= num_nodes:
-        raise ValueError(f"min_nodes must be between 1 and num_nodes={num_nodes} (or None: not elastic), got {min_nodes}")
+        raise ValueError(f"min_nodes must be between 1 and num_nodes={num_nodes} (or None: not elastic), "
+                         f"got {min_nodes}")
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
 
