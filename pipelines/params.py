@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -91,7 +92,7 @@ def parse_override(text: str) -> tuple[str, object]:
     return key.strip(), value
 
 
-def resolve(preset: str, params_file: str | None = None, overrides: list[str] = ()) -> dict:
+def resolve(preset: str, params_file: str | None = None, overrides: Sequence[str] = ()) -> dict:
     """The full parameter set: pipeline defaults, then the preset, the params file, then ``-p`` overrides."""
     specs = parameter_specs()
     layers = [load_preset(preset)]

@@ -73,7 +73,7 @@ def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:
 
 def check_combination(cfg: dict) -> list[str]:
     """Errors for settings that cannot work together, each naming the field to change."""
-    errors = []
+    errors: list[str | None] = []
     method = cfg.get("method", "full")
     if method == "qlora" and cfg.get("use_cpu"):
         errors.append("method 'qlora' needs CUDA GPUs (bitsandbytes 4-bit); use method 'lora' or 'full' on CPU")

@@ -7,7 +7,8 @@ from components.settings import Settings
 
 def check_data_settings(s: Settings) -> list[str | None]:
     """A training source; a chat or text format for the sft data; a held-out fraction or count."""
-    d, errors = s.data, []
+    d = s.data
+    errors: list[str | None] = []
     if not d.dataset_source.strip():
         errors.append("dataset_source is empty; give builtin:sample, a file/folder/glob, pvc://claim/path or a Hub "
                       "dataset id")

@@ -16,7 +16,8 @@ STAGE_SETTABLE = tuple(f.name for f in dataclasses.fields(TrainSettings) if f.na
 def check_stage_settings(s: Settings) -> list[str | None]:
     """Stages listed once each, with their data; ``stage_settings`` naming stages and training settings, each of a
     valid value and, with the stage's method, a DeepSpeed config it can run under."""
-    stages, errors = s.stages.stages, []
+    stages = s.stages.stages
+    errors: list[str | None] = []
     if not stages:
         return [f"stages is empty; list the stages to run, in order, from {', '.join(STAGES)}, e.g. [\"sft\"]"]
     for stage in dict.fromkeys(stages):
