@@ -12,18 +12,24 @@ from pathlib import Path
 
 import yaml
 
+from components.deploy.inference_service import inference_service_for_run
+from components.deploy.serving_runtime import SERVING_RUNTIME_FILE, serving_runtime_manifest
+from components.hpo.katib import experiment_manifest, experiment_name_for, trials_dir_for
+from components.kube import job_name_for
+from components.observe.tensorboard import tensorboard_manifest
+from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
+from components.settings import Settings
+from components.train.config import build_trainer_config
+from components.train.launcher.job import training_job_for_run
+from components.train.stages import dataset_folder, stage_folder, stage_train_settings
+from pipelines.compile import compile_pipeline
+
 RENDER_RUN_ID = "render-preview"
 
 
 def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path]:
     """Write the compiled pipeline, the resolved settings (``params``: every setting by name), the trainer config
     and the manifests; return the paths."""
-    from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
-    from components.settings import Settings
-    from components.train.config import build_trainer_config
-    from components.train.stages import dataset_folder, stage_folder, stage_train_settings
-    from pipelines.compile import compile_pipeline
-
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [compile_pipeline(out_dir / "llm_finetune.yaml")]
     written.append(_write(out_dir / "params.yaml", yaml.safe_dump(params, sort_keys=True, allow_unicode=True)))
@@ -43,23 +49,16 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         )
         written.append(_write(out_dir / f"train_config{suffix}.json", json.dumps(cfg, indent=2, sort_keys=True)))
         if s.cluster.train_backend != "local":
-            from components.train.launcher.job import training_job_for_run
-
             job = training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, stage=stage,
                                        config_path=os.path.join(stage_dir, "train_config.json"))
-            written.append(_write(out_dir / f"{job['kind'].lower()}{suffix}.yaml", yaml.safe_dump(job, sort_keys=False)))
+            manifest = yaml.safe_dump(job, sort_keys=False)
+            written.append(_write(out_dir / f"{job['kind'].lower()}{suffix}.yaml", manifest))
         base = os.path.join(stage_dir, "final")
     train_dir = os.path.dirname(base)  # the last stage's: its final model is what is served
     if s.cluster.train_backend != "local" and s.cluster.tensorboard:
-        from components.observe.tensorboard import tensorboard_manifest
-        from components.kube import job_name_for
-
         board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)
         written.append(_write(out_dir / "tensorboard.yaml", yaml.safe_dump(board, sort_keys=False)))
     if s.cluster.train_backend != "local" and s.hpo.hpo_trials:
-        from components.hpo.katib import experiment_manifest, experiment_name_for, trials_dir_for
-        from components.train.launcher.job import training_job_for_run
-
         # The search tunes the sft stage, from the run's base model with the sft data (components/hpo/).
         sft_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder("sft"))
         h = s.hpo
@@ -72,15 +71,11 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             algorithm=h.hpo_algorithm, trial_steps=h.hpo_trial_steps, method=s.train.method, seed=s.train.seed)
         written.append(_write(out_dir / "experiment.yaml", yaml.safe_dump(experiment, sort_keys=False)))
     if s.deploy.deploy_backend.startswith("kserve"):
-        from components.deploy.inference_service import inference_service_for_run
-
         isvc = inference_service_for_run(
             s.deploy, s.cluster, run_id=RENDER_RUN_ID, namespace=namespace,
             storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, os.path.join(train_dir, "final")))
         written.append(_write(out_dir / "inferenceservice.yaml", yaml.safe_dump(isvc, sort_keys=False)))
     if s.deploy.deploy_backend == "kserve-vllm":
-        from components.deploy.serving_runtime import SERVING_RUNTIME_FILE, serving_runtime_manifest
-
         # For clusters without KServe's built-in runtime; it ships in the source checkout (manifests/serving).
         if SERVING_RUNTIME_FILE.is_file():
             runtime = serving_runtime_manifest(namespace)

@@ -13,7 +13,18 @@ import argparse
 import json
 import sys
 
+import yaml
+
+from components.kube import current_namespace
+from components.settings import ClusterSettings
 from components.train.launcher.job import CLEANUP_POLICIES, run_training_job
+from components.train.launcher.pytorchjob import pytorchjob_for_run
+from components.train.launcher.trainjob import (
+    TRAINER_V2_2,
+    TRAINER_VERSIONS,
+    installed_trainer_version,
+    trainjob_for_run,
+)
 
 
 def _json_arg(text: str, kind: type, flag: str):
@@ -28,9 +39,6 @@ def _json_arg(text: str, kind: type, flag: str):
 
 def make_parser() -> argparse.ArgumentParser:
     """The launcher's command line (defaults: the pipeline's, from components.settings.ClusterSettings)."""
-    from components.settings import ClusterSettings
-    from components.train.launcher.trainjob import TRAINER_VERSIONS
-
     d = ClusterSettings()
 
     p = argparse.ArgumentParser(prog="python -m components.train.launcher", description=__doc__.split("\n\n")[0])
@@ -59,10 +67,11 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--cleanup", choices=CLEANUP_POLICIES, default=d.job_cleanup, help="delete the job when it ends")
     p.add_argument("--job-restarts", type=int, default=d.job_restarts, metavar="N",
                    help="re-run a job that failed for a retriable cause (eviction, preemption, lost node, "
-                        f"rendezvous/NCCL) up to N times; it resumes from its last checkpoint (default {d.job_restarts})")
+                        "rendezvous/NCCL) up to N times; it resumes from its last checkpoint "
+                        f"(default {d.job_restarts})")
     p.add_argument("--pending-timeout", type=float, default=float(d.pending_timeout_seconds), metavar="SECONDS",
-                   help=f"give up when a pod stays Unschedulable this long (default {d.pending_timeout_seconds}: time for an autoscaler "
-                        "to add a GPU node; 0: at once)")
+                   help="give up when a pod stays Unschedulable this long "
+                        f"(default {d.pending_timeout_seconds}: time for an autoscaler to add a GPU node; 0: at once)")
     p.add_argument("--trainer-version", choices=sorted(TRAINER_VERSIONS),
                    help="the Kubeflow Trainer release to render the TrainJob for (v2.2: v2.2 or later); default: "
                         "the cluster's, read from the TrainJob schema it publishes (v2.2 with --dry-run)")
@@ -72,12 +81,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Build the job from the command line; print it (``--dry-run``) or run it to the end."""
-    import yaml
-
-    from components.kube import current_namespace
-    from components.train.launcher.pytorchjob import pytorchjob_for_run
-    from components.train.launcher.trainjob import TRAINER_V2_2, installed_trainer_version, trainjob_for_run
-
     args = make_parser().parse_args(argv)
     try:
         common = dict(
