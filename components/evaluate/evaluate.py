@@ -15,9 +15,20 @@ import importlib.util
 import logging
 import math
 import time
+from collections.abc import Sequence
 
+import datasets
+import torch
+from transformers import AutoTokenizer
+
+from components.evaluate.curves import training_section
 from components.evaluate.harness import check_tasks, run_tasks
+from components.evaluate.isolated import run_isolated
+from components.evaluate.loading import load_causal_lm
 from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
+from components.evaluate.stages import preference_scores, stage_metrics, stages_section
+from components.evaluate.vllm_scoring import score_with_vllm
+from components.models.batches import label_nll, pad_collator
 
 log = logging.getLogger("evaluate_model")
 
@@ -32,8 +43,6 @@ def _perplexity(loss: float) -> float:
 
 def load_eval_rows(dataset_path: str, max_samples: int = 0):
     """The ``eval`` split of a prepared dataset, its first ``max_samples`` rows (0 = all)."""
-    import datasets
-
     try:
         splits = datasets.load_from_disk(dataset_path)
     except FileNotFoundError:
@@ -45,21 +54,7 @@ def load_eval_rows(dataset_path: str, max_samples: int = 0):
     return rows.select(range(min(max_samples, len(rows)))) if max_samples > 0 else rows
 
 
-def load_causal_lm(model_path: str):
-    """The model for scoring: bf16 spread over every GPU (``device_map="auto"``), or float32 on CPU."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    if torch.cuda.is_available():
-        return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.bfloat16, device_map="auto").eval()
-    return AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-
-
 def _label_nll(model, rows, batch_size: int) -> tuple[float, int]:
-    import torch
-
-    from components.models.batches import label_nll, pad_collator
-
     collate = pad_collator(model.config.pad_token_id if model.config.pad_token_id is not None else 0)
     total_nll, total_tokens = 0.0, 0
     with torch.no_grad():
@@ -88,10 +83,9 @@ def _loss_dict(nll: float, tokens: int, rows: int, dataset_path: str) -> dict:
     return {"eval_loss": loss, "perplexity": _perplexity(loss), "tokens": tokens, "rows": rows}
 
 
-def generate_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16) -> list[str]:
+def generate_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int,
+                     batch_size: int = 16) -> list[str]:
     """Greedy answers of ``model`` to each conversation in ``prompts`` (chat template, generation prompt)."""
-    import torch
-
     tokenizer.padding_side = "left"  # generation continues from the right end of every row
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     answers = []
@@ -118,7 +112,9 @@ def _byte_level_chars() -> dict[str, int]:
     return table
 
 
-def _hex_bytes(err: UnicodeDecodeError) -> tuple[str, int]:
+def _hex_bytes(err: UnicodeError) -> tuple[str, int]:
+    if not isinstance(err, UnicodeDecodeError):  # a decoding handler only
+        raise err
     return "".join(f"<0x{b:02X}>" for b in err.object[err.start:err.end]), err.end
 
 
@@ -146,16 +142,9 @@ def readable_decode(tokenizer, ids: list[int]) -> str:
 def score_model(model_path: str, rows, prompts: list[list[dict]], max_new_tokens: int, dataset_path: str,
                 batch_size: int = 8) -> dict:
     """Held-out loss and prompt answers of one model: vLLM (own process) on GPUs where installed, else transformers."""
-    import torch
-
     gpus = torch.cuda.device_count()
     if gpus and importlib.util.find_spec("vllm") is not None:
-        from components.evaluate.isolated import run_isolated
-        from components.evaluate.vllm_scoring import score_with_vllm
-
         return run_isolated(score_with_vllm, model_path, rows.to_list(), prompts, max_new_tokens, gpus)
-    from transformers import AutoTokenizer
-
     model = load_causal_lm(model_path)
     result = _loss_dict(*_label_nll(model, rows, batch_size), len(rows), dataset_path)
     result["answers"] = generate_answers(model, AutoTokenizer.from_pretrained(model_path), prompts, max_new_tokens)
@@ -239,9 +228,6 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     rows = load_eval_rows(dataset_path, max_samples)
     log.info("evaluating %s (base) vs %s (tuned): %d held-out rows, %d prompts, tasks %s",
              base_model, tuned_model, len(rows), len(prompts), tasks or "none")
-
-    import torch
-
     gpus = torch.cuda.device_count()
     use_vllm = bool(gpus) and importlib.util.find_spec("vllm") is not None
     scores = {}
@@ -267,8 +253,6 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     for task in tasks:
         metrics[f"base_{task}_{base['tasks'][task]['metric']}"] = base["tasks"][task]["score"]
         metrics[f"{task}_{tuned['tasks'][task]['metric']}"] = tuned["tasks"][task]["score"]
-    from components.evaluate.stages import preference_scores, stage_metrics, stages_section
-
     stages = stage_metrics(stage_dirs or {})
     preference = {}
     if preference_path:
@@ -295,7 +279,7 @@ def _cell(text: str) -> str:
 
 
 def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, prompts: list[list[dict]],
-                 passed: bool, reason: str, train_dir: str | None = None, extra: list[str] = ()) -> str:
+                 passed: bool, reason: str, train_dir: str | None = None, extra: Sequence[str] = ()) -> str:
     """The Markdown report the KFP UI renders: the decision, the numbers, the training curve (with
     ``train_dir``), ``extra`` sections (stages, preference accuracy), task scores, answers side by side."""
     lines = [
@@ -311,18 +295,17 @@ def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, pro
         "which weights batches, not tokens) differs even on the same rows.",
     ]
     if train_dir:
-        from components.evaluate.curves import training_section
-
         lines += ["", *training_section(train_dir, base["eval_loss"], tuned["eval_loss"])]
     if extra:
         lines += ["", *extra]
     if base["tasks"]:
-        lines += ["", "## lm-evaluation-harness", "", "| task | metric | base | tuned | delta |", "|---|---|---|---|---|"]
+        lines += ["", "## lm-evaluation-harness", "",
+                  "| task | metric | base | tuned | delta |", "|---|---|---|---|---|"]
         for task, b in sorted(base["tasks"].items()):
             t = tuned["tasks"][task]["score"]
             lines.append(f"| {task} | {b['metric']} | {b['score']:.4f} | {t:.4f} | {t - b['score']:+.4f} |")
     lines += ["", "## Answers (greedy)", "", "| # | prompt | base | tuned |", "|---|---|---|---|"]
-    for i, (messages, a, b) in enumerate(zip(prompts, base["answers"], tuned["answers"]), 1):
+    for i, (messages, a, b) in enumerate(zip(prompts, base["answers"], tuned["answers"], strict=True), 1):
         lines.append(f"| {i} | {_cell(messages[-1]['content'])} | {_cell(a)} | {_cell(b)} |")
     return "\n".join(lines) + "\n"
 

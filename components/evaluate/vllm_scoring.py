@@ -20,12 +20,15 @@ def split_examples(row: dict) -> list[tuple[list[int], list[int]]]:
     ids, labels = row["input_ids"], row["labels"]
     starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] if "position_ids" in row else [0]
     bounds = starts[1:] + [len(ids)]
-    return [(ids[a:b], labels[a:b]) for a, b in zip(starts, bounds) if any(x != IGNORE_INDEX for x in labels[a:b])]
+    return [(ids[a:b], labels[a:b]) for a, b in zip(starts, bounds, strict=True)
+            if any(x != IGNORE_INDEX for x in labels[a:b])]
 
 
 def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]], max_new_tokens: int,
                     gpus: int) -> dict:
-    """``eval_loss``, ``perplexity``, ``tokens``, ``rows`` and ``answers`` of ``model_path`` with vLLM on ``gpus`` GPUs."""
+    """``eval_loss``, ``perplexity``, ``tokens``, ``rows`` and ``answers`` of ``model_path`` with vLLM on ``gpus``
+    GPUs."""
+    # Lazy and optional: vLLM exists only in GPU images that install it; evaluation falls back to transformers.
     from vllm import LLM, SamplingParams
 
     examples = [ex for row in rows for ex in split_examples(row)]
@@ -35,7 +38,7 @@ def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]]
     outputs = llm.generate([{"prompt_token_ids": ids} for ids, _ in examples],
                            SamplingParams(max_tokens=1, prompt_logprobs=0))
     nll, tokens = 0.0, 0
-    for out, (ids, labels) in zip(outputs, examples):
+    for out, (ids, labels) in zip(outputs, examples, strict=True):
         # prompt_logprobs[0] is None: the first token has no context. Labels are unshifted, like the trainer's.
         for pos in range(1, len(ids)):
             if labels[pos] != IGNORE_INDEX:
