@@ -32,11 +32,7 @@ CONTRACTS = {c["id"]: c for c in PYPROJECT["tool"]["importlinter"]["contracts"]}
 PENDING: dict[str, str] = {}
 # Circles that wait for work in flight elsewhere (the set of their modules); any other circle fails. Empty it once
 # they are gone.
-PENDING_CIRCLES = {
-    frozenset({"components.train.trainer.arguments", "components.train.trainer.dpo_arguments"}): "arguments."
-    "config_class imports dpo_arguments, which imports arguments; sft.config_class picks the class now, and "
-    "arguments.config_class goes",
-}
+PENDING_CIRCLES: dict[frozenset, str] = {}
 # Loaded by the light side only where a function needs them, never by importing a module.
 ML_LIBRARIES = ("torch", "transformers", "datasets", "deepspeed", "trl", "peft")
 CLUSTER_CLIENTS = ("kfp", "kfp_server_api", "kubernetes", "kubeflow")

@@ -8,9 +8,10 @@ argparse, which knows nothing of the model's other metadata (bounds, choices, pl
 class at once. Duplication accepted, consistency enforced: a test fails when the two differ in a name, a type, a
 default or a help text (TRL keeps its configs beside ``TrainingArguments`` the same way).
 
-A config file's ``stage`` picks the class (``config_class``): ``SFTConfig`` for ``sft`` and ``cpt`` (continued
+A config file's ``stage`` picks the class (``sft.config_class``): ``SFTConfig`` for ``sft`` and ``cpt`` (continued
 pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig``
-(components/train/trainer/dpo_arguments.py) for ``dpo``; TRL is imported only for the latter.
+(components/train/trainer/dpo_arguments.py, which imports this module) for ``dpo``; TRL is imported only for the
+latter.
 """
 
 # No ``from __future__ import annotations``: HfArgumentParser reads these fields' types as real classes.
@@ -65,13 +66,3 @@ RUN_FIELDS = ("stage", "dataset_path", "model_cache_dir")
 # DPOConfig fields the trainer derives from the settings (parse_config fills them in; a config file may not set
 # them): one name per knob, as users set it for every stage.
 DPO_DERIVED = {"beta": "dpo_beta", "max_length": "max_seq_length", "precompute_ref_log_probs": "method"}
-
-
-def config_class(stage: str) -> type:
-    """The config class of a trainer config whose ``stage`` is ``stage`` (one of ``STAGES``)."""
-    if stage == "dpo":
-        # TRL (and its imports) only for the dpo stage.
-        from components.train.trainer.dpo_arguments import DPOStageConfig
-
-        return DPOStageConfig
-    return SFTConfig
