@@ -28,8 +28,13 @@ def pod_security_context(*, fs_group: bool = False) -> dict:
     return context
 
 
-def container_security_context() -> dict:
+def container_security_context(*, user: bool = False) -> dict:
     """The container-level security context (Kubernetes JSON): no privilege escalation, every capability dropped,
-    non-root (the checks ``restricted`` makes of each container, also where the pod-level context is not ours)."""
-    return {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-            "seccompProfile": {"type": "RuntimeDefault"}}
+    non-root, the runtime's seccomp profile (the checks ``restricted`` makes of each container, also where the
+    pod-level context is not ours), and with ``user`` the user and group too (where the pod level cannot carry them:
+    Knative admits no pod-level security context unless its kubernetes.podspec-securitycontext feature is on)."""
+    context = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
+               "seccompProfile": {"type": "RuntimeDefault"}}
+    if user:
+        context.update(runAsUser=RUN_AS_USER, runAsGroup=RUN_AS_GROUP)
+    return context

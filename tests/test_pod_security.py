@@ -155,6 +155,11 @@ def test_trainjob_pods_on_trainer_v2_1_need_baseline():
 
 # -- the serving pods -------------------------------------------------------------------------------------
 
+# What Knative admits in a container's securityContext (knative/serving pkg/apis/serving/fieldmask.go).
+KNATIVE_CONTAINER_SECURITY_FIELDS = {"capabilities", "readOnlyRootFilesystem", "runAsUser", "runAsGroup",
+                                     "runAsNonRoot", "allowPrivilegeEscalation", "seccompProfile", "privileged"}
+
+
 def kserve_runtime(backend: str) -> dict:
     if backend == "manifests/serving":
         return serving_runtime_manifest("team-llm")
@@ -194,9 +199,22 @@ def test_serving_pods_are_restricted_with_no_token_and_a_writable_home(backend, 
     assert violations(pod) == []
     assert pod["spec"]["automountServiceAccountToken"] is False
     (container,) = pod["spec"]["containers"]
-    # vLLM's image would run as root: the pod's user (or the runtime container's) is ours.
-    assert container["securityContext"].get("runAsUser", pod["spec"]["securityContext"]["runAsUser"]) == RUN_AS_USER
+    assert container["securityContext"]["runAsUser"] == RUN_AS_USER  # vLLM's image would run as root
     assert {"name": "HOME", "value": "/tmp"} in container["env"]  # its home belongs to root
+
+
+def test_the_inference_service_sets_no_pod_level_security_context():
+    """Knative admits a pod-level securityContext only with its kubernetes.podspec-securitycontext feature on (off by
+    default; knative/serving pkg/apis/serving/fieldmask.go PodSpecMask, PodSecurityContextMask): everything is on the
+    container, whose securityContext Knative admits field by field (SecurityContextMask)."""
+    for mode in ("Standard", "Knative"):
+        isvc = build_inference_service(
+            name="llm-serving", namespace="team-llm", storage_uri="pvc://llm-models/final", runtime="kserve-vllm",
+            gpus=1, max_model_len=4096, served_model_name="llm", node_selector={}, tolerations=[],
+            deployment_mode=mode)
+        predictor = isvc["spec"]["predictor"]
+        assert "securityContext" not in predictor
+        assert set(predictor["model"]["securityContext"]) <= KNATIVE_CONTAINER_SECURITY_FIELDS
 
 
 def test_our_serving_runtime_alone_is_restricted():

@@ -35,7 +35,7 @@ CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 40
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 DEPLOYMENT_MODES = ("Standard", "Knative")
-from components.security import container_security_context, pod_security_context
+from components.security import container_security_context
 # What KServe still accepts and normalises to the current names.
 LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
 # Knative gives each revision tagged URLs ("latest", "prev"), so a canary's smoke test reaches the new model.
@@ -149,12 +149,13 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         predictor["nodeSelector"] = dict(node_selector)
     if tolerations:
         predictor["tolerations"] = list(tolerations)
-    # The Pod Security Standards' `restricted` profile (components/security.py), whichever runtime serves: vLLM's
-    # image runs as root unless told otherwise, and its home is not writable by another user, so HOME (vLLM's,
-    # Triton's and torch's caches) goes to /tmp. The server never calls the Kubernetes API: no token.
-    predictor["securityContext"] = pod_security_context()
+    # The Pod Security Standards' `restricted` profile (components/security.py), whichever runtime serves, all of it
+    # on the container: Knative (deployment_mode=Knative) refuses a pod-level securityContext unless its
+    # kubernetes.podspec-securitycontext feature is on. vLLM's image runs as root unless told otherwise and its home
+    # is not writable by another user, so HOME (vLLM's, Triton's and torch's caches) goes to /tmp. The server never
+    # calls the Kubernetes API: no token (Knative admits automountServiceAccountToken: false).
     predictor["automountServiceAccountToken"] = False
-    predictor["model"]["securityContext"] = container_security_context()
+    predictor["model"]["securityContext"] = container_security_context(user=True)
     predictor["model"]["env"] = [{"name": "HOME", "value": "/tmp"}]
     metadata = {"name": name, "namespace": namespace, "annotations": annotations}
     if labels:

@@ -70,6 +70,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.cluster import TRAINJOB_SCHEMA
 from tests.rehearsal.image import TrainerImage
 
 RECONCILE_SECONDS = 0.2
@@ -249,6 +250,9 @@ class FakeCluster:
                  hide: list, node_env: dict):
         self.api, self.workdir, self.claims, self.image = api, workdir, claims, image
         self.hosts, self.hide, self.node_env = hosts, [str(p) for p in hide], dict(node_env)
+        # This Trainer takes runtimePatches (v2.2 and later): its API server publishes that TrainJob schema, which
+        # the train step reads to render the TrainJob for it (components/train/launcher/trainjob.py).
+        api.publish_schema("trainer.kubeflow.org", "v1alpha1", "TrainJob", TRAINJOB_SCHEMA)
         self.jobs: dict[str, JobRecord] = {}
         self.pods: dict[str, PodRecord] = {}  # pod uid -> record
         self.events: list[str] = []  # what the cluster did, time-stamped, for the scenario's report
