@@ -16,6 +16,7 @@ import pytest
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.settings import TrainSettings
 from components.train.config import DEEPSPEED_DIR, build_trainer_config, deepspeed_config_path
+from tests.helpers.repo import run_module
 from tests.helpers.trainer import make_workdir
 
 POD_MOUNTS = (DATA_MOUNT + "/", MODEL_MOUNT + "/")
@@ -112,6 +113,12 @@ def workdir(tmp_path_factory):
 
 
 def _run(config_path):
+    """The trainer's entry point on ``config_path``, in this process (its config errors end before any work)."""
+    return run_module("components.train.trainer.sft", "--config", str(config_path))
+
+
+def _run_process(config_path):
+    """The same as a real process: the one test of the entry point's exit code and error line as a pod sees them."""
     return subprocess.run([sys.executable, "-m", "components.train.trainer.sft", "--config", str(config_path)],
                           capture_output=True, text=True, timeout=300)
 
@@ -138,7 +145,7 @@ def test_unreadable_configs_are_one_error_line(tmp_path, name, text, message):
 
 
 def test_a_missing_config_file_is_one_error_line(tmp_path):
-    result = _run(tmp_path / "nowhere.json")
+    result = _run_process(tmp_path / "nowhere.json")
     assert result.returncode == 2
     assert result.stderr.strip() == (f"error: {tmp_path / 'nowhere.json'}: no such file (the trainer config the "
                                      "launcher writes)")
