@@ -8,7 +8,7 @@ rule, or a rule nothing calls, fails here.
 
 from __future__ import annotations
 
-import ast
+import copy
 import os
 import shutil
 import signal
@@ -23,6 +23,7 @@ from components import kube
 from components.hpo.follow import run_experiment
 from components.observe import tensorboard
 from components.deploy import inference_service
+from components.deploy.inference_service import build_inference_service, deploy_inference_service
 from components.train.launcher.job import run_training_job
 from components.kube import job_name_for
 from components.train.launcher.pytorchjob import pytorchjob_for_run
@@ -36,6 +37,8 @@ from components.validate.preflight import (
     preflight,
 )
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.fakes.kserve import becomes_ready
+from tests.fakes.openai_server import OpenAIServer
 from tests.helpers.cluster import PARAMS, ready_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -175,24 +178,27 @@ def scripted_runs() -> set[tuple]:
 
 
 def deployer_rules() -> set[tuple]:
-    """The deployer's API calls, read from its source: ``call_api(custom.<method>, ...)`` and ``core.<method>``."""
-    verbs = {"create_namespaced_custom_object": "create", "get_namespaced_custom_object": "get",
-             "patch_namespaced_custom_object": "patch", "delete_namespaced_custom_object": "delete",
-             "replace_namespaced_custom_object": "update", "list_namespaced_custom_object": "list"}
-    core = {"list_namespaced_pod": ("pods", "list"), "read_namespaced_pod_log": ("pods/log", "get"),
-            "read_namespaced_pod": ("pods", "get")}
-    tree = ast.parse(Path(inference_service.__file__).read_text())
-    rules = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):
-            if node.value.id == "custom":
-                assert node.attr in verbs, f"the deployer calls CustomObjectsApi.{node.attr}: map it to a verb here"
-                rules.add((True, inference_service.GROUP, inference_service.PLURAL, verbs[node.attr]))
-            elif node.value.id == "core":
-                assert node.attr in core, f"the deployer calls CoreV1Api.{node.attr}: map it to a verb here"
-                rules.add((True, "", *core[node.attr]))
-    assert rules, "no API calls found in the deployer: has it moved?"
-    return rules
+    """The deployer's API calls, made by running it against the fake API server: a new service that becomes Ready
+    and passes its smoke test, an existing one patched in place, and the two rollbacks (delete, restore)."""
+    needed = set()
+    manifest = build_inference_service(
+        name="qwen3-sft", namespace=NS, storage_uri="pvc://llm-models/runs/r/train/final", runtime="kserve-vllm",
+        gpus=1, max_model_len=4096, served_model_name="qwen3-sft", node_selector={}, tolerations=[], labels={})
+    group, version, plural = inference_service.GROUP, inference_service.VERSION, inference_service.PLURAL
+    for existing, fail in [(False, False), (True, False), (False, True), (True, True)]:
+        with FakeKubeAPI() as api, OpenAIServer(fail=fail) as server:
+            if existing:
+                old = copy.deepcopy(manifest)
+                old["status"] = {"observedGeneration": 1, "url": server.url,
+                                 "conditions": [{"type": "Ready", "status": "True"}]}
+                api.put_object(group, version, plural, old)
+            api.on_get(plural, becomes_ready(api, server.url))
+            try:
+                deploy_inference_service(copy.deepcopy(manifest), api_client=api.client, poll_seconds=0.01)
+            except RuntimeError:
+                assert fail
+            needed |= {rule_for(r.method, r.path) for r in api.requests}
+    return needed
 
 
 def granted(role: dict, namespaced: bool) -> set[tuple]:

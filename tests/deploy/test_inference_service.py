@@ -12,6 +12,7 @@ from components.deploy.inference_service import RUNTIMES, build_inference_servic
 from components import kube
 from tests.helpers.crd_schema import crd_errors, require_reference
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.fakes.kserve import becomes_ready
 from tests.fakes.openai_server import OpenAIServer
 
 CRD = "serving.kserve.io_inferenceservices.yaml"
@@ -90,30 +91,6 @@ def test_bad_input_is_a_value_error_naming_the_field(field, value):
 
 
 # -- the rollout against the fake API server -------------------------------------------------------------
-
-def becomes_ready(api, url, address=None, after=1, events=None):
-    """KServe's side: the status stays as it was (none, or the previous generation's) for ``after`` GETs of a
-    new generation, then says Ready at ``url`` for it."""
-    seen = {"polls": 0}
-
-    def controller(obj):
-        generation = obj["metadata"]["generation"]
-        status = obj.setdefault("status", {})
-        if status.get("observedGeneration") == generation:
-            return
-        seen["polls"] += 1
-        if seen["polls"] <= after:
-            return
-        status.update(observedGeneration=generation, url=url)
-        if address:
-            status["address"] = {"url": address}
-        api.set_condition(obj, "PredictorReady", "True")
-        api.set_condition(obj, "Ready", "True")
-        if events is not None:
-            events.append("ready for the new spec")
-
-    return controller
-
 
 def existing_service(api, url, **overrides) -> dict:
     """A Ready service from an earlier run (older model, extra field our spec does not have)."""

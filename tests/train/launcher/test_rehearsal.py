@@ -239,12 +239,13 @@ def trained_and_exported(r: Rehearsal, base: Path) -> list[str]:
 def test_trainer_image_is_a_regular_install_of_the_wheel(trainer_image):
     """The image's package is the wheel's, installed as pip installs it in the Dockerfile: no editable hooks."""
     site = trainer_image.site_packages
-    assert (site / "components" / "train" / "sft.py").exists()
+    assert (site / "components" / "train" / "trainer" / "sft.py").exists()
     assert list(site.glob("kubeflow_llm_post_training-*.dist-info"))
     assert not list(site.glob("__editable__*")), "the image must not carry an editable install"
     # Package data the pods read at run time came with the wheel.
     assert (site / "components" / "train" / "deepspeed" / "zero3.json").exists()
     assert (site / "components" / "models" / "qwen3_chat_template.jinja").exists()
+    assert (site / "components" / "models" / "architectures" / "qwen3-30b-a3b.json").exists()
 
 
 def test_pods_import_the_image_and_see_only_the_volumes(uninterrupted, trainer_image):
