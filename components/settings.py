@@ -196,6 +196,10 @@ class DataSettings:
                                   "example); false: one example per row, padded per batch.")
     num_proc: int = setting(8, "Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).", min=1)
     eval_size: float = setting(0.05, "Held-out fraction (< 1) or number of conversations (>= 1).")
+    dataset_tokens_estimate: int = setting(
+        100_000_000, "The plan's size of the training split in tokens, before prepare_dataset has counted it "
+                     "(python -m pipelines.run --plan STATS_JSON takes the prepared dataset's own count).",
+        plain=False, min=1)
 
 
 @dataclass
@@ -210,6 +214,15 @@ class ClusterSettings:
     gpu_memory_gib: float = setting(
         80.0, "Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU is "
               "requested (80 for H100 80GB).", min=0)
+    achieved_tflops_per_gpu: float = setting(
+        129.0, "The plan's compute speed: model TFLOP/s one GPU sustains in training (129: Qwen3-30B-A3B's layers, "
+               "grouped_mm experts, on one H100; benchmarks/results/plan.md).", plain=False, above=0)
+    intra_node_gb_per_s: float = setting(
+        450.0, "The plan's bandwidth within a node, GB/s per GPU and direction (450: H100 NVLink 4).", plain=False,
+        above=0)
+    inter_node_gb_per_s: float = setting(
+        50.0, "The plan's bandwidth between nodes, GB/s per GPU and direction: the node's network over its GPUs "
+              "(50: DGX H100, 8 x 400 Gb/s; one 200 Gb/s NIC for 8 GPUs: 3.125).", plain=False, above=0)
     trainer_image: str = setting(TRAINER_IMAGE, "Image the training job's pods run.")
     data_pvc: str = setting("llm-data", "ReadWriteMany claim for datasets and caches (mounted at /mnt/data).")
     model_pvc: str = setting("llm-models", "ReadWriteMany claim for checkpoints and final models (/mnt/models).")

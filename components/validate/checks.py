@@ -33,6 +33,12 @@ def validate(arguments: dict):
         log.warning("%s", warning)
     s = Settings.from_flat(settings)
     if s.cluster.train_backend != "local":
+        from components.train.launcher.plan import plan_text
+
+        try:  # the figures python -m pipelines.run --plan prints: seconds per step, tokens/s, bottleneck, GPU-hours
+            log.info("%s", plan_text(settings))
+        except ValueError as e:  # a Hub model whose config.json is not here: the run does not need it
+            log.info("plan: not available: %s", e)
         from components.validate.preflight import preflight  # the Kubernetes client: only to ask a cluster
 
         problems = preflight(settings)

@@ -175,6 +175,7 @@ def validate_inputs(
             lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, lr_scheduler_type,
             weight_decay, max_grad_norm, activation_checkpointing, logging_steps, report_to, stage_settings,
             hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
+            dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s, inter_node_gb_per_s,
             tracking_secret. python -m pipelines.run --help describes each.
 
     Returns:

@@ -93,7 +93,8 @@ def test_volumes_secret_gpus_and_placement(docs):
     for name in trains:
         assert mounts[name] == {"/mnt/data": "data_pvc", "/mnt/models": "model_pvc"}, name
     assert mounts["exec-evaluate-model"] == {"/mnt/data": "data_pvc", "/mnt/models": "model_pvc"}
-    assert mounts["exec-notify-run"] == {"/mnt/models": "model_pvc"}
+    # The exit handler reads the steps' outcome records on both volumes (components/observe/outcome.py).
+    assert mounts["exec-notify-run"] == {"/mnt/data": "data_pvc", "/mnt/models": "model_pvc"}
     (alert,) = ex["exec-notify-run"]["secretAsEnv"]
     assert param(alert["secretNameParameter"]) == "alert_webhook_secret"
     assert alert["keyToEnv"] == [{"envVar": "ALERT_WEBHOOK_URL", "secretKey": "ALERT_WEBHOOK_URL"}]

@@ -10,6 +10,8 @@ fused expert tensor of shape (E, out, in) PEFT adds a rank-r pair per expert: E 
     full, ZeRO-2                    2P + 18P/N     (offload_optimizer: 2P)
     full, no DeepSpeed (DDP, fp32)  16P            (fp32 weights 4 + grads 4 + Adam 8, replicated)
     lora, ZeRO-3                    4L + 2P/N + 18T/N
+    ZeRO-3 with hpZ (ZeRO++)        + 2P/h         (zero_hpz_partition_size h > 1: each block keeps a secondary bf16
+                                                    partition over h ranks, its node's; plan.py says why)
     lora, ZeRO-2 or DDP             2P + 16T       (frozen bf16 base replicated; fp32 adapter + grads + Adam)
     qlora (DDP)                     0.52Q + 4(P-Q) + 16T
         Q = nn.Linear weights of the decoder layers, which bitsandbytes stores as NF4 (~4.13 bits with double
@@ -86,17 +88,19 @@ def model_states_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, 
     offload_opt = zero.get("offload_optimizer", {}).get("device", "none") != "none"
     offload_param = zero.get("offload_param", {}).get("device", "none") != "none"
     largest = 4 * shape.largest_block
+    hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
+    secondary = int(2 * p / hpz) if stage == 3 and hpz > 1 else 0
     if method == "full":
         if stage == 3:
             if offload_param:
                 return largest
-            return largest + (int(2 * p / n) if offload_opt else int(18 * p / n))
+            return largest + secondary + (int(2 * p / n) if offload_opt else int(18 * p / n))
         if stage in (1, 2):
             return 2 * p if offload_opt else 2 * p + int(18 * p / n)
         return 16 * p
     if method == "lora":
         if stage == 3:
-            return largest + int(2 * p / n) + int(18 * t / n)
+            return largest + secondary + int(2 * p / n) + int(18 * t / n)
         return base_weight_bytes(shape, method) + 16 * t
     if method == "qlora":
         return base_weight_bytes(shape, method) + 16 * t
