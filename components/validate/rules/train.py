@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from components.settings import Settings
-from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
+from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed, load_deepspeed_config
 from components.train.launcher.memory import check_memory_fit
 from components.train.stages import stage_overrides
 
@@ -22,6 +22,13 @@ def check_train_settings(s: Settings) -> list[str | None]:
     if t.deepspeed_config in DEEPSPEED_CONFIGS:
         # A user's JSON lives on a volume this step may not mount: the trainer applies the rule when it reads it.
         errors.append(check_method_deepspeed(t.method, t.deepspeed_config))
+        # ZeRO++'s secondary partition spans consecutive ranks: a node's GPUs only when its size is gpus_per_node.
+        hpz = load_deepspeed_config(t.deepspeed_config).get("zero_optimization", {}).get("zero_hpz_partition_size", 1)
+        if hpz > 1 and hpz != s.cluster.gpus_per_node and s.cluster.train_backend != "local":
+            errors.append(f"deepspeed_config={t.deepspeed_config} partitions the weights within {hpz} GPUs, and "
+                          f"gpus_per_node={s.cluster.gpus_per_node}: copy components/train/deepspeed/"
+                          f"{t.deepspeed_config}.json with zero_hpz_partition_size {s.cluster.gpus_per_node} to a "
+                          "volume and give its path, or use zero3")
     if t.num_train_epochs <= 0 and t.max_steps <= 0:
         errors.append("num_train_epochs and max_steps are both <= 0; set num_train_epochs > 0 or max_steps > 0")
     if "mlflow" in t.report_to and s.cluster.train_backend == "local" and importlib.util.find_spec("mlflow") is None:
