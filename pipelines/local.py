@@ -44,7 +44,6 @@ from typing import Any
 
 from kfp import local
 
-from components.evaluate.curves import PNG_PREFIX
 from components.settings import split_arguments
 from components.version import COMPONENTS_IMAGE
 from pipelines import PIPELINE_NAME
@@ -166,7 +165,9 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
 
 def embedded_png(markdown: str) -> bytes | None:
     """The first base64 PNG embedded in a Markdown report (the evaluation report's training curve)."""
-    match = re.search(re.escape(PNG_PREFIX) + r"([A-Za-z0-9+/=]+)\)", markdown)
+    # A PNG data URI (RFC 2397), as components/evaluate/curves.py writes it; importing curves for its prefix would
+    # load matplotlib into this process before the first step starts.
+    match = re.search(r"!\[[^\]]*\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", markdown)
     return base64.b64decode(match.group(1)) if match else None
 
 

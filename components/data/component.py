@@ -46,9 +46,8 @@ def prepare_dataset(
     import logging
     import os
 
-    from components.data.prepare import prepare
+    from components.data.once import prepare_once
     from components.data.report import markdown
-    from components.models.hub import resolve_model
     from components.paths import pvc_uri, run_dir
     from components.settings import Settings
     from components.train.stages import dataset_folder, stage_data
@@ -58,11 +57,12 @@ def prepare_dataset(
     data_pvc = s.cluster.data_pvc
     source, data_format = stage_data(s, stage)
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
-    tokenizer = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
     eval_source = s.data.eval_source if stage == "sft" else ""
-    stats = prepare(
-        [x.strip() for x in source.split(",") if x.strip()], tokenizer, out_dir,
-        s.train.max_seq_length, int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, s.train.seed,
+    # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
+    stats = prepare_once(
+        out_dir, s.train.model_name_or_path, os.path.join(data_root, "cache"),
+        source=[x.strip() for x in source.split(",") if x.strip()], max_seq_length=s.train.max_seq_length,
+        eval_size=int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, seed=s.train.seed,
         format=data_format, columns=s.data.column_mapping if stage == "sft" else {},
         eval_source=[x.strip() for x in eval_source.split(",") if x.strip()] or None,
         packing=s.data.packing, over_length=s.data.over_length, num_proc=s.data.num_proc,

@@ -6,8 +6,8 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 
+from components import quick_exit
 from components.deploy.smoke import chat_completion, wait_healthy
 
 SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
@@ -27,16 +27,22 @@ def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, st
     when kept, the server's ``pid`` (stop it with ``kill <pid>``).
     """
     port = free_port()
-    cmd = [
-        sys.executable, "-m", "transformers.cli.transformers", "serve", model_path,
+    # `transformers serve` in a process that skips the final garbage collection at exit: _stop waits for it.
+    cmd = quick_exit.command(
+        "transformers.cli.transformers", "serve", model_path,
         "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", "warning",
-    ]
+    )
+    # The CLI asks PyPI for a newer transformers once a day, for up to 2 s before it serves (and waits that long
+    # where there is no network): a local server has no use for the hint.
+    env = {**os.environ, "HF_HUB_DISABLE_UPDATE_CHECK": os.environ.get("HF_HUB_DISABLE_UPDATE_CHECK", "1")}
     log = open(log_path, "ab")
     # Own session: a kept server outlives this step's process without being killed with it.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     endpoint = f"http://127.0.0.1:{port}/v1"
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None)
+        # A local port refuses at once until the server listens: asking often costs nothing.
+        wait_healthy(f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None,
+                     interval=0.1)
         # No temperature: the model's generation config is greedy already, and transformers serve warns about
         # a temperature sent along with greedy decoding.
         reply = chat_completion(endpoint, model_path, SMOKE_PROMPT, temperature=None)

@@ -42,8 +42,9 @@ def chat_completion(base_url: str, model: str, prompt: str, max_tokens: int = 16
     return readable_reply(choices[0]["message"].get("content") or "")
 
 
-def wait_healthy(url: str, timeout: float, is_alive=lambda: True) -> None:
-    """Poll ``url`` until it answers 200; raise TimeoutError after ``timeout`` seconds or when ``is_alive()`` turns false."""
+def wait_healthy(url: str, timeout: float, is_alive=lambda: True, interval: float = 0.5) -> None:
+    """Poll ``url`` every ``interval`` seconds until it answers 200; raise TimeoutError after ``timeout`` seconds or
+    when ``is_alive()`` turns false."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not is_alive():
@@ -54,7 +55,7 @@ def wait_healthy(url: str, timeout: float, is_alive=lambda: True) -> None:
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
-        time.sleep(0.5)
+        time.sleep(interval)
     raise TimeoutError(f"{url} did not become healthy within {timeout:.0f}s")
 
 

@@ -54,6 +54,9 @@ BASE_MODEL_RECORD = "base_model.json"
 # How long ranks other than 0 wait for rank 0 to download (30 GB) and build (60 GB) the model.
 WAIT_TIMEOUT_S = 4 * 3600
 POLL_S = 5.0
+# The first seconds are polled often: rank 0 usually records within a second or two (a cached or built-in model),
+# and the whole job waits at the trainer's first collective for the last rank to read the record.
+FIRST_POLL_S, FIRST_POLLS_FOR_S = 0.1, 30.0
 
 
 def resolve_model(model_name_or_path: str, cache_root: str) -> str:
@@ -266,4 +269,5 @@ def _wait_for(ready, deadline: float, what: str):
         if now - last_log >= 60:
             log.info("rank %d waiting for %s (%.0f s)", global_rank(), what, now - started)
             last_log = now
-        time.sleep(min(POLL_S, max(deadline - now, 0.01)))
+        interval = FIRST_POLL_S if now - started < FIRST_POLLS_FOR_S else POLL_S
+        time.sleep(min(interval, max(deadline - now, 0.01)))

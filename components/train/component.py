@@ -56,11 +56,10 @@ def train_model(
     import os
     from collections import namedtuple
 
-    import torch
-
     from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
     from components.settings import Settings, whole_numbers
     from components.train.config import build_trainer_config, write_trainer_config
+    from components.train.launcher.local import cuda_available
     from components.train.stages import stage_folder, stage_train_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
@@ -78,7 +77,7 @@ def train_model(
         dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
         output_dir=out_dir.replace(model_root, pod_models, 1),
         packing=dataset.metadata.get("packing", True),
-        use_cpu=local and not torch.cuda.is_available(),
+        use_cpu=local and not cuda_available(),
         model_cache_dir=os.path.join(pod_data, "cache"),
     )
     config_path = write_trainer_config(cfg, os.path.join(out_dir, "train_config.json"))

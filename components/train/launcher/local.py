@@ -5,20 +5,40 @@ The same trainer entry point the cluster job's pods run, as N CPU processes talk
 
 from __future__ import annotations
 
+import importlib.metadata
 import os
 import subprocess
-import sys
 from collections import deque
+
+from components import quick_exit
+
+
+def cuda_available() -> bool:
+    """Whether torch sees a CUDA GPU on this machine (the trainer then trains on it, not on CPU processes).
+
+    A CPU-only build of torch (PyTorch's ``+cpu`` wheels, what a laptop installs) never does, whatever the
+    machine has: that is read from the package's version, without importing torch (a second or more, which the
+    train step would pay before torchrun imports it again). Any other build is asked.
+    """
+    try:
+        if importlib.metadata.version("torch").endswith("+cpu"):
+            return False
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def run_torchrun(config_path: str, nproc_per_node: int, env: dict | None = None) -> None:
     """Run the trainer under torchrun and stream its output; raise with the last lines on failure."""
-    cmd = [
-        sys.executable, "-m", "torch.distributed.run",
+    # torchrun itself (torch.distributed.run), in a process that skips the final garbage collection at exit.
+    cmd = quick_exit.command(
+        "torch.distributed.run",
         "--standalone",  # single node, free rendezvous port: concurrent local runs do not collide
         "--nproc_per_node", str(nproc_per_node),
         "-m", "components.train.trainer.sft", "--config", config_path,
-    ]
+    )
     # torchrun sets OMP_NUM_THREADS=1 with a three-line banner when it is unset; say it ourselves, sized so
     # the processes share the cores instead of each taking one.
     env = dict(os.environ if env is None else env)

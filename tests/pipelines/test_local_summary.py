@@ -1,0 +1,25 @@
+"""What the local run reads back from the steps' outputs for its summary (pipelines/local.py), and what it loads
+before the first step starts."""
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+
+from components.evaluate.curves import PNG_PREFIX
+from pipelines.local import embedded_png
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_training_curve_is_read_back_from_the_evaluation_report():
+    png = b"\x89PNG\r\n\x1a\n-the-curve"
+    report = f"# Evaluation\n\n![training loss]({PNG_PREFIX}{base64.b64encode(png).decode()})\n\nthe rest"
+    assert embedded_png(report) == png
+    assert embedded_png("# Evaluation\n\nno curve: the run has no complete checkpoint") is None
+
+
+def test_the_local_run_loads_no_plotting_library_before_its_steps():
+    code = "import sys, pipelines.local; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr

@@ -1,0 +1,43 @@
+"""A process that imports the package skips CPython's final garbage collection at exit (components/__init__.py);
+``python -m components.quick_exit MODULE`` gives the same to a program the package does not own (torchrun,
+``transformers serve``)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from components import quick_exit
+
+ROOT = Path(__file__).resolve().parents[1]
+# An atexit handler registered before the package is imported runs after the package's own (last in, first out):
+# it sees what the package's handler left.
+FREEZE_COUNT_AT_EXIT = "import atexit, gc; atexit.register(lambda: print('frozen', gc.get_freeze_count(), flush=True))"
+
+
+def _python(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *args], input=stdin, capture_output=True, text=True, cwd=ROOT, timeout=120)
+
+
+def _frozen_at_exit(out: str) -> int:
+    return int(out.split("frozen ")[1].split()[0])
+
+
+def test_importing_the_package_freezes_the_heap_at_exit():
+    assert _frozen_at_exit(_python("-c", f"{FREEZE_COUNT_AT_EXIT}; import components").stdout) > 1000
+    assert _frozen_at_exit(_python("-c", FREEZE_COUNT_AT_EXIT).stdout) == 0  # what CPython does without it
+
+
+def test_quick_exit_runs_the_module_with_its_arguments_as_python_m_does():
+    done = _python("-m", "components.quick_exit", "json.tool", "--sort-keys", stdin='{"b": 1, "a": 2}')
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == json.dumps({"a": 2, "b": 1}, indent=4) + "\n"
+    failed = _python("-m", "components.quick_exit", "json.tool", "--no-such-option")
+    assert failed.returncode == 2 and "usage: python -m json.tool" in failed.stderr  # the module's own exit code
+
+
+def test_quick_exit_without_a_module_says_how_to_call_it():
+    done = _python("-m", "components.quick_exit")
+    assert done.returncode == 2 and "usage: python -m components.quick_exit MODULE [ARG ...]" in done.stderr
+    assert quick_exit.command("torch.distributed.run", "--standalone") == [
+        sys.executable, "-m", "components.quick_exit", "torch.distributed.run", "--standalone"]
