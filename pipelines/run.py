@@ -5,6 +5,7 @@ examples:
   python -m pipelines.run --host $KFP_HOST --preset qwen3-30b-a3b-full -p learning_rate=1e-5
   python -m pipelines.run --host $KFP_HOST --schedule "0 0 3 * * 0"   # recurring run, Sundays 03:00
   python -m pipelines.run --preset qwen3-30b-a3b-full --render out/   # write what would run, touch nothing
+  python -m pipelines.run --preset qwen3-30b-a3b-full --plan   # seconds per step, tokens/s, bottleneck, GPU-hours
 """
 
 from __future__ import annotations
@@ -18,7 +19,16 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
+from components.settings import ADVANCED, specs, split_arguments
+from components.train.launcher.plan import plan_text
+from components.validate.rules import warnings
+from components.version import __version__
+from pipelines import params as P
 from pipelines.errors import UsageError
+from pipelines.schedule import validate_cron
+
+# Each way of running imports its own machinery when it is taken: kfp (compile, submit, the local run) and the
+# Kubernetes client (render) cost a second or more, which --help, --plan and a bad argument never pay.
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_WORKSPACE = "workspace"
@@ -54,11 +64,17 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--pipeline-name", default="llm-finetune", help="KFP pipeline to add a version to")
     p.add_argument("--run-name", help="run name (default: <preset>-<UTC time>)")
     p.add_argument("--render", metavar="DIR",
-                   help="write the compiled pipeline, resolved parameters, trainer config and Kubernetes manifests; submit nothing")
-    p.add_argument("--summary-json", metavar="FILE", help="write the outcome (status, model_uri, metrics, endpoint, wall_seconds)")
+                   help="write the compiled pipeline, resolved parameters, trainer config and Kubernetes manifests; "
+                        "submit nothing")
+    p.add_argument("--plan", nargs="?", const="", metavar="STATS_JSON",
+                   help="print the run's plan (compute and communication per step, tokens/s per GPU, bottleneck, "
+                        "memory, wall time, GPU-hours) and exit; STATS_JSON: a prepared dataset's stats.json for its "
+                        "size")
+    p.add_argument("--summary-json", metavar="FILE",
+                   help="write the outcome (status, model_uri, metrics, endpoint, wall_seconds)")
     p.add_argument("--workspace", default=DEFAULT_WORKSPACE, metavar="DIR",
-                   help=f"local runs: folder for data, models, reports and KFP outputs (default: ./{DEFAULT_WORKSPACE}); "
-                        "each run's files are found under DIR/runs/<run id>/")
+                   help="local runs: folder for data, models, reports and KFP outputs "
+                        f"(default: ./{DEFAULT_WORKSPACE}); each run's files are found under DIR/runs/<run id>/")
     p.add_argument("--keep-serving", action="store_true", help="local runs: leave the model server running")
     p.add_argument("--verbose", action="store_true",
                    help="local runs: also show kfp.local's own output (executor inputs, task outputs, warnings) "
@@ -68,20 +84,17 @@ def make_parser() -> argparse.ArgumentParser:
 
 def presets_help() -> str:
     """The presets, each with the first line of its file's opening comment."""
-    from pipelines import params as P  # YAML only: parameter_specs() is what imports kfp
-
     lines = ["presets (--preset NAME):"]
     for name in P.preset_names():
         first = (P.PRESETS_DIR / f"{name}.yaml").read_text().splitlines()[0]
         lines.append(f"  {name:<22} {first.lstrip('# ').strip() if first.startswith('#') else ''}")
-    lines.append(f"  (default: {P.LOCAL_PRESET} without a KFP host, {P.CLUSTER_PRESET} with --host or --render)")
+    lines.append(f"  (default: {P.LOCAL_PRESET} without a KFP host, {P.CLUSTER_PRESET} with --host, --render or "
+                 "--plan)")
     return "\n".join(lines) + "\n"
 
 
 def parameters_help() -> str:
     """Every setting on one line, by step: name, type, default, the first sentence of its help."""
-    from components.settings import ADVANCED, specs
-
     rows = []
     for spec in specs().values():
         default = json.dumps(spec.default) if isinstance(spec.default, (dict, list, str)) else spec.default
@@ -91,7 +104,7 @@ def parameters_help() -> str:
              f"those marked * are inside the pipeline's {ADVANCED} parameter in the KFP UI):"]
     advanced = {name for name, spec in specs().items() if not spec.plain}
     group = None
-    for (step, sig, text), name in zip(rows, specs()):
+    for (step, sig, text), name in zip(rows, specs(), strict=True):
         if step != group:
             lines.append(f" {step}:")
             group = step
@@ -108,8 +121,6 @@ def _first_sentence(text: str) -> str:
 
 def submit_run(args, params: dict, preset: str) -> dict:
     """Compile, upload a new pipeline version and start a run (or a recurring run) on ``args.host``."""
-    from components.settings import split_arguments
-    from components.version import __version__
     from pipelines.compile import compile_pipeline
     from pipelines.submit import submit
 
@@ -137,22 +148,23 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(args) -> int:
-    from pipelines import params as P
-
-    preset = args.preset or (P.CLUSTER_PRESET if args.host or args.render else P.LOCAL_PRESET)
+    preset = args.preset or (P.CLUSTER_PRESET if args.host or args.render or args.plan is not None else P.LOCAL_PRESET)
     if args.schedule:
-        from pipelines.schedule import validate_cron
-
         validate_cron(args.schedule)
         if not args.host and not args.render:
-            raise UsageError("--schedule creates a recurring run on Kubeflow Pipelines; pass --host URL or set KFP_HOST")
+            raise UsageError("--schedule creates a recurring run on Kubeflow Pipelines; pass --host URL or set "
+                             "KFP_HOST")
     overrides = args.overrides + (["keep_serving=true"] if args.keep_serving else [])
     params = P.resolve(preset, args.params, overrides)
     P.check(params)
-    from components.validate.rules import warnings
-
     for warning in warnings(params):
         print(f"warning: {warning}", file=sys.stderr)
+    if args.plan is not None:
+        try:
+            print(plan_text(params, args.plan or None))
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        return 0
 
     if args.render:
         from pipelines.render import render
@@ -209,7 +221,8 @@ def print_summary(s: dict) -> None:
     if s["server_log"]:
         print(f"server log:  {s['server_log']}")
     if s["endpoint"]:
-        state = "still serving" if s["keep_serving"] else "stopped after the smoke test; --keep-serving keeps it running"
+        state = ("still serving" if s["keep_serving"]
+                 else "stopped after the smoke test; --keep-serving keeps it running")
         print(f"endpoint:    {s['endpoint']} ({state})")
         print(f"smoke:       {s['smoke_reply']!r}")
         if s["base_model"] == "builtin:tiny-qwen3":
