@@ -48,47 +48,50 @@ def prepare_dataset(
 
     from components.data.once import prepare_once
     from components.data.report import markdown
+    from components.observe.outcome import recording_outcome
     from components.paths import pvc_uri, run_dir
     from components.settings import Settings
     from components.train.stages import dataset_folder, stage_data
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    s = Settings.from_flat(settings)
-    data_pvc = s.cluster.data_pvc
-    source, data_format = stage_data(s, stage)
-    out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
-    eval_source = s.data.eval_source if stage == "sft" else ""
-    # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
-    stats = prepare_once(
-        out_dir, s.train.model_name_or_path, os.path.join(data_root, "cache"),
-        source=[x.strip() for x in source.split(",") if x.strip()], max_seq_length=s.train.max_seq_length,
-        eval_size=int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, seed=s.train.seed,
-        format=data_format, columns=s.data.column_mapping if stage == "sft" else {},
-        eval_source=[x.strip() for x in eval_source.split(",") if x.strip()] or None,
-        packing=s.data.packing, over_length=s.data.over_length, num_proc=s.data.num_proc,
-        pvc_mounts={data_pvc: data_root}, cache_dir=os.path.join(data_root, "cache", "prepared"),
-    )
+    # How this step ended, for the run's exit handler (components/observe/outcome.py).
+    with recording_outcome(f"prepare_dataset[{stage}]", data_root, run_id):
+        s = Settings.from_flat(settings)
+        data_pvc = s.cluster.data_pvc
+        source, data_format = stage_data(s, stage)
+        out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
+        eval_source = s.data.eval_source if stage == "sft" else ""
+        # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
+        stats = prepare_once(
+            out_dir, s.train.model_name_or_path, os.path.join(data_root, "cache"),
+            source=[x.strip() for x in source.split(",") if x.strip()], max_seq_length=s.train.max_seq_length,
+            eval_size=int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, seed=s.train.seed,
+            format=data_format, columns=s.data.column_mapping if stage == "sft" else {},
+            eval_source=[x.strip() for x in eval_source.split(",") if x.strip()] or None,
+            packing=s.data.packing, over_length=s.data.over_length, num_proc=s.data.num_proc,
+            pvc_mounts={data_pvc: data_root}, cache_dir=os.path.join(data_root, "cache", "prepared"),
+        )
 
-    os.makedirs(dataset.path, exist_ok=True)
-    with open(os.path.join(dataset.path, "stats.json"), "w") as f:
-        json.dump(stats, f, indent=2, ensure_ascii=False)
-    with open(report.path, "w", encoding="utf-8") as f:
-        f.write(markdown(stats))
-    metadata = {
-        "pvc": data_pvc,
-        "path": out_dir,
-        "uri": pvc_uri(data_pvc, data_root, out_dir),
-        "format": stats["format"],
-        "stage": stage,
-        "packing": stats["packing"],
-        "train_rows": stats["train"]["rows"],
-        "eval_rows": stats["eval"]["rows"],
-        "train_examples": stats["train"]["examples"],
-        "eval_examples": stats["eval"]["examples"],
-        "cache_hit": stats["cache_hit"],
-    }
-    if "tokens" in stats["train"]:
-        metadata["train_tokens"] = stats["train"]["tokens"]
-    if stats["packing"]:
-        metadata["packing_efficiency"] = stats["train"]["packing_efficiency"]
-    dataset.metadata.update(metadata)
+        os.makedirs(dataset.path, exist_ok=True)
+        with open(os.path.join(dataset.path, "stats.json"), "w") as f:
+            json.dump(stats, f, indent=2, ensure_ascii=False)
+        with open(report.path, "w", encoding="utf-8") as f:
+            f.write(markdown(stats))
+        metadata = {
+            "pvc": data_pvc,
+            "path": out_dir,
+            "uri": pvc_uri(data_pvc, data_root, out_dir),
+            "format": stats["format"],
+            "stage": stage,
+            "packing": stats["packing"],
+            "train_rows": stats["train"]["rows"],
+            "eval_rows": stats["eval"]["rows"],
+            "train_examples": stats["train"]["examples"],
+            "eval_examples": stats["eval"]["examples"],
+            "cache_hit": stats["cache_hit"],
+        }
+        if "tokens" in stats["train"]:
+            metadata["train_tokens"] = stats["train"]["tokens"]
+        if stats["packing"]:
+            metadata["packing_efficiency"] = stats["train"]["packing_efficiency"]
+        dataset.metadata.update(metadata)

@@ -56,6 +56,7 @@ def train_model(
     import os
     from collections import namedtuple
 
+    from components.observe.outcome import recording_outcome
     from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
     from components.settings import Settings, whole_numbers
     from components.train.config import build_trainer_config, write_trainer_config
@@ -63,81 +64,84 @@ def train_model(
     from components.train.stages import stage_folder, stage_train_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    s = Settings.from_flat(settings)
-    local = s.cluster.train_backend == "local"
-    # Paths as the trainer sees them: the job's pods mount the claims at the standard mounts.
-    pod_data, pod_models = (data_root, model_root) if local else (DATA_MOUNT, MODEL_MOUNT)
-    out_dir = os.path.join(run_dir(model_root, run_id), stage_folder(stage))
-    base_path = base_model_path
-    if base_path.startswith(model_root + "/"):  # a previous stage's model, on the model volume
-        base_path = base_path.replace(model_root, pod_models, 1)
-    cfg = build_trainer_config(
-        stage_train_settings(s, stage, base_path, whole_numbers(tuned)),
-        stage=stage,
-        dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
-        output_dir=out_dir.replace(model_root, pod_models, 1),
-        packing=dataset.metadata.get("packing", True),
-        use_cpu=local and not cuda_available(),
-        model_cache_dir=os.path.join(pod_data, "cache"),
-    )
-    config_path = write_trainer_config(cfg, os.path.join(out_dir, "train_config.json"))
-    job_name = ""
-    if local:
-        from components.train.launcher.local import run_torchrun
-
-        env = dict(os.environ)
-        if "mlflow" in cfg["report_to"]:
-            # A local run's MLflow: a file store in the workspace (mlflow ui --backend-store-uri <it>), unless the
-            # user's environment names a tracking server.
-            env.setdefault("MLFLOW_TRACKING_URI", "file:" + os.path.join(os.path.dirname(model_root), "mlruns"))
-            env.setdefault("MLFLOW_EXPERIMENT_NAME", "llm-finetune")
-            # MLflow 3 keeps file stores in maintenance mode and refuses them unless asked: a laptop run needs no
-            # database server, and `mlflow ui` reads the folder.
-            env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
-        run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
-    else:
-        from components.kube import current_namespace
-        from components.train.launcher.job import run_training_job, training_job_for_run
-        from components.kube import job_name_for
-
-        job_name = job_name_for(run_id, stage)
-        if s.cluster.tensorboard:
-            # After the config is written: the run's folder, the Tensorboard's subPath mount, exists now.
-            from components.observe.tensorboard import ensure_tensorboard, tensorboard_manifest
-
-            ensure_tensorboard(tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(),
-                                                    s.cluster.model_pvc, run_id))
-        trainer_version = None
-        if s.cluster.train_backend == "trainjob":
-            from components.train.launcher.trainjob import installed_trainer_version
-
-            # Read here, in the launcher pod, once before the job is created: the TrainJob's pod patch differs
-            # between Trainer releases, and the API server would silently drop the one the cluster lacks.
-            trainer_version = installed_trainer_version()
-        manifest = training_job_for_run(
-            s.cluster, run_id=run_id, namespace=current_namespace(),
-            config_path=config_path.replace(model_root, MODEL_MOUNT, 1), stage=stage, trainer_version=trainer_version,
+    # How this step ended, for the run's exit handler (components/observe/outcome.py).
+    with recording_outcome(f"train_model[{stage}]", model_root, run_id):
+        s = Settings.from_flat(settings)
+        local = s.cluster.train_backend == "local"
+        # Paths as the trainer sees them: the job's pods mount the claims at the standard mounts.
+        pod_data, pod_models = (data_root, model_root) if local else (DATA_MOUNT, MODEL_MOUNT)
+        out_dir = os.path.join(run_dir(model_root, run_id), stage_folder(stage))
+        base_path = base_model_path
+        if base_path.startswith(model_root + "/"):  # a previous stage's model, on the model volume
+            base_path = base_path.replace(model_root, pod_models, 1)
+        cfg = build_trainer_config(
+            stage_train_settings(s, stage, base_path, whole_numbers(tuned)),
+            stage=stage,
+            dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
+            output_dir=out_dir.replace(model_root, pod_models, 1),
+            packing=dataset.metadata.get("packing", True),
+            use_cpu=local and not cuda_available(),
+            model_cache_dir=os.path.join(pod_data, "cache"),
         )
+        config_path = write_trainer_config(cfg, os.path.join(out_dir, "train_config.json"))
+        job_name = ""
+        if local:
+            from components.train.launcher.local import run_torchrun
 
-        def record(job: dict) -> None:
-            # KFP uploads outputs only when the step returns: the job's identity goes to the volume now.
-            with open(os.path.join(out_dir, f"{job['kind'].lower()}.json"), "w") as f:
-                json.dump(job, f, indent=2)
-            logging.getLogger("train_model").info(
-                "%s %s/%s uid %s", job["kind"], job["metadata"]["namespace"], job["metadata"]["name"],
-                job["metadata"].get("uid", "?"))
+            env = dict(os.environ)
+            if "mlflow" in cfg["report_to"]:
+                # A local run's MLflow: a file store in the workspace (mlflow ui --backend-store-uri <it>), unless the
+                # user's environment names a tracking server.
+                env.setdefault("MLFLOW_TRACKING_URI", "file:" + os.path.join(os.path.dirname(model_root), "mlruns"))
+                env.setdefault("MLFLOW_EXPERIMENT_NAME", "llm-finetune")
+                # MLflow 3 keeps file stores in maintenance mode and refuses them unless asked: a laptop run needs no
+                # database server, and `mlflow ui` reads the folder.
+                env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
+        else:
+            from components.kube import current_namespace, job_name_for
+            from components.train.launcher.job import run_training_job, training_job_for_run
 
-        run_training_job(manifest, cleanup=s.cluster.job_cleanup, on_created=record,
-                         job_restarts=s.cluster.job_restarts, pending_timeout_seconds=s.cluster.pending_timeout_seconds)
+            job_name = job_name_for(run_id, stage)
+            if s.cluster.tensorboard:
+                # After the config is written: the run's folder, the Tensorboard's subPath mount, exists now.
+                from components.observe.tensorboard import ensure_tensorboard, tensorboard_manifest
 
-    final_dir = os.path.join(out_dir, "final")
-    uri = final_dir if local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)
-    with open(os.path.join(out_dir, "metrics.json")) as f:
-        metrics = json.load(f)
-    model.metadata.update({"pvc": s.cluster.model_pvc, "path": final_dir, "uri": uri, "stage": stage,
-                           "base_model": base_model_path, "method": cfg["method"], "job_name": job_name,
-                           **metrics})
-    return namedtuple("TrainOutputs", ["model_uri", "model_path", "job_name"])(uri, final_dir, job_name)
+                ensure_tensorboard(tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(),
+                                                        s.cluster.model_pvc, run_id))
+            trainer_version = None
+            if s.cluster.train_backend == "trainjob":
+                from components.train.launcher.trainjob import installed_trainer_version
+
+                # Read here, in the launcher pod, once before the job is created: the TrainJob's pod patch differs
+                # between Trainer releases, and the API server would silently drop the one the cluster lacks.
+                trainer_version = installed_trainer_version()
+            manifest = training_job_for_run(
+                s.cluster, run_id=run_id, namespace=current_namespace(),
+                config_path=config_path.replace(model_root, MODEL_MOUNT, 1), stage=stage,
+                trainer_version=trainer_version,
+            )
+
+            def record(job: dict) -> None:
+                # KFP uploads outputs only when the step returns: the job's identity goes to the volume now.
+                with open(os.path.join(out_dir, f"{job['kind'].lower()}.json"), "w") as f:
+                    json.dump(job, f, indent=2)
+                logging.getLogger("train_model").info(
+                    "%s %s/%s uid %s", job["kind"], job["metadata"]["namespace"], job["metadata"]["name"],
+                    job["metadata"].get("uid", "?"))
+
+            run_training_job(manifest, cleanup=s.cluster.job_cleanup, on_created=record,
+                             job_restarts=s.cluster.job_restarts,
+                             pending_timeout_seconds=s.cluster.pending_timeout_seconds)
+
+        final_dir = os.path.join(out_dir, "final")
+        uri = final_dir if local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)
+        with open(os.path.join(out_dir, "metrics.json")) as f:
+            metrics = json.load(f)
+        model.metadata.update({"pvc": s.cluster.model_pvc, "path": final_dir, "uri": uri, "stage": stage,
+                               "base_model": base_model_path, "method": cfg["method"], "job_name": job_name,
+                               **metrics})
+        return namedtuple("TrainOutputs", ["model_uri", "model_path", "job_name"])(uri, final_dir, job_name)
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

@@ -328,7 +328,10 @@ def test_bad_search_settings_fail_the_step_before_anything_is_created(tmp_path, 
     assert str(error.value).splitlines() == [
         "hpo_search_space.learning_rate: min (0.001) must be below max (0.0001)",
         "hpo_parallel_trials (4) is more than hpo_trials (3); lower hpo_parallel_trials or raise hpo_trials"]
-    assert cluster.requests == [] and not (tmp_path / "models").exists()
+    # Nothing but the step's own failure record, which the run's exit handler reads (components/observe/outcome.py).
+    left = [p for p in (tmp_path / "models").rglob("*") if p.is_file()]
+    assert cluster.requests == [] and [p.name for p in left] == ["search_hyperparameters.json"]
+    assert json.loads(left[0].read_text())["state"] == "FAILED"
 
 
 def test_with_hpo_off_the_step_returns_no_settings(tmp_path, cluster):

@@ -82,3 +82,20 @@ def test_kfp_local_states_keep_their_task_and_error():
     assert run_outcome("SUCCEEDED", "", "", []) == ("SUCCEEDED", "", "")
     assert run_outcome("FAILED", "evaluate-model", "worse than base", []) == ("FAILED", "evaluate-model",
                                                                                "worse than base")
+
+
+def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads_it(tmp_path):
+    from kfp.dsl import Dataset, Markdown
+
+    from components.data.component import prepare_dataset
+    from components.observe.outcome import read_records
+    from components.settings import defaults
+
+    settings = {**defaults(), "dataset_source": str(tmp_path / "no-such-file.jsonl"),
+                "model_name_or_path": "builtin:tiny-qwen3", "num_proc": 1}
+    with pytest.raises(Exception) as err:
+        prepare_dataset.python_func(settings=settings, stage="sft", data_root=str(tmp_path / "data"), run_id=RUN,
+                                    dataset=Dataset(uri=str(tmp_path / "d")), report=Markdown(uri=str(tmp_path / "r")))
+    (record,) = read_records([str(tmp_path / "data")], RUN)
+    assert record["step"] == "prepare_dataset[sft]" and record["state"] == "FAILED"
+    assert str(err.value)[:60] in record["error"]
