@@ -135,6 +135,8 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
         deploy = deploy_model(
             model_path=model, settings=settings, run_id=run_id,
         ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
+        if cluster:  # it reads the evaluation's serving reference beside the model (components/deploy/logprobs.py)
+            kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
     with dsl.Else(name="evaluation-not-passed"):
         skipped = skip_deployment(reason=evaluate.outputs["reason"]).set_display_name("Skip deployment")
 

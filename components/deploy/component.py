@@ -13,13 +13,17 @@ def deploy_model(
     settings: dict,
     run_id: str,
 ) -> NamedTuple("DeployOutputs", [("endpoint", str), ("served_model_name", str), ("smoke_reply", str)]):
-    """Serve the tuned model and prove it answers one chat completion.
+    """Serve the tuned model and prove it answers one chat completion and is the model the evaluation scored.
 
     ``kserve-vllm`` / ``kserve-huggingface`` create (or update in place) an InferenceService whose
     ``storageUri`` is the model's ``pvc://`` URI, wait for Ready, smoke-test the OpenAI route and roll
     back on failure or when the run is cancelled. ``local`` starts ``transformers serve`` on a free localhost port.
     An existing service keeps its deployment mode (changing it is an error: delete the service first); with
     Knative, ``canary_traffic_percent`` sends that share to the new revision and the smoke test goes there.
+    Then the server must reproduce evaluate_model's ``serving_check.json`` (beside the model folder): per-token
+    log-probabilities of a few held-out rows within 0.05 nats on average and the greedy first tokens
+    (components/deploy/logprobs.py; ``local`` compares the greedy answers only); otherwise the service is rolled
+    back (local: the server is stopped) and the step fails.
 
     Args:
         model_path: the last stage's final folder (train_model's ``model_path``), on the model volume.
@@ -36,17 +40,20 @@ def deploy_model(
     import os
     from collections import namedtuple
 
+    from components.deploy.logprobs import read_reference, reference_path
     from components.settings import Settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("deploy_model")
     s = Settings.from_flat(settings)
     keep_serving = s.deploy.keep_serving
+    # Written by evaluate_model beside the model folder: what the served model must reproduce.
+    reference = read_reference(reference_path(model_path))
     if s.deploy.deploy_backend == "local":
         from components.deploy.local_server import serve_locally
 
         log_path = os.path.join(os.path.dirname(model_path), "serve.log")
-        result = serve_locally(model_path, log_path, keep_serving=keep_serving)
+        result = serve_locally(model_path, log_path, keep_serving=keep_serving, serving_reference=reference)
         if keep_serving:
             log.info("server kept running (pid %s); stop it with: kill %s", result["pid"], result["pid"])
     else:
@@ -56,7 +63,7 @@ def deploy_model(
 
         manifest = inference_service_for_run(s.deploy, s.cluster, run_id=run_id, namespace=current_namespace(),
                                              storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, model_path))
-        result = deploy_inference_service(manifest)
+        result = deploy_inference_service(manifest, serving_reference=reference)
     log.info("endpoint %s answered: %r", result["endpoint"], result["smoke_reply"])
     outputs = namedtuple("DeployOutputs", ["endpoint", "served_model_name", "smoke_reply"])
     return outputs(result["endpoint"], result["served_model_name"], result["smoke_reply"])

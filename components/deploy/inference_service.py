@@ -23,8 +23,10 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
+from components.deploy.logprobs import ServingMismatch, check_server
 from components.deploy.smoke import chat_completion
 from components.kube import DNS1035_LABEL, RUN_ID_LABEL, CustomResourceRunner, call_api, unstartable_pod_reason
+from components.security import container_security_context
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
 # KServe labels every pod of a service with its name.
@@ -35,7 +37,6 @@ CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 40
 DEPLOYMENT_MODE_ANNOTATION = "serving.kserve.io/deploymentMode"
 DEPLOYMENT_MODES = ("Standard", "Knative")
-from components.security import container_security_context
 # What KServe still accepts and normalises to the current names.
 LEGACY_DEPLOYMENT_MODES = {"RawDeployment": "Standard", "Serverless": "Knative"}
 # Knative gives each revision tagged URLs ("latest", "prev"), so a canary's smoke test reaches the new model.
@@ -215,14 +216,17 @@ def _not_ready_reasons(isvc: dict) -> str:
 
 def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: float = 10.0,
                              api_client=None, smoke_prompt: str = "Hello",
-                             pending_timeout_seconds: float = 900.0) -> dict:
-    """Create, or patch in place when it exists; wait for Ready; smoke-test; roll back on any failure.
+                             pending_timeout_seconds: float = 900.0, serving_reference: dict | None = None) -> dict:
+    """Create, or patch in place when it exists; wait for Ready; smoke-test; prove it serves the evaluated model;
+    roll back on any failure.
 
     Waits until the service is Ready for this spec (``status.observedGeneration``), failing fast on pods
     that cannot start (bad image, crash loop, Unschedulable past ``pending_timeout_seconds``). The smoke
     test is one chat completion (``components.deploy.smoke.chat_completion``) on the runtime's OpenAI route
     under the in-cluster address (``status.address.url``, else ``status.url``). On failure the previous
-    spec is restored (merge patch), or the new service is deleted, and the error says which.
+    spec is restored (merge patch), or the new service is deleted, and the error says which. With
+    ``serving_reference`` (the evaluate step's, components/deploy/logprobs.py) the same address must then
+    reproduce the evaluated model's per-token log-probabilities on held-out rows and its greedy first tokens.
 
     Args:
         manifest: from ``build_inference_service``.
@@ -231,16 +235,19 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
         smoke_prompt: the user message of the smoke test.
         pending_timeout_seconds: how long a predictor pod may stay Unschedulable.
+        serving_reference: from ``components.deploy.logprobs.read_reference``; None skips that check.
 
     Returns:
-        ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``.
+        ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``, and
+        ``"serving_check"`` (check_server's summary) with a ``serving_reference``.
 
     With a canary (``canaryTrafficPercent``, Knative) on an existing service, the smoke test goes to the new
     revision's tagged URL. SIGTERM (the KFP run cancelled) rolls back the same way and exits with 143.
 
     Raises:
         ValueError: the existing service runs in another deployment mode (nothing is changed).
-        RuntimeError: a pod cannot start or the smoke test failed (after the rollback).
+        RuntimeError: a pod cannot start, the smoke test failed or the server is not the evaluated model (after
+            the rollback).
         TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
         SystemExit: 143 after SIGTERM, once rolled back.
     """
@@ -293,10 +300,24 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
             reply = chat_completion(_smoke_url(status, canary) + rt.openai_route, served, smoke_prompt)
         except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
             raise RuntimeError(f"{what} is Ready but failed the smoke test: {exc}; {roll_back()}") from exc
+        check = None
+        if serving_reference is not None:
+            try:
+                check = check_server(_smoke_url(status, canary) + rt.openai_route, served, serving_reference)
+            except (ServingMismatch, OSError) as exc:
+                raise RuntimeError(f"{what} is Ready but does not serve the evaluated model: {exc}; "
+                                   f"{roll_back()}") from exc
+            print(f"{what} serves the evaluated model: mean |log-probability difference| "
+                  f"{check['mean_abs_logprob_diff']:.4f} nats over {check['tokens']} held-out tokens (tolerance "
+                  f"{check['logprob_tolerance']}), {check['greedy_tokens_compared']} greedy tokens equal", flush=True)
     print(f"{what} is Ready and answered the smoke test"
           + (f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
              if canary else ""), flush=True)
-    return {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served, "smoke_reply": reply}
+    result = {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served,
+              "smoke_reply": reply}
+    if check is not None:
+        result["serving_check"] = check
+    return result
 
 
 def _deployment_mode(isvc: dict) -> str | None:

@@ -8,6 +8,7 @@ import socket
 import subprocess
 
 from components import quick_exit
+from components.deploy.logprobs import check_greedy_text
 from components.deploy.smoke import chat_completion, wait_healthy
 
 SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
@@ -20,11 +21,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, startup_timeout: float = 180.0) -> dict:
+def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, startup_timeout: float = 180.0,
+                  serving_reference: dict | None = None) -> dict:
     """Start `transformers serve` on the model, send one chat completion, and stop it unless ``keep_serving``.
 
-    Returns ``endpoint`` (the OpenAI-compatible base URL), ``served_model_name``, ``smoke_reply`` and,
-    when kept, the server's ``pid`` (stop it with ``kill <pid>``).
+    With ``serving_reference`` (the evaluate step's, components/deploy/logprobs.py) the server's greedy answers
+    must also start as the evaluated model's (``check_greedy_text``: `transformers serve` returns no
+    log-probabilities, so only the answers are compared); otherwise the server is stopped and the step fails.
+
+    Returns ``endpoint`` (the OpenAI-compatible base URL), ``served_model_name``, ``smoke_reply``, with a reference
+    ``greedy_prompts_checked``, and, when kept, the server's ``pid`` (stop it with ``kill <pid>``).
     """
     port = free_port()
     # `transformers serve` in a process that skips the final garbage collection at exit: _stop waits for it.
@@ -46,12 +52,15 @@ def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, st
         # No temperature: the model's generation config is greedy already, and transformers serve warns about
         # a temperature sent along with greedy decoding.
         reply = chat_completion(endpoint, model_path, SMOKE_PROMPT, temperature=None)
+        checked = check_greedy_text(endpoint, model_path, serving_reference) if serving_reference else 0
     except BaseException as e:
         _stop(proc)
         with open(log_path, "rb") as f:
             tail = f.read()[-2000:].decode(errors="replace")
         raise RuntimeError(f"local server failed: {e}\n--- {log_path} ---\n{tail}") from None
     result = {"endpoint": endpoint, "served_model_name": model_path, "smoke_reply": reply}
+    if serving_reference:
+        result["greedy_prompts_checked"] = checked
     if keep_serving:
         result["pid"] = proc.pid
     else:

@@ -40,11 +40,16 @@ def evaluate_model(
             from the trainer's log in its last complete checkpoint), task scores, answers side by side.
         passed: whether the tuned model clears the gate.
         reason: the numbers behind the decision, in one line.
+
+    Beside the tuned model's folder it writes ``serving_check.json``: a few held-out examples' per-token
+    log-probabilities and greedy first tokens, which deploy_model requires the server to reproduce
+    (components/deploy/logprobs.py).
     """
     import logging
     import os
     from collections import namedtuple
 
+    from components.deploy.logprobs import reference_path
     from components.evaluate.evaluate import evaluate
     from components.models.hub import resolve_model
     from components.settings import Settings
@@ -70,6 +75,7 @@ def evaluate_model(
         max_new_tokens=e.max_new_tokens, lm_eval_tasks=e.lm_eval_tasks, max_task_regression=e.max_task_regression,
         train_dir=os.path.dirname(model_path),
         stage_dirs=stage_dirs if len(stages) > 1 else None, preference_path=preference_path, before_dpo=before_dpo,
+        serving_reference=reference_path(model_path),
     )
     for name, value in result["metrics"].items():
         metrics.log_metric(name, value)

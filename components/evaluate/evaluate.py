@@ -21,6 +21,7 @@ import datasets
 import torch
 from transformers import AutoTokenizer
 
+from components.deploy.logprobs import transformers_reference, write_reference
 from components.evaluate.curves import training_section
 from components.evaluate.harness import check_tasks, run_tasks
 from components.evaluate.isolated import run_isolated
@@ -140,14 +141,20 @@ def readable_decode(tokenizer, ids: list[int]) -> str:
 
 
 def score_model(model_path: str, rows, prompts: list[list[dict]], max_new_tokens: int, dataset_path: str,
-                batch_size: int = 8) -> dict:
-    """Held-out loss and prompt answers of one model: vLLM (own process) on GPUs where installed, else transformers."""
+                batch_size: int = 8, serving_reference: bool = False) -> dict:
+    """Held-out loss and prompt answers of one model: vLLM (own process) on GPUs where installed, else transformers.
+    With ``serving_reference``, also ``serving_reference``: what the served model must reproduce
+    (components/deploy/logprobs.py), from the same engine and weights."""
     gpus = torch.cuda.device_count()
     if gpus and importlib.util.find_spec("vllm") is not None:
-        return run_isolated(score_with_vllm, model_path, rows.to_list(), prompts, max_new_tokens, gpus)
+        return run_isolated(score_with_vllm, model_path, rows.to_list(), prompts, max_new_tokens, gpus,
+                            serving_reference=serving_reference)
     model = load_causal_lm(model_path)
     result = _loss_dict(*_label_nll(model, rows, batch_size), len(rows), dataset_path)
-    result["answers"] = generate_answers(model, AutoTokenizer.from_pretrained(model_path), prompts, max_new_tokens)
+    tokenizer = AutoTokenizer.from_pretrained(model_path)
+    result["answers"] = generate_answers(model, tokenizer, prompts, max_new_tokens)
+    if serving_reference:
+        result["serving_reference"] = transformers_reference(model, tokenizer, rows, prompts)
     del model
     if gpus:
         torch.cuda.empty_cache()  # room for the next model
@@ -199,7 +206,7 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
              *, min_perplexity_improvement: float = 0.0, eval_prompts: str = BUILTIN_PROMPTS,
              max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01,
              train_dir: str | None = None, stage_dirs: dict | None = None, preference_path: str | None = None,
-             before_dpo: str | None = None) -> dict:
+             before_dpo: str | None = None, serving_reference: str | None = None) -> dict:
     """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
     decision and a Markdown report.
 
@@ -215,6 +222,9 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
         stage_dirs: stage -> its output folder, when several stages ran: the report shows each one's metrics.
         preference_path: the dpo stage's prepared pairs: base, ``before_dpo`` and tuned are scored on their eval split
             (preference accuracy, components/evaluate/stages.py).
+        serving_reference: where to write what the served tuned model must reproduce: a few held-out examples'
+            per-token log-probabilities and greedy first tokens (components/deploy/logprobs.py); the deploy step
+            compares the server with it.
 
     Raises:
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
@@ -233,11 +243,14 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     scores = {}
     for role, path in (("base", base_model), ("tuned", tuned_model)):
         t0 = time.time()
-        scores[role] = score_model(path, rows, prompts, max_new_tokens, dataset_path)
+        scores[role] = score_model(path, rows, prompts, max_new_tokens, dataset_path,
+                                   serving_reference=role == "tuned" and serving_reference is not None)
         scores[role]["tasks"] = run_tasks(path, tasks, max_samples, use_vllm, gpus)
         log.info("%-5s eval_loss %.4f over %d tokens, %d answers, %d tasks in %.1fs", role,
                  scores[role]["eval_loss"], scores[role]["tokens"], len(prompts), len(tasks), time.time() - t0)
     base, tuned = scores["base"], scores["tuned"]
+    if serving_reference is not None:
+        write_reference(serving_reference, tuned.pop("serving_reference"))
     passed, reason = gate(base, tuned, min_loss_improvement, min_perplexity_improvement=min_perplexity_improvement,
                           base_tasks=base["tasks"], tuned_tasks=tuned["tasks"], max_task_regression=max_task_regression)
     metrics = {

@@ -25,9 +25,9 @@ def split_examples(row: dict) -> list[tuple[list[int], list[int]]]:
 
 
 def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]], max_new_tokens: int,
-                    gpus: int) -> dict:
+                    gpus: int, serving_reference: bool = False) -> dict:
     """``eval_loss``, ``perplexity``, ``tokens``, ``rows`` and ``answers`` of ``model_path`` with vLLM on ``gpus``
-    GPUs."""
+    GPUs; with ``serving_reference`` also ``serving_reference`` (components/deploy/logprobs.py) from this engine."""
     # Lazy and optional: vLLM exists only in GPU images that install it; evaluation falls back to transformers.
     from vllm import LLM, SamplingParams
 
@@ -46,5 +46,10 @@ def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]]
                 tokens += 1
     answers = [o.outputs[0].text for o in llm.chat(prompts, SamplingParams(temperature=0.0, max_tokens=max_new_tokens))]
     loss = nll / tokens
-    return {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens, "rows": len(rows),
-            "answers": answers}
+    result = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens, "rows": len(rows),
+              "answers": answers}
+    if serving_reference:
+        from components.deploy.logprobs import vllm_reference
+
+        result["serving_reference"] = vllm_reference(llm, rows, prompts)
+    return result

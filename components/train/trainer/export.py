@@ -217,6 +217,47 @@ def merge_adapter(base_path: str, adapter_dir: str, out_dir: str) -> None:
     merged.save_pretrained(out_dir)
 
 
+def _with_transformers4_rope_keys(config: dict) -> dict:
+    rope = config.get("rope_parameters")
+    if not isinstance(rope, dict) or "rope_theta" not in rope:
+        return config
+    out = dict(config)
+    out["rope_theta"] = rope["rope_theta"]
+    scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "partial_rotary_factor")}
+    out["rope_scaling"] = None if scaling.get("rope_type", "default") == "default" else scaling
+    if "partial_rotary_factor" in rope:
+        out.setdefault("partial_rotary_factor", rope["partial_rotary_factor"])
+    return out
+
+
+def add_transformers4_rope_keys(config_path: Path) -> None:
+    """Also write RoPE's settings where transformers 4.x reads them: ``rope_theta`` and ``rope_scaling``.
+
+    transformers 5 writes them only inside ``rope_parameters``; 4.x ignores that key and falls back to its
+    defaults, so a Qwen3 model (base 1,000,000) served by a 4.x-based runtime would quietly run with base 10,000
+    (issue 19, defect 8). transformers 5 reads the copies back to the same ``rope_parameters``. Nested
+    configurations (``text_config`` and the like) get the same.
+    """
+    config = json.loads(config_path.read_text())
+    config = _with_transformers4_rope_keys(config)
+    for key, value in list(config.items()):
+        if isinstance(value, dict) and "rope_parameters" in value:
+            config[key] = _with_transformers4_rope_keys(value)
+    config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+def readable_by_every_user(folder: str) -> None:
+    """Let every user read the files under ``folder`` (and enter its folders).
+
+    safetensors writes weights with mode 0600 (a temporary file renamed into place), so only the trainer pods' user
+    could read the model. The serving pod may run as another user: KServe's own runtimes, a namespace that assigns
+    user ids, a trainer image that runs as root (found by the serving rehearsal, where vLLM runs as the
+    ServingRuntime's user 1000).
+    """
+    for path in (Path(folder), *Path(folder).rglob("*")):
+        path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
+
+
 def model_card(cfg, base_path: str, metrics: dict) -> dict:
     """``model.json``: what this model is and how it was made."""
     return {
@@ -241,6 +282,10 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
     """
     final_dir = os.path.join(cfg.output_dir, "final")
     trainer.model.config.use_cache = True  # off for packed training; generation (serving) wants the KV cache
+    # On for training only (the MoE router's auxiliary loss, trainer/common.py). Left in the export, transformers 5's
+    # Qwen3-MoE generate() fails on a padded batch (the evaluation's answers: found by the serving rehearsal).
+    if getattr(trainer.model.config, "output_router_logits", False):
+        trainer.model.config.output_router_logits = False
     zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
     if cfg.method == "full":
         if zero3:
@@ -264,5 +309,10 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
             shutil.copy(generation, final_dir)
         Path(final_dir, "training_args.bin").unlink(missing_ok=True)  # pickled TrainingArguments: not a model file
         Path(final_dir, "model.json").write_text(json.dumps(model_card(cfg, base_path, metrics), indent=2, default=str))
+        if Path(final_dir, "config.json").exists():  # a merged or full model; an adapter-only final/ has none
+            add_transformers4_rope_keys(Path(final_dir, "config.json"))
+        for folder in (final_dir, os.path.join(cfg.output_dir, "adapter")):
+            if os.path.isdir(folder):
+                readable_by_every_user(folder)
         log.info("final model in %s", final_dir)
     return final_dir
