@@ -196,3 +196,21 @@ def test_the_evaluate_step_writes_the_reference_the_deploy_step_checks(work, tmp
     assert "serving_reference" not in json.dumps(result["metrics"])  # the file, not the run's metrics
     with VLLMServer(tuned, "qwen3-sft") as server:
         assert check_server(server.url + "/v1", "qwen3-sft", reference)["mean_abs_logprob_diff"] < 1e-4
+
+
+@pytest.mark.slow
+def test_transformers_serve_reproduces_the_evaluations_greedy_answers_and_a_mismatch_fails_the_local_deploy(work,
+                                                                                                           tmp_path):
+    """The local backend against the real `transformers serve` (no log-probabilities there: answers only)."""
+    from components.deploy.local_server import serve_locally
+    from components.evaluate.evaluate import load_causal_lm
+    from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
+    from components.models.tiny import materialize
+
+    model_path = materialize(str(tmp_path / "cache"))
+    reference = transformers_reference(load_causal_lm(model_path), work["tok"].from_pretrained(model_path),
+                                       work["rows"], load_prompts(BUILTIN_PROMPTS))
+    assert serve_locally(model_path, str(tmp_path / "serve.log"), serving_reference=reference)["greedy_prompts_checked"]
+    reference["greedy"][1]["decisive_text"] = "an answer the model never gives"
+    with pytest.raises(RuntimeError, match="greedy answer to evaluation prompt 2 differs"):
+        serve_locally(model_path, str(tmp_path / "serve2.log"), serving_reference=reference)
