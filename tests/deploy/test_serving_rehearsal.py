@@ -171,6 +171,7 @@ def test_the_deploy_step_serves_the_evaluated_export_on_the_real_engine(variant,
         finally:
             kserve.stop()
     (pod,) = kserve.pods.values()
+    assert pod.gone(), f"pod {pod.name} outlived its deletion"
     log = pod.log.read_text(errors="replace")
     # The engine ran what the pod was given: the mounted model, one worker, the pinned release's CPU build.
     assert "model='/mnt/models'" in log and "tensor_parallel_size=1" in log

@@ -153,6 +153,16 @@ class Pod:
     def alive(self) -> bool:
         return self.proc.poll() is None
 
+    def gone(self) -> bool:
+        """After ``stop``: neither the pod's first process nor ``unshare`` nor the relay is left."""
+        for pid in getattr(self, "first_processes", []):
+            try:
+                os.kill(pid, 0)
+                return False
+            except ProcessLookupError:
+                pass
+        return self.proc.poll() is not None and self.relay.poll() is not None
+
     def tail(self, lines: int = 40) -> str:
         return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
 
@@ -171,7 +181,22 @@ class Pod:
         return ok
 
     def stop(self) -> None:
-        for proc in (self.proc, self.relay):  # the pod first: --kill-child takes every process in it along
+        """End the pod as the kubelet does: its first process dies (SIGKILL), and with it every process of its PID
+        namespace. ``unshare --kill-child`` cannot be relied on: the kernel clears the parent-death signal when
+        ``setpriv`` changes the user."""
+        import signal
+
+        try:
+            children = Path(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children").read_text().split()
+        except OSError:
+            children = []
+        self.first_processes = [int(c) for c in children]
+        for pid in self.first_processes:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for proc in (self.proc, self.relay):
             if proc.poll() is None:
                 proc.terminate()
                 try:
