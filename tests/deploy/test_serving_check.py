@@ -214,3 +214,14 @@ def test_transformers_serve_reproduces_the_evaluations_greedy_answers_and_a_mism
     reference["greedy"][1]["decisive_text"] = "an answer the model never gives"
     with pytest.raises(RuntimeError, match="greedy answer to evaluation prompt 2 differs"):
         serve_locally(model_path, str(tmp_path / "serve2.log"), serving_reference=reference)
+
+
+def test_the_pinned_runtime_reads_transformers5_configs_and_is_the_release_the_rehearsal_runs():
+    """vLLM ships transformers 5 from 0.19.1 on (vllm-project/vllm#30566); earlier images read the export's RoPE base
+    as 10,000. The serving rehearsal runs the CPU build of exactly the pinned release (tests/fakes/serving_image.py)."""
+    from components.deploy.serving_runtime import serving_runtime_manifest
+    from tests.fakes import serving_image
+
+    (container,) = serving_runtime_manifest("ns")["spec"]["containers"]
+    assert container["image"] == serving_image.IMAGE
+    assert tuple(map(int, serving_image.VLLM_VERSION.split("."))) >= (0, 19, 1)
