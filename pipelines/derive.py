@@ -17,7 +17,8 @@ README = ROOT / "README.md"
 TABLE_BEGIN = "<!-- settings table: written by python -m pipelines.compile from components/settings.py -->"
 TABLE_END = "<!-- end of settings table -->"
 
-_HEADER = '''"""validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested.
+_HEADER = '''\
+"""validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested.
 
 Written by ``python -m pipelines.compile`` from the settings model (components/settings.py): edit the model, not
 this file. Its inputs are the pipeline's parameters (the plain settings and ``advanced_settings``); its output is

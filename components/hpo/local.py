@@ -33,6 +33,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 from components.hpo import katib
 from components.hpo.trial import write_trial_config
@@ -94,9 +95,9 @@ def _now() -> str:
 
 def _katib_trial(name: str, params: dict, started: str, state: str, message: str, metrics: dict) -> dict:
     """A Trial object as Katib writes one (what ``katib.trial_summaries`` reads)."""
-    status = {"startTime": started, "completionTime": _now(),
-              "conditions": [{"type": "Created", "status": "True"}, {"type": state, "status": "True",
-                                                                      "message": message}]}
+    status: dict[str, Any] = {"startTime": started, "completionTime": _now(),
+                             "conditions": [{"type": "Created", "status": "True"}, {"type": state, "status": "True",
+                                                                                     "message": message}]}
     if metrics:
         status["observation"] = {"metrics": [{"name": k, "latest": repr(v)} for k, v in metrics.items()]}
     return {"apiVersion": f"{katib.GROUP}/{katib.VERSION}", "kind": "Trial",

@@ -51,7 +51,8 @@ def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str
         final = os.path.join(last, "final")
         model_uri = pvc_uri(model_pvc, model_root, final) if os.path.isdir(final) else ""
     outcome, failed_step, reason = run_outcome(status.state, status.pipeline_task_name or "",
-                                               status.error_message or "", read_records([data_root, model_root], run_id))
+                                               status.error_message or "",
+                                               read_records([data_root, model_root], run_id))
     log.info("run %s: KFP state %s -> %s %s", run_id, status.state, outcome, failed_step)
     notify_run_outcome(RunOutcome(
         pipeline="llm-finetune", run_id=run_id, status=outcome, failed_step=failed_step, reason=reason,

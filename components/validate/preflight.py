@@ -91,7 +91,8 @@ def _claim_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str) -
     modes = (pvc.status.access_modes if pvc.status and pvc.status.access_modes else pvc.spec.access_modes) or []
     if "ReadWriteMany" not in modes:
         return (f"{field}={name!r} has access modes {', '.join(modes) or 'none'}: the job's pods on several nodes "
-                "mount it at once, so it must be ReadWriteMany (use an RWX storage class: NFS, CephFS, a CSI file store)")
+                "mount it at once, so it must be ReadWriteMany (use an RWX storage class: NFS, CephFS, "
+                "a CSI file store)")
     if phase != "Bound":
         return (f"{field}={name!r} is {phase}, not Bound: its storage class cannot provision it "
                 f"(kubectl describe pvc {name} -n {namespace})")

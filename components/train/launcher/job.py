@@ -24,6 +24,7 @@ pod's log is drained first).
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 from kubernetes import client as k8s
 
@@ -184,7 +185,7 @@ def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: s
     from components.train.launcher.trainjob import trainjob_for_run
 
     c = cluster
-    common = dict(
+    common: dict[str, Any] = dict(
         run_id=run_id, namespace=namespace, config_path=config_path, trainer_image=c.trainer_image,
         num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, data_pvc=c.data_pvc, model_pvc=c.model_pvc,
         hf_token_secret=c.hf_token_secret, node_selector=c.node_selector, tolerations=c.tolerations,
@@ -193,6 +194,7 @@ def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: s
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
-        return trainjob_for_run(**common, **({"trainer_version": trainer_version} if trainer_version else {}))
+        version: dict[str, Any] = {"trainer_version": trainer_version} if trainer_version else {}
+        return trainjob_for_run(**common, **version)
     return pytorchjob_for_run(**common, priority_class=c.priority_class, gang_scheduling=c.gang_scheduling,
                               min_nodes=c.min_nodes or None, max_restarts=c.max_restarts)
