@@ -1,6 +1,7 @@
 """Images and package stay one release: tags come from the version, Dockerfiles install the pins."""
 
 import re
+
 import tomllib
 
 from components import version
@@ -32,10 +33,12 @@ def test_dockerfiles_install_this_package_and_pin_what_pyproject_pins():
         assert "COPY components ./components" in text and "COPY pipelines ./pipelines" in text
         for package, pin in _dockerfile_pins(image).items():
             if package in pinned:
-                assert pin == pinned[package], f"images/{image}/Dockerfile pins {package}=={pin}, pyproject {pinned[package]}"
+                assert pin == pinned[package], (f"images/{image}/Dockerfile pins {package}=={pin}, "
+                                                f"pyproject {pinned[package]}")
     trainer = (ROOT / "images" / "trainer" / "Dockerfile").read_text()
     assert 'pip install ".[train]"' in trainer  # deepspeed, peft, bitsandbytes come from pyproject's pins
-    assert "torch==" + pinned["torch"] in trainer and "torch==" + pinned["torch"] in (ROOT / "images/components/Dockerfile").read_text()
+    components_image = (ROOT / "images/components/Dockerfile").read_text()
+    assert "torch==" + pinned["torch"] in trainer and "torch==" + pinned["torch"] in components_image
 
 
 def test_compiled_pipeline_uses_the_versioned_images():

@@ -20,20 +20,20 @@ import pytest
 import yaml
 
 from components import kube
-from components.hpo.follow import run_experiment
-from components.observe import tensorboard
 from components.deploy import inference_service
 from components.deploy.inference_service import build_inference_service, deploy_inference_service
-from components.train.launcher.job import run_training_job
+from components.hpo.follow import run_experiment
 from components.kube import job_name_for
+from components.observe import tensorboard
+from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import trainjob_for_run
 from components.validate.preflight import (
-    SEARCH_ACCESS,
-    TENSORBOARD_ACCESS,
     DEPLOYER_ACCESS,
     LAUNCHER_ACCESS,
     POD_ACCESS,
+    SEARCH_ACCESS,
+    TENSORBOARD_ACCESS,
     preflight,
 )
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -167,7 +167,8 @@ def scripted_runs() -> set[tuple]:
         needed |= {rule_for(r.method, r.path) for r in api.requests}
     for train in ("pytorchjob", "trainjob"):
         with FakeKubeAPI() as api:
-            assert preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client, namespace=NS) == []
+            assert preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client,
+                             namespace=NS) == []
             needed |= {rule_for(r.method, r.path) for r in api.requests}
     with FakeKubeAPI() as api:  # with a search: Katib, and the namespace's injection label
         ready_cluster(api).install_crd("kubeflow.org", "v1beta1", "experiments", "Experiment")

@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from components.train.launcher.pytorchjob import build_pytorchjob
-from tests.helpers.repo import ROOT
 from tests.helpers.crd_schema import crd_errors
+from tests.helpers.repo import ROOT
 
 HERE = "tests/test_reference_in_ci.py"
 

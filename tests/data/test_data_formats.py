@@ -31,7 +31,8 @@ def train_eval(path) -> dict:
 def test_chat_formats_are_detected_and_match_messages(fmt, rows, tokenizer_dir, tmp_path):
     reference = prepare(str(write_jsonl(tmp_path / "m.jsonl", [as_messages(q, a) for q, a in QA])), tokenizer_dir,
                         str(tmp_path / "ref"), 64, 3, 0, packing=False)
-    stats = prepare(str(write_jsonl(tmp_path / "x.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 64, 3, 0, packing=False)
+    stats = prepare(str(write_jsonl(tmp_path / "x.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 64, 3, 0,
+                    packing=False)
     assert stats["formats"] == {str(tmp_path / "x.jsonl"): fmt} and reference["format"] == stats["format"] == "messages"
     assert train_eval(tmp_path / "out") == train_eval(tmp_path / "ref")
 
@@ -78,7 +79,8 @@ def test_parquet_csv_json_arrow_folders_globs_and_pvc_read_the_same(tokenizer_di
     (folder / "c.json").write_text(json.dumps(rows[8:]))
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
     for name, source, mounts in [("folder", str(folder), {}), ("glob", str(folder / "*.*"), {}),
-                                 ("saved", str(tmp_path / "saved"), {}), ("pvc", "pvc://data/mixed", {"data": str(tmp_path)})]:
+                                 ("saved", str(tmp_path / "saved"), {}),
+                                 ("pvc", "pvc://data/mixed", {"data": str(tmp_path)})]:
         stats = prepare(source, tokenizer_dir, str(tmp_path / name), 64, 3, 0, pvc_mounts=mounts)
         assert stats["rows_kept"] == 12, name
         assert train_eval(tmp_path / name) == train_eval(tmp_path / "ref"), name

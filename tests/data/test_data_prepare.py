@@ -36,8 +36,9 @@ def test_labels_cover_exactly_the_assistant_turns(corpus):
     out = tokenize_batch({"messages": [messages]}, tok, "messages", 128, False, {})
     ids, labels = out["input_ids"][0], out["labels"][0]
     assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False)
-    assert tok.decode([t for t, l in zip(ids, labels) if l != -100]) == "Hello there.<|im_end|>\nBye.<|im_end|>\n"
-    assert all(l == -100 or l == t for t, l in zip(ids, labels))
+    learned = tok.decode([t for t, label in zip(ids, labels, strict=True) if label != -100])
+    assert learned == "Hello there.<|im_end|>\nBye.<|im_end|>\n"
+    assert all(label == -100 or label == t for t, label in zip(ids, labels, strict=True))
 
 
 def test_thinking_switch_reaches_the_template(corpus):
@@ -45,7 +46,8 @@ def test_thinking_switch_reaches_the_template(corpus):
     messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]
     off = tokenize_batch({"messages": [messages]}, tok, "messages", 128, False, {"enable_thinking": False})
     # the tiny template only changes the generation prompt, so a full conversation renders the same
-    assert off["input_ids"][0] == tokenize_batch({"messages": [messages]}, tok, "messages", 128, False, {})["input_ids"][0]
+    on = tokenize_batch({"messages": [messages]}, tok, "messages", 128, False, {})
+    assert off["input_ids"][0] == on["input_ids"][0]
 
 
 def test_prepare_packs_rows_of_exactly_max_seq_length(corpus, tokenizer_dir, tmp_path):
@@ -72,7 +74,7 @@ def test_padding_tail_is_unscored_pad_tokens(corpus, tokenizer_dir, tmp_path):
 
     pad = AutoTokenizer.from_pretrained(tokenizer_dir).pad_token_id
     row = datasets.load_from_disk(str(tmp_path / "o"))["eval"][-1]
-    used = max(i for i, l in enumerate(row["labels"]) if l != -100) + 1
+    used = max(i for i, label in enumerate(row["labels"]) if label != -100) + 1
     assert used < 128 and set(row["input_ids"][used + 1:]) == {pad} and set(row["labels"][used:]) == {-100}
 
 
@@ -87,11 +89,13 @@ def test_split_is_deterministic_and_seeded(corpus, tokenizer_dir, tmp_path):
 
 def test_decomposed_hangul_is_normalised(tokenizer_dir, tmp_path):
     nfd = unicodedata.normalize("NFD", "안녕하세요")
-    rows = [{"messages": [{"role": "user", "content": nfd}, {"role": "assistant", "content": f"{nfd} {i}"}]} for i in range(4)]
+    rows = [{"messages": [{"role": "user", "content": nfd}, {"role": "assistant", "content": f"{nfd} {i}"}]}
+            for i in range(4)]
     prepare(str(write_jsonl(tmp_path / "nfd.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 128, 1, 0)
     from transformers import AutoTokenizer
 
-    text = AutoTokenizer.from_pretrained(tokenizer_dir).decode(datasets.load_from_disk(str(tmp_path / "out"))["train"][0]["input_ids"])
+    first = datasets.load_from_disk(str(tmp_path / "out"))["train"][0]
+    text = AutoTokenizer.from_pretrained(tokenizer_dir).decode(first["input_ids"])
     assert "안녕하세요" in text and unicodedata.is_normalized("NFC", text)
 
 
@@ -111,8 +115,8 @@ def test_cleaning_counts_every_reason(tokenizer_dir, tmp_path):
 
 
 def test_over_length_can_truncate_instead_of_drop(tokenizer_dir, tmp_path):
-    rows = [conversation(i) for i in range(6)] + [{"messages": [{"role": "user", "content": "hi"},
-                                                                {"role": "assistant", "content": "long answer " * 200}]}]
+    rows = [conversation(i) for i in range(6)] + [{"messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "long answer " * 200}]}]
     src = write_jsonl(tmp_path / "d.jsonl", rows)
     dropped = prepare(str(src), tokenizer_dir, str(tmp_path / "a"), 64, 1, 0, over_length="drop")
     cut = prepare(str(src), tokenizer_dir, str(tmp_path / "b"), 64, 1, 0, over_length="truncate")
@@ -125,7 +129,8 @@ def test_separate_eval_source(corpus, tokenizer_dir, tmp_path):
     held_out = write_jsonl(tmp_path / "eval.jsonl", [conversation(i) for i in range(100, 105)] + [conversation(0)])
     stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.5, 0, eval_source=str(held_out))
     # every corpus row trains; the eval copy of a training row is a duplicate and is dropped from eval
-    assert stats["train"]["examples"] == 60 and stats["eval"]["examples"] == 5 and stats["dropped"] == {"duplicate": 1, "over_length": 0}
+    assert stats["train"]["examples"] == 60 and stats["eval"]["examples"] == 5
+    assert stats["dropped"] == {"duplicate": 1, "over_length": 0}
 
 
 def test_unchanged_inputs_reuse_the_cache(corpus, tokenizer_dir, tmp_path):
@@ -141,7 +146,8 @@ def test_unchanged_inputs_reuse_the_cache(corpus, tokenizer_dir, tmp_path):
     # the cached copy's stats were not rewritten by the reusing run (its files are hard links)
     assert json.loads((cache / first["fingerprint"] / "stats.json").read_text())["cache_hit"] is False
     corpus.write_text(corpus.read_text() + "\n" + json.dumps(conversation(999)))  # a changed source is a miss
-    assert prepare(str(corpus), tokenizer_dir, str(tmp_path / "r4"), 128, 0.2, 1, cache_dir=str(cache))["cache_hit"] is False
+    changed = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r4"), 128, 0.2, 1, cache_dir=str(cache))
+    assert changed["cache_hit"] is False
 
 
 def test_report_shows_counts_histogram_and_three_examples(corpus, tokenizer_dir, tmp_path):
@@ -182,7 +188,8 @@ def test_command_line_is_the_same_code(corpus, tokenizer_dir, tmp_path):
     cli = json.loads(ok.stdout)
     assert cli["train"] == stats["train"] and cli["eval"] == stats["eval"]
     a, b = (datasets.load_from_disk(str(tmp_path / r)) for r in ("f", "o"))
-    assert a["train"]["input_ids"] == b["train"]["input_ids"] and a["train"]["position_ids"] == b["train"]["position_ids"]
+    assert a["train"]["input_ids"] == b["train"]["input_ids"]
+    assert a["train"]["position_ids"] == b["train"]["position_ids"]
     bad = run_cli("components.data.prepare", "--source", str(tmp_path / "missing.jsonl"), "--tokenizer", tokenizer_dir,
                   "--out", str(tmp_path / "o2"))
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no such file" in bad.stderr
@@ -213,6 +220,6 @@ def test_labels_with_qwen3s_real_tokenizer_and_template(tmp_path):
     out = tokenize_batch({"messages": [messages]}, tok, "messages", 4096, False, {})
     ids, labels = out["input_ids"][0], out["labels"][0]
     assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False)
-    learned = tok.decode([t for t, l in zip(ids, labels) if l != -100])
+    learned = tok.decode([t for t, label in zip(ids, labels, strict=True) if label != -100])
     assert learned == "4<|im_end|>\n사입니다.<|im_end|>\n"
     assert "<think>\n\n</think>\n\n사입니다." in tok.decode(ids)  # the empty think block is context, not a target

@@ -20,8 +20,8 @@ from components.evaluate.evaluate import (
     readable_decode,
 )
 from components.evaluate.prompts import load_prompts
-from components.models.tiny import build_model, build_tokenizer
 from components.models.batches import label_nll, token_weighted_loss
+from components.models.tiny import build_model, build_tokenizer
 
 WORDS = ["apple", "river", "cloud", "stone", "music", "green", "paper", "light"]
 
@@ -159,7 +159,8 @@ def test_trainer_scores_the_same_tokens_the_same_way_with_label_nll(tiny, tmp_pa
     ours = heldout_loss(str(tiny / "tuned"), str(tmp_path / "uneven"))
     assert metrics["eval_loss_per_token"] == pytest.approx(ours["eval_loss"], rel=1e-5)
     with torch.no_grad():
-        sums = [label_nll(model(**batch).logits, batch["labels"])[0].tolist() for batch in (collate([r]) for r in uneven)]
+        sums = [label_nll(model(**batch).logits, batch["labels"])[0].tolist()
+                for batch in (collate([r]) for r in uneven)]
     assert metrics["eval_loss"] == pytest.approx(sum(nll / tokens for nll, tokens in sums) / len(sums), rel=1e-5)
     assert abs(metrics["eval_loss"] - ours["eval_loss"]) > 1e-3  # two estimators, the same tokens
 
@@ -171,7 +172,8 @@ def test_report_says_what_the_loss_is_and_draws_the_training_curve(tmp_path):
     checkpoint = train / "checkpoint-20"
     checkpoint.mkdir(parents=True)
     (checkpoint / "COMPLETE").write_text("")
-    history = [{"step": s, "loss": 7.0 - s / 10, "epoch": s / 20} for s in (5, 10, 15, 20)] + [{"step": 20, "eval_loss": 5.5}]
+    history = ([{"step": s, "loss": 7.0 - s / 10, "epoch": s / 20} for s in (5, 10, 15, 20)]
+               + [{"step": 20, "eval_loss": 5.5}])
     (checkpoint / "trainer_state.json").write_text(json.dumps(
         {"log_history": history, "logging_steps": 5, "max_steps": 20, "global_step": 20}))
     base = {"eval_loss": 7.5, "perplexity": math.exp(7.5), "tokens": 900, "rows": 12, "tasks": {}, "answers": ["a"]}
@@ -180,7 +182,8 @@ def test_report_says_what_the_loss_is_and_draws_the_training_curve(tmp_path):
     report = build_report("base", "tuned", base, tuned, prompts, True, "ok", str(train))
 
     assert "| model | held-out loss (per label token) | perplexity |" in report
-    assert "cross-entropy summed over all 900 label (assistant) tokens of the 12 held-out rows, divided by 900" in report
+    assert ("cross-entropy summed over all 900 label (assistant) tokens of the 12 held-out rows, divided by 900"
+            in report)
     assert "mean of per-batch mean losses" in report  # named, so nobody compares it with this table
     png = base64.b64decode(re.search(r"!\[training loss\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", report).group(1))
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000

@@ -44,7 +44,6 @@ from urllib.parse import parse_qs, urlsplit
 
 from kubernetes import client as k8s
 
-
 # The kubelet's eviction message (pkg/kubelet/eviction/helpers.go), trailing space included.
 EVICTION_MESSAGE = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
                     "Container pytorch was using 1890Gi, request is 128Gi, has larger consumption of memory. ")
@@ -143,7 +142,7 @@ class FakeKubeAPI:
         self.client: k8s.ApiClient | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------------
-    def __enter__(self) -> "FakeKubeAPI":
+    def __enter__(self) -> FakeKubeAPI:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
         self._server.daemon_threads = True
         threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()

@@ -48,13 +48,13 @@ def _strict(schema: dict) -> dict:
     return out
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crd(filename: str) -> dict:
     # libyaml: the InferenceService CRD is 2 MB, seconds to parse in pure Python.
     return yaml.load((CRDS / filename).read_text(), Loader=yaml.CSafeLoader)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(filename: str, version: str) -> jsonschema.Draft7Validator:
     crd = _crd(filename)
     served = {v["name"]: v for v in crd["spec"]["versions"]}

@@ -21,10 +21,23 @@ from components import kube
 from components.hpo import follow, katib
 from components.hpo.component import search_hyperparameters
 from components.hpo.follow import run_experiment
-from components.settings import defaults
 from components.kube import RUN_ID_LABEL
-from tests.fakes.katib import (NAME, NS, RUN_ID, SPACE, T1, T2, T3, KatibAPI, experiment, katib_ends, katib_runs,
-                               succeeds, trial)
+from components.settings import defaults
+from tests.fakes.katib import (
+    NAME,
+    NS,
+    RUN_ID,
+    SPACE,
+    T1,
+    T2,
+    T3,
+    KatibAPI,
+    experiment,
+    katib_ends,
+    katib_runs,
+    succeeds,
+    trial,
+)
 
 WHAT = f"Experiment {NS}/{NAME}"
 FAST = {"poll_seconds": 0.01}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.repo import ROOT
 from tests.helpers.hf_cache import TINY_FP8_REPO, add_to_hub_cache, build_tiny_fp8_qwen3_moe, offline_hub_env
+from tests.helpers.repo import ROOT
 
 pytestmark = pytest.mark.slow
 

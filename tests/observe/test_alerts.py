@@ -136,7 +136,8 @@ def test_a_failure_names_the_step_the_reason_the_metrics_and_the_model():
     assert message["text"].startswith("llm-finetune failed (run 8346555) at train-model: pod sft-8346555-master-0: "
                                       "container pytorch was OOMKilled (exit code 137) last lines: &lt;rank0&gt; CUDA")
     header, fields, reason, metrics = message["blocks"]
-    assert header == {"type": "header", "text": {"type": "plain_text", "text": ":x: llm-finetune failed", "emoji": True}}
+    assert header == {"type": "header",
+                      "text": {"type": "plain_text", "text": ":x: llm-finetune failed", "emoji": True}}
     assert [f["text"] for f in fields["fields"]] == [
         "*Run*\n<https://kubeflow.example.com/pipeline/#/runs/details/8346555|8346555>", "*Status*\nfailed",
         "*Failed step*\n`train-model`", "*Model*\n`pvc://llm-models/runs/8346555/train/final`"]

@@ -35,5 +35,6 @@ def test_a_failed_run_posts_the_failing_task_the_error_and_the_last_stages_metri
 def test_without_a_webhook_nothing_is_posted_and_nothing_fails(tmp_path, monkeypatch, caplog):
     monkeypatch.delenv(alerts.WEBHOOK_URL_ENV, raising=False)
     caplog.set_level("INFO")
-    notify_run.python_func(status=_status("SUCCEEDED"), run_id="r-1", model_root=str(tmp_path), model_pvc="m", data_root=str(tmp_path))
+    notify_run.python_func(status=_status("SUCCEEDED"), run_id="r-1", model_root=str(tmp_path), model_pvc="m",
+                           data_root=str(tmp_path))
     assert "nothing posted" in caplog.text

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from components.kube import job_name_for
 from components.observe.tensorboard import dashboard_path, logs_path, tensorboard_manifest
 from components.paths import MODEL_MOUNT, pvc_uri, run_dir
-from components.kube import job_name_for
 from tests.helpers.crd_schema import crd_errors
 
 RUN_ID = "9c1f4e2a-5b7d-4c3e-8f1a-2d6b0e9a7c35"
@@ -27,7 +27,8 @@ def test_logspath_is_the_folder_the_trainer_writes_its_events_to():
     from components.train.stages import STAGES, stage_folder
 
     for stage in STAGES:
-        events = pvc_uri("llm-models", MODEL_MOUNT, f"{run_dir(MODEL_MOUNT, 'run-1')}/{stage_folder(stage)}/tensorboard")
+        events = pvc_uri("llm-models", MODEL_MOUNT,
+                         f"{run_dir(MODEL_MOUNT, 'run-1')}/{stage_folder(stage)}/tensorboard")
         assert events.startswith(logs_path("llm-models", "run-1") + "/")
 
 

@@ -47,7 +47,7 @@ def test_yaml_parses_strictly_as_kfp_ir_and_platform_spec(docs):
 
 def _tasks(pipeline):
     tasks = dict(pipeline["root"]["dag"]["tasks"])
-    for name, comp in pipeline["components"].items():
+    for comp in pipeline["components"].values():
         tasks.update(comp.get("dag", {}).get("tasks", {}))
     return tasks
 
@@ -55,7 +55,8 @@ def _tasks(pipeline):
 def test_every_task_has_a_display_name_and_side_effect_steps_do_not_cache(docs):
     pipeline, _ = docs
     tasks = _tasks(pipeline)
-    assert {"validate-inputs", "prepare-dataset", "train-model", "evaluate-model", "deploy-model", "skip-deployment"} <= set(tasks)
+    assert {"validate-inputs", "prepare-dataset", "train-model", "evaluate-model", "deploy-model",
+            "skip-deployment"} <= set(tasks)
     for name, task in tasks.items():
         if not name.startswith("condition"):
             assert task["taskInfo"]["name"][0].isupper(), f"{name} has no display name"
@@ -105,7 +106,8 @@ def test_volumes_secret_gpus_and_placement(docs):
         assert secret["keyToEnv"] == [{"envVar": "HF_TOKEN", "secretKey": "HF_TOKEN"}]
         assert secret["optional"] is True
     ev = ex["exec-evaluate-model"]
-    assert ev["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "64Gi", "volumeName": "dshm"}]
+    assert ev["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "64Gi",
+                                     "volumeName": "dshm"}]
     assert param(ev["nodeSelector"]["nodeSelectorJson"]) == "node_selector"
     assert param(ev["tolerations"][0]["tolerationJson"]) == "tolerations"
 

@@ -48,7 +48,8 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     # One number for one thing: the trainer's eval_loss (metrics.json) is the evaluate step's, same tokens, same way.
     trainer = json.loads((Path(s["model_uri"]).parent / "metrics.json").read_text())
     assert trainer["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4), (trainer["eval_loss"], m["eval_loss"])
-    assert s["model_uri"].startswith(str(tmp_path / "ws" / "models" / "runs")) and s["model_uri"].endswith("/train/final")
+    assert s["model_uri"].startswith(str(tmp_path / "ws" / "models" / "runs"))
+    assert s["model_uri"].endswith("/train/final")
     assert (tmp_path / "ws" / "models" / "runs").is_dir() and (tmp_path / "ws" / "data" / "runs").is_dir()
     # the server answered one chat completion, then was stopped
     assert s["endpoint"].startswith("http://127.0.0.1:") and s["smoke_reply"].strip()
@@ -116,8 +117,12 @@ def test_failed_step_gives_exit_1_and_a_failed_summary(tmp_path):
 
 # -- what the terminal shows, line by line (no run needed) --------------------------------------------
 
-EXECUTOR_OUTPUT = """    [KFP Executor 2026-11-23 04:32:06,551 INFO]: Looking for component `prepare_dataset` in --component_module_path `/tmp/x/ephemeral_component.py`
-    [KFP Executor 2026-11-23 04:32:06,556 INFO]: Loading KFP component "prepare_dataset" from /tmp/x/ephemeral_component.py (directory "/tmp/x" and module name "ephemeral_component")
+# kfp.local's lines as it prints them: a backslash at a line's end continues it on the next (no newline in the text),
+# and \x20 is the space that ends the indent of the blank line a step printed.
+EXECUTOR_OUTPUT = """    [KFP Executor 2026-11-23 04:32:06,551 INFO]: Looking for component `prepare_dataset` in \
+--component_module_path `/tmp/x/ephemeral_component.py`
+    [KFP Executor 2026-11-23 04:32:06,556 INFO]: Loading KFP component "prepare_dataset" from \
+/tmp/x/ephemeral_component.py (directory "/tmp/x" and module name "ephemeral_component")
     [KFP Executor 2026-11-23 04:32:06,557 INFO]: Got executor_input:
     {
         "inputs": {
@@ -128,7 +133,7 @@ EXECUTOR_OUTPUT = """    [KFP Executor 2026-11-23 04:32:06,551 INFO]: Looking fo
         }
     }
     [KFP Executor 2026-11-23 04:32:15,100 INFO]: tokenizing 537 rows with 1 process(es)
-    
+   \x20
     [KFP Executor 2026-11-23 04:32:15,327 INFO]: prepared 134 train / 20 eval rows
     {"a": 1}
     [KFP Executor 2026-11-23 04:32:15,333 INFO]: Wrote executor output file to /ws/kfp/x/executor_output.json.

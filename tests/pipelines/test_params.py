@@ -33,7 +33,8 @@ def test_overrides_are_typed_and_later_sources_win(tmp_path):
 
 @pytest.mark.parametrize("call, message", [
     (lambda: P.resolve("nope"), "unknown preset 'nope'; choose one of: local-tiny"),
-    (lambda: P.resolve("local-tiny", overrides=["learnin_rate=1"]), "unknown parameter 'learnin_rate'; did you mean 'learning_rate'?"),
+    (lambda: P.resolve("local-tiny", overrides=["learnin_rate=1"]),
+     "unknown parameter 'learnin_rate'; did you mean 'learning_rate'?"),
     (lambda: P.resolve("local-tiny", overrides=["learning_rate"]), "is not KEY=VALUE; e.g. -p learning_rate=1e-5"),
     (lambda: P.resolve("local-tiny", overrides=["num_nodes=two"]), "parameter 'num_nodes' expects int, got 'two'"),
     (lambda: P.resolve("local-tiny", overrides=["num_nodes=1.5"]), "parameter 'num_nodes' expects int"),

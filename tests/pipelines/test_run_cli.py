@@ -35,7 +35,7 @@ def test_help_lists_the_presets_and_every_setting_with_type_default_and_help():
     assert "The laptop run: a tiny Qwen3" in presets
     rows = [r for r in out.split("parameters (-p NAME=VALUE")[1].splitlines()[2:] if not r.endswith(":")]
     assert len(rows) == len(specs())
-    for row, spec in zip(rows, specs().values()):
+    for row, spec in zip(rows, specs().values(), strict=True):
         shown = json.dumps(spec.default) if isinstance(spec.default, (dict, list, str)) else str(spec.default)
         signature, _, help_text = row[2:].partition(f" = {shown}")
         assert signature == f"{spec.name}: {spec.type.__name__}", row
@@ -109,7 +109,8 @@ def test_unreachable_host_is_one_clear_line():
 def test_render_includes_the_manifests_the_run_would_create(tmp_path, reference):
     from tests.helpers.crd_schema import crd_errors
 
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "--render", str(tmp_path))
+    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "--render",
+                     str(tmp_path))
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
     isvc_text = (tmp_path / "inferenceservice.yaml").read_text()

@@ -20,8 +20,8 @@ from kfp import compiler, dsl
 from pipelines.errors import UsageError
 from pipelines.schedule import validate_cron
 from pipelines.submit import Submission, submit
-from tests.helpers.repo import require_reference
 from tests.fakes.kfp_api import API, SWAGGER_PATH, running_fake_kfp
+from tests.helpers.repo import require_reference
 
 PARAMS = {"message": "hello from the test", "repeats": 3}
 SIX_FIELD_FORM = "second minute hour day-of-month month day-of-week"

@@ -263,7 +263,7 @@ class FakeCluster:
         self.error: str | None = None
 
     # -- lifecycle -----------------------------------------------------------------------------------------
-    def start(self) -> "FakeCluster":
+    def start(self) -> FakeCluster:
         self._thread.start()
         return self
 

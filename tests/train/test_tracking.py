@@ -22,7 +22,8 @@ def test_the_jobs_pods_read_the_trackers_keys_from_the_secret_by_reference(tmp_p
     assert json.loads((tmp_path / "train_config.json").read_text())["report_to"] == ["tensorboard", "mlflow"]
     job = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
     assert crd_errors(job, "kubeflow.org_pytorchjobs.yaml") == []
-    env = {e["name"]: e for e in job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["env"]}
+    master = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e for e in master["env"]}
     for key in TRACKING_KEYS:
         ref = env[key]["valueFrom"]["secretKeyRef"]
         assert ref == {"name": "team-mlflow", "key": key, "optional": True} and "value" not in env[key]

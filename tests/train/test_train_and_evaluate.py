@@ -10,10 +10,10 @@ from components.data.prepare import prepare
 from components.evaluate.evaluate import evaluate, gate, heldout_loss
 from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
-from tests.helpers.trainer import CPU_TEST_SETTINGS
 from components.train.config import build_trainer_config, deepspeed_config_path, write_trainer_config
 from components.train.launcher.local import run_torchrun
 from tests.helpers.repo import run_module
+from tests.helpers.trainer import CPU_TEST_SETTINGS
 
 
 @pytest.fixture(scope="module")

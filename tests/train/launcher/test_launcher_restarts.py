@@ -11,9 +11,9 @@ import pytest
 from kubernetes import client as k8s
 
 from components import kube
+from components.kube import job_name_for
 from components.train.launcher import job as launch
 from components.train.launcher.job import RESTARTS_ANNOTATION, run_training_job
-from components.kube import job_name_for
 from components.train.launcher.pytorchjob import build_pytorchjob
 from components.train.launcher.trainjob import trainjob_for_run
 from tests.fakes.k8s_api import FakeKubeAPI

@@ -1,4 +1,5 @@
-"""The memory-fit estimate: DeepSpeed's own estimators agree, the H100 measurement agrees, presets fit, bad setups name the knob."""
+"""The memory-fit estimate: DeepSpeed's own estimators agree, the H100 measurement agrees, presets fit, bad setups
+name the knob."""
 
 import inspect
 import json
@@ -118,7 +119,8 @@ def test_zero3_model_states_equal_deepspeeds_estimator(nodes, gpus, offload_opt,
 def test_zero2_model_states_equal_deepspeeds_estimator(offload):
     shape = model_shape(load_architecture(QWEN3_30B))
     zero = {"stage": 2, "offload_optimizer": {"device": "cpu" if offload else "none"}}
-    _, gpu_mem = estimate_zero2_model_states_mem_needs(shape.total, num_gpus_per_node=8, num_nodes=2, cpu_offload=offload)
+    _, gpu_mem = estimate_zero2_model_states_mem_needs(shape.total, num_gpus_per_node=8, num_nodes=2,
+                                                       cpu_offload=offload)
     assert model_states_bytes(shape, "full", zero, 16) == gpu_mem
 
 

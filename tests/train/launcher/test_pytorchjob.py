@@ -16,12 +16,12 @@ import pytest
 import yaml
 
 from components import kube
+from components.kube import MAX_JOB_NAME, job_name_for
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.train.launcher.job import run_training_job
-from components.kube import MAX_JOB_NAME, job_name_for
 from components.train.launcher.pytorchjob import build_pytorchjob
-from tests.helpers.crd_schema import crd_errors
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.crd_schema import crd_errors
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = "kubeflow.org_pytorchjobs.yaml"
@@ -91,7 +91,8 @@ def test_pods_run_torchrun_on_the_trainer_entry_point_without_a_shell():
     config = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][-1]
     for _, c in containers(job):
         assert c["command"] == ["torchrun"]
-        assert c["args"] == ["--nnodes", "2", "--nproc_per_node", "8", "-m", "components.train.trainer.sft", "--config", config]
+        assert c["args"] == ["--nnodes", "2", "--nproc_per_node", "8", "-m", "components.train.trainer.sft",
+                             "--config", config]
         assert all(isinstance(a, str) for a in c["command"] + c["args"])
         assert not {"sh", "bash", "-c", "/bin/sh"} & set(c["command"] + c["args"])
 
@@ -500,7 +501,8 @@ def test_failure_without_a_failed_pod_reports_rank_0_of_an_elastic_job():
         api.set_condition(job, "Running")
 
     def deadline(job):
-        api.set_condition(job, "Failed", reason="DeadlineExceeded", message="Job was active longer than specified deadline")
+        api.set_condition(job, "Failed", reason="DeadlineExceeded",
+                          message="Job was active longer than specified deadline")
 
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(up, deadline))

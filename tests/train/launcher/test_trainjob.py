@@ -15,13 +15,13 @@ import pytest
 import yaml
 
 from components import kube
+from components.kube import job_name_for
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.train.launcher.job import run_training_job
-from components.kube import job_name_for
 from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import build_trainjob, trainjob_for_run
-from tests.helpers.crd_schema import crd_errors, require_reference
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.crd_schema import crd_errors, require_reference
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = "trainer.kubeflow.org_trainjobs.yaml"

@@ -238,7 +238,8 @@ def test_the_installed_release_is_read_from_the_published_schema(version):
 
 
 def test_trainer_v2_0_is_refused_naming_the_release():
-    refused = r"Trainer v2\.0 \(its TrainJob patches pods through spec\.podSpecOverrides\).*install Kubeflow Trainer v2\.1"
+    refused = (r"Trainer v2\.0 \(its TrainJob patches pods through spec\.podSpecOverrides\)"
+               r".*install Kubeflow Trainer v2\.1")
     with publish(FakeKubeAPI(), v2_0_schema()) as api, pytest.raises(RuntimeError, match=refused):
         installed_trainer_version(api.client)
 

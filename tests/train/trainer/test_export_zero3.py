@@ -21,8 +21,8 @@ import torch
 from safetensors import safe_open
 
 from components.train.config import deepspeed_config_path
-from components.train.trainer.export import export_gathered, merge_adapter
 from components.train.launcher.local import run_torchrun
+from components.train.trainer.export import export_gathered, merge_adapter
 from tests.helpers.trainer import make_workdir, trainer_config
 
 LORA_TARGETS = ("q_proj", "v_proj", "gate_proj")
@@ -67,7 +67,8 @@ def _base(root: Path, arch: str) -> Path:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(root / "base")
-        model = _tiny("qwen3_moe", len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None)
+        model = _tiny("qwen3_moe", len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
+                      bos_token_id=None)
         model.save_pretrained(path)
         tok.save_pretrained(path)
     return path
@@ -130,7 +131,8 @@ def _checkpoint_files(checkpoint: Path) -> set[str]:
 
 def _weight_files(files: set[str]) -> list[str]:
     """Consolidated weights (model or adapter, safetensors or torch): gathered whole on rank 0 to be written."""
-    return [f for f in files if f.endswith(".safetensors") or Path(f).name.startswith(("pytorch_model", "adapter_model"))]
+    return [f for f in files
+            if f.endswith(".safetensors") or Path(f).name.startswith(("pytorch_model", "adapter_model"))]
 
 
 def _assert_deepspeed_shards_only(checkpoint: Path, step: int) -> None:
@@ -164,7 +166,8 @@ def test_zero3_checkpoints_are_deepspeed_shards_resume_works_and_final_is_the_pa
     for key, value in partitioned.items():
         torch.testing.assert_close(final[key], value, msg=key)
     start = AutoModelForCausalLM.from_pretrained(base).state_dict()
-    assert not torch.equal(final["model.layers.0.self_attn.q_proj.weight"], start["model.layers.0.self_attn.q_proj.weight"])
+    q_proj = "model.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(final[q_proj], start[q_proj])
     # Under the names save_pretrained wrote for the base (per-expert tensors for the MoE).
     assert _tensors(out / "final").keys() == _tensors(base).keys()
     assert json.loads((out / "final" / "config.json").read_text())["use_cache"] is True
@@ -199,7 +202,8 @@ def _assert_merged_like_peft(base: Path, out: Path, adapted: tuple[str, ...], to
 
     # PEFT's own merge on one process, written by save_pretrained (per-expert names for the MoE).
     model = AutoModelForCausalLM.from_pretrained(out / "final")
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=model.dtype), out / "adapter")
+    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=model.dtype),
+                                          out / "adapter")
     reference.merge_and_unload().save_pretrained(out.parent / f"{out.name}-peft-merge")
     expected = _tensors(out.parent / f"{out.name}-peft-merge")
     for key in changed:
@@ -233,9 +237,10 @@ def test_lora_under_zero3_exports_a_merged_model_that_loads_and_generates(root):
 def test_moe_lora_on_attention_and_expert_tensors_under_zero3_exports_a_merged_model(root):
     """The default MoE targets: attention projections and the fused expert tensors (PEFT ``target_parameters``)."""
     base = _base(root, "qwen3_moe")
-    run_torchrun(trainer_config(root, "z3-moe-lora", model_name_or_path=str(base), method="lora", lora_target_modules="",
-                                lora_r=8, lora_dropout=0.0, deepspeed=deepspeed_config_path("zero3"), max_steps=6,
-                                save_steps=6, learning_rate=1e-2), nproc_per_node=2)
+    run_torchrun(trainer_config(root, "z3-moe-lora", model_name_or_path=str(base), method="lora",
+                                lora_target_modules="", lora_r=8, lora_dropout=0.0,
+                                deepspeed=deepspeed_config_path("zero3"), max_steps=6, save_steps=6,
+                                learning_rate=1e-2), nproc_per_node=2)
     out = root / "z3-moe-lora"
     _assert_deepspeed_shards_only(out / "checkpoint-6", 6)
     # Every expert's gate/up/down projection changes on disk, the router does not.

@@ -9,11 +9,11 @@ from peft.tuners.lora import Linear as LoraLinear
 from peft.tuners.lora import ParamWrapper
 from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from components.train.trainer.arguments import SFTConfig
+from components.models.shape import model_shape
 from components.train.config import deepspeed_config_path
 from components.train.launcher.local import run_torchrun
+from components.train.trainer.arguments import SFTConfig
 from components.train.trainer.lora import LORA_TARGETS_DENSE, LORA_TARGETS_MOE, apply_lora, lora_targets
-from components.models.shape import model_shape
 from tests.helpers.trainer import make_workdir, trainer_config
 
 TINY = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -42,7 +42,8 @@ def test_moe_lora_wraps_attention_and_both_expert_tensors_and_counts_as_memory_f
     config = Qwen3MoeConfig(**TINY, **MOE)
     model = apply_lora(Qwen3MoeForCausalLM(config), _cfg(tmp_path))
     for layer in model.base_model.model.model.layers:
-        assert all(isinstance(getattr(layer.self_attn, n), LoraLinear) for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        assert all(isinstance(getattr(layer.self_attn, n), LoraLinear)
+                   for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
         wrappers = [m for m in layer.mlp.modules() if isinstance(m, ParamWrapper)]
         assert sorted(w.parameter_name for w in wrappers) == ["down_proj", "gate_up_proj"]
         assert all(w.num_experts == MOE["num_experts"] for w in wrappers)  # a rank-r pair per expert
@@ -70,7 +71,8 @@ def test_expert_adapters_with_dropout_are_refused_naming_the_field(tmp_path):
 
 def test_expert_targets_on_a_dense_model_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"\['experts.gate_up_proj'\]: the model \(qwen3\) has no such parameter"):
-        apply_lora(Qwen3ForCausalLM(Qwen3Config(**TINY)), _cfg(tmp_path, lora_target_modules="q_proj,experts.gate_up_proj"))
+        apply_lora(Qwen3ForCausalLM(Qwen3Config(**TINY)),
+                   _cfg(tmp_path, lora_target_modules="q_proj,experts.gate_up_proj"))
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,15 @@ import pytest
 import torch
 
 from components.data.packing import packed_batches
-from components.train.trainer import speed
-from components.train.trainer.callbacks import ProgressCallback
-from components.models.shape import model_shape
 from components.models.mfu import (
     attention_length,
     causal_attention_length,
     document_lengths,
     flops_per_token,
 )
+from components.models.shape import model_shape
+from components.train.trainer import speed
+from components.train.trainer.callbacks import ProgressCallback
 from tests.helpers.repo import ROOT
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -39,7 +39,7 @@ def _prepared(tmp_path, lengths, capacity=64):
     rng = np.random.default_rng(0)
     ids = [rng.integers(1, 100, n).tolist() for n in lengths]
     # prepare_dataset keeps only examples with a label token: here the last third of each
-    labels = [[-100] * (n - max(1, n // 3)) + e[n - max(1, n // 3):] for n, e in zip(lengths, ids)]
+    labels = [[-100] * (n - max(1, n // 3)) + e[n - max(1, n // 3):] for n, e in zip(lengths, ids, strict=True)]
     tokenized = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
     batches = packed_batches(tokenized, np.arange(len(lengths)), np.array(lengths), capacity, pad_token_id=PAD)
     train = datasets.Dataset(pa.Table.from_batches(list(batches)))

@@ -8,11 +8,16 @@ from types import SimpleNamespace
 
 from transformers import TrainerControl, TrainerState
 
-from components.train.trainer.checkpoints import MARKER, SaveOnSigtermCallback, latest_complete_checkpoint, prune_checkpoints
 from components.settings import TrainSettings
-from tests.helpers.trainer import CPU_TEST_SETTINGS
 from components.train.config import build_trainer_config, check_combination, write_trainer_config
+from components.train.trainer.checkpoints import (
+    MARKER,
+    SaveOnSigtermCallback,
+    latest_complete_checkpoint,
+    prune_checkpoints,
+)
 from tests.helpers.repo import run_module
+from tests.helpers.trainer import CPU_TEST_SETTINGS
 
 
 def _ckpt(root, step, complete=True):

@@ -33,7 +33,8 @@ def _params(path):
 
 
 def _logged_losses(out):
-    state = json.loads(max(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1])).read_text())
+    last = max(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    state = json.loads(last.read_text())
     return {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e}
 
 
@@ -51,7 +52,8 @@ def test_deepspeed_full_fine_tuning_on_two_ranks(root, stage, capfd):
     card = json.loads((out / "final" / "model.json").read_text())
     assert card["method"] == "full" and card["steps"] == 10 and card["deepspeed"].endswith(f"{stage}.json")
     assert (out / "final" / "tokenizer.json").exists() and (out / "final" / "generation_config.json").exists()
-    assert json.loads((out / "final" / "config.json").read_text())["use_cache"] is True  # serving generates with a KV cache
+    # serving generates with a KV cache
+    assert json.loads((out / "final" / "config.json").read_text())["use_cache"] is True
     assert list((out / "tensorboard").glob("events.out.tfevents.*"))
     assert (out / "checkpoint-10" / "COMPLETE").exists() and (out / "checkpoint-5" / "COMPLETE").exists()
     logs = capfd.readouterr().out
@@ -64,7 +66,8 @@ def test_lora_on_two_ranks_writes_the_adapter_and_a_merged_model(root):
     out = root / "lora"
     adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and set(adapter["target_modules"]) == {"q_proj", "v_proj", "gate_proj"}
-    merged, base = load_file(str(out / "final" / "model.safetensors")), load_file(str(root / "base" / "model.safetensors"))
+    merged = load_file(str(out / "final" / "model.safetensors"))
+    base = load_file(str(root / "base" / "model.safetensors"))
     assert set(merged) == set(base)  # a plain model: vLLM serves it without PEFT
     changed = {k for k in base if not (merged[k].float() - base[k].float()).abs().max() < 1e-6}
     assert changed and all(any(t in k for t in ("q_proj", "v_proj", "gate_proj")) for k in changed), changed

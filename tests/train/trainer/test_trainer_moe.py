@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
-from components.train.trainer.arguments import SFTConfig
+from components.models.batches import pad_collator
 from components.train.config import deepspeed_config_path
 from components.train.launcher.local import run_torchrun
-from components.models.batches import pad_collator
+from components.train.trainer.arguments import SFTConfig
 from components.train.trainer.sft import load_model
 from tests.helpers.trainer import make_workdir, trainer_config
 

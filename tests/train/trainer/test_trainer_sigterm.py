@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from components.train.trainer.checkpoints import MARKER
 from components.train.config import deepspeed_config_path
 from components.train.launcher.local import run_torchrun
+from components.train.trainer.checkpoints import MARKER
 from tests.helpers.trainer import make_workdir, trainer_config
 
 pytestmark = pytest.mark.slow
