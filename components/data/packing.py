@@ -96,3 +96,18 @@ def packed_batches(tokenized, indices: np.ndarray, lengths: np.ndarray, capacity
             [pa.ListArray.from_arrays(offsets, pa.array(a)) for a in (out_ids, out_labels, out_pos)],
             names=["input_ids", "labels", "position_ids"],
         )
+
+
+# The label of a token no loss counts (prompt, padding): transformers' and the collators' ignore index.
+IGNORE_INDEX = -100
+
+
+def split_examples(row: dict) -> list[tuple[list[int], list[int]]]:
+    """The examples inside one dataset row as (input_ids, labels): a packed row (``position_ids``) is cut
+    where the positions restart at 0 (the inverse of packing); segments without a scored label (the tail padding)
+    are dropped."""
+    ids, labels = row["input_ids"], row["labels"]
+    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] if "position_ids" in row else [0]
+    bounds = starts[1:] + [len(ids)]
+    return [(ids[a:b], labels[a:b]) for a, b in zip(starts, bounds, strict=True)
+            if any(x != IGNORE_INDEX for x in labels[a:b])]

@@ -324,7 +324,7 @@ def _deployment_mode(isvc: dict) -> str | None:
     """The mode KServe runs ``isvc`` in (status first, as KServe decides), in current names; None if unknown."""
     mode = ((isvc.get("status") or {}).get("deploymentMode")
             or ((isvc.get("metadata") or {}).get("annotations") or {}).get(DEPLOYMENT_MODE_ANNOTATION))
-    return LEGACY_DEPLOYMENT_MODES.get(mode, mode)
+    return LEGACY_DEPLOYMENT_MODES.get(mode, mode) if mode is not None else None
 
 
 def _smoke_url(status: dict, canary: bool) -> str:

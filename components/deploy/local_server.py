@@ -6,6 +6,7 @@ import os
 import signal
 import socket
 import subprocess
+from typing import Any
 
 from components import quick_exit
 from components.deploy.logprobs import check_greedy_text
@@ -58,7 +59,7 @@ def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, st
         with open(log_path, "rb") as f:
             tail = f.read()[-2000:].decode(errors="replace")
         raise RuntimeError(f"local server failed: {e}\n--- {log_path} ---\n{tail}") from None
-    result = {"endpoint": endpoint, "served_model_name": model_path, "smoke_reply": reply}
+    result: dict[str, Any] = {"endpoint": endpoint, "served_model_name": model_path, "smoke_reply": reply}
     if serving_reference:
         result["greedy_prompts_checked"] = checked
     if keep_serving:

@@ -37,6 +37,8 @@ import os
 import urllib.error
 import urllib.request
 
+from components.data.packing import IGNORE_INDEX, split_examples
+
 REFERENCE_FILE = "serving_check.json"
 FORMAT_VERSION = 1
 EXAMPLES = 4
@@ -45,7 +47,6 @@ PROMPTS = 2
 ANSWER_TOKENS = 8
 LOGPROB_TOLERANCE = 0.05
 TIE_MARGIN = 0.2
-IGNORE_INDEX = -100
 
 
 class ServingMismatch(RuntimeError):
@@ -89,8 +90,6 @@ def read_reference(path: str) -> dict:
 def scored_examples(rows, examples: int = EXAMPLES, max_tokens: int = MAX_EXAMPLE_TOKENS) -> list[dict]:
     """The first ``examples`` held-out examples (packed rows split back, as vLLM scoring does), each cut to its first
     ``max_tokens`` tokens: ``{"token_ids", "positions"}``, positions being the scored (label) tokens after the first."""
-    from components.evaluate.vllm_scoring import split_examples
-
     chosen = []
     for i in range(len(rows)):
         for ids, labels in split_examples(dict(rows[i])):

@@ -11,17 +11,7 @@ from __future__ import annotations
 
 import math
 
-IGNORE_INDEX = -100
-
-
-def split_examples(row: dict) -> list[tuple[list[int], list[int]]]:
-    """The examples inside one dataset row as (input_ids, labels): a packed row (``position_ids``) is cut
-    where the positions restart at 0; segments without a scored label (the tail padding) are dropped."""
-    ids, labels = row["input_ids"], row["labels"]
-    starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] if "position_ids" in row else [0]
-    bounds = starts[1:] + [len(ids)]
-    return [(ids[a:b], labels[a:b]) for a, b in zip(starts, bounds, strict=True)
-            if any(x != IGNORE_INDEX for x in labels[a:b])]
+from components.data.packing import IGNORE_INDEX, split_examples
 
 
 def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]], max_new_tokens: int,

@@ -44,7 +44,8 @@ def test_replies_show_unfinished_characters_plainly(monkeypatch):
     assert readable_reply("000 \ufffd\ufffd는 GPU") == "000 <?>는 GPU"
     assert readable_reply("Kubeflow 쿠버네티스") == "Kubeflow 쿠버네티스"
     reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": "000 \ufffd는"}}]}).encode()
-    monkeypatch.setattr(smoke.urllib.request, "urlopen", lambda request, timeout: contextlib.nullcontext(io.BytesIO(reply)))
+    monkeypatch.setattr(smoke.urllib.request, "urlopen",
+                        lambda request, timeout: contextlib.nullcontext(io.BytesIO(reply)))
     assert chat_completion("http://127.0.0.1:9/v1", "m", "Hello") == "000 <?>는"
 
 

@@ -8,12 +8,12 @@ import threading
 import pytest
 import yaml
 
-from components.deploy.inference_service import RUNTIMES, build_inference_service, deploy_inference_service
 from components import kube
-from tests.helpers.crd_schema import crd_errors, require_reference
+from components.deploy.inference_service import RUNTIMES, build_inference_service, deploy_inference_service
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kserve import becomes_ready
 from tests.fakes.openai_server import OpenAIServer
+from tests.helpers.crd_schema import crd_errors, require_reference
 
 CRD = "serving.kserve.io_inferenceservices.yaml"
 GVP = ("serving.kserve.io", "v1beta1", "inferenceservices")

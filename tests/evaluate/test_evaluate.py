@@ -315,7 +315,7 @@ def test_task_scores_pick_the_judged_metric():
 # -- the vLLM path's pieces that run without vLLM --------------------------------------------------------
 
 def test_packed_rows_split_back_into_their_examples_for_vllm():
-    from components.evaluate.vllm_scoring import split_examples
+    from components.data.packing import split_examples
 
     packed = {"input_ids": [1, 2, 3, 4, 5, 6, 0, 0], "labels": [-100, 2, 3, -100, -100, 6, -100, -100],
               "position_ids": [0, 1, 2, 0, 1, 2, 0, 1]}
