@@ -35,6 +35,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -54,8 +55,9 @@ CONVERSATIONS = 384  # tests/helpers/trainer.make_workdir's rows: ~77 packed tra
 REGIMES = ("shipped", "regather")
 
 # The tiny Qwen3-MoE (tests/train/trainer/test_trainer_moe.py's shape).
-MOE_CONFIG = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                  intermediate_size=96, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
+MOE_CONFIG: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=16, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
+                                  moe_intermediate_size=32)
 
 # Loaded by every Python process under the torchrun of a pod (sitecustomize on PYTHONPATH). In a worker with
 # LOCAL_RANK 0 it records the pod's veth counters at the end of each optimizer step (the Trainer's on_step_end,
@@ -248,7 +250,9 @@ def deepspeed_configs(root: Path, regime: str) -> dict[str, str]:
 
     out = {}
     for name, shipped in (("zero3", "zero3"), ("hpz", "zero3_hpz")):
-        config = json.loads(Path(deepspeed_config_path(shipped)).read_text())
+        shipped_path = deepspeed_config_path(shipped)
+        assert shipped_path is not None  # a shipped name
+        config = json.loads(Path(shipped_path).read_text())
         zero = config["zero_optimization"]
         if name == "hpz":
             zero["zero_hpz_partition_size"] = RANKS_PER_POD

@@ -3,6 +3,7 @@
 import json
 import random
 from pathlib import Path
+from typing import Any
 
 from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
@@ -53,7 +54,7 @@ def make_workdir(root: Path, rows: int = 96, max_seq_length: int = 128) -> Path:
 
 # What the trainer configs of these tests set besides the run's sizes: the CPU run's own choices (the local-tiny
 # preset's): a progress line every 5 steps, no activation recomputation (a tiny model's activations fit anywhere).
-CPU_TEST_SETTINGS = dict(logging_steps=5, activation_checkpointing=False)
+CPU_TEST_SETTINGS: dict[str, Any] = dict(logging_steps=5, activation_checkpointing=False)
 
 
 def trainer_config(root: Path, name: str, **over) -> str:
