@@ -8,3 +8,5 @@ HF_TOKEN_KEY = "HF_TOKEN"
 # alert_webhook_secret: a Slack-compatible incoming webhook; components/observe/alerts.py reads the variable
 # of the same name.
 WEBHOOK_SECRET_KEY = "ALERT_WEBHOOK_URL"
+# langfuse_secret: Langfuse's project keys and address, read by the Langfuse SDK from the variables of the same names.
+LANGFUSE_KEYS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST")

@@ -258,6 +258,25 @@ class ClusterSettings:
     pending_timeout_seconds: int = setting(
         900, "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
              "minutes to add a GPU node).", min=60)
+    # Watching a run (components/train/trainer/metrics.py, components/observe/gpu_watch.py, manifests/monitoring/).
+    metrics_port: int = setting(
+        9410, "Port each training pod's local rank 0 serves Prometheus metrics on (/metrics: step, loss, learning "
+              "rate, tokens/s, MFU, ETA, checkpoint age); 0 turns them off. 9410: clear of DCGM's 9400.",
+        plain=False, min=0, max=65535)
+    prometheus_url: str = setting(
+        "", "Prometheus the launcher asks for the job's GPU utilisation (DCGM_FI_DEV_GPU_UTIL) while it follows the "
+            "job, e.g. http://prometheus-operated.monitoring:9090; empty: not watched. Unreachable: a warning.",
+        plain=False)
+    gpu_util_threshold: float = setting(
+        50.0, "The launcher posts a low-utilisation alert (alert_webhook_secret) when the job's average GPU "
+              "utilisation stays below this percentage for gpu_util_window_seconds.", plain=False, min=0, max=100)
+    gpu_util_window_seconds: int = setting(
+        600, "How long the job's GPU utilisation must stay below gpu_util_threshold before the launcher alerts.",
+        plain=False, min=60)
+    langfuse_secret: str = setting(
+        "llm-langfuse", "Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer "
+                        "records the run in Langfuse and evaluation and deployment trace each generation (an "
+                        "optional reference: no Secret, no traces).", plain=False)
 
 
 @dataclass

@@ -191,6 +191,7 @@ def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: s
         hf_token_secret=c.hf_token_secret, node_selector=c.node_selector, tolerations=c.tolerations,
         affinity=c.affinity or None, active_deadline_seconds=c.active_deadline_seconds or None,
         queue_name=c.queue_name, stage=stage, tracking_secret=c.tracking_secret,
+        metrics_port=c.metrics_port, langfuse_secret=c.langfuse_secret,
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.

@@ -11,8 +11,9 @@ from __future__ import annotations
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 
+from components.kube import RUN_ID_LABEL
 from components.paths import DATA_MOUNT, MODEL_MOUNT
-from components.secrets import HF_TOKEN_KEY
+from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS
 from components.security import container_security_context, pod_security_context
 
 # NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
@@ -70,6 +71,28 @@ def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: st
     return env + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
 
 
+# The trainer's Prometheus endpoint (components/train/trainer/metrics.py): the container port's name, which the
+# PodMonitor in manifests/monitoring/ scrapes, and the annotations annotation-based scrape configs read.
+METRICS_PORT_NAME = "metrics"
+
+
+def observe_env(metrics_port: int, run_id: str, job_name: str, langfuse_secret: str) -> list[k8s.V1EnvVar]:
+    """What the trainer's metrics and Langfuse record read: the port, the series' labels, Langfuse's keys by
+    (optional) Secret reference."""
+    env = [k8s.V1EnvVar(name="TRAINER_METRICS_PORT", value=str(metrics_port))]
+    env += [k8s.V1EnvVar(name=k, value=v) for k, v in (("TRAINER_RUN_ID", run_id), ("TRAINER_JOB_NAME", job_name)) if v]
+    env += [k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
+        name=langfuse_secret, key=key, optional=True))) for key in (LANGFUSE_KEYS if langfuse_secret else ())]
+    return env
+
+
+def metrics_annotations(metrics_port: int) -> dict:
+    """The ``prometheus.io/*`` scrape annotations of a pod serving the trainer's metrics on ``metrics_port``."""
+    if not metrics_port:
+        return {}
+    return {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port), "prometheus.io/path": "/metrics"}
+
+
 def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str]:
     """torchrun's arguments (no shell): the operators inject the rendezvous as ``PET_*`` variables."""
     return ["--nnodes", nnodes, "--nproc_per_node", str(gpus_per_node),
@@ -80,12 +103,15 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
                          hf_token_secret: str, nccl_env: dict | None, cpu: str, memory: str, data_pvc: str,
                          model_pvc: str, shm_size: str, labels: dict, node_selector: dict, tolerations: list,
                          affinity: dict | None, priority_class: str = "",
-                         tracking_secret: str = "") -> k8s.V1PodTemplateSpec:
+                         tracking_secret: str = "", metrics_port: int = 0, job_name: str = "",
+                         langfuse_secret: str = "") -> k8s.V1PodTemplateSpec:
     """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
 
     Args:
         container_name: where the operator injects the ``PET_*`` rendezvous (``pytorch``; ``node`` for Trainer v2).
         nnodes: torchrun's ``--nnodes``: a count, or ``min:max`` for an elastic job.
+        metrics_port: where local rank 0 serves Prometheus metrics (a named container port ``metrics`` and the
+            scrape annotations); 0: none. job_name labels the series; langfuse_secret: Langfuse's keys (optional).
 
     Returns:
         The template: one container (``torchrun`` command and args, env, GPU/CPU/memory requests equal to
@@ -99,7 +125,9 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
         image=image,
         command=["torchrun"],
         args=torchrun_args(nnodes, gpus_per_node, config_path),
-        env=trainer_env(hf_token_secret, nccl_env, tracking_secret),
+        env=trainer_env(hf_token_secret, nccl_env, tracking_secret)
+        + observe_env(metrics_port, labels.get(RUN_ID_LABEL, ""), job_name, langfuse_secret),
+        ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=metrics_port)] if metrics_port else None,
         resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
         volume_mounts=TRAINER_VOLUME_MOUNTS,
         security_context=container_security_context(),
@@ -109,7 +137,7 @@ def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_p
             labels=dict(labels),
             # An Istio sidecar never exits, so a finished pod would never complete, and it races the
             # trainer for the rendezvous port at start-up.
-            annotations={kfc.ISTIO_SIDECAR_INJECTION: "false"},
+            annotations={kfc.ISTIO_SIDECAR_INJECTION: "false", **metrics_annotations(metrics_port)},
         ),
         spec=k8s.V1PodSpec(
             containers=[container],

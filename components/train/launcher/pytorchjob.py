@@ -78,7 +78,8 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
                      ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
                      active_deadline_seconds: int | None = None, queue_name: str = "",
                      gang_scheduling: bool = False, priority_class: str = "",
-                     min_nodes: int | None = None, max_restarts: int = 3, tracking_secret: str = "") -> dict:
+                     min_nodes: int | None = None, max_restarts: int = 3, tracking_secret: str = "",
+                     metrics_port: int = 0, langfuse_secret: str = "") -> dict:
     """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
 
     Args:
@@ -118,6 +119,9 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
             pods, and a failed pod is restarted and rejoins, up to ``max_restarts`` times (the trainer
             resumes from its last checkpoint).
         max_restarts: restarts an elastic job may use before it fails; unused by a static job.
+        metrics_port: the port local rank 0 of each pod serves Prometheus metrics on (``pods.METRICS_PORT_NAME``,
+            scrape annotations); 0: none.
+        langfuse_secret: Secret with Langfuse's keys (``secrets.LANGFUSE_KEYS``, optional refs); empty: none.
 
     Returns:
         The manifest, serialized with the Kubernetes client's own rules (camelCase keys, no nulls).
@@ -138,6 +142,7 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory, data_pvc=data_pvc,
         model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
         tolerations=tolerations, affinity=affinity, priority_class=priority_class, tracking_secret=tracking_secret,
+        metrics_port=metrics_port, job_name=name, langfuse_secret=langfuse_secret,
     )
     # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
     restart_policy = "OnFailure" if elastic else RESTART_POLICY

@@ -58,13 +58,16 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
                    node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
                    shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi", nccl_env: dict | None = None,
                    runtime: str = RUNTIME, active_deadline_seconds: int | None = None,
-                   queue_name: str = "", tracking_secret: str = "", trainer_version: str = TRAINER_V2_2) -> dict:
+                   queue_name: str = "", tracking_secret: str = "", trainer_version: str = TRAINER_V2_2,
+                   metrics_port: int = 0, langfuse_secret: str = "") -> dict:
     """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
 
     Args:
         name, namespace, image, config_path, num_nodes, gpus_per_node, data_pvc, model_pvc, hf_token_secret,
-        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, nccl_env, tracking_secret: as for
-            ``build_pytorchjob``; every node runs the same ``torchrun`` command.
+        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, nccl_env, tracking_secret,
+            metrics_port, langfuse_secret: as for ``build_pytorchjob``; every node runs the same ``torchrun``
+            command. The runtime patch cannot declare container ports (the TrainJob schema's patch container has
+            none): the metrics port is in the scrape annotations only, and the PodMonitor reaches it by relabeling.
         runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``).
         active_deadline_seconds: the controller fails the job once it has run this long; None: no limit.
         queue_name: Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``); empty: no Kueue.
@@ -94,6 +97,7 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
         config_path=config_path, hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory,
         data_pvc=data_pvc, model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
         tolerations=tolerations, affinity=affinity, tracking_secret=tracking_secret,
+        metrics_port=metrics_port, job_name=name, langfuse_secret=langfuse_secret,
     )
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,

@@ -28,6 +28,7 @@ from components.train.trainer.checkpoint_dirs import latest_complete_checkpoint
 from components.train.trainer.checkpoints import CompleteMarkerCallback, SaveOnSigtermCallback
 from components.train.trainer.export import export_final
 from components.train.trainer.lora import apply_lora
+from components.train.trainer.metrics import attach as attach_metrics
 from components.train.trainer.speed import attn_implementation
 
 log = logging.getLogger("sft")
@@ -159,6 +160,8 @@ def use_progress(trainer, progress) -> None:
     trainer.remove_callback(PrinterCallback)
     # First in line, so the rates it adds to the logs reach TensorBoard and log_history too.
     trainer.callback_handler.callbacks.insert(0, progress)
+    # Last in line: it reads the rates the progress callback adds and runs after the complete-marker callback.
+    attach_metrics(trainer)
 
 
 def train_resuming(trainer, sigterm):

@@ -52,6 +52,7 @@ from components.train.trainer.common import (
     train_resuming,
     use_progress,
 )
+from components.train.trainer.metrics import serve as serve_metrics
 from components.train.trainer.speed import attn_implementation, packed_collator
 
 log = logging.getLogger("sft")
@@ -259,7 +260,9 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")
     try:
         config = parse_config(args.config)
-    except ValueError as e:
+        # Before the model loads: a metrics port another process holds is an error in the first second.
+        serve_metrics(config)
+    except (ValueError, RuntimeError) as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
     code = 0
