@@ -7,8 +7,10 @@ and runs ``torchrun --nnodes 2 --nproc_per_node 2 --node_rank R --master_addr 10
 (``-m components.train.trainer.sft``, gloo on CPU, ``GLOO_SOCKET_IFNAME`` = the veth): 4 ranks, 2 per pod, so
 everything that passes between the pods crosses the veth, and its byte counters count it (Ethernet frames: TCP/IP
 headers and ACKs included). The model is a tiny Qwen3-MoE (2 layers, 4 experts, top-2), full fine-tuning, fp32,
-micro-batch 1 x ``ACCUMULATION`` micro-steps, under ZeRO-3 and under ZeRO++ hpZ with ``zero_hpz_partition_size`` 2
-(= ranks per pod).
+micro-batch 1 x ``ACCUMULATION`` micro-steps, under ZeRO-3, under ZeRO++ hpZ with ``zero_hpz_partition_size`` 2
+(= ranks per pod), and under transformers' FSDP2 layouts (``parallelism`` hsdp and hsdp_ep: sharded within a pod,
+replicated across the pods, experts parallel within the pod; the trainer builds their DistributedConfig from
+torchrun's environment, components/train/trainer/parallelism.py).
 
 Per optimizer step, between step boundaries: a ``sitecustomize`` on the ranks' PYTHONPATH wraps transformers'
 ``CallbackHandler.on_step_end`` so that local rank 0 of each pod reads its veth's counters
@@ -20,8 +22,8 @@ are left out. The whole run's counters are read as well, from outside, for compa
 The prediction: ``components.train.launcher.plan.collectives`` for the tiny model's config.json (``model_shape``)
 with 2 nodes x 2 GPUs: each GPU's network share per step (``Collective.network_bytes_per_gpu`` x
 ``times_per_step``) x 2 GPUs per pod = what one pod sends to the other per step, in bf16 as the plan counts on
-GPUs; x 4 / ``PARAM_BYTES`` for the fp32 parameters and gradients of this CPU run (every ZeRO-3 collective of the
-plan scales with the parameter bytes).
+GPUs; each collective x 4 / its ``dtype_bytes`` for the fp32 parameters and gradients of this CPU run (every
+collective of the plan that crosses nodes scales with the parameter bytes).
 """
 
 from __future__ import annotations
@@ -53,6 +55,12 @@ CONVERSATIONS = 384  # tests/helpers/trainer.make_workdir's rows: ~77 packed tra
 # the last layer or two are gathered again for the backward, as the plan counts. "regather":
 # stage3_max_reuse_distance 0, the large model's regime on the tiny one.
 REGIMES = ("shipped", "regather")
+# The FSDP2 layouts (``parallelism``), measured in the "regather" regime only: FSDP2 frees each block after its
+# forward and gathers it again for the backward whatever the model's size (reshard_after_forward), so they are in
+# the large model's regime already.
+FSDP2_LAYOUTS = ("hsdp", "hsdp_ep")
+LABELS = {"zero3": "ZeRO-3", "hpz": f"ZeRO++ hpZ, partition {RANKS_PER_POD}", "hsdp": "HSDP (FSDP2, parallelism hsdp)",
+          "hsdp_ep": "HSDP + EP (parallelism hsdp_ep)"}
 
 # The tiny Qwen3-MoE (tests/train/trainer/test_trainer_moe.py's shape).
 MOE_CONFIG: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -97,18 +105,26 @@ if os.environ.get("LOCAL_RANK") == "0" and "RANK" in os.environ and os.environ.g
             return int(f.read())
 
     _on_step_end = trainer_callback.CallbackHandler.on_step_end
+    _on_log = trainer_callback.CallbackHandler.on_log
+    _losses = {}
 
     def _traced(self, args, state, control):
         _marks.append([state.global_step, _counter("tx_bytes"), _counter("rx_bytes"), dict(_ops)])
         return _on_step_end(self, args, state, control)
 
+    def _logged(self, args, state, control, logs):
+        if "loss" in logs:
+            _losses[state.global_step] = logs["loss"]
+        return _on_log(self, args, state, control, logs)
+
     trainer_callback.CallbackHandler.on_step_end = _traced
+    trainer_callback.CallbackHandler.on_log = _logged
 
     @atexit.register
     def _write():
         path = os.path.join(os.environ["NETNS_BYTES_DIR"], f"rank{os.environ['RANK']}.json")
         with open(path, "w") as f:
-            json.dump(_marks, f)
+            json.dump({"marks": _marks, "losses": _losses}, f)
 """
 
 
@@ -267,22 +283,30 @@ def deepspeed_configs(root: Path, regime: str) -> dict[str, str]:
     return out
 
 
-def predicted(model_dir: Path, deepspeed_config: str, regime: str, factors: dict[str, float] | None = None) -> float:
+def factor_key(c) -> str:
+    """The calibration a collective's crossing takes: by kind, and apart for an all-reduce between one rank per pod
+    (HSDP's across the replicas), which gloo runs over 2 ranks rather than the 4."""
+    return f"{c.kind}, one rank per pod" if c.per_node == 1 and c.nodes > 1 else c.kind
+
+
+def predicted(model_dir: Path, deepspeed_config: str | None, regime: str, factors: dict[str, float] | None = None,
+              parallelism: str = "deepspeed") -> float:
     """Bytes one pod sends to the other per optimizer step, by the plan (module docstring), for fp32.
 
-    ``factors``: what gloo sends across the boundary per collective kind, in units of the ring's B (``calibrate``);
-    None for the plan as it is (NCCL's rings: 1 for all-gather and reduce-scatter). In the ``shipped`` regime the
-    tiny model's backward gathers nothing (REGIMES), so the plan's backward gather over all ranks is left out."""
+    ``factors``: what gloo sends across the boundary per collective (``factor_key``), in units of the plan's
+    (``calibrate``); None for the plan as it is (NCCL's rings). In the ``shipped`` regime the tiny model's backward
+    gathers nothing (REGIMES), so the plan's backward gather over all ranks is left out."""
     from components.models.shape import model_shape
-    from components.train.launcher.plan import INTER, PARAM_BYTES, collectives, zero_config
+    from components.train.launcher.plan import INTER, collectives, zero_config
 
     shape = model_shape(json.loads((model_dir / "config.json").read_text()))
-    items = collectives(shape, "full", zero_config(deepspeed_config), PODS, RANKS_PER_POD, shape.total)
+    zero = zero_config(deepspeed_config) if deepspeed_config else {}
+    items = collectives(shape, "full", zero, PODS, RANKS_PER_POD, shape.total, parallelism)
     if regime == "shipped":
         items = [c for c in items if c.name != "parameters, backward"]
-    per_gpu = sum(c.network_bytes_per_gpu * c.times_per_step(ACCUMULATION) * (factors or {}).get(c.kind, 1.0)
-                  for c in items if c.link == INTER)
-    return per_gpu * RANKS_PER_POD * FP32_BYTES / PARAM_BYTES
+    per_gpu = sum(c.network_bytes_per_gpu * c.times_per_step(ACCUMULATION) * (factors or {}).get(factor_key(c), 1.0)
+                  * FP32_BYTES / c.dtype_bytes for c in items if c.link == INTER)
+    return per_gpu * RANKS_PER_POD
 
 
 # 4 ranks in the two pods: what each collective sends across the boundary, per call, in units of the ring's B.
@@ -294,14 +318,22 @@ tx = f"/sys/class/net/{os.environ['GLOO_SOCKET_IFNAME']}/statistics/tx_bytes"
 count = lambda: int(open(tx).read())
 S, calls, x = 4_000_000, 5, torch.ones(1_000_000)
 out = {}
+# One rank per pod: {0, 2} and {1, 3}, both at once, as HSDP's replicas all-reduce (every rank builds every group).
+pairs = [dist.new_group([r, r + n // 2]) for r in range(n // 2)]
+pair = pairs[dist.get_rank() % (n // 2)]
 for kind, fn in (("all-gather", lambda: dist.all_gather_into_tensor(torch.empty(S // 4), x[: S // 4 // n])),
                  ("reduce-scatter", lambda: dist.reduce_scatter_tensor(torch.empty(S // 4 // n), x)),
-                 ("all-reduce", lambda: dist.all_reduce(x))):
+                 ("all-reduce", lambda: dist.all_reduce(x)),
+                 ("all-reduce, one rank per pod", lambda: dist.all_reduce(x, group=pair))):
     dist.barrier(); before = count(); dist.barrier()
     for _ in range(calls):
         fn()
     dist.barrier()
-    out[kind] = (count() - before) / calls / (S * (n - 1) / n) / (2 if kind == "all-reduce" else 1)
+    if kind.endswith("one rank per pod"):
+        # The plan: each of a pod's n / 2 ranks sends the ring's 2 S (2 - 1) / 2 = S.
+        out[kind] = (count() - before) / calls / (S * n // 2)
+    else:
+        out[kind] = (count() - before) / calls / (S * (n - 1) / n) / (2 if kind == "all-reduce" else 1)
 if os.environ["LOCAL_RANK"] == "0":
     open(sys.argv[1] + f"/pod{os.environ['GROUP_RANK']}.json", "w").write(json.dumps(out))
 dist.destroy_process_group()
@@ -319,8 +351,10 @@ def calibrate(pods: Pods, work: Path, port: int) -> dict[str, float]:
     return {k: sum(o[k] for o in pods_out) / PODS for k in pods_out[0]}
 
 
-def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 29611) -> dict:
-    """Both layouts in each regime, measured and predicted: {"factors": calibrate's, (regime, name): {...}}."""
+def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 29611,
+            fsdp2: tuple[str, ...] = FSDP2_LAYOUTS) -> dict:
+    """ZeRO-3 and hpZ in each regime, and the ``fsdp2`` layouts in the regather regime, measured and predicted:
+    {"factors": calibrate's, (regime, name): {...}}."""
     from components.models.shape import model_shape
     from tests.helpers.trainer import trainer_config
 
@@ -330,35 +364,41 @@ def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 
     with Pods() as pods:
         factors = results["factors"] = calibrate(pods, workdir / "calibration", port)
         for regime in regimes:
-            for name, ds in deepspeed_configs(workdir, regime).items():
+            layouts: list[tuple[str, str | None, str]] = [
+                (name, ds, "deepspeed") for name, ds in deepspeed_configs(workdir, regime).items()]
+            if regime == "regather":
+                layouts += [(name, None, name) for name in fsdp2]
+            for name, ds, parallelism in layouts:
                 port += 1
                 run = f"{name}-{regime}"
-                cfg = trainer_config(workdir, run, model_name_or_path=str(model), deepspeed=ds, max_steps=STEPS,
-                                     save_steps=STEPS, logging_steps=1, gradient_accumulation_steps=ACCUMULATION,
-                                     per_device_train_batch_size=1)
+                over = {"deepspeed": ds} if ds else {}
+                cfg = trainer_config(workdir, run, model_name_or_path=str(model), max_steps=STEPS, save_steps=STEPS,
+                                     logging_steps=1, gradient_accumulation_steps=ACCUMULATION,
+                                     per_device_train_batch_size=1, parallelism=parallelism, **over)
                 trace = workdir / f"trace-{run}"
                 trace.mkdir()
                 before = [pods.counters(p) for p in range(PODS)]
                 run_pods(pods, ["-m", "components.train.trainer.sft", "--config", cfg], trace, port)
                 after = [pods.counters(p) for p in range(PODS)]
-                marks, ops = {}, {}
+                marks, ops, losses = {}, {}, {}
                 for pod in range(PODS):
-                    rows = json.loads((trace / f"rank{pod * RANKS_PER_POD}.json").read_text())
-                    marks[pod] = {step: (tx, rx) for step, tx, rx, _ in rows}
+                    traced = json.loads((trace / f"rank{pod * RANKS_PER_POD}.json").read_text())
+                    marks[pod] = {step: (tx, rx) for step, tx, rx, _ in traced["marks"]}
                     if pod == 0:
-                        ops = {step: o for step, _, _, o in rows}
+                        ops = {step: o for step, _, _, o in traced["marks"]}
+                        losses = {int(step): loss for step, loss in traced["losses"].items()}
                 first, last = 1, STEPS
                 steps = last - first
-                state = json.loads((workdir / run / f"checkpoint-{STEPS}" / "trainer_state.json").read_text())
                 results[(regime, name)] = {
                     # Pod 0's veth: tx = pod 0 -> pod 1, rx = pod 1 -> pod 0.
                     "tx_per_step": (marks[0][last][0] - marks[0][first][0]) / steps,
                     "rx_per_step": (marks[0][last][1] - marks[0][first][1]) / steps,
                     "pod1_tx_per_step": (marks[1][last][0] - marks[1][first][0]) / steps,
                     "whole_run": sum(after[0]) - sum(before[0]),
-                    "planned": predicted(model, ds, regime),
-                    "planned_gloo": predicted(model, ds, regime, factors),
-                    "losses": {e["step"]: e["loss"] for e in state["log_history"] if "loss" in e},
+                    "planned": predicted(model, ds, regime, parallelism=parallelism),
+                    "planned_gloo": predicted(model, ds, regime, factors, parallelism),
+                    "losses": losses,
+                    "eval_loss": json.loads((workdir / run / "metrics.json").read_text())["eval_loss"],
                     "collectives_per_step": {k: (ops[last].get(k, 0) - ops[first].get(k, 0)) / steps
                                              for k in sorted(ops[last])},
                     "params": model_shape(json.loads((model / "config.json").read_text())).total,
@@ -370,8 +410,8 @@ def table(results: dict) -> str:
     """The Markdown table of ``measure``'s results (MB = 1e6 bytes, per optimizer step)."""
     lines = ["| regime | layout | pod 0 -> 1 | pod 1 -> 0 | both directions | ZeRO-3 / this | plan (NCCL rings), "
              "per direction | measured / plan | plan with gloo's collectives | measured / that | whole run, both "
-             "directions | losses (steps 1-4) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "directions | losses (steps 1-4) | eval_loss |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
     for key, r in results.items():
         if key == "factors":
             continue
@@ -379,11 +419,12 @@ def table(results: dict) -> str:
         z3 = results[(regime, "zero3")]
         both, z3_both = r["tx_per_step"] + r["rx_per_step"], z3["tx_per_step"] + z3["rx_per_step"]
         losses = ", ".join(f"{v:.6f}" for _, v in sorted(r["losses"].items()))
-        label = {"zero3": "ZeRO-3", "hpz": f"ZeRO++ hpZ, partition {RANKS_PER_POD}"}[name]
+        label = LABELS[name]
         lines.append(f"| {regime} | {label} | {r['tx_per_step'] / 1e6:.3f} MB | {r['rx_per_step'] / 1e6:.3f} MB | "
                      f"{both / 1e6:.3f} MB | {z3_both / both:.2f} | {r['planned'] / 1e6:.3f} MB | "
                      f"{both / 2 / r['planned']:.3f} | {r['planned_gloo'] / 1e6:.3f} MB | "
-                     f"{both / 2 / r['planned_gloo']:.3f} | {r['whole_run'] / 1e6:.2f} MB | {losses} |")
+                     f"{both / 2 / r['planned_gloo']:.3f} | {r['whole_run'] / 1e6:.2f} MB | {losses} | "
+                     f"{r['eval_loss']:.6f} |")
     return "\n".join(lines)
 
 

@@ -87,6 +87,11 @@ class SFTSettings:
     dpo_beta: float = setting(
         0.1, "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
         plain=False, above=0)
+    parallelism: str = setting(
+        "deepspeed", "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
+                     "ZeRO-3 over every GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a "
+                     "node, replicated across nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism "
+                     "within a node, MoE models).", plain=False, choices=("deepspeed", "hsdp", "hsdp_ep"))
 
 
 @dataclass

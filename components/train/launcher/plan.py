@@ -25,8 +25,9 @@ Qwen3-30B-A3B's shape (128 experts, top-8) trained on one H100 at 19,563 tokens/
 experts and SDPA, no recomputation (benchmarks/results/plan.md cites the log). Recomputed FLOPs run at that speed.
 
 Collectives, with ring algorithms (NCCL's for all-gather and reduce-scatter): for S bytes over n ranks every GPU
-sends and receives B = S (n - 1) / n (all-reduce: 2 B). Parameters and gradients travel in bf16 (2 bytes) under
-DeepSpeed; plain DDP all-reduces fp32 gradients (4 bytes). Per optimizer step:
+sends and receives B = S (n - 1) / n (all-reduce: 2 B; an all-to-all of S bytes per GPU: B as well). Parameters
+and gradients travel in bf16 (2 bytes) under DeepSpeed; plain DDP all-reduces fp32 gradients (4 bytes). Per
+optimizer step:
 
     ZeRO-3, full           every micro-step: all-gather 2P (forward), all-gather 2P (backward: ZeRO-3 frees each
                            block after its forward), reduce-scatter 2P of gradients (DeepSpeed refuses no_sync under
@@ -43,6 +44,23 @@ DeepSpeed; plain DDP all-reduces fp32 gradients (4 bytes). Per optimizer step:
                            step: one all-gather 2P over N (the first forward), 2k - 1 all-gathers 2P within the node,
                            k reduce-scatters 2 T_r over N. A frozen LoRA base keeps its secondary partition for the
                            whole run: after the first step only the adapters cross nodes.
+    HSDP (parallelism hsdp: transformers' DistributedConfig, FSDP2 with fsdp_size = G, dp_replicate_size = M)
+                           fp32 weights sharded over the G GPUs of a node, bf16 compute (fsdp_mixed_precision:
+                           bf16 all-gathers, fp32 reductions). Every micro-step, within the node: all-gather 2P
+                           (forward), all-gather 2P (backward: reshard_after_forward), reduce-scatter 4P. Across
+                           nodes, once per optimizer step: all-reduce of each GPU's fp32 gradient shard 4P/G over the
+                           M GPUs of the same local rank (one per node: its own NIC, so all of it is network
+                           traffic). The Trainer defers it (Trainer._defer_fsdp_gradient_reduction:
+                           set_requires_all_reduce(False) on all but the last micro-step) and FSDP2 sums the
+                           reduce-scattered shards meanwhile (torch's _fsdp_collectives.foreach_reduce,
+                           partial_reduce_output), so it runs in the last micro-step's backward.
+    HSDP + EP (parallelism hsdp_ep: ep_size = G)
+                           each GPU holds E/G whole experts, a node all of them (the expert FSDP group efsdp = 1):
+                           only the dense parameters D = P - X (X: expert parameters) are gathered (2D forward, 2D
+                           backward) and reduce-scattered (4D) within the node; the routed tokens travel instead:
+                           per MoE layer an all-to-all to the experts and one back, of t k h bf16 values per GPU
+                           (k experts per token, uniform routing), in the forward, again in the backward, and in the
+                           recomputed forward. Across nodes, as HSDP: the all-reduce of 4P/G per step.
     ZeRO-2                 every micro-step: reduce-scatter 2 T_r; after the step: all-gather of the updated 2 T_r
     ZeRO-1 / DDP           once per step, in the last micro-step's backward: all-reduce of the gradients (4 T_r)
 
@@ -76,7 +94,12 @@ is ``compute`` when every phase's compute covers its communication, else the lin
 The run: tokens per optimizer step k b s x N (x the packing efficiency, for real tokens); steps = max_steps, or the
 training split's rows x epochs / (b k N), rows from the prepared dataset's statistics when given, else
 ``dataset_tokens_estimate`` / s; wall time = steps x step seconds; GPU-hours = wall time x N. Memory per GPU is
-components/train/launcher/memory.py's estimate, the one validate_inputs checks.
+components/train/launcher/memory.py's estimate, the one validate_inputs checks. Under HSDP the model states are
+sharded over a node's G GPUs only: 16P/G (fp32 weights 4, fp32 gradients 4, Adam 8) + 10 L' (L' the largest block
+FSDP2 gathers: bf16 copies of the current and the prefetched block, 4 L', and the block's bf16 gradient with its fp32
+copy for the reduce-scatter, 6 L'; under EP the experts stay whole on their GPU and L' is the largest dense block);
+activations and overhead as memory.py's. The final export then gathers the whole fp32 model on rank 0's host
+(transformers' gather_full_state_dict, 4P): validate_inputs refuses the layout where that passes the pod's memory.
 """
 
 from __future__ import annotations
@@ -116,6 +139,7 @@ class Collective:
     per_node: int
     phase: str
     when: str
+    dtype_bytes: int = PARAM_BYTES  # bytes per element as it travels (a CPU run in fp32 rescales by 4 / this)
 
     @property
     def bytes_per_gpu(self) -> float:
@@ -189,6 +213,8 @@ class Plan:
     epochs: float
     wall_s: float
     gpu_hours: float
+    parallelism: str = "deepspeed"
+    blocked: str | None = None  # why this layout cannot run (validate_inputs refuses it), or None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -198,6 +224,11 @@ class Plan:
     @property
     def fits(self) -> bool:
         return self.memory_gib["total"] <= self.gpu_memory_gib
+
+    @property
+    def runs(self) -> bool:
+        """Fits in GPU memory and nothing else stops it (``blocked``)."""
+        return self.fits and self.blocked is None
 
     def bytes_per_gpu(self, link: str | None = None, per: str = "step") -> float:
         """Bytes one GPU moves per optimizer step (``per="micro-step"``: divided by k), over ``link`` or any: the
@@ -249,7 +280,14 @@ def zero_config(deepspeed_config: str) -> dict:
     return load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
 
 
-def layout_name(zero: dict) -> str:
+HSDP_LAYOUTS = {"hsdp": "HSDP (FSDP2: sharded in a node, replicated over nodes)",
+                "hsdp_ep": "HSDP + EP (FSDP2, experts parallel in a node)"}
+GRAD_REDUCE_BYTES = 4  # FSDP2's fsdp_mixed_precision reduces gradients in fp32
+
+
+def layout_name(zero: dict, parallelism: str = "deepspeed") -> str:
+    if parallelism in HSDP_LAYOUTS:
+        return HSDP_LAYOUTS[parallelism]
     stage = zero.get("stage", 0)
     hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
     if stage == 3:
@@ -258,14 +296,18 @@ def layout_name(zero: dict) -> str:
 
 
 def collectives(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int,
-                trainable: int) -> list[Collective]:
-    """Every collective of one optimizer step (module docstring's table)."""
+                trainable: int, parallelism: str = "deepspeed", tokens: int = 0,
+                recompute: bool = False) -> list[Collective]:
+    """Every collective of one optimizer step (module docstring's table). ``tokens`` per micro-step and GPU and
+    ``recompute`` matter only to expert parallelism's all-to-alls."""
     n, m, g = num_nodes * gpus_per_node, num_nodes, gpus_per_node
     stage = zero.get("stage", 0)
     params, grads = PARAM_BYTES * shape.total, PARAM_BYTES * trainable
     out: list[Collective] = []
     if n == 1:
         return out
+    if parallelism in HSDP_LAYOUTS:
+        return hsdp_collectives(shape, m, g, trainable, parallelism == "hsdp_ep", tokens, recompute)
     if stage == 3:
         hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
         out.append(Collective("parameters, forward", "all-gather", params, n, m, g, "forward",
@@ -296,6 +338,54 @@ def collectives(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus
         if stage == 1:
             out.append(Collective("updated parameters", "all-gather", grads, n, m, g, "after step", "after"))
     return out
+
+
+def hsdp_collectives(shape: ModelShape, num_nodes: int, gpus_per_node: int, trainable: int, ep: bool,
+                     tokens: int, recompute: bool) -> list[Collective]:
+    """HSDP's collectives per optimizer step, with expert parallelism within the node when ``ep`` (module
+    docstring)."""
+    m, g = num_nodes, gpus_per_node
+    gathered = shape.total - (shape.expert_params if ep else 0)  # under EP the experts are never gathered
+    out: list[Collective] = []
+    if g > 1:
+        what = "dense parameters" if ep else "parameters"
+        out += [Collective(f"{what}, forward", "all-gather", PARAM_BYTES * gathered, g, 1, g, "forward", "every"),
+                Collective(f"{what}, backward", "all-gather", PARAM_BYTES * gathered, g, 1, g, "backward", "every"),
+                Collective("gradients (fp32)", "reduce-scatter", GRAD_REDUCE_BYTES * gathered, g, 1, g, "backward",
+                           "every", GRAD_REDUCE_BYTES)]
+        if ep and shape.is_moe:
+            k = shape.intermediate // max(1, shape.moe_intermediate)
+            per_pass = 2 * shape.sparse_layers * tokens * k * shape.hidden * PARAM_BYTES  # to the experts and back
+            out.append(Collective("routed tokens, forward", "all-to-all", per_pass, g, 1, g, "forward", "every"))
+            out.append(Collective("routed tokens, backward" + (" and recomputed forward" if recompute else ""),
+                                  "all-to-all", per_pass * (2 if recompute else 1), g, 1, g, "backward", "every"))
+    if m > 1:
+        shard = GRAD_REDUCE_BYTES * (trainable if trainable < shape.total else shape.total) / g
+        out.append(Collective("gradient shards across nodes (fp32, once per step)", "all-reduce", shard, m, m, 1,
+                              "backward", "last", GRAD_REDUCE_BYTES))
+    return out
+
+
+def hsdp_export_host_gib(shape: ModelShape, gpus_per_node: int) -> float:
+    """Rank 0's pod at the final export under HSDP, in GiB: the whole model gathered in fp32 on rank 0's host
+    (transformers' gather_full_state_dict, cpu_offload) plus memory.py's per-rank process and /dev/shm figures."""
+    from components.train.launcher.memory import HOST_PROCESS_BYTES, SHM_BYTES_PER_RANK
+
+    return (4 * shape.total + (HOST_PROCESS_BYTES + SHM_BYTES_PER_RANK) * gpus_per_node) / GIB
+
+
+def hsdp_memory_gib(shape: ModelShape, ep: bool, gpus_per_node: int, max_seq_length: int, rows: int) -> dict:
+    """Memory per GPU under HSDP (module docstring): memory.py's activations and overhead, model states sharded over
+    one node."""
+    from components.train.launcher.memory import estimate_gib
+
+    est = estimate_gib(shape, "full", {"stage": 3}, gpus_per_node, max_seq_length, rows)
+    embed = shape.vocab * shape.hidden
+    dense_layer = (shape.total - shape.expert_params - 2 * embed) // max(1, shape.layers)
+    block = max(embed, dense_layer) if ep else max(shape.largest_block, embed)
+    states = (16 * shape.total / gpus_per_node + 10 * block) / GIB
+    return {"model_states": states, "activations": est["activations"], "overhead": est["overhead"],
+            "total": states + est["activations"] + est["overhead"]}
 
 
 def _link_seconds(items: list[Collective], intra: float, inter: float) -> dict:
@@ -329,6 +419,13 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     v = {**values, **stage_overrides(typed, stage)}  # the stage's own training settings over the run's
     shape = model_shape(config)
     method, zero = v["method"], zero_config(v["deepspeed_config"])
+    parallelism = v.get("parallelism", "deepspeed")
+    hsdp = parallelism in HSDP_LAYOUTS
+    if hsdp:
+        zero = {}  # validate_inputs refuses hsdp with a DeepSpeed config
+    elif v["deepspeed_config"] == "zero3_hpz":
+        # The trainer sets the shipped file's partition to the job's GPUs per node (1, off, on one node).
+        zero = {**zero, "zero_hpz_partition_size": int(v["gpus_per_node"]) if int(v["num_nodes"]) > 1 else 1}
     zero_stage, hpz = zero.get("stage", 0), int(zero.get("zero_hpz_partition_size", 1) or 1)
     m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
     n = m * g
@@ -366,7 +463,20 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
 
     # Communication and overlap.
     intra, inter = float(v["intra_node_gb_per_s"]) * GB, float(v["inter_node_gb_per_s"]) * GB
-    steps_collectives = collectives(shape, method, zero, m, g, trainable)
+    steps_collectives = collectives(shape, method, zero, m, g, trainable, parallelism, tokens, recompute)
+    blocked = None
+    if hsdp:
+        if method != "full":
+            notes.append(f"parallelism {parallelism} trains method full only: validate_inputs refuses {method}")
+        notes.append("no periodic checkpoints under HSDP: transformers 5.23's Trainer cannot resume a model sharded "
+                     "at load time, so a re-run trains from the start (components/train/trainer/parallelism.py)")
+        from components.train.launcher.memory import POD_MEMORY_GIB
+
+        host = hsdp_export_host_gib(shape, g)
+        if host > POD_MEMORY_GIB:
+            blocked = (f"the final export gathers the whole fp32 model on rank 0's host: {host:.0f} GiB with its "
+                       f"pod's {g} processes, over the pod's {POD_MEMORY_GIB:g} GiB")
+            notes.append(f"does not run: {blocked}")
     if zero_stage == 3 and hpz > 1 and hpz != g:
         notes.append(f"zero_hpz_partition_size is {hpz} but a node has {g} GPUs: the secondary partition "
                      + ("spans nodes, so its gathers cross the network" if hpz > g else "is smaller than a node")
@@ -398,14 +508,15 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     after_links = _link_seconds(after, intra, inter)
     for link in busy:
         busy[link] += after_links[link]
-    updated = trainable / n if zero_stage in (1, 2, 3) else trainable
+    updated = trainable / g if hsdp else trainable / n if zero_stage in (1, 2, 3) else trainable
     after_s = OPTIMIZER_BYTES_PER_PARAM * updated / HBM_BYTES_PER_S + max(after_links.values())
     step_s = sum(micro) + after_s
     bottleneck = max(busy, key=lambda link: busy[link]) if comm_bound else COMPUTE
     tokens_per_s = tokens * real * k / step_s
 
     # Memory per GPU: memory.py's estimate, the one validate_inputs checks (hpZ's secondary partition included).
-    est = estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora)
+    est = (hsdp_memory_gib(shape, parallelism == "hsdp_ep", g, s, rows) if hsdp
+           else estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora))
 
     # The run.
     epochs = float(v["num_train_epochs"])
@@ -424,7 +535,8 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
         steps = max(1, math.ceil(train_rows * epochs / (b * k * n)))
     wall = steps * step_s
     return Plan(
-        model=v["model_name_or_path"], method=method, layout=layout_name(zero), num_nodes=m, gpus_per_node=g,
+        model=v["model_name_or_path"], method=method, layout=layout_name(zero, parallelism), num_nodes=m,
+        gpus_per_node=g, parallelism=parallelism, blocked=blocked,
         micro_batch=b, accumulation=k, max_seq_length=s, tokens_per_micro_step=tokens, real_token_fraction=real,
         attention_length=t_att, attention_source=att_source, active_params=shape.active, total_params=shape.total,
         trainable_params=trainable, flops_per_token_dense=dense, flops_per_token_attention=attention,
@@ -439,25 +551,37 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
 
 # The ZeRO-3 layouts ``alternatives`` weighs against each other: shipped DeepSpeed configs.
 ZERO3_LAYOUTS = ("zero3", "zero3_hpz")
+# Every layout ``alternatives`` weighs, as the settings that choose it.
+LAYOUTS: tuple[dict, ...] = (
+    {"parallelism": "deepspeed", "deepspeed_config": "zero3"},
+    {"parallelism": "deepspeed", "deepspeed_config": "zero3_hpz"},
+    {"parallelism": "hsdp", "deepspeed_config": "none"},
+    {"parallelism": "hsdp_ep", "deepspeed_config": "none"},
+)
 
 
 def alternatives(settings: Settings | dict, config: dict, stats: dict | None = None) -> list[tuple[dict, Plan]]:
-    """Plans of the same run under each ZeRO-3 layout (``ZERO3_LAYOUTS``) and each split of its rows per optimizer
-    step into micro-batches (b 2^j rows, k / 2^j micro-steps: the same global batch), as ``(overrides, plan)``, the
-    run's own first. Empty when the run is not on ZeRO-3 over several nodes (nothing to weigh)."""
+    """Plans of the same run under each layout (``LAYOUTS``: ZeRO-3, ZeRO++ hpZ, HSDP, HSDP + EP for MoE models
+    whose experts divide over a node; HSDP for full fine-tuning only) and each split of its rows per optimizer step
+    into micro-batches (b 2^j rows, k / 2^j micro-steps: the same global batch), as ``(overrides, plan)``, the run's
+    own first. Empty when the run is not on ZeRO-3 or HSDP over several nodes (nothing to weigh)."""
     s = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
     own = plan(s, config, stats)
-    if not own.layout.startswith(("ZeRO-3", "ZeRO++")) or own.num_nodes < 2:
+    if not own.layout.startswith(("ZeRO-3", "ZeRO++", "HSDP")) or own.num_nodes < 2:
         return []
     flat = s.flat()
+    shape = model_shape(config)
     rows = own.micro_batch * own.accumulation
     out: list[tuple[dict, Plan]] = [({}, own)]
-    for layout in ZERO3_LAYOUTS:
+    for layout in LAYOUTS:
+        if layout["parallelism"] != "deepspeed" and own.method != "full":
+            continue
+        if layout["parallelism"] == "hsdp_ep" and not (shape.is_moe and shape.experts % own.gpus_per_node == 0):
+            continue
         b = 1
         while b <= rows:
             if rows % b == 0:
-                over = {"deepspeed_config": layout, "per_device_train_batch_size": b,
-                        "gradient_accumulation_steps": rows // b}
+                over = {**layout, "per_device_train_batch_size": b, "gradient_accumulation_steps": rows // b}
                 over = {key: value for key, value in over.items() if flat[key] != value}
                 if over:
                     out.append((over, plan({**flat, **over}, config, stats)))
@@ -473,7 +597,7 @@ def faster_layout(settings: Settings | dict, config: dict, stats: dict | None = 
     if not options:
         return None
     own = options[0][1]
-    fitting = [(over, p) for over, p in options[1:] if p.fits]
+    fitting = [(over, p) for over, p in options[1:] if p.runs]
     if not fitting:
         return None
     over, best = max(fitting, key=lambda item: (round(item[1].tokens_per_s_per_gpu), -item[1].memory_gib["total"]))
@@ -528,6 +652,10 @@ def format_plan(p: Plan) -> str:
         f"  run:      {p.steps:,} optimizer steps ({p.dataset_tokens / 1e6:,.0f}M tokens x {p.epochs:g} epochs, from "
         f"{p.dataset_source}): {_duration(p.wall_s)} wall, {p.gpu_hours:,.0f} GPU-hours",
     ]
+    if p.parallelism in HSDP_LAYOUTS:
+        lines.insert(1, f"  layout:   parallelism={p.parallelism}: FSDP2 over the {p.gpus_per_node} GPUs of a node, "
+                        f"replicated over {p.num_nodes} nodes" + (", experts parallel within the node"
+                                                                  if p.parallelism == "hsdp_ep" else ""))
     lines += [f"  note:     {note}" for note in p.notes]
     return "\n".join(lines)
 

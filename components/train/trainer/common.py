@@ -29,6 +29,7 @@ from components.train.trainer.checkpoints import CompleteMarkerCallback, SaveOnS
 from components.train.trainer.export import export_final
 from components.train.trainer.lora import apply_lora
 from components.train.trainer.metrics import attach as attach_metrics
+from components.train.trainer.parallelism import distributed_config, resumable
 from components.train.trainer.speed import attn_implementation
 
 log = logging.getLogger("sft")
@@ -64,6 +65,9 @@ def load_model(cfg, model_path: str):
     low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
     dtype = torch.bfloat16 if low_precision else torch.float32
     kwargs = {"dtype": dtype, "attn_implementation": attn_implementation()}
+    # hsdp / hsdp_ep: transformers shards the model while loading it (parallelism.py); fp32 weights, bf16 compute.
+    if layout := distributed_config(cfg.parallelism, cfg.bf16):
+        kwargs["distributed_config"] = layout
     if config.model_type == "qwen3_moe":
         kwargs.update(output_router_logits=cfg.router_aux_loss_coef > 0, router_aux_loss_coef=cfg.router_aux_loss_coef)
     if cfg.method == "qlora":
@@ -166,7 +170,7 @@ def use_progress(trainer, progress) -> None:
 
 def train_resuming(trainer, sigterm):
     """``trainer.train()`` from the newest complete checkpoint, if any; TrainingInterrupted once SIGTERM stopped it."""
-    last = latest_complete_checkpoint(trainer.args.output_dir)
+    last = latest_complete_checkpoint(trainer.args.output_dir) if resumable(trainer.args) else None
     if last and trainer.is_world_process_zero():
         log.info("resuming from %s", last)
     result = trainer.train(resume_from_checkpoint=last)

@@ -53,6 +53,7 @@ from components.train.trainer.common import (
     use_progress,
 )
 from components.train.trainer.metrics import serve as serve_metrics
+from components.train.trainer.parallelism import HPZ_SHIPPED, check_parallelism, hpz_config
 from components.train.trainer.speed import attn_implementation, packed_collator
 
 log = logging.getLogger("sft")
@@ -177,6 +178,11 @@ def parse_config(path: str):
             shipped = ", ".join(c for c in DEEPSPEED_CONFIGS if c != "none")
             raise ValueError(f"{path}: deepspeed {data['deepspeed']!r}: no such file; use a shipped name "
                              f"({shipped}) or a JSON file on a mounted volume")
+        if data["deepspeed"] and data["deepspeed"] == deepspeed_config_path(HPZ_SHIPPED):
+            # ZeRO++'s secondary partition is one node's GPUs: this job's, not the shipped file's 8.
+            data["deepspeed"] = hpz_config(data["deepspeed"])
+    if why := check_parallelism(data):
+        raise ValueError(f"{path}: {why}")
     errors = check_combination(data)
     if errors:
         raise ValueError(f"{path}: " + "; ".join(errors))

@@ -8,7 +8,7 @@ import importlib.util
 from pathlib import Path
 
 from components.settings import Settings
-from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed, load_deepspeed_config
+from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
 from components.train.launcher.memory import check_memory_fit
 from components.train.stages import stage_overrides
 
@@ -22,13 +22,9 @@ def check_train_settings(s: Settings) -> list[str | None]:
     if t.deepspeed_config in DEEPSPEED_CONFIGS:
         # A user's JSON lives on a volume this step may not mount: the trainer applies the rule when it reads it.
         errors.append(check_method_deepspeed(t.method, t.deepspeed_config))
-        # ZeRO++'s secondary partition spans consecutive ranks: a node's GPUs only when its size is gpus_per_node.
-        hpz = load_deepspeed_config(t.deepspeed_config).get("zero_optimization", {}).get("zero_hpz_partition_size", 1)
-        if hpz > 1 and hpz != s.cluster.gpus_per_node and s.cluster.train_backend != "local":
-            errors.append(f"deepspeed_config={t.deepspeed_config} partitions the weights within {hpz} GPUs, and "
-                          f"gpus_per_node={s.cluster.gpus_per_node}: copy components/train/deepspeed/"
-                          f"{t.deepspeed_config}.json with zero_hpz_partition_size {s.cluster.gpus_per_node} to a "
-                          "volume and give its path, or use zero3")
+        # ZeRO++'s secondary partition must be one node's GPUs: the trainer sets the shipped zero3_hpz's to torchrun's
+        # LOCAL_WORLD_SIZE (components/train/trainer/parallelism.py), so no gpus_per_node needs a file of its own.
+    errors += parallelism_errors(s)
     if t.num_train_epochs <= 0 and t.max_steps <= 0:
         errors.append("num_train_epochs and max_steps are both <= 0; set num_train_epochs > 0 or max_steps > 0")
     if "mlflow" in t.report_to and s.cluster.train_backend == "local" and importlib.util.find_spec("mlflow") is None:
@@ -37,6 +33,42 @@ def check_train_settings(s: Settings) -> list[str | None]:
     if t.max_steps == 0:
         errors.append("max_steps=0 trains nothing; use -1 to run every epoch, or a positive number of steps")
     return errors
+
+
+def parallelism_errors(s: Settings) -> list[str | None]:
+    """``parallelism`` hsdp/hsdp_ep (transformers' FSDP2, components/train/trainer/parallelism.py): with no DeepSpeed
+    config, full fine-tuning, the sft/cpt stages, experts that divide over a node (hsdp_ep), and a final export whose
+    fp32 gather fits rank 0's pod (components/train/launcher/plan.py's ``hsdp_export_host_gib``)."""
+    t, c = s.train, s.cluster
+    if t.parallelism == "deepspeed":
+        return []
+    name = f"parallelism={t.parallelism}"
+    if t.deepspeed_config != "none":
+        return [f"{name} shards the model with FSDP2 (transformers' DistributedConfig) in place of DeepSpeed: set "
+                f"deepspeed_config=none (it is {t.deepspeed_config}), or parallelism=deepspeed"]
+    if t.method != "full":
+        return [f"{name} trains method=full only (method is {t.method}): use parallelism=deepspeed (deepspeed_config "
+                "zero3) for LoRA"]
+    other = [stage for stage in s.stages.stages if stage not in ("sft", "cpt")]
+    if other:
+        return [f"{name} runs the sft and cpt stages only; stages has {other}: use parallelism=deepspeed"]
+    from components.models.shape import load_architecture, model_shape
+    from components.train.launcher.memory import POD_MEMORY_GIB
+    from components.train.launcher.plan import hsdp_export_host_gib
+
+    config = load_architecture(t.model_name_or_path)
+    if config is None or c.train_backend == "local":
+        return []
+    shape = model_shape(config)
+    if t.parallelism == "hsdp_ep" and not (shape.is_moe and shape.experts % c.gpus_per_node == 0):
+        return [f"{name} spreads a MoE model's experts over a node's GPUs: {t.model_name_or_path} has "
+                f"{shape.experts} experts and gpus_per_node={c.gpus_per_node}; use parallelism=hsdp"]
+    host = hsdp_export_host_gib(shape, c.gpus_per_node)
+    if host > POD_MEMORY_GIB:
+        return [f"{name}: the final export gathers the whole fp32 model ({4 * shape.total / 1024**3:.0f} GiB) on rank "
+                f"0's host (transformers' gather_full_state_dict), {host:.0f} GiB with the pod's processes, over the "
+                f"pod's {POD_MEMORY_GIB:g} GiB: use parallelism=deepspeed (ZeRO-3 exports one layer at a time)"]
+    return []
 
 
 def memory_errors(s: Settings) -> list[str]:
@@ -49,6 +81,17 @@ def memory_errors(s: Settings) -> list[str]:
         t = dataclasses.replace(s.train, **stage_overrides(s, stage))
         if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
+        if t.parallelism != "deepspeed":
+            # HSDP shards the model states over one node's GPUs: ZeRO-3's estimate over one node is the same 16 bytes
+            # per parameter (plan.py's hsdp_memory_gib adds the gathered blocks).
+            problem = check_memory_fit(
+                s.train.model_name_or_path, t.method, "zero3", 1, s.cluster.gpus_per_node, t.max_seq_length,
+                t.per_device_train_batch_size, gpu_memory_gib=s.cluster.gpu_memory_gib)
+            if problem:
+                errors.append(f"parallelism={t.parallelism} keeps a copy of the model states per node, sharded over "
+                              f"its {s.cluster.gpus_per_node} GPUs: {problem.split(':')[0]}; use "
+                              "parallelism=deepspeed (ZeRO-3 shards over every GPU)")
+            continue
         # DPO runs chosen and rejected of each pair in one forward pass: twice the rows.
         problem = check_memory_fit(
             s.train.model_name_or_path, t.method, t.deepspeed_config, s.cluster.num_nodes, s.cluster.gpus_per_node,

@@ -19,7 +19,9 @@ from components.train.launcher.plan import (
     INTRA,
     alternatives,
     architecture,
+    collectives,
     faster_layout,
+    format_plan,
     plan,
     read_stats,
     zero_config,
@@ -172,8 +174,12 @@ def test_alternatives_keep_the_global_batch_and_name_a_faster_fitting_layout():
     values = _settings(FULL, inter_node_gb_per_s=ONE_400G_LINK_PER_NODE)
     config = architecture(values["model_name_or_path"])
     options = alternatives(values, config)
-    assert options[0][0] == {} and len(options) == 6  # the run's own + 2 layouts x (1, 2, 4 rows) - itself
+    # The run's own + 4 layouts (zero3, zero3_hpz, hsdp, hsdp_ep) x (1, 2, 4 rows) - itself.
+    assert options[0][0] == {} and len(options) == 12
     assert all(p.micro_batch * p.accumulation == 4 for _, p in options)
+    assert {p.layout for _, p in options} == {"ZeRO-3", "ZeRO++ hpZ (ZeRO-3, partition 8)",
+                                              "HSDP (FSDP2: sharded in a node, replicated over nodes)",
+                                              "HSDP + EP (FSDP2, experts parallel in a node)"}
     assert options[1][0] == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}  # zero3 unchanged
     # Through one 400 Gb/s link per node, the forward's gather is what remains: ZeRO-3 and hpZ gather the same for the
     # first forward of a step, so with one micro-step they tie; the one needing less memory is named.
@@ -255,3 +261,78 @@ def test_validate_inputs_logs_the_plan(cluster, caplog):
     logged = "\n".join(r.getMessage() for r in caplog.records if r.name == "validate_inputs")
     assert "plan: full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8, 2 x 8 GPUs, ZeRO-3" in logged
     assert "4,146 tokens/s per GPU, bottleneck: compute" in logged
+
+
+HSDP = {"parallelism": "hsdp", "deepspeed_config": "none"}
+# benchmarks/netns_bytes.py's tiny Qwen3-MoE.
+TINY_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 687, "hidden_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "tie_word_embeddings": False}
+HSDP_EP = {"parallelism": "hsdp_ep", "deepspeed_config": "none"}
+
+
+def test_hsdp_keeps_the_gathers_in_the_node_and_all_reduces_each_gpus_shard_across_nodes_once_per_step():
+    """transformers' DistributedConfig(dp_replicate_size=2, fsdp_size=8): every micro-step all-gathers (forward and
+    backward) and reduce-scatters within the node; across nodes one all-reduce of each GPU's fp32 gradient shard,
+    deferred to the last micro-step (Trainer._defer_fsdp_gradient_reduction)."""
+    p = _plan(FULL, **HSDP)
+    shape = model_shape(architecture(p.model))
+    assert p.layout.startswith("HSDP (FSDP2") and p.parallelism == "hsdp"
+    inter = [c for c in p.collectives if c.link == INTER]
+    assert len(inter) == 1
+    (across,) = inter
+    assert (across.kind, across.ranks, across.nodes, across.per_node, across.when) == ("all-reduce", 2, 2, 1, "last")
+    assert across.size == 4 * shape.total / 8  # the fp32 shard of a GPU
+    # One rank per node: its NIC carries all of it, 2 S (2 - 1) / 2 = S per GPU and optimizer step.
+    assert p.bytes_per_gpu(INTER) == pytest.approx(4 * shape.total / 8)
+    intra = [c for c in p.collectives if c.link == INTRA]
+    assert [(c.kind, c.ranks, c.when) for c in intra] == [("all-gather", 8, "every")] * 2 + [
+        ("reduce-scatter", 8, "every")]
+    # Against ZeRO-3: 85.9 GB per GPU and step over the network, 15.3 under HSDP.
+    z3 = _plan(FULL)
+    assert z3.bytes_per_gpu(INTER) / p.bytes_per_gpu(INTER) > 5
+    # Model states over one node's 8 GPUs: 16 bytes per parameter / 8, and the gathered blocks.
+    assert p.memory_gib["model_states"] == pytest.approx((2 * shape.total + 10 * shape.largest_block) / GIB)
+    assert p.fits and p.bottleneck == "compute"
+
+
+def test_hsdp_ep_trades_the_expert_gathers_for_token_all_to_alls_within_the_node():
+    p, hsdp = _plan(FULL, **HSDP_EP), _plan(FULL, **HSDP)
+    shape = model_shape(architecture(p.model))
+    a2a = [c for c in p.collectives if c.kind == "all-to-all"]
+    tokens, k = 4096, 8  # one 4096-token row per micro-step, Qwen3-30B-A3B's top-8
+    per_pass = 2 * shape.sparse_layers * tokens * k * shape.hidden * 2  # to the experts and back, bf16
+    assert [(c.size, c.phase, c.link) for c in a2a] == [(per_pass, "forward", INTRA),
+                                                        (2 * per_pass, "backward", INTRA)]  # + recomputed forward
+    gathers = [c for c in p.collectives if c.kind == "all-gather"]
+    assert all(c.size == 2 * (shape.total - shape.expert_params) for c in gathers)
+    assert p.bytes_per_gpu(INTRA) < hsdp.bytes_per_gpu(INTRA) / 3
+    assert p.bytes_per_gpu(INTER) == hsdp.bytes_per_gpu(INTER)  # the same gradient shards cross nodes
+    assert p.memory_gib["total"] < hsdp.memory_gib["total"]  # no expert block gathered
+
+
+def test_hsdp_is_named_faster_on_a_slow_network_only_where_it_can_run():
+    """On one 200 Gb/s link per node HSDP moves less than any ZeRO-3 layout, but for Qwen3-30B-A3B its final export
+    gathers the fp32 model (114 GiB) on rank 0's host, past the pod's 128 GiB: the plan says so and never names it."""
+    values = _settings(FULL, inter_node_gb_per_s=3.125)
+    config = architecture(values["model_name_or_path"])
+    options = alternatives(values, config)
+    z3 = options[0][1]
+    hsdp = [p for over, p in options if over.get("parallelism") == "hsdp" and p.micro_batch == 1]
+    assert hsdp and hsdp[0].tokens_per_s_per_gpu > 3 * z3.tokens_per_s_per_gpu
+    assert hsdp[0].fits and not hsdp[0].runs and "rank 0's host" in (hsdp[0].blocked or "")
+    assert "does not run: the final export" in format_plan(hsdp[0])
+    over, best = faster_layout(values, config)
+    assert over["deepspeed_config"] == "zero3_hpz" and "parallelism" not in over
+    # A model whose fp32 copy fits a pod's host is not blocked.
+    assert plan({**values, **HSDP}, TINY_MOE).blocked is None
+
+
+def test_the_cpu_measurement_and_the_plan_count_the_same_hsdp_collectives():
+    """benchmarks/netns_bytes.py predicts the tiny MoE's bytes across the pod boundary with ``collectives``: HSDP's
+    all-reduce of each rank's fp32 shard (4P / 2) between the two pods is all that crosses."""
+    shape = model_shape(TINY_MOE)
+    items = collectives(shape, "full", {}, 2, 2, shape.total, "hsdp")
+    crossing = [c for c in items if c.link == INTER]
+    assert [(c.kind, c.size, c.dtype_bytes) for c in crossing] == [("all-reduce", 4 * shape.total / 2, 4)]

@@ -1,0 +1,63 @@
+"""validate_inputs' rules for ``parallelism`` (components/validate/rules/train.py): transformers' FSDP2 layouts are
+refused, with one error naming the setting, where they cannot run; accepted where they can."""
+
+import json
+
+import pytest
+
+from components.validate.rules import check
+from pipelines import params as P
+
+FULL = "qwen3-30b-a3b-full"
+# benchmarks/netns_bytes.py's tiny Qwen3-MoE: its fp32 copy fits any pod.
+TINY_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 687, "hidden_size": 64,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
+            "intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+            "tie_word_embeddings": False}
+
+
+def _errors(preset=FULL, **over) -> list[str]:
+    values = P.resolve(preset)
+    values.update(over)
+    return [e for e in check(values) if "parallelism" in e]
+
+
+@pytest.fixture
+def tiny_moe(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(TINY_MOE))
+    return str(tmp_path)
+
+
+def test_hsdp_replaces_deepspeed_and_says_which_setting_to_change():
+    assert _errors(parallelism="hsdp") == [
+        "parallelism=hsdp shards the model with FSDP2 (transformers' DistributedConfig) in place of DeepSpeed: set "
+        "deepspeed_config=none (it is zero3), or parallelism=deepspeed"]
+
+
+def test_hsdp_trains_full_fine_tuning_only():
+    (error,) = _errors("qwen3-30b-a3b-lora", parallelism="hsdp", deepspeed_config="none")
+    assert error.startswith("parallelism=hsdp trains method=full only (method is lora)")
+
+
+def test_hsdp_is_refused_where_the_final_exports_fp32_gather_passes_the_pods_memory():
+    """Qwen3-30B-A3B: 30.5B x 4 bytes = 114 GiB on rank 0's host at the export, with 8 ranks' processes 142 GiB,
+    over the pod's 128 GiB (transformers' gather_full_state_dict; ZeRO-3's export gathers a layer at a time)."""
+    (error,) = _errors(parallelism="hsdp", deepspeed_config="none")
+    assert error.startswith("parallelism=hsdp: the final export gathers the whole fp32 model (114 GiB) on rank 0's "
+                            "host") and error.endswith("use parallelism=deepspeed (ZeRO-3 exports one layer at a time)")
+
+
+def test_expert_parallelism_needs_experts_that_divide_over_a_node(tiny_moe):
+    (error,) = _errors("qwen3-32b-qlora", parallelism="hsdp_ep", deepspeed_config="none", method="full")
+    assert "has 0 experts and gpus_per_node=8; use parallelism=hsdp" in error
+    # The tiny MoE's 4 experts over 8 GPUs per node: refused; over 4 or 2: accepted.
+    assert _errors(model_name_or_path=tiny_moe, parallelism="hsdp_ep", deepspeed_config="none")
+    for gpus in (4, 2):
+        assert _errors(model_name_or_path=tiny_moe, parallelism="hsdp_ep", deepspeed_config="none",
+                       gpus_per_node=gpus) == []
+
+
+def test_a_model_that_fits_runs_under_hsdp(tiny_moe):
+    values = P.resolve(FULL)
+    values.update(model_name_or_path=tiny_moe, parallelism="hsdp", deepspeed_config="none")
+    assert check(values) == []
