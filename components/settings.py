@@ -92,6 +92,37 @@ class SFTSettings:
                      "ZeRO-3 over every GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a "
                      "node, replicated across nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism "
                      "within a node, MoE models).", plain=False, choices=("deepspeed", "hsdp", "hsdp_ep"))
+    # The grpo stage (components/train/trainer/grpo.py, rewards.py): training settings like dpo_beta, so that they
+    # reach the trainer config and stage_settings may set them.
+    grpo_rewards: dict = setting(
+        {"answer": 1.0, "format": 0.5},
+        "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format (the "
+        "reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward model: "
+        "grpo_reward_model) and function (grpo_reward_function).", plain=False)
+    grpo_answer_pattern: str = setting(
+        r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?",
+        "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer and "
+        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.", plain=False)
+    grpo_length_budget: int = setting(
+        256, "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).",
+        plain=False, min=1)
+    grpo_reward_model: str = setting(
+        "", "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a "
+            "mounted volume (a sequence classifier with one label).", plain=False)
+    grpo_reward_function: str = setting(
+        "", "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
+            "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive "
+            "as keywords).", plain=False)
+    grpo_num_generations: int = setting(
+        8, "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
+           "per_device_train_batch_size x gradient_accumulation_steps x GPUs.", plain=False, min=2)
+    grpo_max_completion_length: int = setting(
+        512, "grpo stage: length limit of each sampled completion, in tokens.", plain=False, min=1)
+    grpo_beta: float = setting(
+        0.04, "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
+              "reference model.", plain=False, min=0)
+    grpo_temperature: float = setting(
+        1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
 
 
 @dataclass
@@ -143,14 +174,19 @@ class StageSettings:
 
     stages: list = setting(
         ["sft"], "Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised "
-                 "fine-tuning) and dpo (preference tuning); each trains from the previous stage's final model.",
-        choices=("cpt", "sft", "dpo"))
+                 "fine-tuning), dpo (preference tuning), rm (a reward model on dpo_dataset_source's pairs) and grpo "
+                 "(reinforcement learning on grpo_dataset_source's prompts); each trains from the previous stage's "
+                 "final model (grpo after rm: from the model before rm).",
+        choices=("cpt", "sft", "dpo", "rm", "grpo"))
     cpt_dataset_source: str = setting(
         "", "cpt stage: raw domain text (a text column), same syntax as dataset_source; builtin:domain-text is a "
             "bundled sample.")
     dpo_dataset_source: str = setting(
-        "", "dpo stage: preference pairs (prompt, chosen, rejected), same syntax as dataset_source; "
+        "", "dpo and rm stages: preference pairs (prompt, chosen, rejected), same syntax as dataset_source; "
             "builtin:preference is a bundled sample.")
+    grpo_dataset_source: str = setting(
+        "", "grpo stage: prompts (a prompt column, text or turns) with an optional reference answer column (answer), "
+            "same syntax as dataset_source; builtin:arithmetic is a bundled sample.")
     stage_settings: dict = setting(
         {}, "Training settings of one stage over the run's, e.g. {\"dpo\": {\"learning_rate\": 5e-7, \"method\": "
             "\"lora\"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.", plain=False)
@@ -188,10 +224,10 @@ class DataSettings:
         "on a mounted volume, pvc://claim/path, hf://... or Hub ids (org/name?config=C&split=S&revision=R).")
     dataset_format: str = setting(
         "auto", "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text "
-                "(preference, prompt/chosen/rejected pairs, is the dpo stage's format: those go in "
-                "dpo_dataset_source).",
+                "(preference, prompt/chosen/rejected pairs, is the dpo and rm stages' format: those go in "
+                "dpo_dataset_source; prompts, a prompt and an optional answer, the grpo stage's: grpo_dataset_source).",
         # The data step's format vocabulary (components/data/formats.py; a test holds it to these).
-        choices=("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference"))
+        choices=("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference", "prompts"))
     column_mapping: dict = setting({}, "The format's column name -> your column name, e.g. {\"messages\": \"dialog\"}.")
     eval_source: str = setting("", "Take the eval split from this source (same syntax) instead of holding out "
                                    "eval_size; empty: hold out.")
@@ -304,6 +340,9 @@ class EvaluateSettings:
                                       "lm-eval in the image).")
     max_task_regression: float = setting(0.01, "Largest drop of an lm-eval task's score (absolute, 0..1) that still "
                                                "passes.", min=0, max=1)
+    min_reward_improvement: float = setting(
+        0.0, "grpo runs: gain of the mean reward on held-out prompts over the model before grpo required to deploy "
+             "(absolute, in reward units; 0.0: no worse).", plain=False)
 
 
 @dataclass

@@ -21,7 +21,7 @@ from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
 from components.train.config import build_trainer_config
 from components.train.launcher.job import training_job_for_run
-from components.train.stages import dataset_folder, stage_folder, stage_train_settings
+from components.train.stages import dataset_folder, hands_on, stage_folder, stage_train_settings
 from pipelines.compile import compile_pipeline
 
 RENDER_RUN_ID = "render-preview"
@@ -53,7 +53,8 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
                                        config_path=os.path.join(stage_dir, "train_config.json"))
             manifest = yaml.safe_dump(job, sort_keys=False)
             written.append(_write(out_dir / f"{job['kind'].lower()}{suffix}.yaml", manifest))
-        base = os.path.join(stage_dir, "final")
+        if hands_on(stage):  # rm's model scores the next stage; the next stage trains from rm's own start
+            base = os.path.join(stage_dir, "final")
     train_dir = os.path.dirname(base)  # the last stage's: its final model is what is served
     if s.cluster.train_backend != "local" and s.cluster.tensorboard:
         board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)

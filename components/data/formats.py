@@ -3,7 +3,9 @@
 Chat formats (OpenAI ``messages``, ShareGPT ``conversations``, alpaca, prompt/completion) all become
 ``{"messages": [{"role", "content"}, ...]}``; plain ``text`` stays ``{"text": ...}``; preference rows
 become ``{"prompt": [...], "chosen": [...], "rejected": [...]}`` (TRL's conversational preference
-layout), kept for a later preference-tuning stage. All text is normalised to Unicode NFC, because
+layout), kept for a later preference-tuning stage; prompt rows (``prompts``, the grpo stage's) become
+``{"prompt": [...], "answer": "..."}`` (TRL's conversational prompt layout plus the optional reference answer the
+verifiable rewards check, empty when absent). All text is normalised to Unicode NFC, because
 Hangul often arrives decomposed and equal text must give equal tokens and equal duplicate hashes.
 """
 
@@ -12,7 +14,7 @@ from __future__ import annotations
 import unicodedata
 
 CHAT_FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion")
-FORMATS = (*CHAT_FORMATS, "text", "preference")
+FORMATS = (*CHAT_FORMATS, "text", "preference", "prompts")
 # What a user may declare (prepare --format, the pipeline's dataset_format): a format, or auto to detect it.
 DATASET_FORMATS = ("auto", *FORMATS)
 ROLES = ("system", "user", "assistant")
@@ -26,8 +28,10 @@ REQUIRED = {
     "prompt_completion": ("prompt", "completion"),
     "text": ("text",),
     "preference": ("prompt", "chosen", "rejected"),
+    "prompts": ("prompt",),  # and an optional "answer" column: the reference the grpo stage's rewards check
 }
-# Detection order matters: preference rows also have ``prompt``, so they are recognised first.
+# Detection order matters: preference rows also have ``prompt``, so they are recognised first. Prompt rows are never
+# detected (a prompt_completion file missing its completions would pass for them): the grpo stage declares them.
 DETECT_ORDER = ("messages", "sharegpt", "preference", "alpaca", "prompt_completion", "text")
 
 
@@ -111,6 +115,9 @@ def to_canonical(fmt: str, row: dict) -> dict:
         return {"messages": _user_assistant(row["prompt"], row["completion"], row.get("system"))}
     if fmt == "text":
         return {"text": nfc(row["text"])}
+    if fmt == "prompts":
+        answer = row.get("answer")
+        return {"prompt": _side(row["prompt"], "user"), "answer": "" if answer is None else nfc(answer)}
     return {"prompt": _side(row["prompt"], "user"), "chosen": _side(row["chosen"], "assistant"),
             "rejected": _side(row["rejected"], "assistant")}
 
@@ -121,7 +128,10 @@ def clean(row: dict) -> dict:
         if not row["text"].strip():
             raise RowError("empty_text", "the text is empty")
         return row
-    turns = row["messages"] if "messages" in row else row["prompt"] + row["chosen"] + row["rejected"]
+    if "answer" in row:  # a prompt row: the prompt must say something, the reference may be absent
+        turns = row["prompt"]
+    else:
+        turns = row["messages"] if "messages" in row else row["prompt"] + row["chosen"] + row["rejected"]
     if any(not t["content"].strip() for t in turns):
         raise RowError("empty_turn", "a turn is empty or whitespace only")
     if "messages" in row and not any(t["role"] == "assistant" for t in turns):

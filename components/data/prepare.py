@@ -48,6 +48,8 @@ __all__ = ["DataError", "prepare", "main"]
 log = logging.getLogger("prepare_dataset")
 
 N_REPORT_EXAMPLES = 3
+# Kinds kept as text: TRL applies the chat template in the trainer (preference pairs for dpo and rm, prompts for grpo).
+TEXT_KINDS = ("preference", "prompts")
 
 
 def prepare(
@@ -163,7 +165,7 @@ def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, se
     kind, n_rows, counts = reading.read_sources(
         source_list, eval_list, work, fmt=fmt, columns=columns, pvc_mounts=pvc_mounts, max_bad_rows=max_bad_rows,
         seed=seed)
-    if kind != "preference":
+    if kind not in TEXT_KINDS:
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
     canonical = datasets.Dataset.from_file(str(work / "canonical.arrow"))
     if eval_list:
@@ -180,9 +182,9 @@ def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, se
         is_eval[np.argsort(keys, kind="stable")[:n_eval]] = True
     stats = {"sources": source_list, "eval_sources": eval_list, "format": kind, "formats": counts["formats"],
              "rows_in": counts["rows_in"], "rows_kept": len(canonical), "dropped": counts["dropped"], "truncated": 0,
-             "max_seq_length": max_seq_length, "packing": packing and kind != "preference"}
+             "max_seq_length": max_seq_length, "packing": packing and kind not in TEXT_KINDS}
 
-    if kind == "preference":  # kept as text for a later preference-tuning stage: nothing to tokenize or pack
+    if kind in TEXT_KINDS:  # kept as text for the trainer (TRL tokenizes it): nothing to tokenize or pack
         ds = datasets.DatasetDict({
             split: canonical.select(np.flatnonzero(mask)).remove_columns("split_key")
             for split, mask in (("train", ~is_eval), ("eval", is_eval))})

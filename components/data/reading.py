@@ -57,7 +57,8 @@ def read_sources(source_list: list[str], eval_list: list[str], work: Path, **rea
 def _schema(kind: str):
     turns = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
     columns = {"text": {"text": datasets.Value("string")}, "messages": {"messages": turns},
-               "preference": {"prompt": turns, "chosen": turns, "rejected": turns}}[kind]
+               "preference": {"prompt": turns, "chosen": turns, "rejected": turns},
+               "prompts": {"prompt": turns, "answer": datasets.Value("string")}}[kind]
     return datasets.Features({**columns, "split_key": datasets.Value("float64")})
 
 

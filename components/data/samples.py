@@ -4,6 +4,7 @@ writes itself from the chat sample, so every stage (cpt, sft, dpo) has data with
 - ``builtin:sample``: 537 bilingual (Korean/English) conversations about training and serving LLMs;
 - ``builtin:domain-text``: the same knowledge as plain text, one document per conversation (question as the
   opening line, then the answers): what continued pretraining reads;
+- ``builtin:arithmetic``: prompts with numeric reference answers for the grpo stage (components/data/arithmetic.py);
 - ``builtin:preference``: one pair per single-turn conversation, for a preference in style that the chat data does
   not teach: the same answer, opened by acknowledging the question (``chosen``: "Good question." in the prompt's
   language) or by a filler (``rejected``: "Well,", "Honestly,", ... in turn). A model tuned on the chat data alone
@@ -19,8 +20,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from components.data.arithmetic import arithmetic_prompts
+
 SAMPLE_PATH = Path(__file__).with_name("sample") / "instructions.jsonl"
-BUILTIN = ("builtin:sample", "builtin:domain-text", "builtin:preference")
+BUILTIN = ("builtin:sample", "builtin:domain-text", "builtin:preference", "builtin:arithmetic")
 
 
 def _conversations() -> list[list[dict]]:
@@ -60,7 +63,8 @@ def builtin_path(source: str) -> str:
     """The JSONL file behind a ``builtin:`` source; the derived ones are written once per content, atomically."""
     if source == "builtin:sample":
         return str(SAMPLE_PATH)
-    rows = {"builtin:domain-text": domain_text, "builtin:preference": preference_pairs}[source]()
+    rows = {"builtin:domain-text": domain_text, "builtin:preference": preference_pairs,
+            "builtin:arithmetic": arithmetic_prompts}[source]()
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / "llm-post-training-samples"

@@ -53,7 +53,7 @@ def evaluate_model(
     from components.evaluate.evaluate import evaluate
     from components.models.hub import resolve_model
     from components.settings import Settings
-    from components.train.stages import dataset_folder, stage_folder
+    from components.train.stages import dataset_folder, hands_on, stage_folder, stage_overrides
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     s = Settings.from_flat(settings)
@@ -67,15 +67,37 @@ def evaluate_model(
     if "dpo" in stages:
         index = stages.index("dpo")
         before_dpo = os.path.join(stage_dirs[stages[index - 1]], "final") if index else None
-    preference_path = (os.path.join(os.path.dirname(dataset.metadata["path"]), dataset_folder("dpo"))
-                       if "dpo" in stages else None)
+    data_dir = os.path.dirname(dataset.metadata["path"])
+    preference_path = os.path.join(data_dir, dataset_folder("dpo")) if "dpo" in stages else None
+    # The grpo stage's starting model: the last stage before it that hands its model on (rm does not; stages.py).
+    policy, before_grpo = base, base
+    for stage in stages:
+        if stage == "grpo":
+            before_grpo = policy
+        elif hands_on(stage):
+            policy = os.path.join(stage_dirs[stage], "final")
+    t = s.train
+    grpo = None
+    if "grpo" in stages:
+        over = stage_overrides(s, "grpo")
+        grpo = {"prompts_path": os.path.join(data_dir, dataset_folder("grpo")), "before": before_grpo,
+                "rewards": over.get("grpo_rewards", t.grpo_rewards),
+                "pattern": over.get("grpo_answer_pattern", t.grpo_answer_pattern),
+                "length_budget": over.get("grpo_length_budget", t.grpo_length_budget),
+                "max_new_tokens": over.get("grpo_max_completion_length", t.grpo_max_completion_length),
+                "reward_model": over.get("grpo_reward_model", t.grpo_reward_model)
+                or os.path.join(stage_dirs.get("rm", ""), "final"),
+                "reward_function": over.get("grpo_reward_function", t.grpo_reward_function),
+                "min_reward_improvement": e.min_reward_improvement}
+    rm = ({"model": os.path.join(stage_dirs["rm"], "final"), "pairs_path": os.path.join(data_dir, dataset_folder("rm"))}
+          if "rm" in stages else None)
     result = evaluate(
         base, model_path, dataset.metadata["path"], e.eval_max_samples, e.min_loss_improvement,
         min_perplexity_improvement=e.min_perplexity_improvement, eval_prompts=e.eval_prompts,
         max_new_tokens=e.max_new_tokens, lm_eval_tasks=e.lm_eval_tasks, max_task_regression=e.max_task_regression,
         train_dir=os.path.dirname(model_path),
         stage_dirs=stage_dirs if len(stages) > 1 else None, preference_path=preference_path, before_dpo=before_dpo,
-        serving_reference=reference_path(model_path),
+        serving_reference=reference_path(model_path), grpo=grpo, rm=rm,
     )
     for name, value in result["metrics"].items():
         metrics.log_metric(name, value)

@@ -27,6 +27,7 @@ from components.evaluate.harness import check_tasks, run_tasks
 from components.evaluate.isolated import run_isolated
 from components.evaluate.loading import load_causal_lm
 from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
+from components.evaluate.rewards import reward_gate, reward_model_accuracy, reward_scores, rewards_section
 from components.evaluate.stages import preference_scores, stage_metrics, stages_section
 from components.evaluate.vllm_scoring import score_with_vllm
 from components.models.batches import label_nll, pad_collator
@@ -206,7 +207,8 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
              *, min_perplexity_improvement: float = 0.0, eval_prompts: str = BUILTIN_PROMPTS,
              max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01,
              train_dir: str | None = None, stage_dirs: dict | None = None, preference_path: str | None = None,
-             before_dpo: str | None = None, serving_reference: str | None = None) -> dict:
+             before_dpo: str | None = None, serving_reference: str | None = None, grpo: dict | None = None,
+             rm: dict | None = None) -> dict:
     """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
     decision and a Markdown report.
 
@@ -225,6 +227,12 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
         serving_reference: where to write what the served tuned model must reproduce: a few held-out examples'
             per-token log-probabilities and greedy first tokens (components/deploy/logprobs.py); the deploy step
             compares the server with it.
+        grpo: when the grpo stage ran: ``prompts_path`` (its prepared prompts), ``before`` (the model it started
+            from), ``rewards``, ``pattern``, ``length_budget``, ``max_new_tokens``, ``reward_model``,
+            ``reward_function``, ``min_reward_improvement``: mean rewards on held-out prompts and the reward gate
+            (components/evaluate/rewards.py).
+        rm: when the rm stage ran: ``model`` (its final folder) and ``pairs_path`` (its prepared pairs): the reward
+            model's pairwise accuracy on held-out pairs.
 
     Raises:
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
@@ -274,6 +282,29 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
         for role, score in preference.items():
             prefix = {"base": "base_", "before dpo": "before_dpo_", "tuned": ""}[role]
             metrics[f"{prefix}preference_accuracy"] = score["accuracy"]
+    reward_eval = rm_eval = None
+    if grpo:
+        roles = {"base": base_model, **({"before grpo": grpo["before"]} if grpo["before"] != base_model else {}),
+                 "tuned": tuned_model}
+        reward_eval = reward_scores(roles, grpo["prompts_path"], grpo["rewards"], generate=generate_answers,
+                                    pattern=grpo["pattern"],
+                                    length_budget=grpo["length_budget"], max_new_tokens=grpo["max_new_tokens"],
+                                    reward_model=grpo["reward_model"], reward_function=grpo["reward_function"],
+                                    max_prompts=max_samples)
+        for role in roles:
+            metrics[{"base": "base_", "before grpo": "before_grpo_", "tuned": ""}[role] + "mean_reward"] = \
+                reward_eval[role]["mean_reward"]
+        ok, line = reward_gate({"before grpo": reward_eval.get("before grpo", reward_eval["base"]),
+                                "tuned": reward_eval["tuned"]}, grpo["min_reward_improvement"])
+        if passed and ok:
+            reason = f"{reason}; {line}"
+        else:
+            kept = reason.removesuffix("; not deploying")
+            reason = f"{kept}; {line}; not deploying" if not passed else f"{line}; not deploying"
+            passed = False
+    if rm:
+        rm_eval = reward_model_accuracy(rm["model"], rm["pairs_path"], max_samples)
+        metrics["reward_model_accuracy"] = rm_eval["accuracy"]
     for stage, m in stages.items():
         for key in ("eval_loss", "eval_rewards/accuracies"):
             if key in m:
@@ -281,7 +312,7 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     metrics["seconds"] = round(time.time() - started, 2)
     log.info("%s", reason)
     report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason, train_dir,
-                          extra=stages_section(stages, preference))
+                          extra=stages_section(stages, preference) + rewards_section(reward_eval, rm_eval))
     return {"metrics": metrics, "passed": passed, "reason": reason, "report": report,
             "answers": {"base": base["answers"], "tuned": tuned["answers"]}}
 

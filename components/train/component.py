@@ -20,7 +20,7 @@ def train_model(
     run_id: str,
     model: Output[Model],
 ) -> NamedTuple("TrainOutputs", [("model_uri", str), ("model_path", str), ("job_name", str)]):
-    """Train one stage (cpt, sft or dpo) from ``base`` on the prepared dataset and record where the result is.
+    """Train one stage (cpt, sft, dpo, rm or grpo) from ``base`` on the prepared dataset and record where the result is.
 
     With ``train_backend=pytorchjob`` (or ``trainjob``, Trainer v2) this small CPU pod writes the trainer
     config to the model volume, creates the job (``num_nodes`` pods of ``gpus_per_node`` GPUs) running
@@ -61,7 +61,7 @@ def train_model(
     from components.settings import Settings, whole_numbers
     from components.train.config import build_trainer_config, write_trainer_config
     from components.train.launcher.local import cuda_available
-    from components.train.stages import stage_folder, stage_train_settings
+    from components.train.stages import hands_on, stage_folder, stage_train_settings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     # How this step ended, for the run's exit handler (components/observe/outcome.py).
@@ -141,6 +141,10 @@ def train_model(
         model.metadata.update({"pvc": s.cluster.model_pvc, "path": final_dir, "uri": uri, "stage": stage,
                                "base_model": base_model_path, "method": cfg["method"], "job_name": job_name,
                                **metrics})
+        if not hands_on(stage):
+            # The rm stage's model scores the policy (a later grpo stage reads it from its folder); the next stage
+            # trains from the model this one started from (components/train/stages.py).
+            uri, final_dir = base_model_path, base_model_path
         return namedtuple("TrainOutputs", ["model_uri", "model_path", "job_name"])(uri, final_dir, job_name)
 
 

@@ -126,8 +126,9 @@ def build_trainer_config(
         # global RNG, which the checkpoint restores as it was after the order was drawn: a mid-epoch resume
         # would skip a different set of rows). Unpacked rows are padded per batch: batching similar lengths
         # halves the padding work, at the price of that resume caveat.
-        # DPO pairs are text until TRL tokenizes them in the trainer: no lengths to group by.
-        "train_sampling_strategy": "random" if packing or stage == "dpo" else "group_by_length",
+        # DPO and reward-model pairs and GRPO prompts are text until TRL tokenizes them in the trainer: no lengths to
+        # group by.
+        "train_sampling_strategy": "random" if packing or stage in ("dpo", "rm", "grpo") else "group_by_length",
         # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
         # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
         "dataloader_num_workers": 0,

@@ -1,30 +1,54 @@
-"""Training stages: continued pretraining (cpt), supervised fine-tuning (sft), preference tuning (dpo).
+"""Training stages: continued pretraining (cpt), supervised fine-tuning (sft), preference tuning (dpo), a reward model
+(rm) and reinforcement learning with verifiable rewards (grpo).
 
 A run trains the stages of its ``stages`` setting in that order, each from the previous stage's final model, each
 in its own folder, through the same launcher and the same trainer entry point (the trainer config's ``stage``
-picks the loss: causal LM on every token for cpt, on the assistant's tokens for sft, DPO for dpo). What differs
-per stage is the data it reads and, optionally, training settings (``stage_settings``); this module is the one
-place that says so.
+picks the loss: causal LM on every token for cpt, on the assistant's tokens for sft, DPO for dpo, the pairwise
+reward-model loss for rm, GRPO for grpo). What differs per stage is the data it reads and, optionally, training
+settings (``stage_settings``); this module is the one place that says so.
+
+The rm stage is a side branch: it trains a reward model (a sequence classifier, not a language model) from the
+previous stage's model and hands that previous model on unchanged (``hands_on``), so that a following grpo stage
+trains the policy and scores it with the reward model (``reward_model_dir``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from components.settings import Settings, TrainSettings, choices
 
-STAGES = choices("stages")  # ("cpt", "sft", "dpo"), declared in the settings model
+STAGES = choices("stages")  # ("cpt", "sft", "dpo", "rm", "grpo"), declared in the settings model
 # What a stage reads: its data source setting and the format its rows must have (None: the run's dataset_format).
+# The reward model learns from the same preference pairs as dpo: one setting for a run's pairs.
 STAGE_DATA = {"cpt": ("cpt_dataset_source", "text"), "sft": ("dataset_source", None),
-              "dpo": ("dpo_dataset_source", "preference")}
+              "dpo": ("dpo_dataset_source", "preference"), "rm": ("dpo_dataset_source", "preference"),
+              "grpo": ("grpo_dataset_source", "prompts")}
 # Preference tuning moves a tuned model a little: rates 10-100x below SFT's (TRL's own default is 1e-6) and one
-# epoch (more overfits the pairs). A run's stage_settings override these.
-STAGE_DEFAULTS = {"dpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0}}
+# epoch (more overfits the pairs). A reward model trains a fresh head on the whole model: TRL's RewardConfig default
+# rate (1e-4), one epoch, method full (rm.py). GRPO: TRL's GRPOConfig default rate (1e-6), one pass over the prompts.
+# A run's stage_settings override these.
+STAGE_DEFAULTS: dict[str, dict] = {
+    "dpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0},
+    "rm": {"learning_rate": 1e-4, "num_train_epochs": 1.0, "method": "full"},
+    "grpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0},
+}
 
 
 def stage_folder(stage: str) -> str:
     """The stage's folder under the run's folder on the model volume (sft keeps the name ``train``)."""
     return "train" if stage == "sft" else stage
+
+
+def hands_on(stage: str) -> bool:
+    """Whether the next stage trains from this stage's final model (every stage but rm, whose model is a scorer)."""
+    return stage != "rm"
+
+
+def reward_model_dir(output_dir: str) -> str:
+    """The run's rm stage's final model, seen from another stage's ``output_dir`` (its sibling folder)."""
+    return os.path.join(os.path.dirname(output_dir.rstrip("/")), stage_folder("rm"), "final")
 
 
 def dataset_folder(stage: str) -> str:

@@ -56,6 +56,33 @@ class SFTConfig(TrainingArguments):
         "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 over every "
         "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated across "
         "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models).")})
+    grpo_rewards: dict = field(default_factory=lambda: {"answer": 1.0, "format": 0.5}, metadata={
+        "help": (
+            "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format "
+            "(the reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward model: "
+            "grpo_reward_model) and function (grpo_reward_function).")})
+    grpo_answer_pattern: str = field(default=r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?", metadata={"help": (
+        "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer and "
+        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.")})
+    grpo_length_budget: int = field(default=256, metadata={"help": (
+        "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).")})
+    grpo_reward_model: str = field(default="", metadata={"help": (
+        "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a mounted "
+        "volume (a sequence classifier with one label).")})
+    grpo_reward_function: str = field(default="", metadata={"help": (
+        "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
+        "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive as "
+        "keywords).")})
+    grpo_num_generations: int = field(default=8, metadata={"help": (
+        "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
+        "per_device_train_batch_size x gradient_accumulation_steps x GPUs.")})
+    grpo_max_completion_length: int = field(default=512, metadata={"help": (
+        "grpo stage: length limit of each sampled completion, in tokens.")})
+    grpo_beta: float = field(default=0.04, metadata={"help": (
+        "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
+        "reference model.")})
+    grpo_temperature: float = field(default=1.0, metadata={"help": (
+        "grpo stage: sampling temperature of the completions.")})
 
     # Not settings: the train step fills these in for each run.
     stage: str = field(default="sft", metadata={

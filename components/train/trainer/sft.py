@@ -5,7 +5,8 @@
 
 The config's ``stage`` says what this run is: ``sft`` (the default) and ``cpt`` (continued pretraining: the data
 step labels every token of its plain-text rows, so it is the same loss on other rows) run here; ``dpo`` runs
-preference tuning with TRL (dpo.py); both share the model loading, checkpoints, progress and export (common.py).
+preference tuning with TRL (dpo.py), ``rm`` a reward model (rm.py) and ``grpo`` reinforcement learning with
+verifiable rewards (grpo.py); all share the model loading, checkpoints, progress and export (common.py).
 
 For sft and cpt: reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with
 the Hugging Face Trainer: DDP, or DeepSpeed ZeRO-2/3 when the config names a DeepSpeed JSON; full
@@ -23,6 +24,7 @@ import dataclasses
 import enum
 import json
 import logging
+import re
 import sys
 import time
 import types
@@ -61,7 +63,8 @@ log = logging.getLogger("sft")
 # The columns each stage's prepared splits must have: tokenized rows with labels, or TRL's preference layout
 # (conversational: lists of turns; TRL applies the chat template and masks the prompt itself).
 REQUIRED_COLUMNS = {"sft": ("input_ids", "labels"), "cpt": ("input_ids", "labels"),
-                    "dpo": ("prompt", "chosen", "rejected")}
+                    "dpo": ("prompt", "chosen", "rejected"), "rm": ("prompt", "chosen", "rejected"),
+                    "grpo": ("prompt",)}
 
 
 def _read_config(path: str) -> dict:
@@ -132,6 +135,14 @@ def config_class(stage: str) -> type[SFTConfig]:
         from components.train.trainer.dpo_arguments import DPOStageConfig
 
         return DPOStageConfig
+    if stage == "rm":
+        from components.train.trainer.rm_arguments import RMStageConfig
+
+        return RMStageConfig
+    if stage == "grpo":
+        from components.train.trainer.grpo_arguments import GRPOStageConfig
+
+        return GRPOStageConfig
     return SFTConfig
 
 
@@ -162,6 +173,8 @@ def parse_config(path: str):
             # group by and transformers' LengthGroupedSampler would fail after the model has loaded.
             raise ValueError(f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage 'dpo' rows "
                              "(prompt/chosen/rejected, tokenized by TRL); use 'random'")
+    if stage in ("rm", "grpo"):
+        _check_rl_keys(path, stage, data)
     for name, value in data.items():
         if why := _type_error(name, value, hints[name]):
             raise ValueError(f"{path}: {why}")
@@ -200,8 +213,70 @@ def parse_config(path: str):
             # reference with the same model, its adapter off (dpo.py).
             precompute_ref_log_probs=data.get("method", "full") == "full",
         )
+    if stage in ("rm", "grpo"):
+        _derive_rl_fields(path, stage, data, {f.name: f for f in dataclasses.fields(config_cls)})
     (cfg,) = HfArgumentParser(DataClassType(config_cls)).parse_dict(data)
     return cfg
+
+
+def _check_rl_keys(path: str, stage: str, data: dict) -> None:
+    """The rm and grpo stages' keys the trainer derives (set the settings instead), and the sampler they need."""
+    if stage == "grpo":
+        from components.train.trainer.grpo_arguments import GRPO_DERIVED as derived_keys
+    else:
+        from components.train.trainer.rm_arguments import RM_DERIVED as derived_keys
+    derived = sorted(set(data) & set(derived_keys))
+    if derived:
+        raise ValueError(f"{path}: {derived} are set by the trainer for stage {stage!r}; set "
+                         f"{[derived_keys[k] for k in derived]} instead")
+    if data.get("train_sampling_strategy") == "group_by_length":
+        raise ValueError(f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage {stage!r} rows (text, "
+                         "tokenized by TRL); use 'random'")
+
+
+def _derive_rl_fields(path: str, stage: str, data: dict, fields: dict) -> None:
+    """Fill in TRL's fields of the rm and grpo stages from the settings (``RM_DERIVED``, ``GRPO_DERIVED``); for grpo,
+    load the rewards first: an unknown reward, a user function that does not import or cannot take ``prompts`` and
+    ``completions``, a missing reward model and a bad answer format are errors before any model loads."""
+
+    def value(name):
+        f = fields[name]
+        return data.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
+
+    if stage == "rm":
+        data["max_length"] = value("max_seq_length")
+        return
+    from components.train.stages import reward_model_dir
+    from components.train.trainer.grpo_arguments import vllm_colocate
+    from components.train.trainer.rewards import REWARD_SOURCES, RewardFunctionError, load_reward_function
+
+    rewards = value("grpo_rewards")
+    unknown = sorted(set(rewards) - set(REWARD_SOURCES))
+    if unknown:
+        raise ValueError(f"{path}: grpo_rewards names {unknown}, which are not rewards; use {list(REWARD_SOURCES)}")
+    used = {name: float(weight) for name, weight in rewards.items() if weight}
+    if not used:
+        raise ValueError(f"{path}: grpo_rewards gives no reward a non-zero weight; set at least one")
+    if "function" in used:
+        try:
+            load_reward_function(value("grpo_reward_function"))
+        except RewardFunctionError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    if "model" in used and not value("grpo_reward_model"):
+        rm = reward_model_dir(data.get("output_dir", ""))
+        if not Path(rm, "config.json").exists():
+            raise ValueError(f"{path}: grpo_rewards uses model and grpo_reward_model is empty, but the run's rm stage "
+                             f"has no model at {rm}; run stages with \"rm\" before \"grpo\" or set grpo_reward_model")
+    try:
+        re.compile(value("grpo_answer_pattern"))
+    except re.error as exc:
+        raise ValueError(f"{path}: grpo_answer_pattern is not a valid regular expression ({exc})") from None
+    data.update(num_generations=value("grpo_num_generations"),
+                max_completion_length=value("grpo_max_completion_length"), beta=value("grpo_beta"),
+                temperature=value("grpo_temperature"), reward_weights=list(used.values()), **vllm_colocate(),
+                # GRPO's batches hold prompt_ids and completion_ids, no input_ids: the Trainer cannot count their tokens
+                # and would warn at every step.
+                include_num_input_tokens_seen="no")
 
 
 def _check_dataset(dataset_path: str, stage: str = "sft") -> None:
@@ -222,6 +297,14 @@ def main(cfg) -> dict:
         from components.train.trainer.dpo import main as train_dpo
 
         return train_dpo(cfg)
+    if cfg.stage in ("rm", "grpo"):
+        # Lazy, as for dpo: each imports its own part of TRL.
+        if cfg.stage == "rm":
+            from components.train.trainer.rm import main as train_rl
+        else:
+            from components.train.trainer.grpo import main as train_rl
+
+        return train_rl(cfg)
     started = time.time()
     model_path = start_run(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)

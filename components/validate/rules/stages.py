@@ -8,6 +8,14 @@ from components.settings import Settings, TrainSettings
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
 from components.train.stages import STAGE_DATA, STAGES, stage_overrides
 from components.validate.rules.fields import field_errors
+from components.validate.rules.rewards import check_reward_settings, reward_warnings
+
+# A bundled sample of each stage's data, for the message that a stage has none.
+SAMPLES = {"cpt": "builtin:domain-text", "dpo": "builtin:preference", "rm": "builtin:preference",
+           "grpo": "builtin:arithmetic"}
+# What each stage's data is, for the same message.
+WHAT = {"cpt": "raw text", "dpo": "preference pairs", "rm": "preference pairs (prompt, chosen, rejected)",
+        "grpo": "prompts (a prompt column and an optional answer column)"}
 
 # What stage_settings may change: every training setting but the model, which comes from the previous stage.
 STAGE_SETTABLE = tuple(f.name for f in dataclasses.fields(TrainSettings) if f.name != "model_name_or_path")
@@ -27,8 +35,8 @@ def check_stage_settings(s: Settings) -> list[str | None]:
         if stages.count(stage) > 1:
             errors.append(f"stages lists {stage!r} {stages.count(stage)} times; each stage runs once")
         elif not s.flat()[source_setting].strip():
-            errors.append(f"stages includes {stage!r} but {source_setting} is empty; give the stage its data "
-                          f"(e.g. builtin:{'domain-text' if stage == 'cpt' else 'preference'} to try it)")
+            errors.append(f"stages includes {stage!r} but {source_setting} is empty; give the stage its data, "
+                          f"{WHAT.get(stage, 'chat data')} (e.g. {SAMPLES.get(stage, 'builtin:sample')} to try it)")
     values = s.flat()
     for stage, overrides in s.stages.stage_settings.items():
         if stage not in STAGES or not isinstance(overrides, dict):
@@ -41,6 +49,7 @@ def check_stage_settings(s: Settings) -> list[str | None]:
                           "(model_name_or_path comes from the previous stage)")
             continue
         errors += [f"stage_settings.{stage}: {e}" for e in field_errors({**values, **overrides}, overrides)]
+    errors += check_reward_settings(s) if not errors else []
     if not errors:
         for stage in stages:
             over = stage_overrides(s, stage)
@@ -63,4 +72,4 @@ def stage_warnings(s: Settings) -> list[str]:
     unused = sorted(set(s.stages.stage_settings) - set(stages))
     if unused:
         warnings.append(f"stage_settings has settings for {unused}, which stages does not run")
-    return warnings
+    return warnings + reward_warnings(s)

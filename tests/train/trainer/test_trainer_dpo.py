@@ -93,7 +93,7 @@ def test_an_unknown_stage_is_one_error_line_naming_the_file_and_field(workdir):
     path = _config(workdir, "ppo", stage="ppo")
     result = run_module("components.train.trainer.sft", "--config", path)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip() == f"error: {path}: stage 'ppo' is not one of ['cpt', 'sft', 'dpo']"
+    assert result.stderr.strip() == f"error: {path}: stage 'ppo' is not one of ['cpt', 'sft', 'dpo', 'rm', 'grpo']"
 
 
 def test_a_dpo_config_is_trl_dpo_config_with_beta_length_and_reference_from_the_settings(workdir):

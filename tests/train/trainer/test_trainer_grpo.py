@@ -1,0 +1,205 @@
+"""The grpo stage of the trainer entry point: TRL's GRPOTrainer on prompts with verifiable rewards, under real 2-process
+torchrun.
+
+Fast: a config's ``stage`` picks TRL's GRPOConfig plus the settings; TRL's own knobs come from the settings (one name
+per knob); the rewards load before any model does (an unknown reward, a user function that does not import or takes
+the wrong arguments, a missing reward model: one error naming the setting); the built-in rewards score as documented.
+Slow: a tiny randomly initialised model learns, from a user's reward function on a mounted file, to name the word its
+prompt asks for (the reward rises from the first logged step to the last), exports ``final/``, and a re-run resumes
+from its last complete checkpoint.
+
+TRL 1.16 facts this relies on (trl/trainer/grpo_trainer.py, grpo_config.py): reward functions are called with
+keywords ``prompts``, ``completions``, ``completion_ids``, ``trainer_state``, ``log_extra``, ``log_metric`` and every
+other dataset column (``_calculate_rewards``), and return one float or None per completion; ``reward_weights`` weighs
+them in ``reward_funcs`` order; the generation batch (micro-batch x accumulation x processes) must be divisible by
+``num_generations`` (``GRPOConfig.__post_init__``); ``beta`` 0 keeps no reference model.
+"""
+
+import json
+import random
+import shutil
+
+import pytest
+
+from components.settings import TrainSettings
+from components.train.config import build_trainer_config, write_trainer_config
+from components.train.launcher.local import run_torchrun
+from components.train.trainer.rewards import answer_reward, format_reward, length_reward, load_reward_function
+from tests.helpers.repo import run_module
+from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
+
+PATTERN = r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?"
+# The user's reward, as a file on a volume: 1 when the completion names the prompt's word, else 0.
+USER_REWARD = '''
+def names_the_word(prompts, completions, answer, **kwargs):
+    return [1.0 if a in c[-1]["content"] else 0.0 for c, a in zip(completions, answer)]
+'''
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """``base/`` (tiny model + tokenizer), ``prompts/`` (train 64 + eval 16 prompt rows) and ``reward.py``."""
+    from datasets import Dataset, DatasetDict
+
+    from components.models.tiny import build_model, build_tokenizer
+
+    root = tmp_path_factory.mktemp("grpo")
+    rng = random.Random(0)
+    rows = [{"prompt": [{"role": "user", "content": f"Say {w}. (#{i})"}], "answer": w}
+            for i, w in enumerate(rng.choice(WORDS) for _ in range(80))]
+    corpus = root / "chat.jsonl"
+    corpus.write_text("\n".join(json.dumps({"messages": r["prompt"] + [{"role": "assistant", "content": r["answer"]}]})
+                                for r in rows))
+    tok = build_tokenizer(corpus)
+    build_model(tok).save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    DatasetDict(train=Dataset.from_list(rows[16:]), eval=Dataset.from_list(rows[:16])).save_to_disk(str(root / "data"))
+    (root / "reward.py").write_text(USER_REWARD)
+    return root
+
+
+def _config(root, name: str, **over) -> str:
+    """A CPU trainer config as the train step writes it for the grpo stage; returns its path."""
+    settings = dict(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
+                    per_device_train_batch_size=8, gradient_accumulation_steps=1, learning_rate=3e-3,
+                    num_train_epochs=1, max_steps=30, warmup_ratio=0.0, seed=0, deepspeed_config="none",
+                    grpo_rewards={"function": 1.0}, grpo_reward_function=f"{root / 'reward.py'}:names_the_word",
+                    grpo_num_generations=8, grpo_max_completion_length=8, grpo_beta=0.04, **CPU_TEST_SETTINGS)
+    extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}
+    cfg = build_trainer_config(TrainSettings(**{**settings, **over}), dataset_path=str(root / "data"),
+                               output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
+                               stage="grpo", packing=False)
+    cfg.update(extra)
+    return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))
+
+
+def _parse(path):
+    """parse_config in this process: without ddp_backend, which outside torchrun has no process group to join."""
+    from pathlib import Path
+
+    from components.train.trainer.sft import parse_config
+
+    cfg = json.loads(Path(path).read_text())
+    cfg.pop("ddp_backend")
+    Path(path).write_text(json.dumps(cfg))
+    return parse_config(path)
+
+
+# --- fast: the rewards -------------------------------------------------------------------------------------------
+
+
+def _turns(*texts):
+    return [[{"role": "assistant", "content": t}] for t in texts]
+
+
+def test_the_answer_reward_checks_the_number_in_the_answer_line_against_the_reference():
+    reward = answer_reward(PATTERN)
+    completions = _turns("so 3 + 4 = 7.\n\nAnswer: 7.", "Answer: 7.0", "정답은 1,000ml입니다.", "Answer: 8", "It is 7.",
+                         "Answer: soon", "Answer: 7")
+    references = ["7", "7", "1000", "7", "7", "7", ""]
+    assert reward(prompts=[None] * 7, completions=completions, answer=references) == [
+        1.0, 1.0, 1.0, 0.0, 0.0, 0.0, None]  # None: no reference, not applicable (TRL leaves it out of the sum)
+
+
+def test_the_format_reward_pays_for_the_answer_line_and_the_length_reward_for_brevity():
+    assert format_reward(PATTERN)(prompts=None, completions=_turns("Answer: 3", "three", "따라서 정답은")) == [
+        1.0, 0.0, 1.0]
+    assert length_reward(10)(prompts=None, completions=_turns("a", "b", "c"),
+                             completion_ids=[[1] * 5, [1] * 15, [1] * 25]) == [1.0, 0.5, 0.0]
+
+
+def test_a_user_function_gets_only_the_keywords_it_names(tmp_path):
+    path = tmp_path / "r.py"
+    path.write_text("def r(completions, answer):\n    return [float(len(answer[0]))] * len(completions)\n")
+    reward = load_reward_function(f"{path}:r")
+    # TRL passes these and more; a function without **kwargs gets only its own.
+    out = reward(prompts=["p"], completions=["c"], completion_ids=[[1]], answer=["abc"], trainer_state=None,
+                 log_extra=None, log_metric=None)
+    assert out == [3.0] and reward.__name__ == "r"  # TRL logs the reward under the function's name
+
+
+# --- fast: the config ---------------------------------------------------------------------------------------------
+
+
+def test_a_grpo_config_is_trl_grpo_config_with_its_knobs_from_the_settings(workdir):
+    from trl import GRPOConfig
+
+    from components.train.trainer.grpo_arguments import GRPOStageConfig
+
+    cfg = _parse(_config(workdir, "parsed", grpo_num_generations=4, grpo_max_completion_length=16, grpo_beta=0.1,
+                         grpo_temperature=0.7, grpo_rewards={"answer": 1.0, "format": 0.25, "length": 0}))
+    assert type(cfg) is GRPOStageConfig and isinstance(cfg, GRPOConfig) and cfg.stage == "grpo"
+    assert (cfg.num_generations, cfg.max_completion_length, cfg.beta, cfg.temperature) == (4, 16, 0.1, 0.7)
+    assert cfg.reward_weights == [1.0, 0.25]  # the sources with a non-zero weight, in order
+    assert cfg.use_vllm is False  # no CUDA here: transformers' generate
+    assert cfg.bf16 is False and cfg.train_sampling_strategy == "random"
+    assert not (workdir / "parsed").exists()  # parsing writes nothing
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"num_generations": 4}, r"\['num_generations'\] are set by the trainer for stage 'grpo'; set "
+                             r"\['grpo_num_generations'\] instead"),
+    ({"grpo_rewards": {"acc": 1.0}}, r"grpo_rewards names \['acc'\], which are not rewards"),
+    ({"grpo_rewards": {"answer": 0}}, r"grpo_rewards gives no reward a non-zero weight"),
+    ({"grpo_reward_function": "/nowhere/r.py:f"}, r"grpo_reward_function '/nowhere/r.py:f': /nowhere/r.py is not a "
+                                                  r"file"),
+    ({"grpo_rewards": {"model": 1.0}}, r"grpo_rewards uses model and grpo_reward_model is empty, but the run's rm "
+                                       r"stage has no model at .*/rm/final"),
+    ({"grpo_answer_pattern": "Answer: (", "grpo_rewards": {"format": 1.0}}, r"grpo_answer_pattern is not a valid"),
+])
+def test_what_is_wrong_is_named_before_any_model_loads(workdir, over, message):
+    with pytest.raises(ValueError, match=message):
+        _parse(_config(workdir, "bad", **over))
+
+
+def test_a_user_function_with_the_wrong_signature_exits_2_with_one_line(workdir):
+    (workdir / "bad_reward.py").write_text("def f(text):\n    return []\n")
+    path = _config(workdir, "bad-sig", grpo_reward_function=f"{workdir / 'bad_reward.py'}:f")
+    result = run_module("components.train.trainer.sft", "--config", path)
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().startswith(f"error: {path}: grpo_reward_function '{workdir / 'bad_reward.py'}:f': "
+                                            "f(text) does not take completions")
+
+
+def test_grpo_checkpoints_are_the_sft_checkpoints():
+    from transformers import Trainer
+
+    from components.train.trainer.checkpoints import CheckpointMixin
+    from components.train.trainer.grpo import GRPOCheckpointTrainer
+
+    mro = GRPOCheckpointTrainer.__mro__
+    assert mro.index(CheckpointMixin) < mro.index(Trainer)
+    assert GRPOCheckpointTrainer._save_checkpoint is CheckpointMixin._save_checkpoint
+
+
+# --- slow: real 2-rank runs ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def run(workdir):
+    """30 GRPO steps on 2 CPU ranks (2 prompts x 8 completions per step), a complete checkpoint every 10."""
+    run_torchrun(_config(workdir, "full", save_steps=10, save_total_limit=3), nproc_per_node=2)
+    return json.loads((workdir / "full" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_grpo_raises_the_reward_of_a_users_function_and_exports_the_policy(workdir, run):
+    m = run
+    assert m["stage"] == "grpo" and m["world_size"] == 2 and m["global_step"] == 30
+    assert m["reward_sources"] == ["function"] and m["reward_weights"] == [1.0]
+    assert m["last_reward"] > m["first_reward"] + 0.2, m  # measured: see the module docstring
+    assert m["eval_reward"] > m["first_reward"], m
+    final = workdir / "full" / "final"
+    assert (final / "model.safetensors").exists() and (final / "tokenizer.json").exists()
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_from_the_last_complete_checkpoint(workdir, run, capfd):
+    out = workdir / "full"
+    for done in ("checkpoint-30", "final", "metrics.json"):  # as if evicted after checkpoint-20
+        path = out / done
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+    run_torchrun(str(workdir / "cfg" / "full.json"), nproc_per_node=2)
+    assert f"resuming from {out / 'checkpoint-20'}" in capfd.readouterr().out
+    resumed = json.loads((out / "metrics.json").read_text())
+    assert resumed["global_step"] == 30 and (out / "final" / "model.safetensors").exists()
