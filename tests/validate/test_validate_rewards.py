@@ -147,3 +147,25 @@ def test_prompt_rows_are_the_grpo_stages_data_not_sfts():
     assert _errors(dataset_format="prompts") == [
         "dataset_format=prompts: prompts with reference answers are the grpo stage's data; put them in "
         "grpo_dataset_source and add \"grpo\" to stages (dataset_source is the sft stage's chat data)"]
+
+
+def test_the_memory_fit_counts_grpos_reference_model_and_generations():
+    from components.models.shape import load_architecture, model_shape
+    from components.train.launcher.memory import GIB, grpo_extra_bytes
+
+    shape = model_shape(load_architecture("Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"))
+    zero3 = {"stage": 3}
+    # Full fine-tuning: TRL's frozen bf16 reference, partitioned like the policy under ZeRO-3, plus vLLM's 30% share.
+    extra = grpo_extra_bytes(shape, "full", zero3, 16, beta=0.04, completions=4, sequence_tokens=4096,
+                             gpu_memory_gib=80.0, colocate=True)
+    assert extra == int(2 * shape.total / 16) + int(0.3 * 80 * GIB)
+    # No reference with beta 0 or LoRA (the adapter off); transformers' generate holds the KV cache instead.
+    kv = 2 * 2 * shape.layers * shape.kv_dim * 4096 * 4
+    for method, beta in (("full", 0.0), ("lora", 0.04)):
+        assert grpo_extra_bytes(shape, method, zero3, 16, beta=beta, completions=4, sequence_tokens=4096,
+                                gpu_memory_gib=80.0, colocate=False) == kv
+    # The reference job fits with the grpo stage at 80 GiB; at 60 GiB the grpo stage alone does not, and says why.
+    assert _errors(**GRPO) == []
+    errors = _errors(**GRPO, gpu_memory_gib=60.0)
+    assert len(errors) == 1 and errors[0].startswith("stage grpo: full fine-tuning of ") and \
+        "grpo's reference model and generations) but a GPU has 60 GiB" in errors[0], errors

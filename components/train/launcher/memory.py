@@ -30,6 +30,15 @@ fused expert tensor of shape (E, out, in) PEFT adds a rank-r pair per expert: E 
                                                     backward; w = 2 bytes, 4 under qlora's fp32 experts)
   plus 3 GiB for the CUDA context, NCCL buffers and allocator fragmentation.
 
+The grpo stage adds, per GPU (``grpo_extra_bytes``; TRL's GRPOTrainer, trl/trainer/grpo_trainer.py):
+    the reference model             2P/N under ZeRO-3 (TRL partitions its frozen bf16 copy like the policy), 2P
+                                    otherwise; none with grpo_beta 0 or LoRA (the reference is the adapter off)
+    the generations' KV cache       2 x 2 bytes x layers x kv x (prompt + completion tokens) x completions a rank
+                                    generates at once (micro-batch x gradient_accumulation_steps), with transformers'
+                                    generate; on a cluster TRL's vLLM colocate engine instead holds its share of the
+                                    GPU, vllm_gpu_memory_utilization (TRL's default 0.3), whatever the batch
+The rm stage scores chosen and rejected of each pair in one forward pass, as dpo: twice the rows.
+
 Attention memory is linear in s because flash-attention (or SDPA's memory-efficient kernel) never
 materialises the s x s scores.
 
@@ -160,12 +169,32 @@ def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: in
     return {"processes": processes, "shm": shm, "model": int(model), "total": processes + shm + int(model)}
 
 
+# TRL 1.16's GRPOConfig.vllm_gpu_memory_utilization: the share of each GPU its colocated vLLM engine reserves.
+VLLM_GPU_MEMORY_UTILIZATION = 0.3
+
+
+def grpo_extra_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, *, beta: float, completions: int,
+                     sequence_tokens: int, gpu_memory_gib: float, colocate: bool) -> int:
+    """What the grpo stage holds per GPU beyond the policy's training (module docstring): the reference model and
+    the generations (``completions`` sequences of ``sequence_tokens`` a rank generates at once; ``colocate``: vLLM's
+    reserved share of the GPU instead)."""
+    reference = 0
+    if beta > 0 and method == "full":
+        reference = int(2 * shape.total / n_gpus) if zero.get("stage", 0) == 3 else 2 * shape.total
+    if colocate:
+        generations = int(VLLM_GPU_MEMORY_UTILIZATION * gpu_memory_gib * GIB)
+    else:
+        generations = 2 * 2 * shape.layers * shape.kv_dim * sequence_tokens * completions
+    return reference + generations
+
+
 def _gpu_error(method: str, zero: dict, est: dict, shape: ModelShape, num_nodes: int,
                per_device_train_batch_size: int, max_seq_length: int, gpu_memory_gib: float) -> str:
+    rl = f" + {est['grpo']:.1f} grpo's reference model and generations" if "grpo" in est else ""
     summary = (f"needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} model states + "
-               f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead) but a GPU has "
+               f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead{rl}) but a GPU has "
                f"{gpu_memory_gib:g} GiB")
-    if est["model_states"] + est["overhead"] <= gpu_memory_gib:
+    if est["model_states"] + est["overhead"] + est.get("grpo", 0) <= gpu_memory_gib:
         fix = (f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "
                f"(now {max_seq_length}) and raise gradient_accumulation_steps to keep the global batch")
     elif method == "qlora" and shape.is_moe:
@@ -212,6 +241,7 @@ def check_memory_fit(
     lora_r: int = 16,
     lora_target_modules: str = "",
     pod_memory_gib: float = POD_MEMORY_GIB,
+    grpo: dict | None = None,
 ) -> str | None:
     """An error naming the knob to change when the job cannot fit, else None.
 
@@ -220,7 +250,8 @@ def check_memory_fit(
     together. ``model`` is a model name/folder (architecture looked up with :func:`load_architecture`; an
     unknown Hub id is not checked and returns None) or a config.json dict. ``deepspeed_config`` is a shipped
     name (``zero3``), a JSON path, or ``none``. ``lora_target_modules`` as the trainer takes it (empty: by
-    model type, see components/train/trainer/lora.py).
+    model type, see components/train/trainer/lora.py). ``grpo``: the grpo stage's ``grpo_extra_bytes`` keywords
+    (beta, completions, sequence_tokens, colocate): its reference model and generations count too.
     """
     config = model if isinstance(model, dict) else load_architecture(model)
     if config is None:
@@ -233,6 +264,9 @@ def check_memory_fit(
         modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", lora_target_modules)
         lora, expert_lora = shape.lora_params(lora_r, modules + parameters), bool(parameters)
     est = estimate_gib(shape, method, zero, n_gpus, max_seq_length, per_device_train_batch_size, lora, expert_lora)
+    if grpo:
+        extra = grpo_extra_bytes(shape, method, zero, n_gpus, gpu_memory_gib=gpu_memory_gib, **grpo) / GIB
+        est.update(total=est["total"] + extra, grpo=extra)
     host = host_bytes_per_pod(shape, method, zero, num_nodes, gpus_per_node, lora)
     problems = []
     if est["total"] > gpu_memory_gib:

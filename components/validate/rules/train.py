@@ -92,11 +92,15 @@ def memory_errors(s: Settings) -> list[str]:
                               f"its {s.cluster.gpus_per_node} GPUs: {problem.split(':')[0]}; use "
                               "parallelism=deepspeed (ZeRO-3 shards over every GPU)")
             continue
-        # DPO runs chosen and rejected of each pair in one forward pass: twice the rows.
+        # DPO and the reward model run chosen and rejected of each pair in one forward pass: twice the rows. GRPO
+        # holds a reference model and its generations too (vLLM colocate on a cluster: memory.py).
+        grpo = {"beta": t.grpo_beta, "completions": t.per_device_train_batch_size * t.gradient_accumulation_steps,
+                "sequence_tokens": t.max_seq_length, "colocate": True} if stage == "grpo" else None
         problem = check_memory_fit(
             s.train.model_name_or_path, t.method, t.deepspeed_config, s.cluster.num_nodes, s.cluster.gpus_per_node,
-            t.max_seq_length, t.per_device_train_batch_size * (2 if stage == "dpo" else 1),
-            gpu_memory_gib=s.cluster.gpu_memory_gib, lora_r=t.lora_r, lora_target_modules=t.lora_target_modules)
+            t.max_seq_length, t.per_device_train_batch_size * (2 if stage in ("dpo", "rm") else 1),
+            gpu_memory_gib=s.cluster.gpu_memory_gib, lora_r=t.lora_r, lora_target_modules=t.lora_target_modules,
+            grpo=grpo)
         if problem:
             errors.append(f"stage {stage}: {problem}" if len(s.stages.stages) > 1 else problem)
     return errors
