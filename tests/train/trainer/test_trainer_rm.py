@@ -1,0 +1,120 @@
+"""The rm stage of the trainer entry point: TRL's RewardTrainer (a one-label sequence-classification head on the previous
+stage's model) on preference pairs, under real 2-process torchrun.
+
+Fast: a config's ``stage`` picks TRL's RewardConfig plus the settings, ``max_length`` comes from ``max_seq_length``.
+Slow: on pairs whose chosen answer repeats the prompt's word and whose rejected one repeats another word, the reward
+model's pairwise accuracy on held-out pairs (TRL's ``eval_accuracy``, recorded in metrics.json, and recounted over
+every pair with components/evaluate/rewards.py) ends far above chance; ``final/`` is a sequence classifier that
+TRL's GRPOTrainer can load as a reward (``AutoModelForSequenceClassification``, ``num_labels=1``).
+
+TRL 1.16 facts this relies on (trl/trainer/reward_trainer.py): a model passed as an instance must have
+``num_labels == 1``; conversational prompt/chosen/rejected rows are chat-templated (prompt + chosen, prompt +
+rejected); the loss is ``-log sigmoid(r_chosen - r_rejected)``; evaluation logs ``eval_accuracy`` and ``eval_margin``.
+"""
+
+import json
+import random
+
+import pytest
+
+from components.settings import TrainSettings
+from components.train.config import build_trainer_config, write_trainer_config
+from components.train.launcher.local import run_torchrun
+from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
+
+EVAL_PAIRS = 16
+
+
+def _pairs(n: int = 96) -> list[dict]:
+    rng = random.Random(0)
+    pairs = []
+    for i in range(n):
+        word = WORDS[i % len(WORDS)]
+        other = rng.choice([w for w in WORDS if w != word])
+        pairs.append({"prompt": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}],
+                      "chosen": [{"role": "assistant", "content": f"{word} {word}. Done."}],
+                      "rejected": [{"role": "assistant", "content": f"{other} {other}. Done."}]})
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    """``base/`` (tiny model + tokenizer) and ``prefs/`` (80 train + 16 eval pairs)."""
+    from datasets import Dataset, DatasetDict
+
+    from components.models.tiny import build_model, build_tokenizer
+
+    root = tmp_path_factory.mktemp("rm")
+    pairs = _pairs()
+    corpus = root / "chat.jsonl"
+    corpus.write_text("\n".join(json.dumps({"messages": p["prompt"] + p["chosen"]}) for p in pairs))
+    tok = build_tokenizer(corpus)
+    build_model(tok).save_pretrained(root / "base")
+    tok.save_pretrained(root / "base")
+    DatasetDict(train=Dataset.from_list(pairs[EVAL_PAIRS:]),
+                eval=Dataset.from_list(pairs[:EVAL_PAIRS])).save_to_disk(str(root / "prefs"))
+    return root
+
+
+def _config(root, name: str, **over) -> str:
+    settings = dict(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
+                    per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=1e-3,
+                    num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
+                    **CPU_TEST_SETTINGS)
+    extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}
+    cfg = build_trainer_config(TrainSettings(**{**settings, **over}), dataset_path=str(root / "prefs"),
+                               output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
+                               stage="rm", packing=False)
+    cfg.update(extra)
+    return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))
+
+
+def _parse(path):
+    from pathlib import Path
+
+    from components.train.trainer.sft import parse_config
+
+    cfg = json.loads(Path(path).read_text())
+    cfg.pop("ddp_backend")
+    Path(path).write_text(json.dumps(cfg))
+    return parse_config(path)
+
+
+def test_an_rm_config_is_trl_reward_config_with_max_length_from_the_settings(workdir):
+    from trl import RewardConfig
+
+    from components.train.trainer.rm_arguments import RMStageConfig
+
+    cfg = _parse(_config(workdir, "parsed", max_seq_length=96))
+    assert type(cfg) is RMStageConfig and isinstance(cfg, RewardConfig) and cfg.stage == "rm"
+    assert (cfg.max_length, cfg.bf16, cfg.train_sampling_strategy) == (96, False, "random")
+    with pytest.raises(ValueError, match=r"\['max_length'\] are set by the trainer for stage 'rm'; set "
+                                         r"\['max_seq_length'\] instead"):
+        _parse(_config(workdir, "bad", max_length=64))
+
+
+def test_rm_checkpoints_are_the_sft_checkpoints():
+    from transformers import Trainer
+
+    from components.train.trainer.checkpoints import CheckpointMixin
+    from components.train.trainer.rm import RMCheckpointTrainer
+
+    mro = RMCheckpointTrainer.__mro__
+    assert mro.index(CheckpointMixin) < mro.index(Trainer)
+    assert RMCheckpointTrainer._save_checkpoint is CheckpointMixin._save_checkpoint
+
+
+@pytest.mark.slow
+def test_the_reward_model_ranks_held_out_pairs(workdir):
+    from components.evaluate.rewards import reward_model_accuracy
+
+    run_torchrun(_config(workdir, "full", save_steps=40), nproc_per_node=2)
+    out = workdir / "full"
+    m = json.loads((out / "metrics.json").read_text())
+    assert m["stage"] == "rm" and m["global_step"] == 40 and m["world_size"] == 2  # 80 pairs / (4 x 2) x 4
+    assert m["eval_accuracy"] >= 0.8, m
+    config = json.loads((out / "final" / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForSequenceClassification"] and config["num_labels"] == 1
+    base = reward_model_accuracy(str(workdir / "base"), str(workdir / "prefs"))  # a random head: chance
+    tuned = reward_model_accuracy(str(out / "final"), str(workdir / "prefs"))
+    assert tuned["accuracy"] >= 0.8 and tuned["accuracy"] > base["accuracy"], (base, tuned)
