@@ -4,9 +4,11 @@
     python benchmarks/plan.py --preset qwen3-30b-a3b-lora --network 50 3.125
 
 For each preset and each network (``inter_node_gb_per_s``: GB/s per GPU between nodes, the node's network over its
-8 GPUs), every ZeRO-3 layout (zero3, zero3_hpz) with every split of the preset's rows per optimizer step into
-micro-batches (same global batch): seconds per step, tokens/s per GPU and its ratio to the preset as it is, the
-bottleneck, what crosses the network per GPU and step, memory per GPU and whether it fits. Everything comes from
+8 GPUs), every layout ``alternatives`` weighs (zero3, zero3_hpz, and for full fine-tuning transformers' FSDP2
+layouts hsdp and hsdp_ep) with every split of the preset's rows per optimizer step into micro-batches (same global
+batch): seconds per step, tokens/s per GPU and its ratio to the preset as it is, the bottleneck, what crosses the
+network per GPU and step, memory per GPU, whether it fits, and whether it runs (``Plan.blocked``: what validate_inputs
+refuses besides memory). Everything comes from
 ``components.train.launcher.plan`` (no GPU, no cluster); the other settings are the preset's.
 """
 
@@ -31,17 +33,19 @@ def table(preset: str, networks: tuple[float, ...]) -> str:
     from pipelines import params as P
 
     lines = ["| network GB/s per GPU | layout | micro-batch x steps | s/step | tokens/s/GPU | vs preset | bottleneck "
-             "| network GB/GPU/step | GiB/GPU | fits |", "|---:|---|---|---:|---:|---:|---|---:|---:|---|"]
+             "| network GB/GPU/step | GiB/GPU | fits | runs |", "|---:|---|---|---:|---:|---:|---|---:|---:|---|---|"]
     for bw in networks:
         values = P.resolve(preset, overrides=[f"inter_node_gb_per_s={bw}"])
         options = alternatives(values, architecture(values["model_name_or_path"]))
         base = options[0][1].tokens_per_s_per_gpu
-        for over, p in sorted(options, key=lambda o: (not o[1].layout.startswith("ZeRO-3"), o[1].micro_batch)):
+        order = ("ZeRO-3", "ZeRO++", "HSDP (", "HSDP + EP")
+        for over, p in sorted(options, key=lambda o: (next(i for i, name in enumerate(order)
+                                                           if o[1].layout.startswith(name)), o[1].micro_batch)):
             mark = " (preset)" if not over else ""
             lines.append(f"| {bw:g} | {p.layout}{mark} | {p.micro_batch} x {p.accumulation} | {p.step_s:.2f} | "
                          f"{p.tokens_per_s_per_gpu:,.0f} | {p.tokens_per_s_per_gpu / base:.2f} | {p.bottleneck} | "
                          f"{p.bytes_per_gpu(INTER) / 1e9:.1f} | {p.memory_gib['total']:.1f} | "
-                         f"{'yes' if p.fits else 'no'} |")
+                         f"{'yes' if p.fits else 'no'} | {'yes' if p.runs else 'no: export' if p.blocked else 'no'} |")
     return "\n".join(lines)
 
 
