@@ -27,3 +27,12 @@ def pvc_uri(claim: str, root: str, path: str) -> str:
     if rel.startswith(".."):
         raise ValueError(f"{path} is not under the volume mounted at {root}")
     return f"pvc://{claim}/{rel}"
+
+
+EVALUATION_FILE = "evaluation.json"
+
+
+def evaluation_path(model_path: str) -> str:
+    """Where evaluate_model records its result for ``model_path`` (metrics, the gate's decision, the answers): beside
+    the model folder, in its stage's folder, where the variants' comparison reads it."""
+    return os.path.join(os.path.dirname(os.path.normpath(model_path)), EVALUATION_FILE)

@@ -87,11 +87,6 @@ class SFTSettings:
     dpo_beta: float = setting(
         0.1, "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
         plain=False, above=0)
-    parallelism: str = setting(
-        "deepspeed", "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
-                     "ZeRO-3 over every GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a "
-                     "node, replicated across nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism "
-                     "within a node, MoE models).", plain=False, choices=("deepspeed", "hsdp", "hsdp_ep"))
     # The grpo stage (components/train/trainer/grpo.py, rewards.py): training settings like dpo_beta, so that they
     # reach the trainer config and stage_settings may set them.
     grpo_rewards: dict = setting(
@@ -123,6 +118,11 @@ class SFTSettings:
               "reference model.", plain=False, min=0)
     grpo_temperature: float = setting(
         1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
+    parallelism: str = setting(
+        "deepspeed", "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
+                     "ZeRO-3 over every GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a "
+                     "node, replicated across nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism "
+                     "within a node, MoE models).", plain=False, choices=("deepspeed", "hsdp", "hsdp_ep"))
 
 
 @dataclass
@@ -190,6 +190,21 @@ class StageSettings:
     stage_settings: dict = setting(
         {}, "Training settings of one stage over the run's, e.g. {\"dpo\": {\"learning_rate\": 5e-7, \"method\": "
             "\"lora\"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.", plain=False)
+
+
+@dataclass
+class VariantSettings:
+    """Several models in one run (components/variants.py): each variant is the run's settings with its overrides,
+    trained through the whole stage chain in its own folders and jobs, and evaluation compares them all."""
+
+    variants: list = setting(
+        [], "Setting overrides, one JSON object per variant, e.g. [{\"learning_rate\": 1e-5}, {\"learning_rate\": "
+            "5e-5, \"name\": \"hi-lr\"}]: each trains the stage chain in its own folders and jobs ([]: one model). "
+            "An optional \"name\" (lowercase letters, digits, '-') names its folders, jobs and served model.")
+    variants_parallel: int = setting(
+        1, "Variants trained at once (a loop limit fixed when the pipeline is compiled: python -m pipelines.run "
+           "compiles with the run's value, compiled/ holds 1); together they must fit the cluster's GPUs.",
+        plain=False, min=1)
 
 
 @dataclass
@@ -317,7 +332,7 @@ class ClusterSettings:
     langfuse_secret: str = setting(
         "llm-langfuse", "Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer "
                         "records the run in Langfuse and evaluation and deployment trace each generation (an "
-                        "optional reference: no Secret, no traces).", plain=False)
+                        "optional reference: no Secret, no traces).")
 
 
 @dataclass
@@ -367,6 +382,7 @@ class Settings:
 
     train: TrainSettings = field(default_factory=TrainSettings)
     stages: StageSettings = field(default_factory=StageSettings)
+    variants: VariantSettings = field(default_factory=VariantSettings)
     hpo: HpoSettings = field(default_factory=HpoSettings)
     data: DataSettings = field(default_factory=DataSettings)
     cluster: ClusterSettings = field(default_factory=ClusterSettings)

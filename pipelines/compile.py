@@ -21,14 +21,15 @@ from pipelines.derive import derived_files
 COMPILED = Path(__file__).resolve().parents[1] / "compiled" / "llm_finetune.yaml"
 
 
-def compile_pipeline(path: Path) -> Path:
-    """Compile the cluster variant of the pipeline to ``path``."""
+def compile_pipeline(path: Path, variants_parallel: int = 1) -> Path:
+    """Compile the cluster variant of the pipeline to ``path``, training at most ``variants_parallel`` variants at
+    once (compiled/ holds 1; ``python -m pipelines.run --host`` compiles with the run's value)."""
     # Not at module level: main() first rewrites components/validate/component.py (derived from the settings
     # model), and the pipeline embeds that file's source when it is imported.
     from pipelines.llm_finetune import build_pipeline
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    compiler.Compiler().compile(build_pipeline("cluster"), str(path))
+    compiler.Compiler().compile(build_pipeline("cluster", variants_parallel=variants_parallel), str(path))
     return path
 
 

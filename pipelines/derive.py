@@ -39,9 +39,6 @@ def validate_inputs(
 _BODY = '''
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.
-        stage_1: the first training stage to run (cpt, sft or dpo).
-        stage_2: the second, or empty when there is none.
-        stage_3: the third, or empty when there is none.
     """
     arguments = dict(locals())  # every argument, taken before anything else binds a local name
     from components.validate.checks import validate
@@ -82,15 +79,11 @@ def pipeline_docstring(description: str) -> str:
 
 
 def validate_component_source() -> str:
-    """The source of components/validate/component.py: one output per stage slot (the pipeline runs a slot's
-    steps when it names a stage)."""
-    from components.train.stages import STAGES
-
+    """The source of components/validate/component.py: one parameter per pipeline parameter, one output."""
     params = pipeline_parameters()
     signature = "".join(f"    {name}: {kind.__name__},\n" for name, kind, _, _ in params)
     args = "".join(_wrap(name, text, 8) for name, _, _, text in params)
-    returns = ", ".join(f'("stage_{i + 1}", str)' for i in range(len(STAGES)))
-    return (_HEADER + signature + f') -> NamedTuple("ValidateOutputs", [("settings", dict), {returns}]):\n'
+    return (_HEADER + signature + ') -> NamedTuple("ValidateOutputs", [("settings", dict)]):\n'
             + _DOC + args + _BODY)
 
 

@@ -26,11 +26,12 @@ from components.hpo.component import search_hyperparameters
 from components.observe.alerts import WEBHOOK_URL_ENV
 from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
-from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
+from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.security import RUN_AS_GROUP, RUN_AS_USER
 from components.train.component import base_model, skip_stage, train_model
 from components.train.stages import STAGES
 from components.validate.component import validate_inputs
+from components.variants.component import compare_variants, list_variants, variant_result, variant_stages
 from pipelines import PIPELINE_NAME
 from pipelines.derive import pipeline_docstring, pipeline_parameters
 
@@ -47,8 +48,9 @@ class Outputs(NamedTuple):
     smoke_reply: str
 
 
-def build_pipeline(target: str = "cluster", workspace: str | None = None):
-    """The pipeline function for ``target`` ``"cluster"`` (volumes at /mnt/...) or ``"local"`` (under ``workspace``)."""
+def build_pipeline(target: str = "cluster", workspace: str | None = None, variants_parallel: int = 1):
+    """The pipeline function for ``target`` ``"cluster"`` (volumes at /mnt/...) or ``"local"`` (under ``workspace``);
+    at most ``variants_parallel`` variants train at once (KFP fixes a loop's parallelism when it compiles)."""
     if target == "cluster":
         data_root, model_root = DATA_MOUNT, MODEL_MOUNT
     elif target == "local" and workspace:
@@ -63,7 +65,7 @@ def build_pipeline(target: str = "cluster", workspace: str | None = None):
         if not cluster:
             # Steps inside an exit handler cannot return the pipeline's outputs, which the local run reports from;
             # locally pipelines.run prints the outcome itself, so the local variant is the steps alone.
-            return _steps(p, cluster, data_root, model_root)
+            return _steps(p, cluster, data_root, model_root, variants_parallel)
         # The exit handler posts how the run ended (alert_webhook_secret), whatever step failed.
         notify = notify_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, model_root=model_root, model_pvc=p["model_pvc"],
                             data_root=data_root).set_display_name("Notify (run outcome)").set_caching_options(False)
@@ -74,7 +76,7 @@ def build_pipeline(target: str = "cluster", workspace: str | None = None):
         kubernetes.use_secret_as_env(notify, secret_name=p["alert_webhook_secret"],
                                      secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)
         with dsl.ExitHandler(notify, name="Run"):
-            _steps(p, cluster, data_root, model_root)
+            _steps(p, cluster, data_root, model_root, variants_parallel)
         _run_as_non_root(pipeline_context.Pipeline.get_default_pipeline().tasks.values())
 
     # KFP reads the parameters from the signature: one per setting, built from the settings model.
@@ -87,8 +89,9 @@ def build_pipeline(target: str = "cluster", workspace: str | None = None):
     return llm_finetune
 
 
-def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
-    """The pipeline's steps, from its parameters ``p``: validate, prepare, each stage, evaluate, the gate, deploy."""
+def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_parallel: int) -> Outputs:
+    """The pipeline's steps, from its parameters ``p``: validate, prepare, for each variant its stages and its
+    evaluation, the comparison and its gate, deploy."""
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     validate = validate_inputs(**p).set_display_name("Validate inputs").set_caching_options(False)
     settings = validate.outputs["settings"]  # every setting, resolved and checked: what each later step reads
@@ -97,7 +100,6 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
     prepare = prepare_dataset(
         settings=settings, stage="sft", data_root=data_root, run_id=run_id,
     ).set_display_name("Prepare dataset").set_caching_options(False)
-    base = base_model(settings=settings).set_display_name("Base model")
     # Settings chosen by short trials on the sft data (hpo_trials; {} at once when it is 0): the sft stage uses them.
     search = search_hyperparameters(
         dataset=prepare.outputs["dataset"], settings=settings, data_root=data_root, model_root=model_root,
@@ -105,64 +107,88 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str) -> Outputs:
     ).set_display_name("Search hyper-parameters (Katib / Optuna)").set_caching_options(False)
     tuned = search.outputs["Output"]
 
-    # One slot per possible stage; a slot runs when validate_inputs names a stage for it (the run's `stages`, in
-    # order), trains from the model the previous slot ends with, and hands on its own (or, unused, that one).
-    model, model_uri, trains, preps = base.output, base.output, [], [prepare]
-    for i in range(len(STAGES)):
-        stage = validate.outputs[f"stage_{i + 1}"]
-        with dsl.If(stage != "", name=f"stage-{i + 1}"):
-            # After the sft data step: an sft stage prepares the same data again, from its cache.
-            stage_data = prepare_dataset(
-                settings=settings, stage=stage, data_root=data_root, run_id=run_id,
-            ).after(prepare).set_display_name(f"Stage {i + 1}: prepare data").set_caching_options(False)
-            train = train_model(
-                dataset=stage_data.outputs["dataset"], base_model_path=model, settings=settings, stage=stage,
-                tuned=tuned, data_root=data_root, model_root=model_root, run_id=run_id,
-            ).set_display_name(f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
-                               ).set_caching_options(False)
-        with dsl.Else(name=f"no-stage-{i + 1}"):
-            skip = skip_stage(previous=model, stage=f"{i + 1}").set_display_name(f"Stage {i + 1}: not run")
-        model = dsl.OneOf(train.outputs["model_path"], skip.output)
-        model_uri = dsl.OneOf(train.outputs["model_uri"], skip.output)
-        trains.append(train)
-        preps.append(stage_data)
+    # Each variant (variants; a run without any is its own one item) trains the stage chain under its own run id
+    # (folders and job names), and is evaluated on the run's held-out split; at most variants_parallel at once.
+    # An iteration reads everything from its item (components/variants/__init__.py says why).
+    variants = list_variants(settings=settings, run_id=run_id, tuned=tuned).set_display_name(
+        "Variants").set_caching_options(False)
+    trains, preps, evaluates = [], [prepare], []
+    with dsl.ParallelFor(variants.output, parallelism=variants_parallel, name="Each variant") as variant:
+        own = variant.settings
+        slots = variant_stages(variant=variant).set_display_name("Stages").set_caching_options(False)
+        base = base_model(settings=own).set_display_name("Base model")
+        # One slot per possible stage; a slot runs when the item names a stage for it (the run's `stages`, in order),
+        # trains from the model the previous slot ends with, and hands on its own (or, unused, that one).
+        model, model_uri = base.output, base.output
+        for i in range(len(STAGES)):
+            stage = slots.outputs[f"stage_{i + 1}"]
+            with dsl.If(stage != "", name=f"stage-{i + 1}"):
+                # After the sft data step: an sft stage prepares the same data again, from its cache.
+                stage_data = prepare_dataset(
+                    settings=own, stage=stage, data_root=data_root, run_id=variant.run_id,
+                ).after(prepare).set_display_name(f"Stage {i + 1}: prepare data").set_caching_options(False)
+                train = train_model(
+                    dataset=stage_data.outputs["dataset"], base_model_path=model, settings=own, stage=stage,
+                    tuned=variant.tuned, data_root=data_root, model_root=model_root, run_id=variant.run_id,
+                ).set_display_name(f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
+                                   ).set_caching_options(False)
+            with dsl.Else(name=f"no-stage-{i + 1}"):
+                skip = skip_stage(previous=model, stage=f"{i + 1}").set_display_name(f"Stage {i + 1}: not run")
+            model = dsl.OneOf(train.outputs["model_path"], skip.output)
+            model_uri = dsl.OneOf(train.outputs["model_uri"], skip.output)
+            trains.append(train)
+            preps.append(stage_data)
 
-    evaluate = evaluate_model(
-        dataset=prepare.outputs["dataset"], model_path=model, settings=settings, data_root=data_root,
-    ).set_display_name("Evaluate base vs tuned").set_caching_options(False)
+        # Every variant on the same held-out tokens: the run's sft data.
+        evaluate = evaluate_model(
+            dataset=prepare.outputs["dataset"], model_path=model, settings=own, data_root=data_root,
+        ).set_display_name("Evaluate base vs tuned").set_caching_options(False)
+        evaluates.append(evaluate)
+        result = variant_result(variant=variant.variant, run_id=variant.run_id, model_path=model, model_uri=model_uri,
+                                settings=own, overrides=variant.overrides).after(evaluate).set_display_name("Result")
+    compare = compare_variants(results=dsl.Collected(result.output)).set_display_name(
+        "Compare variants").set_caching_options(False)
 
-    with dsl.If(evaluate.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
+    with dsl.If(compare.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
         deploy = deploy_model(
-            model_path=model, settings=settings, run_id=run_id,
+            model_path=compare.outputs["model_path"], settings=compare.outputs["settings"], run_id=run_id,
         ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
         if cluster:  # it reads the evaluation's serving reference beside the model (components/deploy/logprobs.py)
             kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
     with dsl.Else(name="evaluation-not-passed"):
-        skipped = skip_deployment(reason=evaluate.outputs["reason"]).set_display_name("Skip deployment")
+        skipped = skip_deployment(reason=compare.outputs["reason"]).set_display_name("Skip deployment")
 
     if cluster:
         # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-        _attach_cluster_resources(preps, [search, *trains], evaluate, p["data_pvc"], p["model_pvc"],
+        _attach_cluster_resources(preps, [search, *trains], evaluates, p["data_pvc"], p["model_pvc"],
                                   p["hf_token_secret"], p["node_selector"], p["tolerations"], p["eval_gpus"])
+        # Watching the run (optional references: no Secret, no alert or trace): the launcher posts a job's idle GPUs
+        # to the run's webhook (prometheus_url); evaluation and deployment trace their generations to Langfuse.
+        for train in trains:
+            kubernetes.use_secret_as_env(train, secret_name=p["alert_webhook_secret"],
+                                         secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)
+        for task in (*evaluates, deploy):
+            kubernetes.use_secret_as_env(task, secret_name=p["langfuse_secret"],
+                                         secret_key_to_env={key: key for key in LANGFUSE_KEYS}, optional=True)
     return Outputs(
-        model_uri=model_uri,
-        metrics=evaluate.outputs["metrics"],
-        passed=evaluate.outputs["passed"],
-        reason=evaluate.outputs["reason"],
+        model_uri=compare.outputs["model_uri"],
+        metrics=compare.outputs["metrics"],
+        passed=compare.outputs["passed"],
+        reason=compare.outputs["reason"],
         endpoint=dsl.OneOf(deploy.outputs["endpoint"], skipped.output),
         smoke_reply=dsl.OneOf(deploy.outputs["smoke_reply"], skipped.output),
     )
 
 
 
-def _attach_cluster_resources(preps, trains, evaluate, data_pvc, model_pvc, hf_token_secret,
+def _attach_cluster_resources(preps, trains, evaluates, data_pvc, model_pvc, hf_token_secret,
                               node_selector, tolerations, eval_gpus) -> None:
     """Volumes, the HF token reference, GPUs and placement: what the steps need on Kubernetes."""
-    for task in (*preps, *trains, evaluate):
+    for task in (*preps, *trains, *evaluates):
         kubernetes.mount_pvc(task, pvc_name=data_pvc, mount_path=DATA_MOUNT)
-    for task in (*trains, evaluate):
+    for task in (*trains, *evaluates):
         kubernetes.mount_pvc(task, pvc_name=model_pvc, mount_path=MODEL_MOUNT)
-    for task in (*preps, evaluate):
+    for task in (*preps, *evaluates):
         # optional: public models and datasets need no token, and the pod must start without the Secret.
         kubernetes.use_secret_as_env(task, secret_name=hf_token_secret, secret_key_to_env={HF_TOKEN_KEY: "HF_TOKEN"},
                                      optional=True)
@@ -171,12 +197,13 @@ def _attach_cluster_resources(preps, trains, evaluate, data_pvc, model_pvc, hf_t
     # Tokenisation runs num_proc processes: give the data step the CPUs for them.
     for prepare in preps:
         prepare.set_cpu_request("8").set_memory_request("32G")
-    evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
-    evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
-    kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                               size_limit=SHM_SIZE)
-    kubernetes.add_node_selector_json(evaluate, node_selector)
-    kubernetes.add_toleration_json(evaluate, tolerations)
+    for evaluate in evaluates:
+        evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
+        evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
+        kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
+                                   size_limit=SHM_SIZE)
+        kubernetes.add_node_selector_json(evaluate, node_selector)
+        kubernetes.add_toleration_json(evaluate, tolerations)
 
 
 def _run_as_non_root(tasks) -> None:

@@ -75,7 +75,8 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     workspace.mkdir(parents=True, exist_ok=True)
     # use_venv=False: the steps import this package from the current environment instead of pip-installing it.
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workspace / "kfp"), raise_on_error=True)
-    pipeline = build_pipeline("local", str(workspace))
+    # kfp.local runs a loop's iterations at once up to its parallelism: variants share this machine's cores.
+    pipeline = build_pipeline("local", str(workspace), variants_parallel=params.get("variants_parallel", 1))
     steps = StepLines()
     summary: dict[str, Any]
     try:
@@ -142,7 +143,8 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
                 link.unlink()
             link.symlink_to(os.path.relpath(target, run_dir))
     if kfp_dir is not None:
-        for step, name in (("prepare-dataset", "prepare_dataset.md"), ("evaluate-model", "evaluation.md")):
+        # The comparison's report is the evaluation's when the run has no variants.
+        for step, name in (("prepare-dataset", "prepare_dataset.md"), ("compare-variants", "evaluation.md")):
             source = kfp_dir / step / "report"
             if source.is_file():
                 shutil.copyfile(source, reports / name)

@@ -126,7 +126,7 @@ def submit_run(args, params: dict, preset: str) -> dict:
 
     run_name = args.run_name or f"{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     with tempfile.TemporaryDirectory() as tmp:
-        package = compile_pipeline(Path(tmp) / "llm_finetune.yaml")
+        package = compile_pipeline(Path(tmp) / "llm_finetune.yaml", variants_parallel=params["variants_parallel"])
         sub = submit(host=args.host, package_path=str(package), pipeline_name=args.pipeline_name,
                      params=split_arguments(params),
                      experiment=args.experiment, run_name=run_name, namespace=args.namespace,

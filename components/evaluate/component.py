@@ -45,6 +45,7 @@ def evaluate_model(
     log-probabilities and greedy first tokens, which deploy_model requires the server to reproduce
     (components/deploy/logprobs.py).
     """
+    import json
     import logging
     import os
     from collections import namedtuple
@@ -52,6 +53,7 @@ def evaluate_model(
     from components.deploy.logprobs import reference_path
     from components.evaluate.evaluate import evaluate
     from components.models.hub import resolve_model
+    from components.paths import evaluation_path
     from components.settings import Settings
     from components.train.stages import dataset_folder, hands_on, stage_folder, stage_overrides
 
@@ -85,6 +87,7 @@ def evaluate_model(
                 "pattern": over.get("grpo_answer_pattern", t.grpo_answer_pattern),
                 "length_budget": over.get("grpo_length_budget", t.grpo_length_budget),
                 "max_new_tokens": over.get("grpo_max_completion_length", t.grpo_max_completion_length),
+                "temperature": over.get("grpo_temperature", t.grpo_temperature),
                 "reward_model": over.get("grpo_reward_model", t.grpo_reward_model)
                 or os.path.join(stage_dirs.get("rm", ""), "final"),
                 "reward_function": over.get("grpo_reward_function", t.grpo_reward_function),
@@ -99,6 +102,18 @@ def evaluate_model(
         stage_dirs=stage_dirs if len(stages) > 1 else None, preference_path=preference_path, before_dpo=before_dpo,
         serving_reference=reference_path(model_path), grpo=grpo, rm=rm,
     )
+    from components.observe.langfuse_trace import trace_evaluation
+
+    # Every generation, with both models' identities, to Langfuse when langfuse_secret's keys are set.
+    trace_evaluation(run_id=os.path.basename(run_models), base_model=base, tuned_model=model_path,
+                     prompts=result["prompts"], answers=result["answers"], metrics=result["metrics"],
+                     passed=result["passed"], reason=result["reason"], max_new_tokens=e.max_new_tokens)
+    # The run's comparison of its variants reads each one's result here (components/variants/compare.py).
+    record = {"base_model": base, "tuned_model": model_path, "metrics": result["metrics"], "passed": result["passed"],
+              "reason": result["reason"], "prompts": result["prompts"], "answers": result["answers"],
+              "report": result["report"]}
+    with open(evaluation_path(model_path), "w") as f:
+        json.dump(record, f)
     for name, value in result["metrics"].items():
         metrics.log_metric(name, value)
     with open(report.path, "w") as f:

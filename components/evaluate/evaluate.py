@@ -228,7 +228,7 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
             per-token log-probabilities and greedy first tokens (components/deploy/logprobs.py); the deploy step
             compares the server with it.
         grpo: when the grpo stage ran: ``prompts_path`` (its prepared prompts), ``before`` (the model it started
-            from), ``rewards``, ``pattern``, ``length_budget``, ``max_new_tokens``, ``reward_model``,
+            from), ``rewards``, ``pattern``, ``length_budget``, ``max_new_tokens``, ``temperature``, ``reward_model``,
             ``reward_function``, ``min_reward_improvement``: mean rewards on held-out prompts and the reward gate
             (components/evaluate/rewards.py).
         rm: when the rm stage ran: ``model`` (its final folder) and ``pairs_path`` (its prepared pairs): the reward
@@ -286,7 +286,7 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     if grpo:
         roles = {"base": base_model, **({"before grpo": grpo["before"]} if grpo["before"] != base_model else {}),
                  "tuned": tuned_model}
-        reward_eval = reward_scores(roles, grpo["prompts_path"], grpo["rewards"], generate=generate_answers,
+        reward_eval = reward_scores(roles, grpo["prompts_path"], grpo["rewards"], temperature=grpo["temperature"],
                                     pattern=grpo["pattern"],
                                     length_budget=grpo["length_budget"], max_new_tokens=grpo["max_new_tokens"],
                                     reward_model=grpo["reward_model"], reward_function=grpo["reward_function"],
@@ -314,7 +314,8 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason, train_dir,
                           extra=stages_section(stages, preference) + rewards_section(reward_eval, rm_eval))
     return {"metrics": metrics, "passed": passed, "reason": reason, "report": report,
-            "answers": {"base": base["answers"], "tuned": tuned["answers"]}}
+            "answers": {"base": base["answers"], "tuned": tuned["answers"]},
+            "prompts": [messages[-1]["content"] for messages in prompts]}
 
 
 def _cell(text: str) -> str:

@@ -73,10 +73,12 @@ def recording_outcome(step: str, root: str, run_id: str):
 
 
 def read_records(roots: list[str], run_id: str) -> list[dict]:
-    """Every step record of the run under these volume roots, oldest end first (unreadable records skipped)."""
+    """Every step record of the run under these volume roots, its variants' (``runs/<run id>-<variant>/``,
+    components/variants/) included, oldest end first (unreadable records skipped)."""
     records = []
     for root in roots:
-        for path in sorted(steps_dir(root, run_id).glob("*.json")) if steps_dir(root, run_id).is_dir() else []:
+        folders = [steps_dir(root, run_id), *sorted(Path(run_dir(root, run_id)).parent.glob(f"{run_id}-*/steps"))]
+        for path in [p for folder in folders if folder.is_dir() for p in sorted(folder.glob("*.json"))]:
             try:
                 records.append(json.loads(path.read_text()))
             except (OSError, ValueError):

@@ -10,16 +10,15 @@ import logging
 from collections import namedtuple
 
 from components.settings import Settings, merge_arguments
-from components.train.stages import STAGES
 from components.validate.rules import check, warnings
 
 log = logging.getLogger("validate_inputs")
 
 
 def validate(arguments: dict):
-    """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked, and the
-    stage in each of the pipeline's stage slots (empty when the slot is unused); a ValueError listing every problem,
-    each naming the setting and the fix. On a cluster it also runs the preflight."""
+    """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked; a
+    ValueError listing every problem, each naming the setting and the fix. On a cluster it also runs the
+    preflight."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         settings = merge_arguments(arguments)
@@ -45,6 +44,4 @@ def validate(arguments: dict):
         if problems:
             raise ValueError("cluster preflight: " + "; ".join(problems))
         log.info("cluster preflight passed")
-    slots = [f"stage_{i + 1}" for i in range(len(STAGES))]
-    stages = s.stages.stages + [""] * (len(STAGES) - len(s.stages.stages))
-    return namedtuple("ValidateOutputs", ["settings", *slots])(settings, *stages)
+    return namedtuple("ValidateOutputs", ["settings"])(settings)

@@ -30,6 +30,8 @@ def validate_inputs(
     stages: list,
     cpt_dataset_source: str,
     dpo_dataset_source: str,
+    grpo_dataset_source: str,
+    variants: list,
     hpo_trials: int,
     dataset_source: str,
     dataset_format: str,
@@ -61,6 +63,7 @@ def validate_inputs(
     alert_webhook_secret: str,
     tensorboard: bool,
     pending_timeout_seconds: int,
+    langfuse_secret: str,
     eval_gpus: int,
     eval_max_samples: int,
     min_loss_improvement: float,
@@ -77,7 +80,7 @@ def validate_inputs(
     canary_traffic_percent: int,
     keep_serving: bool,
     advanced_settings: dict,
-) -> NamedTuple("ValidateOutputs", [("settings", dict), ("stage_1", str), ("stage_2", str), ("stage_3", str)]):
+) -> NamedTuple("ValidateOutputs", [("settings", dict)]):
     """Check the run's settings and the cluster, and fail with every problem listed, each naming the fix.
 
     The checks also run in ``python -m pipelines.run`` before a run is submitted; this task repeats them because
@@ -104,19 +107,26 @@ def validate_inputs(
         save_steps: Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).
         save_total_limit: Complete checkpoints kept on the model volume.
         stages: Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised fine-
-            tuning) and dpo (preference tuning); each trains from the previous stage's final model.
+            tuning), dpo (preference tuning), rm (a reward model on dpo_dataset_source's pairs) and grpo
+            (reinforcement learning on grpo_dataset_source's prompts); each trains from the previous stage's final
+            model (grpo after rm: from the model before rm).
         cpt_dataset_source: cpt stage: raw domain text (a text column), same syntax as dataset_source;
             builtin:domain-text is a bundled sample.
-        dpo_dataset_source: dpo stage: preference pairs (prompt, chosen, rejected), same syntax as dataset_source;
-            builtin:preference is a bundled sample.
+        dpo_dataset_source: dpo and rm stages: preference pairs (prompt, chosen, rejected), same syntax as
+            dataset_source; builtin:preference is a bundled sample.
+        grpo_dataset_source: grpo stage: prompts (a prompt column, text or turns) with an optional reference answer
+            column (answer), same syntax as dataset_source; builtin:arithmetic is a bundled sample.
+        variants: Setting overrides, one JSON object per variant, e.g. [{"learning_rate": 1e-5}, {"learning_rate":
+            5e-5, "name": "hi-lr"}]: each trains the stage chain in its own folders and jobs ([]: one model). An
+            optional "name" (lowercase letters, digits, '-') names its folders, jobs and served model.
         hpo_trials: Hyper-parameter search: short training trials before the sft stage, which then trains with the
             best trial's settings (Katib Experiment on a cluster, Optuna locally); 0 turns it off.
         dataset_source: Training data, comma-separated: builtin:sample, files/folders/globs (JSONL, JSON, Parquet,
             CSV, saved Arrow) on a mounted volume, pvc://claim/path, hf://... or Hub ids
             (org/name?config=C&split=S&revision=R).
         dataset_format: Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion
-            or text (preference, prompt/chosen/rejected pairs, is the dpo stage's format: those go in
-            dpo_dataset_source).
+            or text (preference, prompt/chosen/rejected pairs, is the dpo and rm stages' format: those go in
+            dpo_dataset_source; prompts, a prompt and an optional answer, the grpo stage's: grpo_dataset_source).
         column_mapping: The format's column name -> your column name, e.g. {"messages": "dialog"}.
         eval_source: Take the eval split from this source (same syntax) instead of holding out eval_size; empty:
             hold out.
@@ -152,6 +162,9 @@ def validate_inputs(
             pvc://<model_pvc>/runs/<run id>/...), opened from the Kubeflow dashboard.
         pending_timeout_seconds: Fail the step when a job's pod stays unschedulable this long (at least 60: an
             autoscaler needs minutes to add a GPU node).
+        langfuse_secret: Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer
+            records the run in Langfuse and evaluation and deployment trace each generation (an optional reference:
+            no Secret, no traces).
         eval_gpus: GPUs of the evaluation pod.
         eval_max_samples: Score at most this many held-out rows and examples per lm-eval task (0 = all); bounds the
             step's time.
@@ -172,17 +185,17 @@ def validate_inputs(
         canary_traffic_percent: Knative only: share of traffic for the new revision (0: all at once).
         keep_serving: Local runs: leave the model server running after the smoke test.
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
-            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, lr_scheduler_type,
-            weight_decay, max_grad_norm, activation_checkpointing, logging_steps, report_to, stage_settings,
+            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, grpo_rewards,
+            grpo_answer_pattern, grpo_length_budget, grpo_reward_model, grpo_reward_function, grpo_num_generations,
+            grpo_max_completion_length, grpo_beta, grpo_temperature, parallelism, lr_scheduler_type, weight_decay,
+            max_grad_norm, activation_checkpointing, logging_steps, report_to, stage_settings, variants_parallel,
             hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
             dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s, inter_node_gb_per_s,
-            tracking_secret. python -m pipelines.run --help describes each.
+            tracking_secret, metrics_port, prometheus_url, gpu_util_threshold, gpu_util_window_seconds,
+            min_reward_improvement. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.
-        stage_1: the first training stage to run (cpt, sft or dpo).
-        stage_2: the second, or empty when there is none.
-        stage_3: the third, or empty when there is none.
     """
     arguments = dict(locals())  # every argument, taken before anything else binds a local name
     from components.validate.checks import validate

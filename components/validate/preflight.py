@@ -28,8 +28,9 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.kube import call_api, current_namespace, load_api_client
-from components.secrets import HF_TOKEN_KEY, WEBHOOK_SECRET_KEY
+from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.settings import Settings
+from components.variants import variant_names, variant_values
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +123,29 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
     return None
 
 
+def _langfuse_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+    """The problem with the optional Langfuse Secret ``name`` when it exists without all of ``LANGFUSE_KEYS``, each
+    non-empty; a missing Secret (or one the runner may not read) only warns, as for the alert Secret."""
+    try:
+        secret = call_api(core.read_namespaced_secret, name, namespace)
+    except ApiException as exc:
+        if exc.status in (403, 404):
+            why = (f"Secret not found in {namespace}" if exc.status == 404
+                   else "may not read it to check its keys (see manifests/rbac)")
+            log.warning("langfuse_secret=%r: %s; runs are not traced in Langfuse (kubectl create secret generic %s %s)",
+                        name, why, name, " ".join(f"--from-literal={k}=..." for k in LANGFUSE_KEYS))
+            return None
+        raise
+    data = secret.data or {}
+    if missing := [k for k in LANGFUSE_KEYS if k not in data]:
+        return (f"langfuse_secret={name!r} has no key {', '.join(missing)} (it has: {', '.join(sorted(data)) or 'none'}"
+                f"); the pods read Langfuse's keys and address from {', '.join(LANGFUSE_KEYS)}")
+    for key in LANGFUSE_KEYS:
+        if not base64.b64decode(data[key]).strip():
+            return f"langfuse_secret={name!r}: key {key} is empty"
+    return None
+
+
 def _namespace_labels(core: k8s.CoreV1Api, namespace: str) -> dict | None:
     """The namespace's labels; None (with a warning) when this account may not read its namespace."""
     try:
@@ -198,8 +222,11 @@ def _tolerates(tolerations: list, taint: dict) -> bool:
     return False
 
 
-def _gpu_node_problem(core: k8s.CoreV1Api, node_selector: dict, tolerations: list, num_nodes: int,
-                      gpus_per_node: int) -> str | None:
+def _usable_nodes(core: k8s.CoreV1Api, node_selector: dict, tolerations: list,
+                  gpus_per_node: int) -> tuple[dict[str, int], int] | None:
+    """The schedulable nodes matching ``node_selector`` whose taints ``tolerations`` tolerate and that have
+    ``gpus_per_node`` allocatable GPUs, with those GPUs, and how many nodes matched; None when Nodes may not be
+    listed (a warning is logged)."""
     selector = ",".join(f"{k}={v}" for k, v in sorted(node_selector.items()))
     try:
         nodes = call_api(core.list_node, label_selector=selector or None).items
@@ -209,18 +236,53 @@ def _gpu_node_problem(core: k8s.CoreV1Api, node_selector: dict, tolerations: lis
         log.warning("may not list Nodes (cluster-scoped): GPU capacity not checked; a cluster admin can "
                     "grant it with kubectl apply -k manifests/cluster")
         return None
-    usable = []
+    usable = {}
     for node in nodes:
         taints = [t.to_dict() for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")]
         gpus = int((node.status.allocatable or {}).get(GPU, "0"))
         if not node.spec.unschedulable and gpus >= gpus_per_node and all(_tolerates(tolerations, t) for t in taints):
-            usable.append(node.metadata.name)
-    if len(usable) >= num_nodes:
+            usable[node.metadata.name] = gpus
+    return usable, len(nodes)
+
+
+def _gpu_node_problem(core: k8s.CoreV1Api, node_selector: dict, tolerations: list, num_nodes: int,
+                      gpus_per_node: int) -> str | None:
+    found = _usable_nodes(core, node_selector, tolerations, gpus_per_node)
+    if found is None or len(found[0]) >= num_nodes:
         return None
+    usable, matched = found
     where = f"matching node_selector {node_selector}" if node_selector else "in the cluster"
-    return (f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {len(nodes)} nodes "
+    return (f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {matched} nodes "
             f"{where} are schedulable, tolerated and have >= {gpus_per_node} allocatable {GPU}; "
             "check node_selector, tolerations and gpus_per_node against kubectl get nodes -L nvidia.com/gpu.product")
+
+
+def _variant_gpu_problems(core: k8s.CoreV1Api, params: dict) -> list[str | None]:
+    """Each variant's nodes, as for a run, and the GPUs of the ``variants_parallel`` largest variants together
+    against the allocatable GPUs of the nodes the variants may use (components/variants.py)."""
+    variants = params.get("variants") or []
+    names = variant_names(variants)
+    problems: list[str | None] = []
+    nodes: dict[str, int] = {}
+    sizes = []
+    for i, name in enumerate(names):
+        c = Settings.from_flat(variant_values(params, i)).cluster
+        problem = _gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node)
+        problems.append(problem and f"variants[{i}] ({name!r}): {problem}")
+        found = _usable_nodes(core, c.node_selector, c.tolerations, c.gpus_per_node)
+        if found is None:
+            return problems
+        nodes.update(found[0])
+        sizes.append((c.num_nodes * c.gpus_per_node, name))
+    at_once = Settings.from_flat(params).variants.variants_parallel
+    largest = sorted(sizes, reverse=True)[:at_once]
+    wanted, have = sum(g for g, _ in largest), sum(nodes.values())
+    if at_once > 1 and wanted > have:
+        who = ", ".join(f"{n!r} ({g})" for g, n in largest)
+        problems.append(f"variants_parallel={at_once} trains up to {at_once} variants at once, and {who} hold "
+                        f"{wanted} {GPU} together; the nodes they may use have {have} allocatable: lower "
+                        "variants_parallel, or num_nodes / gpus_per_node of the largest variants")
+    return problems
 
 
 def preflight(params: dict, api_client=None, namespace: str | None = None) -> list[str]:
@@ -276,7 +338,11 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
                                         "fine for public models, gated ones will fail to download"))
         problems.append(_secret_problem(core, namespace, "alert_webhook_secret", c.alert_webhook_secret,
                                         WEBHOOK_SECRET_KEY, "runs end without an alert"))
+        problems.append(_langfuse_problem(core, namespace, c.langfuse_secret))
     problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
     if train in TRAIN_APIS:
-        problems.append(_gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node))
+        if s.variants.variants:  # each variant's job in place of the run's
+            problems += _variant_gpu_problems(core, params)
+        else:
+            problems.append(_gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node))
     return [p for p in problems if p]

@@ -99,3 +99,17 @@ def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads
     (record,) = read_records([str(tmp_path / "data")], RUN)
     assert record["step"] == "prepare_dataset[sft]" and record["state"] == "FAILED"
     assert str(err.value)[:60] in record["error"]
+
+
+def test_the_exit_handler_reads_each_variants_records_and_no_other_runs(tmp_path):
+    from components.observe.outcome import read_records, recording_outcome
+
+    root = str(tmp_path / "models")
+    with recording_outcome("train_model[sft]", root, RUN):
+        pass
+    with pytest.raises(RuntimeError), recording_outcome("train_model[sft]", root, f"{RUN}-hi-lr"):
+        raise RuntimeError("NCCL timeout")  # a variant's step: runs/<run id>-<variant>/steps (components/variants/)
+    with recording_outcome("train_model[sft]", root, "another-run"):
+        pass
+    records = read_records([root], RUN)
+    assert [r["state"] for r in records] == ["SUCCEEDED", "FAILED"] and "NCCL timeout" in records[1]["error"]

@@ -8,6 +8,7 @@ from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from components.train.stages import STAGES
 from pipelines.compile import COMPILED, same_pipeline
 from tests.helpers.repo import run_cli
 
@@ -65,11 +66,13 @@ def test_every_task_has_a_display_name_and_side_effect_steps_do_not_cache(docs):
 
 
 def test_deploy_is_gated_on_the_evaluation_output(docs):
+    # Each variant's evaluation gates it; the comparison after the variants' loop passes on whether any passed (a
+    # run without variants: its one evaluation's decision).
     pipeline, _ = docs
     tasks = _tasks(pipeline)
-    passed = "inputs.parameter_values['pipelinechannel--evaluate-model-passed'] == true"
+    passed = "inputs.parameter_values['pipelinechannel--compare-variants-passed'] == true"
     gates = {t["taskInfo"]["name"]: (t["componentRef"]["name"], t["triggerPolicy"]["condition"])
-             for t in tasks.values() if "evaluate-model-passed" in t.get("triggerPolicy", {}).get("condition", "")}
+             for t in tasks.values() if "compare-variants-passed" in t.get("triggerPolicy", {}).get("condition", "")}
     assert {name: condition for name, (_, condition) in gates.items()} == {
         "evaluation-passed": passed, "evaluation-not-passed": f"!({passed})"}
     # the branches hold the deploy and the skip step respectively
@@ -88,7 +91,8 @@ def test_volumes_secret_gpus_and_placement(docs):
               for name, e in ex.items()}
     prepares = [name for name in ex if name.startswith("exec-prepare-dataset")]
     trains = [name for name in ex if name.startswith("exec-train-model")]
-    assert len(prepares) == 4 and len(trains) == 3  # the sft data for evaluation, then a slot per stage
+    # the sft data for evaluation, then a slot per stage
+    assert len(prepares) == 1 + len(STAGES) and len(trains) == len(STAGES)
     for name in prepares:
         assert mounts[name] == {"/mnt/data": "data_pvc"}, name
     for name in trains:
@@ -123,9 +127,14 @@ def test_evaluate_requests_gpus_from_a_parameter(docs):
 def test_paths_are_run_scoped(docs):
     pipeline, _ = docs
     tasks = _tasks(pipeline)
-    for name in ("prepare-dataset", "train-model"):
+    for name in ("prepare-dataset", "list-variants"):
         run_id = tasks[name]["inputs"]["parameters"]["run_id"]
         assert run_id["runtimeValue"]["constant"] == "{{$.pipeline_job_uuid}}"
+    # Inside the variants' loop each step takes its variant's run id (the run's, or <run id>-<variant>).
+    for name in ("prepare-dataset-2", "train-model"):
+        assert tasks[name]["inputs"]["parameters"]["run_id"] == {
+            "componentInputParameter": "pipelinechannel--list-variants-Output-loop-item",
+            "parameterExpressionSelector": 'parseJson(string_value)["run_id"]'}
 
 
 def test_no_secret_values_and_no_shell(docs):
@@ -148,7 +157,7 @@ def test_an_exit_handler_reports_the_outcome_of_every_run(docs):
     assert notify["triggerPolicy"]["strategy"] == "ALL_UPSTREAM_TASKS_COMPLETED"  # also after a failure
     assert notify["dependentTasks"] == [next(k for k, t in root.items() if t is handler)]
     inside = pipeline["components"][handler["componentRef"]["name"]]["dag"]["tasks"]
-    assert "validate-inputs" in inside and "evaluate-model" in inside
+    assert "validate-inputs" in inside and "compare-variants" in inside
     # KFP allows no pipeline outputs from inside an exit handler: the cluster pipeline has none.
     assert "outputDefinitions" not in pipeline["root"]
 

@@ -20,10 +20,12 @@ from components.validate.rules.fields import bound_errors, choice_errors, type_e
 from components.validate.rules.hpo import check_hpo_settings
 from components.validate.rules.stages import check_stage_settings, stage_warnings
 from components.validate.rules.train import check_train_settings, memory_errors
+from components.validate.rules.variants import check_variant_settings
+from components.variants import variant_names, variant_values
 
 # Each step's rules, in the order their messages are listed.
 RULES = (check_train_settings, check_stage_settings, check_hpo_settings, check_data_settings, check_cluster_settings,
-         check_evaluate_settings, check_deploy_settings)
+         check_evaluate_settings, check_deploy_settings, check_variant_settings)
 
 
 def check(values: dict) -> list[str]:
@@ -39,9 +41,20 @@ def check(values: dict) -> list[str]:
         errors += [e for e in rules(s) if e]
     if not errors:
         errors = memory_errors(s)
+    if not errors:  # each variant is a whole run of its own: its settings must hold as the run's do
+        for i, name in enumerate(variant_names(s.variants.variants)):
+            errors += [f"variants[{i}] ({name!r}): {e}" for e in check(variant_values(values, i))]
     return errors
 
 
 def warnings(values: dict) -> list[str]:
     """What runs but is probably not what was meant (valid ``values``): logged by validate_inputs and the CLI."""
-    return stage_warnings(Settings.from_flat(values))
+    out = stage_warnings(Settings.from_flat(values))
+    for i, name in enumerate(variant_names(values.get("variants") or [])):
+        own = variant_values(values, i)
+        out += [f"variants[{i}] ({name!r}): {w}" for w in warnings(own)]
+        if own["dataset_source"] != values["dataset_source"]:
+            out.append(f"variants[{i}] ({name!r}) trains on dataset_source={own['dataset_source']!r} and is scored, as "
+                       f"every variant, on the run's held-out split of {values['dataset_source']!r}: rows of one in "
+                       "the other would flatter it")
+    return out
