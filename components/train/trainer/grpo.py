@@ -93,10 +93,6 @@ class RewardLogCallback(TrainerCallback):
                      logs["reward"], parts, logs.get("completions/mean_length", 0.0))
 
 
-def _reward_names(trainer) -> list[str]:
-    return list(trainer.reward_func_names)
-
-
 def main(cfg) -> dict:
     """Train with GRPO according to ``cfg`` (a ``GRPOStageConfig``) and return the final metrics (also metrics.json)."""
     started = time.time()
@@ -123,12 +119,15 @@ def main(cfg) -> dict:
         processing_class=tokenizer,
         callbacks=callbacks,
     )
+    # TRL logs each reward under its function's name, a reward model under its folder's ("final"): under its source's
+    # name instead (rewards/<answer|format|length|model|function>/mean), the names grpo_rewards uses.
+    trainer.reward_func_names = reward_sources(cfg)
     shape = model_shape(model.config.to_dict())
     # Attention over half a completion and its prompt on average: a rough count for the MFU line (GRPO's rows are
     # generated in the step, so there is no prepared split to count documents in).
     keys = cfg.max_completion_length / 2
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
-    rewards_log = RewardLogCallback(_reward_names(trainer))
+    rewards_log = RewardLogCallback(reward_sources(cfg))
     use_progress(trainer, ProgressCallback(flops, cfg.world_size, peak_flops(),
                                            f"{flops / 1e9:.3g} GFLOPs/token (policy forward and backward)"))
     trainer.add_callback(rewards_log)

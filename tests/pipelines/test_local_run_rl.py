@@ -1,0 +1,65 @@
+"""Reinforcement learning on a laptop, for real: `python -m pipelines.run -p 'stages=["sft","grpo"]'` (and with a reward
+model, ``["sft","rm","grpo"]``) runs every step through kfp.local on 2 CPU cores in under 10 minutes, and the mean
+reward on held-out prompts rises over the model before grpo.
+
+The bundled task (builtin:arithmetic): Korean and English arithmetic and word problems whose prompts ask for a closing
+answer line ('Answer: N' / '정답은 N입니다.'), the line the chat sample's worked math problems end with. After the one-
+minute sft stage the tiny model writes that line in about a fifth of its sampled replies and states the right number
+almost never; 60 GRPO steps (2 prompts x 8 completions per step) make the line the rule (the format reward), which is
+what raises the held-out reward; the answers stay wrong (a 1M-parameter model does not learn arithmetic in a minute).
+"""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.repo import run_cli
+
+# Measured on the 2-core development machine (README, "Reinforcement learning"): held-out mean reward (greedy answers to
+# the 48 held-out prompts, answer 1.0 + format 0.5) before grpo -> tuned. The bound is well below the measured gain.
+MIN_REWARD_GAIN = 0.2
+
+
+def _run(tmp_path, *params: str) -> tuple[dict, str]:
+    summary_path = tmp_path / "summary.json"
+    args = [a for p in params for a in ("-p", p)]
+    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path), *args,
+                     timeout=900)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return json.loads(summary_path.read_text()), result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_sft_then_grpo_raises_the_held_out_reward_in_under_ten_minutes(tmp_path):
+    s, out = _run(tmp_path, 'stages=["sft","grpo"]')
+    assert s["status"] == "succeeded" and s["wall_seconds"] < 600, s["wall_seconds"]
+    m = s["metrics"]
+    assert m["mean_reward"] >= m["before_grpo_mean_reward"] + MIN_REWARD_GAIN, m
+    assert m["before_grpo_mean_reward"] >= m["base_mean_reward"] - 0.1, m
+    models = tmp_path / "ws" / "models" / "runs" / s["run_id"]
+    grpo = json.loads((models / "grpo" / "metrics.json").read_text())
+    assert grpo["stage"] == "grpo" and grpo["global_step"] == 60 and grpo["last_reward"] > grpo["first_reward"], grpo
+    record = json.loads((models / "grpo" / "base_model.json").read_text())
+    assert str(models / "train" / "final") in json.dumps(record)  # grpo trained the sft stage's model
+    assert s["model_uri"].endswith("/grpo/final") and "sft.grpo: step 60/60 | reward " in out
+    report = Path(s["reports"]["evaluation"]).read_text(encoding="utf-8")
+    assert "## Reward on held-out prompts (grpo)" in report and "| before grpo |" in report
+
+
+@pytest.mark.slow
+def test_a_reward_model_trained_in_the_run_scores_grpo(tmp_path):
+    s, out = _run(tmp_path, 'stages=["sft","rm","grpo"]', 'grpo_rewards={"answer": 1.0, "format": 0.5, "model": 0.1}')
+    assert s["status"] == "succeeded" and s["wall_seconds"] < 600, s["wall_seconds"]
+    m = s["metrics"]
+    assert m["reward_model_accuracy"] >= 0.8, m  # held-out pairs of builtin:preference
+    assert m["mean_reward"] > m["before_grpo_mean_reward"], m
+    models = tmp_path / "ws" / "models" / "runs" / s["run_id"]
+    # rm is a side branch: grpo trained the sft model and scored it with rm's
+    record = json.loads((models / "grpo" / "base_model.json").read_text())
+    assert str(models / "train" / "final") in json.dumps(record)
+    grpo = json.loads((models / "grpo" / "metrics.json").read_text())
+    assert grpo["reward_sources"] == ["answer", "format", "model"]
+    assert json.loads((models / "rm" / "metrics.json").read_text())["eval_accuracy"] >= 0.8
+    report = Path(s["reports"]["evaluation"]).read_text(encoding="utf-8")
+    assert "## Reward model (rm)" in report
