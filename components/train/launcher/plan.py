@@ -47,9 +47,10 @@ optimizer step:
     HSDP (parallelism hsdp: transformers' DistributedConfig, FSDP2 with fsdp_size = G, dp_replicate_size = M)
                            fp32 weights sharded over the G GPUs of a node, bf16 compute (fsdp_mixed_precision:
                            bf16 all-gathers, fp32 reductions). Every micro-step, within the node: all-gather 2P
-                           (forward), all-gather 2P (backward: reshard_after_forward), reduce-scatter 4P. Across
-                           nodes, once per optimizer step: all-reduce of each GPU's fp32 gradient shard 4P/G over the
-                           M GPUs of the same local rank (one per node: its own NIC, so all of it is network
+                           (forward), all-gather 2P (backward: reshard_after_forward; Qwen3-MoE's _fsdp_plan
+                           keeps lm_head gathered from forward to backward, 1% of P, counted anyway), reduce-scatter
+                           4P. Across nodes, once per optimizer step: all-reduce of each GPU's fp32 gradient shard 4P/G
+                           over the M GPUs of the same local rank (one per node: its own NIC, so all of it is network
                            traffic). The Trainer defers it (Trainer._defer_fsdp_gradient_reduction:
                            set_requires_all_reduce(False) on all but the last micro-step) and FSDP2 sums the
                            reduce-scattered shards meanwhile (torch's _fsdp_collectives.foreach_reduce,
@@ -360,7 +361,7 @@ def hsdp_collectives(shape: ModelShape, num_nodes: int, gpus_per_node: int, trai
             out.append(Collective("routed tokens, backward" + (" and recomputed forward" if recompute else ""),
                                   "all-to-all", per_pass * (2 if recompute else 1), g, 1, g, "backward", "every"))
     if m > 1:
-        shard = GRAD_REDUCE_BYTES * (trainable if trainable < shape.total else shape.total) / g
+        shard = GRAD_REDUCE_BYTES * trainable / g
         out.append(Collective("gradient shards across nodes (fp32, once per step)", "all-reduce", shard, m, m, 1,
                               "backward", "last", GRAD_REDUCE_BYTES))
     return out
