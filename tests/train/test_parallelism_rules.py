@@ -61,3 +61,18 @@ def test_a_model_that_fits_runs_under_hsdp(tiny_moe):
     values = P.resolve(FULL)
     values.update(model_name_or_path=tiny_moe, parallelism="hsdp", deepspeed_config="none")
     assert check(values) == []
+
+
+def test_hsdp_checks_the_plans_memory_per_gpu(tiny_moe):
+    """The same estimate as the plan's (plan.py's hsdp_memory_gib): a GPU too small for the tiny MoE's 4 x 128-token
+    rows of activations and logits is refused, naming the setting."""
+    from components.models.shape import model_shape
+    from components.train.launcher.plan import hsdp_memory_gib
+
+    est = hsdp_memory_gib(model_shape(TINY_MOE), False, 8, 4096, 1)
+    values = P.resolve(FULL)
+    values.update(model_name_or_path=tiny_moe, parallelism="hsdp", deepspeed_config="none",
+                  gpu_memory_gib=round(est["total"] - 0.5, 1))
+    (error,) = [e for e in check(values) if "parallelism" in e]
+    assert error.startswith(f"parallelism=hsdp keeps a copy of the model states per node, sharded over its 8 GPUs: "
+                            f"it needs about {est['total']:.1f} GiB per GPU")

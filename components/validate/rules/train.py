@@ -82,15 +82,22 @@ def memory_errors(s: Settings) -> list[str]:
         if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
         if t.parallelism != "deepspeed":
-            # HSDP shards the model states over one node's GPUs: ZeRO-3's estimate over one node is the same 16 bytes
-            # per parameter (plan.py's hsdp_memory_gib adds the gathered blocks).
-            problem = check_memory_fit(
-                s.train.model_name_or_path, t.method, "zero3", 1, s.cluster.gpus_per_node, t.max_seq_length,
-                t.per_device_train_batch_size, gpu_memory_gib=s.cluster.gpu_memory_gib)
-            if problem:
+            # HSDP shards the model states over one node's GPUs only: the plan's estimate (plan.py, hsdp_memory_gib).
+            from components.models.shape import load_architecture, model_shape
+            from components.train.launcher.plan import hsdp_memory_gib
+
+            config = load_architecture(s.train.model_name_or_path)
+            if config is None:
+                continue
+            g = s.cluster.gpus_per_node
+            est = hsdp_memory_gib(model_shape(config), t.parallelism == "hsdp_ep", g, t.max_seq_length,
+                                  t.per_device_train_batch_size)
+            if est["total"] > s.cluster.gpu_memory_gib:
                 errors.append(f"parallelism={t.parallelism} keeps a copy of the model states per node, sharded over "
-                              f"its {s.cluster.gpus_per_node} GPUs: {problem.split(':')[0]}; use "
-                              "parallelism=deepspeed (ZeRO-3 shards over every GPU)")
+                              f"its {g} GPUs: it needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} "
+                              f"model states + {est['activations']:.1f} activations + {est['overhead']:.0f} overhead) "
+                              f"but a GPU has {s.cluster.gpu_memory_gib:g} GiB; use parallelism=deepspeed (ZeRO-3 "
+                              "shards over every GPU) or a smaller per_device_train_batch_size")
             continue
         # DPO and the reward model run chosen and rejected of each pair in one forward pass: twice the rows. GRPO
         # holds a reference model and its generations too (vLLM colocate on a cluster: memory.py).
