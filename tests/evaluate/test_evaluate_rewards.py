@@ -40,8 +40,8 @@ def test_the_gate_requires_the_reward_gain_over_the_model_before_grpo():
     scores = {"before grpo": {"mean_reward": 0.1}, "tuned": {"mean_reward": 0.45}}
     assert reward_gate(scores, 0.0) == (True, "mean reward 0.100 -> 0.450 (+0.350), required >= +0.000")
     passed, reason = reward_gate(scores, 0.5)
-    assert not passed and reason == ("mean reward 0.100 -> 0.450 (+0.350) is short of the required +0.500 gain over the "
-                                     "model before grpo (lower min_reward_improvement to accept it)")
+    assert not passed and reason == ("mean reward 0.100 -> 0.450 (+0.350) is short of the required +0.500 gain over "
+                                     "the model before grpo (lower min_reward_improvement to accept it)")
 
 
 def test_the_report_shows_rewards_by_model_answers_side_by_side_and_the_reward_models_accuracy():

@@ -1,5 +1,5 @@
-"""The rm stage of the trainer entry point: TRL's RewardTrainer (a one-label sequence-classification head on the previous
-stage's model) on preference pairs, under real 2-process torchrun.
+"""The rm stage of the trainer entry point: TRL's RewardTrainer (a one-label sequence-classification head on the
+previous stage's model) on preference pairs, under real 2-process torchrun.
 
 Fast: a config's ``stage`` picks TRL's RewardConfig plus the settings, ``max_length`` comes from ``max_seq_length``.
 Slow: on pairs whose chosen answer repeats the prompt's word and whose rejected one repeats another word, the reward
