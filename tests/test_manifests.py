@@ -227,10 +227,10 @@ def test_cluster_role_grants_only_listing_nodes(needed_rules):
     assert granted(cluster_role, False) == {r for r in needed_rules if not r[0]} == {(False, "", "nodes", "list")}
 
 
-def test_secret_access_is_limited_to_the_token_and_alert_secrets():
+def test_secret_access_is_limited_to_the_token_alert_and_langfuse_secrets():
     (role,) = resources("Role")
     (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
-    assert rule["resourceNames"] == [PARAMS["hf_token_secret"], PARAMS["alert_webhook_secret"]]
+    assert rule["resourceNames"] == [PARAMS["hf_token_secret"], PARAMS["alert_webhook_secret"], "llm-langfuse"]
     assert rule["verbs"] == ["get"]
 
 
@@ -274,7 +274,8 @@ def test_parameters_reach_every_resource(tmp_path):
     for old, new in [("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
                      ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
                      ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf"),
-                     ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts")]:
+                     ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts"),
+                     ("langfuseSecret: llm-langfuse", "langfuseSecret: team-langfuse")]:
         assert old in text
         text = text.replace(old, new)
     params.write_text(text)
@@ -286,7 +287,7 @@ def test_parameters_reach_every_resource(tmp_path):
         {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
     (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
-    assert secrets["resourceNames"] == ["team-hf", "team-alerts"]
+    assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
     cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}
     assert cluster["ClusterRoleBinding"]["subjects"] == [

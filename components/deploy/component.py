@@ -65,6 +65,17 @@ def deploy_model(
                                              storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, model_path))
         result = deploy_inference_service(manifest, serving_reference=reference)
     log.info("endpoint %s answered: %r", result["endpoint"], result["smoke_reply"])
+    import inspect
+
+    from components.observe.langfuse_trace import trace_smoke_test
+
+    if s.deploy.deploy_backend == "local":
+        from components.deploy.local_server import SMOKE_PROMPT as smoke_prompt
+    else:
+        smoke_prompt = inspect.signature(deploy_inference_service).parameters["smoke_prompt"].default
+    # The smoke test's generation, with the served model's identity, to Langfuse when langfuse_secret's keys are set.
+    trace_smoke_test(run_id=run_id, model_path=model_path, served_model_name=result["served_model_name"],
+                     endpoint=result["endpoint"], prompt=smoke_prompt, reply=result["smoke_reply"])
     outputs = namedtuple("DeployOutputs", ["endpoint", "served_model_name", "smoke_reply"])
     return outputs(result["endpoint"], result["served_model_name"], result["smoke_reply"])
 

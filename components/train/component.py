@@ -97,6 +97,12 @@ def train_model(
                 # MLflow 3 keeps file stores in maintenance mode and refuses them unless asked: a laptop run needs no
                 # database server, and `mlflow ui` reads the folder.
                 env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+            env.setdefault("TRAINER_RUN_ID", run_id)  # the metrics' label and the Langfuse record's session
+            if s.cluster.metrics_port:
+                # The trainer's rank 0 serves its live metrics here while it trains (a taken port fails at start).
+                env.setdefault("TRAINER_METRICS_PORT", str(s.cluster.metrics_port))
+                logging.getLogger("train_model").info(
+                    "live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"])
             run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
         else:
             from components.kube import current_namespace, job_name_for
@@ -130,9 +136,12 @@ def train_model(
                     "%s %s/%s uid %s", job["kind"], job["metadata"]["namespace"], job["metadata"]["name"],
                     job["metadata"].get("uid", "?"))
 
+            from components.observe.gpu_watch import gpu_watch_for
+
             run_training_job(manifest, cleanup=s.cluster.job_cleanup, on_created=record,
                              job_restarts=s.cluster.job_restarts,
-                             pending_timeout_seconds=s.cluster.pending_timeout_seconds)
+                             pending_timeout_seconds=s.cluster.pending_timeout_seconds,
+                             watch=gpu_watch_for(s.cluster, current_namespace(), job_name))
 
         final_dir = os.path.join(out_dir, "final")
         uri = final_dir if local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)

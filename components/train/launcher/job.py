@@ -53,7 +53,7 @@ def _restarts(job: dict) -> int:
 
 def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seconds: float | None = None,
                      pending_timeout_seconds: float = 900.0, cleanup: str = "keep", job_restarts: int = 2,
-                     on_created=None, api_client=None) -> dict:
+                     on_created=None, api_client=None, watch=None) -> dict:
     """Create the PyTorchJob or TrainJob in ``manifest`` (or re-attach to it), follow it to the end and report;
     re-run it when it fails for a retriable cause.
 
@@ -72,6 +72,8 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
             re-attached, or created again for a re-run), so the caller can record its identity before the
             long wait.
         api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
+        watch: called with the job's pods on every poll (``components.observe.gpu_watch.GpuWatch``: GPU
+            utilisation beside the progress lines); it must never raise. None: nothing watched.
 
     Returns:
         ``{"name", "namespace", "kind", "state", "reason", "message"}`` from the job's final condition.
@@ -137,6 +139,8 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
         pods.sort(key=order)
         seen.update((p.metadata.uid, p) for p in pods)
         logs.poll(pods)
+        if watch is not None:
+            watch(pods)
         if state != latest_state(job):
             state = latest_state(job)
             print(f"{what}: {state}", flush=True)

@@ -29,6 +29,7 @@ from components.train.trainer.checkpoints import CompleteMarkerCallback, SaveOnS
 from components.train.trainer.export import export_final
 from components.train.trainer.lora import apply_lora
 from components.train.trainer.metrics import attach as attach_metrics
+from components.train.trainer.metrics import finish as finish_record
 from components.train.trainer.parallelism import distributed_config, resumable
 from components.train.trainer.speed import attn_implementation
 
@@ -186,3 +187,4 @@ def finish_run(trainer, cfg, tokenizer, model_path: str, metrics: dict) -> None:
     if trainer.is_world_process_zero():
         Path(cfg.output_dir, "metrics.json").write_text(json.dumps(metrics, indent=2))
         log.info("metrics %s", metrics)
+        finish_record(metrics)  # the run's Langfuse record, when its keys are set

@@ -1,4 +1,5 @@
-"""Live training metrics for Prometheus, served by each pod's local rank 0 while the trainer runs.
+"""Live training metrics for Prometheus, served by each pod's local rank 0 while the trainer runs; the run's record
+in Langfuse (settings, checkpoints, final metrics), kept by global rank 0 when Langfuse's keys are set.
 
     TRAINER_METRICS_PORT=9410 torchrun ... -m components.train.trainer.sft --config FILE
     curl http://<pod>:9410/metrics     # llm_train_step{run_id=...,stage="sft",job_name=...,node_rank="0"} 12.0
@@ -20,6 +21,7 @@ with the progress output) updates the values.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -29,6 +31,8 @@ import typing
 
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from transformers import TrainerCallback
+
+from components.observe.langfuse_trace import Trace, configured, start_trace
 
 log = logging.getLogger("sft.metrics")
 
@@ -191,7 +195,58 @@ class MetricsCallback(TrainerCallback):
         self._set("eta_seconds", 0)
 
 
+def _run_id(args) -> str:
+    # The pods' TRAINER_RUN_ID; else the run's folder (<model root>/runs/<run id>/<stage folder>).
+    return os.environ.get(RUN_ID_ENV) or os.path.basename(os.path.dirname(os.path.abspath(args.output_dir)))
+
+
+def run_settings(args) -> dict:
+    """The config's fields that differ from their defaults (what the user set, not TrainingArguments' 100+ keys)."""
+    defaults = {f.name: f.default for f in dataclasses.fields(args) if f.default is not dataclasses.MISSING}
+    return {k: v for k, v in args.to_dict().items() if k in defaults and defaults[k] != v}
+
+
+class LangfuseRunCallback(TrainerCallback):
+    """The training run as one Langfuse trace, on global rank 0: the settings as its input, a span per complete
+    checkpoint, the final metrics as its output (``finish``, once the run's metrics are known)."""
+
+    def __init__(self):
+        self.trace: Trace | None = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or self.trace is not None:
+            return
+        run_id = _run_id(args)
+        self.trace = start_trace(
+            f"train {args.stage} {run_id}", run_id=run_id, tags=["train", args.stage], input=run_settings(args),
+            metadata={"run_id": run_id, "stage": args.stage, "job_name": os.environ.get(JOB_NAME_ENV, ""),
+                      "model": args.model_name_or_path, "output_dir": args.output_dir,
+                      "world_size": args.world_size, "resumed_at_step": state.global_step})
+
+    def on_save(self, args, state, control, **kwargs):
+        if self.trace is not None:
+            losses = [e["loss"] for e in state.log_history if "loss" in e]
+            self.trace.span(f"checkpoint-{state.global_step}", output={
+                "path": os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), "step": state.global_step,
+                "max_steps": state.max_steps, "loss": losses[-1] if losses else None})
+
+
+_langfuse: LangfuseRunCallback | None = None
+
+
 def attach(trainer) -> None:
-    """Add the metrics callback to ``trainer`` when this process serves metrics (``serve``)."""
+    """Add the metrics callback to ``trainer`` when this process serves metrics (``serve``), and the Langfuse
+    record when Langfuse's keys are set."""
+    global _langfuse
     if _current is not None:
         trainer.add_callback(MetricsCallback(_current))
+    if configured():
+        _langfuse = LangfuseRunCallback()
+        trainer.add_callback(_langfuse)
+
+
+def finish(metrics: dict) -> None:
+    """The run's final metrics: the Langfuse record's output (sent now)."""
+    if _langfuse is not None and _langfuse.trace is not None:
+        _langfuse.trace.end(output=metrics)
+        _langfuse.trace = None

@@ -27,6 +27,11 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
     else:
         errors.append("alert_webhook_secret is empty; name a Secret with key ALERT_WEBHOOK_URL (it may be absent: "
                       "the reference is optional), e.g. 'llm-alerts'")
+    if c.langfuse_secret:
+        errors.append(name_error("langfuse_secret", c.langfuse_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    else:
+        errors.append("langfuse_secret is empty; name a Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and "
+                      "LANGFUSE_HOST (it may be absent: the references are optional), e.g. 'llm-langfuse'")
     if c.queue_name:
         errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
     if c.priority_class:
