@@ -57,6 +57,13 @@ def prepare_dataset(
     # How this step ended, for the run's exit handler (components/observe/outcome.py).
     with recording_outcome(f"prepare_dataset[{stage}]", data_root, run_id):
         s = Settings.from_flat(settings)
+        if stage == "grpo":
+            # validate_inputs cannot import a reward function in a file on the data volume, which its pod does not
+            # mount: this CPU pod does, and fails before the training job requests GPUs.
+            from components.validate.rules.rewards import grpo_function_error
+
+            if problem := grpo_function_error(s):
+                raise ValueError(problem)
         data_pvc = s.cluster.data_pvc
         source, data_format = stage_data(s, stage)
         out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))

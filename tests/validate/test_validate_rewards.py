@@ -169,3 +169,18 @@ def test_the_memory_fit_counts_grpos_reference_model_and_generations():
     errors = _errors(**GRPO, gpu_memory_gib=60.0)
     assert len(errors) == 1 and errors[0].startswith("stage grpo: full fine-tuning of ") and \
         "grpo's reference model and generations) but a GPU has 60 GiB" in errors[0], errors
+
+
+def test_the_grpo_data_step_imports_a_function_on_the_data_volume_that_validate_could_not(tmp_path):
+    from components.settings import Settings
+    from components.validate.rules.rewards import grpo_function_error
+
+    # On a cluster validate_inputs does not mount the data volume: a file there is left to the grpo data step.
+    on_volume = "/mnt/data/rewards/missing.py:reward"
+    assert _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=on_volume) == []
+    s = Settings.from_flat({**defaults(), **GRPO, "grpo_rewards": {"function": 1.0},
+                            "grpo_reward_function": on_volume})
+    assert grpo_function_error(s) == ("grpo_reward_function '/mnt/data/rewards/missing.py:reward': "
+                                      "/mnt/data/rewards/missing.py is not a file; put the file on a mounted volume "
+                                      "(e.g. /mnt/data/rewards.py) and give its path")
+    assert grpo_function_error(Settings.from_flat({**defaults(), **GRPO})) is None  # no function reward

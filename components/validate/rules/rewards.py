@@ -82,6 +82,16 @@ def check_reward_settings(s: Settings) -> list[str | None]:
     return errors
 
 
+def grpo_function_error(s: Settings) -> str | None:
+    """The grpo stage's user reward function imported here (the grpo data step, which mounts the data volume): the
+    error naming grpo_reward_function, or None (also when the stage uses no function)."""
+    t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
+    rewards = t.grpo_rewards if isinstance(t.grpo_rewards, dict) else {}
+    if not rewards.get("function") or not t.grpo_reward_function.strip():
+        return None
+    return check_reward_function(t.grpo_reward_function.strip())
+
+
 def reward_warnings(s: Settings) -> list[str]:
     """Reward settings that run but are probably not what was meant."""
     stages, warnings = s.stages.stages, []
