@@ -51,6 +51,25 @@ def load_deepspeed_config(name_or_path: str) -> dict:
         raise ValueError(f"deepspeed_config {name_or_path!r}: no such file") from None
 
 
+HPZ_SHIPPED = "zero3_hpz"  # the shipped ZeRO++ config, whose partition the job sets (hpz_partition)
+
+
+def hpz_partition(num_nodes: int, gpus_per_node: int) -> int:
+    """ZeRO++'s secondary partition for a job: one node's GPUs, or 1 (hpZ off) when the job is one node, where
+    every gather stays within the node anyway. The one rule: the trainer sets it (trainer/parallelism.py), the
+    memory fit and the plan count with it."""
+    return gpus_per_node if num_nodes > 1 else 1
+
+
+def job_zero_config(deepspeed_config: str, num_nodes: int, gpus_per_node: int) -> dict:
+    """The ``zero_optimization`` section a job of ``num_nodes`` x ``gpus_per_node`` runs with: the config's, with the
+    shipped ``zero3_hpz``'s partition set as the trainer sets it (a user's JSON keeps its own)."""
+    zero = load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
+    if deepspeed_config == HPZ_SHIPPED:
+        zero = {**zero, "zero_hpz_partition_size": hpz_partition(num_nodes, gpus_per_node)}
+    return zero
+
+
 def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:
     """The error for a method that cannot run under the DeepSpeed config ``deepspeed_config`` (a name or a JSON
     path, as ``deepspeed_config_path`` takes it), else None. The one rule: the trainer and validate_inputs ask here.

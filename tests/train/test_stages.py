@@ -83,7 +83,7 @@ def test_one_compiled_pipeline_has_a_conditional_slot_per_stage():
             if "triggerPolicy" in task:
                 conditions[task["taskInfo"]["name"]] = task["triggerPolicy"]["condition"]
     for i in range(1, len(STAGES) + 1):
-        slot = f"inputs.parameter_values['pipelinechannel--validate-inputs-stage_{i}'] != ''"
+        slot = f"inputs.parameter_values['pipelinechannel--variant-stages-stage_{i}'] != ''"  # per variant
         assert conditions[f"stage-{i}"] == slot and conditions[f"no-stage-{i}"] == f"!({slot})"
 
 

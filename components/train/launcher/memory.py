@@ -63,7 +63,7 @@ Per pod (host memory, against the pod's ``memory`` limit; R = gpus_per_node rank
 from __future__ import annotations
 
 from components.models.shape import ModelShape, load_architecture, lora_targets, model_shape
-from components.train.config import load_deepspeed_config
+from components.train.config import job_zero_config
 
 GIB = 1024**3
 OVERHEAD_BYTES = 3 * GIB
@@ -257,7 +257,7 @@ def check_memory_fit(
     if config is None:
         return None
     shape = model_shape(config)
-    zero = load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
+    zero = job_zero_config(deepspeed_config, num_nodes, gpus_per_node)
     n_gpus = num_nodes * gpus_per_node
     lora, expert_lora = 0, False
     if method in ("lora", "qlora"):

@@ -112,6 +112,7 @@ from pathlib import Path
 
 from components.models.shape import KNOWN_MODELS, ModelShape, load_architecture, lora_targets, model_shape
 from components.settings import Settings
+from components.train.config import job_zero_config
 
 GB = 1e9
 GIB = 1024**3
@@ -424,14 +425,13 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     hsdp = parallelism in HSDP_LAYOUTS
     if hsdp:
         zero = {}  # validate_inputs refuses hsdp with a DeepSpeed config
-    elif v["deepspeed_config"] == "zero3_hpz":
-        # The trainer sets the shipped file's partition to the job's GPUs per node (1, off, on one node).
-        zero = {**zero, "zero_hpz_partition_size": int(v["gpus_per_node"]) if int(v["num_nodes"]) > 1 else 1}
+    else:  # the shipped zero3_hpz's partition as the trainer sets it: the job's GPUs per node (1, off, on one node)
+        zero = job_zero_config(v["deepspeed_config"], int(v["num_nodes"]), int(v["gpus_per_node"]))
     zero_stage, hpz = zero.get("stage", 0), int(zero.get("zero_hpz_partition_size", 1) or 1)
     m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
     n = m * g
     s, b, k = int(v["max_seq_length"]), int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
-    rows = b * (2 if stage == "dpo" else 1)  # DPO: chosen and rejected of each pair in one forward
+    rows = b * (2 if stage in ("dpo", "rm") else 1)  # DPO, rm: chosen and rejected of each pair in one forward
     notes: list[str] = []
 
     # Trainable parameters and the frozen nn.Linear weights whose weight gradients LoRA skips.

@@ -27,8 +27,9 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from components.train.config import HPZ_SHIPPED, hpz_partition
+
 PARALLELISMS = ("deepspeed", "hsdp", "hsdp_ep")
-HPZ_SHIPPED = "zero3_hpz"
 
 
 def nodes_and_gpus(env: Mapping[str, str] | None = None) -> tuple[int, int]:
@@ -59,8 +60,7 @@ def distributed_config(parallelism: str, bf16: bool, env: Mapping[str, str] | No
 def hpz_partition_size(env: Mapping[str, str] | None = None) -> int:
     """ZeRO++'s secondary partition for this job: one node's GPUs, or 1 (hpZ off) when the job is one node, where
     every gather stays within the node anyway."""
-    nodes, per_node = nodes_and_gpus(env)
-    return per_node if nodes > 1 else 1
+    return hpz_partition(*nodes_and_gpus(env))
 
 
 def hpz_config(path: str, env: Mapping[str, str] | None = None) -> str:

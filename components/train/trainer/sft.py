@@ -39,7 +39,13 @@ from transformers.hf_argparser import DataClassType
 
 from components.distributed import global_rank
 from components.models.batches import label_nll, token_weighted_loss
-from components.train.config import DEEPSPEED_CONFIGS, METHODS, check_combination, deepspeed_config_path
+from components.train.config import (
+    DEEPSPEED_CONFIGS,
+    HPZ_SHIPPED,
+    METHODS,
+    check_combination,
+    deepspeed_config_path,
+)
 from components.train.stages import STAGES
 from components.train.trainer.arguments import DPO_DERIVED, SFTConfig
 from components.train.trainer.callbacks import ProgressCallback
@@ -55,7 +61,7 @@ from components.train.trainer.common import (
     use_progress,
 )
 from components.train.trainer.metrics import serve as serve_metrics
-from components.train.trainer.parallelism import HPZ_SHIPPED, check_parallelism, hpz_config
+from components.train.trainer.parallelism import check_parallelism, hpz_config
 from components.train.trainer.speed import attn_implementation, packed_collator
 
 log = logging.getLogger("sft")

@@ -198,3 +198,23 @@ def test_lora_targets_the_model_lacks_are_refused_with_the_valid_ones():
         check_memory_fit(QWEN3_30B, "lora", "zero3", 2, 8, 4096, 1, lora_target_modules="q_proj,gate_proj")
     with pytest.raises(ValueError, match=r"\['experts.gate_up_proj'\] are not in this model"):
         check_memory_fit("Qwen/Qwen3-32B", "lora", "zero3", 1, 8, 4096, 1, lora_target_modules="experts.gate_up_proj")
+
+
+def test_the_hpz_secondary_partition_is_the_jobs_node_as_the_trainer_sets_it():
+    # The shipped zero3_hpz says 8; the trainer rewrites it to the job's GPUs per node (1 on one node:
+    # components/train/config.py::hpz_partition). On 2 x 4 GPUs each keeps 2P/4 of secondary weights, not 2P/8:
+    # 90.3 GiB per GPU, past 85, which the shipped file's 8 would have called a fit (83.2).
+    from components.settings import defaults
+    from components.train.config import job_zero_config
+    from components.train.launcher.plan import plan
+
+    assert job_zero_config("zero3_hpz", 2, 4)["zero_hpz_partition_size"] == 4
+    assert job_zero_config("zero3_hpz", 1, 8)["zero_hpz_partition_size"] == 1
+    assert "zero_hpz_partition_size" not in job_zero_config("zero3", 2, 8)
+    problem = check_memory_fit("Qwen/Qwen3-30B-A3B", "full", "zero3_hpz", num_nodes=2, gpus_per_node=4,
+                               max_seq_length=4096, per_device_train_batch_size=1, gpu_memory_gib=85)
+    assert problem is not None and "90.3 GiB per GPU" in problem
+    # The plan prints the same memory figure.
+    values = {**defaults(), "model_name_or_path": "Qwen/Qwen3-30B-A3B", "deepspeed_config": "zero3_hpz",
+              "num_nodes": 2, "gpus_per_node": 4, "per_device_train_batch_size": 1, "max_seq_length": 4096}
+    assert plan(values, load_architecture("Qwen/Qwen3-30B-A3B")).memory_gib["total"] == pytest.approx(90.306, abs=0.01)
