@@ -144,3 +144,20 @@ def test_a_nan_loss_scraped_by_prometheus_reaches_the_webhook_through_alertmanag
     assert attachment["text"].strip() == ("Job sft-run-7 logged a NaN or infinite loss; every later step is wasted "
                                           "GPU time.")
     assert attachment["color"] == "danger"
+
+
+def test_every_dashboard_query_parses_in_prometheus(start_prometheus, trainer_endpoint):
+    """Prometheus itself parses each panel's query (Grafana's $run_id and $__range filled in as Grafana does)."""
+    metrics, callback = trainer_endpoint
+    callback.on_train_begin(None, state(0), None)
+    prometheus = start_prometheus(prometheus_config(metrics.url.split("/")[2]))
+    dashboard = json.loads((MONITORING / "dashboard.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    assert len(queries) == 10
+    for query in queries:
+        filled = query.replace("$run_id", "run-7").replace("$__range", "1h")
+        answer = prometheus.api("/api/v1/query?query=" + urllib.parse.quote(filled))
+        assert answer["status"] == "success", (query, answer)
+    # The trainer's own panels have data once it is scraped.
+    assert until(lambda: prometheus.api("/api/v1/query?query=" + urllib.parse.quote(
+        'max(llm_train_step{run_id="run-7"}) / max(llm_train_max_steps{run_id="run-7"})'))["data"]["result"])

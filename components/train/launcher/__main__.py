@@ -75,6 +75,16 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--trainer-version", choices=sorted(TRAINER_VERSIONS),
                    help="the Kubeflow Trainer release to render the TrainJob for (v2.2: v2.2 or later); default: "
                         "the cluster's, read from the TrainJob schema it publishes (v2.2 with --dry-run)")
+    p.add_argument("--metrics-port", type=int, default=d.metrics_port, metavar="PORT",
+                   help=f"port of the trainer's Prometheus metrics on each pod (default {d.metrics_port}; 0: none)")
+    p.add_argument("--langfuse-secret", default=d.langfuse_secret,
+                   help="Secret with LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY, LANGFUSE_HOST (optional)")
+    p.add_argument("--prometheus-url", default="", metavar="URL",
+                   help="Prometheus to read the job's GPU utilisation from while following it (empty: not watched)")
+    p.add_argument("--gpu-util-threshold", type=float, default=d.gpu_util_threshold, metavar="PERCENT",
+                   help="alert (ALERT_WEBHOOK_URL) when the job's GPUs stay below this utilisation ...")
+    p.add_argument("--gpu-util-window", type=float, default=float(d.gpu_util_window_seconds), metavar="SECONDS",
+                   help="... for this long")
     p.add_argument("--dry-run", action="store_true", help="print the manifest as YAML and touch nothing")
     return p
 
@@ -98,6 +108,8 @@ def main(argv: list[str] | None = None) -> None:
             affinity=_json_arg(args.affinity, dict, "--affinity"),
             active_deadline_seconds=args.active_deadline_seconds,
             queue_name=args.queue_name,
+            metrics_port=args.metrics_port,
+            langfuse_secret=args.langfuse_secret,
         )
         if args.backend == "pytorchjob":
             manifest = pytorchjob_for_run(**common, priority_class=args.priority_class,
@@ -118,9 +130,16 @@ def main(argv: list[str] | None = None) -> None:
     if args.dry_run:
         print(yaml.safe_dump(manifest, sort_keys=False), end="")
         return
+    watch = None
+    if args.prometheus_url:
+        from components.observe.gpu_watch import GpuWatch
+
+        watch = GpuWatch(args.prometheus_url, manifest["metadata"]["namespace"], manifest["metadata"]["name"],
+                         threshold=args.gpu_util_threshold, window_seconds=args.gpu_util_window,
+                         query_seconds=min(60.0, args.gpu_util_window / 4))
     try:
         result = run_training_job(manifest, cleanup=args.cleanup, job_restarts=args.job_restarts,
-                                  pending_timeout_seconds=args.pending_timeout)
+                                  pending_timeout_seconds=args.pending_timeout, watch=watch)
     except ValueError as exc:  # a bad limit, refused before anything was created
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -210,7 +210,7 @@ class LangfuseRunCallback(TrainerCallback):
     """The training run as one Langfuse trace, on global rank 0: the settings as its input, a span per complete
     checkpoint, the final metrics as its output (``finish``, once the run's metrics are known)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.trace: Trace | None = None
 
     def on_train_begin(self, args, state, control, **kwargs):

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+from urllib.parse import urlsplit
+
 from components.names import DNS1123_SUBDOMAIN, name_error
 from components.settings import Settings
+
+# Ports a training pod already listens on, which its metrics server would clash with: the training operator's
+# PyTorchJob master port (PytorchJobDefaultPort), the c10d rendezvous of elastic jobs and torchrun's default.
+RENDEZVOUS_PORTS = {23456: "the PyTorchJob's master port", 29400: "the elastic c10d rendezvous",
+                    29500: "torchrun's default master port"}
 
 
 def check_cluster_settings(s: Settings) -> list[str | None]:
@@ -32,6 +39,14 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
     else:
         errors.append("langfuse_secret is empty; name a Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and "
                       "LANGFUSE_HOST (it may be absent: the references are optional), e.g. 'llm-langfuse'")
+    if c.metrics_port in RENDEZVOUS_PORTS:
+        errors.append(f"metrics_port={c.metrics_port} is a port the training pods' rendezvous uses "
+                      f"({RENDEZVOUS_PORTS[c.metrics_port]}); use another, e.g. 9410, or 0 for no metrics")
+    if c.prometheus_url:
+        parts = urlsplit(c.prometheus_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            errors.append(f"prometheus_url={c.prometheus_url!r} is not an http(s) URL; name Prometheus's address, "
+                          "e.g. http://prometheus-operated.monitoring:9090, or leave it empty")
     if c.queue_name:
         errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
     if c.priority_class:
