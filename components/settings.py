@@ -205,6 +205,10 @@ class VariantSettings:
         1, "Variants trained at once (a loop limit fixed when the pipeline is compiled: python -m pipelines.run "
            "compiles with the run's value, compiled/ holds 1); together they must fit the cluster's GPUs.",
         plain=False, min=1)
+    deploy_variants: str = setting(
+        "best", "With variants, what is served: best (the lowest held-out loss of those that passed their gate) or "
+                "all (every variant that passed, each as <serving_name>-<variant>; LoRA adapters of one base share "
+                "one vLLM server, components/deploy/plan.py).", plain=False, choices=("best", "all"))
 
 
 @dataclass

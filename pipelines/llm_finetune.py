@@ -152,6 +152,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
     with dsl.If(compare.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
         deploy = deploy_model(
             model_path=compare.outputs["model_path"], settings=compare.outputs["settings"], run_id=run_id,
+            serve=compare.outputs["serve"],
         ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
         if cluster:  # it reads the evaluation's serving reference beside the model (components/deploy/logprobs.py)
             kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)

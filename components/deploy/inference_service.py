@@ -11,6 +11,11 @@ Two runtimes, both KServe ClusterServingRuntimes that read the model KServe moun
 KServe appends the InferenceService's ``args`` to the runtime's, so ours come last and win over the
 runtime's defaults (``--served-model-name={{.Name}}`` / ``--model_name={{.Name}}``).
 
+LoRA adapters of one base (components/deploy/plan.py) are served by one ``kserve-vllm`` service without merging:
+``storageUri`` is the base, the model claim is mounted read-only at ``ADAPTER_MOUNT`` (a ``persistentVolumeClaim``
+volume in the predictor's pod spec and a ``volumeMounts`` entry on its model container, both fields of the
+InferenceService CRD's predictor), and vLLM loads each adapter from there as a LoRA module with its own name.
+
 Deployment modes (annotation ``serving.kserve.io/deploymentMode``): ``Standard`` (a Deployment, Service
 and HPA; KServe's default, formerly RawDeployment) and ``Knative`` (a Knative Service, formerly
 Serverless; revisions, so ``canaryTrafficPercent`` can send part of the traffic to the new model while the
@@ -19,13 +24,18 @@ previous one keeps the rest). KServe cannot switch an existing service between m
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
 from components.deploy.logprobs import ServingMismatch, check_server
+from components.deploy.plan import lora_args
 from components.deploy.smoke import chat_completion
 from components.kube import DNS1035_LABEL, RUN_ID_LABEL, CustomResourceRunner, call_api, unstartable_pod_reason
+from components.paths import MODEL_MOUNT, pvc_uri
 from components.security import container_security_context
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
@@ -46,6 +56,12 @@ TAG_ROUTING_ANNOTATION = "serving.kserve.io/enable-tag-routing"
 STARTUP_PROBE = {"failureThreshold": 60, "periodSeconds": 30, "timeoutSeconds": 10, "initialDelaySeconds": 30}
 # Knative fails a revision that is not Ready within its progress deadline (10 minutes by default).
 PROGRESS_DEADLINE_ANNOTATION = "serving.knative.dev/progress-deadline"
+# Where a LoRA service's predictor mounts the model claim (read-only) to load the adapters from: not /mnt/models,
+# where KServe puts the base model from storageUri.
+ADAPTER_MOUNT = "/mnt/adapters"
+ADAPTER_VOLUME = "adapters"
+# A Hugging Face Hub id (owner/name), as KServe's hf:// storage URIs take it.
+HUB_ID = re.compile(r"^[A-Za-z0-9][-\w.]*/[-\w.]+$")
 
 
 @dataclass(frozen=True)
@@ -79,7 +95,8 @@ def _runtime_args(runtime: str, gpus: int, max_model_len: int, served_model_name
 def build_inference_service(*, name: str, namespace: str, storage_uri: str, runtime: str, gpus: int,
                             max_model_len: int, served_model_name: str, node_selector: dict, tolerations: list,
                             labels: dict | None = None, deployment_mode: str = "Standard",
-                            canary_traffic_percent: int = 0) -> dict:
+                            canary_traffic_percent: int = 0, lora_modules: list[tuple[str, str]] | None = None,
+                            max_lora_rank: int = 16, adapter_claim: str = "") -> dict:
     """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
 
     Args:
@@ -97,6 +114,10 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         deployment_mode: ``Standard`` (Deployment + Service) or ``Knative`` (revisions, scale to zero, canary).
         canary_traffic_percent: Knative only: the share of traffic (1-99) the new model gets while the
             previous revision keeps the rest; 0 sends it all traffic. Promote later by removing the field.
+        lora_modules: ``kserve-vllm`` only: (served name, adapter folder under ``ADAPTER_MOUNT``) of each LoRA
+            adapter served beside the base model ``storage_uri`` names (``lora_args``).
+        max_lora_rank: vLLM's ``--max-lora-rank`` with ``lora_modules``.
+        adapter_claim: the claim the adapters are on, mounted read-only at ``ADAPTER_MOUNT`` with ``lora_modules``.
 
     Raises:
         ValueError: naming the field, for a bad name, runtime, GPU count, length, storage URI, deployment
@@ -124,6 +145,11 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
     if canary_traffic_percent and deployment_mode != "Knative":
         raise ValueError(f"canary_traffic_percent={canary_traffic_percent} needs deployment_mode='Knative' "
                          "(Standard mode has one Deployment and no traffic split); set it to 0")
+    if lora_modules and runtime != "kserve-vllm":
+        raise ValueError(f"lora_modules need runtime 'kserve-vllm' (vLLM's own server and its --lora-modules), not "
+                         f"{runtime!r}")
+    if lora_modules and not adapter_claim:
+        raise ValueError("lora_modules need adapter_claim: the claim the adapters are on")
     rt = RUNTIMES[runtime]
     resources = {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GI_PER_GPU * gpus}Gi", "nvidia.com/gpu": str(gpus)}
     predictor: dict = {
@@ -135,6 +161,11 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
             "resources": {"requests": dict(resources), "limits": dict(resources)},  # two objects: no YAML anchors
         },
     }
+    if lora_modules:
+        predictor["model"]["args"] += lora_args(lora_modules, max_lora_rank)
+        predictor["volumes"] = [{"name": ADAPTER_VOLUME,
+                                 "persistentVolumeClaim": {"claimName": adapter_claim, "readOnly": True}}]
+        predictor["model"]["volumeMounts"] = [{"name": ADAPTER_VOLUME, "mountPath": ADAPTER_MOUNT, "readOnly": True}]
     if not rt.has_startup_probe:
         # Also keeps the pod un-Ready until the OpenAI route answers: the runtime has no readiness probe.
         predictor["model"]["startupProbe"] = {"httpGet": {"path": rt.openai_route + "/models", "port": 8080},
@@ -177,6 +208,58 @@ def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, s
     )
 
 
+def base_storage_uri(server, claim: str, mount: str) -> str:
+    """The ``storageUri`` of a LoRA server's base (``components.deploy.plan.Server``): the folder on the model claim
+    its adapters' stage started from, else the Hub id it was resolved from (``hf://``, KServe's storage
+    initializer downloads it).
+
+    Raises:
+        ValueError: a base neither on the claim nor a Hub id, naming model_name_or_path.
+    """
+    if os.path.relpath(server.model_path, mount).split(os.sep)[0] != "..":
+        return pvc_uri(claim, mount, server.model_path)
+    ids = []
+    for adapter in server.adapters:
+        card = os.path.join(adapter.path, "model.json")
+        if os.path.isfile(card):
+            with open(card) as f:
+                ids.append(str(json.load(f).get("base_model") or ""))
+    hub_id = next((i for i in ids if HUB_ID.match(i)), None)
+    if hub_id is None:
+        raise ValueError(f"the base of LoRA variants {[a.variant for a in server.adapters]} ({server.model_path}) is "
+                         f"neither on the model claim ({mount}) nor a Hugging Face Hub id, so the server cannot load "
+                         "it: set model_name_or_path to a Hub id or a folder on the model volume, or merge_lora=true")
+    return f"hf://{hub_id}"
+
+
+def inference_services_for_servers(servers, deploy, cluster, *, run_id: str, namespace: str,
+                                   mount: str = MODEL_MOUNT) -> list[dict]:
+    """One InferenceService per server of ``components.deploy.plan.plan_servers``: a full model from its folder on
+    the model claim; a LoRA server from its base (``base_storage_uri``) with the claim mounted read-only at
+    ``ADAPTER_MOUNT`` and each adapter a LoRA module under its served name."""
+    manifests = []
+    for server in servers:
+        common = dict(runtime=deploy.deploy_backend, gpus=deploy.serving_gpus, max_model_len=deploy.max_model_len,
+                      node_selector=cluster.node_selector, tolerations=cluster.tolerations,
+                      labels={RUN_ID_LABEL: run_id}, deployment_mode=deploy.deployment_mode,
+                      canary_traffic_percent=deploy.canary_traffic_percent)
+        if not server.adapters:
+            manifests.append(build_inference_service(
+                name=server.name, namespace=namespace, served_model_name=server.served_model_name,
+                storage_uri=pvc_uri(cluster.model_pvc, mount, server.model_path), **common))
+            continue
+        modules = [(a.served_model_name, os.path.join(ADAPTER_MOUNT, os.path.relpath(a.path, mount)))
+                   for a in server.adapters]
+        outside = [a.variant for a in server.adapters if os.path.relpath(a.path, mount).startswith("..")]
+        if outside:
+            raise ValueError(f"LoRA variants {outside}: their adapters are not on the model volume ({mount})")
+        manifests.append(build_inference_service(
+            name=server.name, namespace=namespace, served_model_name=server.served_model_name,
+            storage_uri=base_storage_uri(server, cluster.model_pvc, mount), lora_modules=modules,
+            max_lora_rank=server.max_lora_rank(), adapter_claim=cluster.model_pvc, **common))
+    return manifests
+
+
 def merge_patch_to(current, desired):
     """The RFC 7386 merge patch that turns ``current`` into ``desired`` (keys ``desired`` lacks become null)."""
     if not isinstance(current, dict) or not isinstance(desired, dict):
@@ -216,14 +299,16 @@ def _not_ready_reasons(isvc: dict) -> str:
 
 def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: float = 10.0,
                              api_client=None, smoke_prompt: str = "Hello",
-                             pending_timeout_seconds: float = 900.0, serving_reference: dict | None = None) -> dict:
+                             pending_timeout_seconds: float = 900.0, serving_reference: dict | None = None,
+                             serving_references: dict[str, dict] | None = None) -> dict:
     """Create, or patch in place when it exists; wait for Ready; smoke-test; prove it serves the evaluated model;
     roll back on any failure.
 
     Waits until the service is Ready for this spec (``status.observedGeneration``), failing fast on pods
     that cannot start (bad image, crash loop, Unschedulable past ``pending_timeout_seconds``). The smoke
-    test is one chat completion (``components.deploy.smoke.chat_completion``) on the runtime's OpenAI route
-    under the in-cluster address (``status.address.url``, else ``status.url``). On failure the previous
+    test is one chat completion (``components.deploy.smoke.chat_completion``) on the runtime's OpenAI route for
+    every model name the service serves (its served name and each LoRA module's, ``served_names``) under the
+    in-cluster address (``status.address.url``, else ``status.url``). On failure the previous
     spec is restored (merge patch), or the new service is deleted, and the error says which. With
     ``serving_reference`` (the evaluate step's, components/deploy/logprobs.py) the same address must then
     reproduce the evaluated model's per-token log-probabilities on held-out rows and its greedy first tokens.
@@ -236,10 +321,12 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         smoke_prompt: the user message of the smoke test.
         pending_timeout_seconds: how long a predictor pod may stay Unschedulable.
         serving_reference: from ``components.deploy.logprobs.read_reference``; None skips that check.
+        serving_references: more references by served name (a LoRA module's, checked under its name).
 
     Returns:
         ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``, and
-        ``"serving_check"`` (check_server's summary) with a ``serving_reference``.
+        ``"serving_check"`` (check_server's summary) with a ``serving_reference``; a service with LoRA modules
+        adds ``"replies"`` (served name -> smoke reply) and ``"serving_checks"`` (served name -> summary).
 
     With a canary (``canaryTrafficPercent``, Knative) on an existing service, the smoke test goes to the new
     revision's tagged URL. SIGTERM (the KFP run cancelled) rolls back the same way and exits with 143.
@@ -251,6 +338,46 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
         SystemExit: 143 after SIGTERM, once rolled back.
     """
+    result, _ = _roll_out(manifest, timeout_seconds=timeout_seconds, poll_seconds=poll_seconds, api_client=api_client,
+                          smoke_prompt=smoke_prompt, pending_timeout_seconds=pending_timeout_seconds,
+                          serving_reference=serving_reference, serving_references=serving_references)
+    return result
+
+
+def deploy_inference_services(manifests: list[dict], **kwargs) -> list[dict]:
+    """``deploy_inference_service`` for each of ``manifests`` in turn (keyword arguments as for it; the references
+    by served name), all or none: when one fails (or the run is cancelled), every service this call changed
+    before it is rolled back too (restored, or deleted when it was new), and the error says so.
+
+    Returns:
+        Each service's result, in order.
+    """
+    results: list[dict] = []
+    undo: list[tuple[str, object]] = []
+    try:
+        for manifest in manifests:
+            result, roll_back = _roll_out(manifest, **kwargs)
+            results.append(result)
+            undo.append((f"{manifest['kind']} {manifest['metadata']['namespace']}/{manifest['metadata']['name']}",
+                         roll_back))
+    except BaseException as exc:
+        undone = "; ".join(f"{what}: {roll_back()}" for what, roll_back in reversed(undo))  # type: ignore[operator]
+        if not undone:
+            raise
+        if isinstance(exc, SystemExit):
+            print(f"the run was cancelled (SIGTERM); also rolled back {undone}", flush=True)
+            raise
+        if isinstance(exc, (RuntimeError, TimeoutError, ValueError)):
+            raise type(exc)(f"{exc}; the services deployed before it were rolled back too: {undone}") from exc
+        raise
+    return results
+
+
+def _roll_out(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: float = 10.0, api_client=None,
+              smoke_prompt: str = "Hello", pending_timeout_seconds: float = 900.0,
+              serving_reference: dict | None = None, serving_references: dict[str, dict] | None = None):
+    """deploy_inference_service's work: its result, and a function that rolls the service back (for a later
+    service's failure)."""
     model = manifest["spec"]["predictor"]["model"]
     rt = next((r for r in RUNTIMES.values() if r.runtime == model.get("runtime")), None)
     if rt is None:
@@ -295,29 +422,58 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         except (RuntimeError, TimeoutError) as exc:
             raise type(exc)(f"{what} {exc}; {roll_back()}") from exc
         status, served = isvc["status"], _served_name(manifest, rt)
-        canary = "canaryTrafficPercent" in manifest["spec"]["predictor"] and previous is not None
-        try:
-            reply = chat_completion(_smoke_url(status, canary) + rt.openai_route, served, smoke_prompt)
-        except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
-            raise RuntimeError(f"{what} is Ready but failed the smoke test: {exc}; {roll_back()}") from exc
-        check = None
+        names = served_names(manifest)
+        references = dict(serving_references or {})
         if serving_reference is not None:
+            references[served] = serving_reference
+        canary = "canaryTrafficPercent" in manifest["spec"]["predictor"] and previous is not None
+        base_url = _smoke_url(status, canary) + rt.openai_route
+        replies: dict[str, str] = {}
+        for name in names:  # every model the service answers to: the model itself, then each LoRA module
             try:
-                check = check_server(_smoke_url(status, canary) + rt.openai_route, served, serving_reference)
+                replies[name] = chat_completion(base_url, name, smoke_prompt)
+            except (RuntimeError, OSError) as exc:  # OSError: refused, reset, timed out
+                label = "" if len(names) == 1 else f" for model {name!r}"
+                raise RuntimeError(f"{what} is Ready but failed the smoke test{label}: {exc}; {roll_back()}") from exc
+        checks: dict[str, dict] = {}
+        for name in names:
+            if name not in references:
+                continue
+            try:
+                check = checks[name] = check_server(base_url, name, references[name])
             except (ServingMismatch, OSError) as exc:
-                raise RuntimeError(f"{what} is Ready but does not serve the evaluated model: {exc}; "
+                label = "" if name == served else f" as {name!r}"
+                raise RuntimeError(f"{what} is Ready but does not serve the evaluated model{label}: {exc}; "
                                    f"{roll_back()}") from exc
-            print(f"{what} serves the evaluated model: mean |log-probability difference| "
-                  f"{check['mean_abs_logprob_diff']:.4f} nats over {check['tokens']} held-out tokens (tolerance "
-                  f"{check['logprob_tolerance']}), {check['greedy_tokens_compared']} greedy tokens equal", flush=True)
+            print(f"{what} serves the evaluated model{'' if name == served else f' as {name!r}'}: mean "
+                  f"|log-probability difference| {check['mean_abs_logprob_diff']:.4f} nats over {check['tokens']} "
+                  f"held-out tokens (tolerance {check['logprob_tolerance']}), {check['greedy_tokens_compared']} "
+                  "greedy tokens equal", flush=True)
     print(f"{what} is Ready and answered the smoke test"
+          + (f" as each of {names}" if len(names) > 1 else "")
           + (f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
              if canary else ""), flush=True)
-    result = {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served,
-              "smoke_reply": reply}
-    if check is not None:
-        result["serving_check"] = check
-    return result
+    result: dict = {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served,
+                    "smoke_reply": replies[served]}
+    if served in checks:
+        result["serving_check"] = checks[served]
+    if len(names) > 1:
+        result["replies"], result["serving_checks"] = replies, checks
+    return result, roll_back
+
+
+def served_names(manifest: dict) -> list[str]:
+    """Every model name the InferenceService serves: its served name, then each LoRA module's (``lora_args``)."""
+    model = manifest["spec"]["predictor"]["model"]
+    rt = next(r for r in RUNTIMES.values() if r.runtime == model.get("runtime"))
+    args = model.get("args", [])
+    modules: list[str] = []
+    if "--lora-modules" in args:
+        for arg in args[args.index("--lora-modules") + 1:]:
+            if arg.startswith("--"):
+                break
+            modules.append(arg.split("=", 1)[0])
+    return [_served_name(manifest, rt), *modules]
 
 
 def _deployment_mode(isvc: dict) -> str | None:

@@ -3,7 +3,8 @@ run's held-out tokens, their training losses in one picture, their answers side 
 
 Each variant's evaluate_model recorded its result beside its model (``evaluation.json``, components/paths.py): the
 metrics, its own gate's decision against its base, the prompts and the answers. The served variant is the one that
-passed its gate with the lowest held-out loss; none passed, nothing is served.
+passed its gate with the lowest held-out loss (``deploy_variants=best``), or every one that passed (``all``); none
+passed, nothing is served. ``serving_list`` says what the deploy step serves and under which names.
 """
 
 from __future__ import annotations
@@ -34,17 +35,41 @@ def choose(rows: list[dict]) -> dict | None:
     return min(passing, key=lambda r: r["evaluation"]["metrics"]["eval_loss"]) if passing else None
 
 
+def is_adapter(settings: dict) -> bool:
+    """Whether a model trained with ``settings`` (flat) is a LoRA adapter alone: ``method`` lora or qlora with
+    ``merge_lora`` false (export.py then writes only the adapter to ``final/``)."""
+    return settings.get("method") in ("lora", "qlora") and not settings.get("merge_lora", True)
+
+
+def serving_list(rows: list[dict], best: dict | None) -> list[dict]:
+    """What the deploy step serves: the best row, or with ``deploy_variants=all`` every row whose gate passed (in
+    the variants' order); none when none passed. Each: ``variant``, ``model_path``, ``model_uri``, ``settings``,
+    ``served_model_name`` (``<serving_name>-<variant>``; ``serving_name`` for a run without variants) and
+    ``adapter`` (``is_adapter``)."""
+    if best is None:
+        return []
+    every = best["settings"].get("deploy_variants") == "all"
+    chosen = [r for r in rows if r["evaluation"]["passed"]] if every else [best]
+    out = []
+    for r in chosen:
+        serving_name = r["settings"].get("serving_name", "")
+        out.append({"variant": r["variant"], "model_path": r["model_path"], "model_uri": r["model_uri"],
+                    "settings": r["settings"], "adapter": is_adapter(r["settings"]),
+                    "served_model_name": f"{serving_name}-{r['variant']}" if r["variant"] else serving_name})
+    return out
+
+
 def compare(results: list[dict]) -> dict:
-    """``passed``, ``reason``, the chosen item (``chosen``: its ``model_path``, ``model_uri``, ``settings``),
-    ``metrics`` and the Markdown ``report`` for the variants' loop results (each ``variant``, ``run_id``,
-    ``model_path``, ``model_uri``, ``settings``). One result without a name (a run without variants) is passed on
-    as its evaluation reported it."""
+    """``passed``, ``reason``, the chosen item (``chosen``: its ``model_path``, ``model_uri``, ``settings``), what
+    to serve (``serve``: ``serving_list``), ``metrics`` and the Markdown ``report`` for the variants' loop results
+    (each ``variant``, ``run_id``, ``model_path``, ``model_uri``, ``settings``). One result without a name (a run
+    without variants) is passed on as its evaluation reported it."""
     rows = read_results(results)
     best = choose(rows)
     if len(rows) == 1 and not rows[0]["variant"]:
         e = rows[0]["evaluation"]
         return {"passed": e["passed"], "reason": e["reason"], "chosen": rows[0], "metrics": e["metrics"],
-                "report": e["report"]}
+                "report": e["report"], "serve": serving_list(rows, rows[0] if e["passed"] else None)}
     metrics: dict = {}
     for r in rows:
         for key, value in r["evaluation"]["metrics"].items():
@@ -55,11 +80,14 @@ def compare(results: list[dict]) -> dict:
         reason = (f"serving variant {best['variant']!r}: lowest eval_loss "
                   f"{best['evaluation']['metrics']['eval_loss']:.4f} of the {passed} of {len(rows)} variants that "
                   "passed their gate")
+        if best["settings"].get("deploy_variants") == "all" and passed > 1:
+            reason = (f"serving the {passed} of {len(rows)} variants that passed their gate (deploy_variants=all); "
+                      f"best: {best['variant']!r}, eval_loss {best['evaluation']['metrics']['eval_loss']:.4f}")
     else:
         reason = "no variant passed its gate: " + "; ".join(f"{r['variant']}: {r['evaluation']['reason']}"
                                                            for r in rows)
     return {"passed": best is not None, "reason": reason, "chosen": best or rows[0], "metrics": metrics,
-            "report": report(rows, best, reason)}
+            "report": report(rows, best, reason), "serve": serving_list(rows, best)}
 
 
 def _cell(text: str) -> str:

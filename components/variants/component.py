@@ -74,7 +74,7 @@ def compare_variants(
     metrics: Output[Metrics],
     report: Output[Markdown],
 ) -> NamedTuple("CompareOutputs", [("passed", bool), ("reason", str), ("model_path", str), ("model_uri", str),
-                                   ("settings", dict)]):
+                                   ("settings", dict), ("serve", list)]):
     """Compare the variants on the run's held-out tokens and pick the one to serve: the lowest held-out loss among
     those that passed their gate (components/variants/compare.py). A run without variants passes its evaluation on.
 
@@ -89,6 +89,9 @@ def compare_variants(
         passed: whether a variant passed its gate.
         reason: why, in one line.
         model_path, model_uri, settings: the variant to serve (the first when none passed).
+        serve: what the deploy step serves ([] when none passed): the best variant, or with
+            ``deploy_variants=all`` each that passed, as ``{"variant", "model_path", "model_uri", "settings",
+            "served_model_name", "adapter"}`` (components/variants/compare.py, ``serving_list``).
     """
     from collections import namedtuple
 
@@ -100,6 +103,6 @@ def compare_variants(
     with open(report.path, "w") as f:
         f.write(outcome["report"])
     chosen = outcome["chosen"]
-    outputs = namedtuple("CompareOutputs", ["passed", "reason", "model_path", "model_uri", "settings"])
+    outputs = namedtuple("CompareOutputs", ["passed", "reason", "model_path", "model_uri", "settings", "serve"])
     return outputs(outcome["passed"], outcome["reason"], chosen["model_path"], chosen["model_uri"],
-                   chosen["settings"])
+                   chosen["settings"], outcome["serve"])

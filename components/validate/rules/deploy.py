@@ -22,4 +22,53 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
     if d.canary_traffic_percent and d.deployment_mode != "Knative":
         errors.append("canary_traffic_percent needs deployment_mode=Knative (KServe splits traffic between Knative "
                       "revisions)")
+    return errors + _adapter_serving(s) + _variant_serving(s)
+
+
+def _adapter_serving(s: Settings) -> list[str | None]:
+    """A LoRA adapter served unmerged (method lora/qlora, merge_lora=false): vLLM's own server, a rank it loads."""
+    from components.deploy.plan import LORA_RANKS
+
+    if s.train.method not in ("lora", "qlora") or s.train.merge_lora:
+        return []
+    errors: list[str | None] = []
+    if s.deploy.deploy_backend == "kserve-huggingface":
+        errors.append(f"method={s.train.method} with merge_lora=false serves the adapter with vLLM's LoRA modules "
+                      "(--enable-lora --lora-modules), which deploy_backend=kserve-huggingface does not pass on: use "
+                      "deploy_backend=kserve-vllm, or merge_lora=true")
+    if s.train.lora_r > LORA_RANKS[-1]:
+        errors.append(f"lora_r={s.train.lora_r} with merge_lora=false: vLLM loads adapters of rank <= "
+                      f"{LORA_RANKS[-1]} (its largest --max-lora-rank); set lora_r <= {LORA_RANKS[-1]} or "
+                      "merge_lora=true")
+    return errors
+
+
+def _variant_serving(s: Settings) -> list[str | None]:
+    """With variants: each served name fits a service name; locally, several adapters need vLLM's CPU build."""
+    from components.deploy.plan import BASE_SUFFIX
+    from components.variants import variant_names, variant_values
+    from components.variants.compare import is_adapter
+
+    variants = s.variants.variants
+    if not variants or not all(isinstance(v, dict) for v in variants):
+        return []
+    flat = s.flat()
+    names = variant_names(variants)
+    adapters = [name for i, name in enumerate(names) if is_adapter(variant_values(flat, i))]
+    errors: list[str | None] = []
+    for i, name in enumerate(names):
+        served = f"{s.deploy.serving_name}-{name}"
+        if len(served) > 63:
+            errors.append(f"variants[{i}] ({name!r}) is served as {served!r}, longer than a service name may be (63): "
+                          f"shorten serving_name or the variant's name")
+        if adapters and s.variants.deploy_variants == "all" and name == BASE_SUFFIX.lstrip("-"):
+            errors.append(f"variants[{i}] ({name!r}): with LoRA variants and deploy_variants=all the adapters' base "
+                          f"is served as {s.deploy.serving_name}{BASE_SUFFIX}; give this variant another name")
+    if s.variants.deploy_variants == "all" and len(adapters) > 1 and s.deploy.deploy_backend == "local":
+        from components.deploy.local_server import vllm_python
+
+        try:
+            vllm_python()
+        except FileNotFoundError as exc:
+            errors.append(f"variants {adapters}: {exc}")
     return errors
