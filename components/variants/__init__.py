@@ -22,7 +22,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from components.settings import ClusterSettings, DataSettings, Settings, StageSettings, TrainSettings, choices
+from components.settings import (
+    ClusterSettings,
+    DataSettings,
+    Settings,
+    StageSettings,
+    TrainSettings,
+    choices,
+    whole_numbers,
+)
 
 STAGES = choices("stages")  # the pipeline's stage slots, one per possible stage (components/train/stages.py)
 
@@ -62,7 +70,8 @@ def variant_values(values: dict, index: int) -> dict:
     """Variant ``index``'s settings, every setting by name: the run's ``values`` with its overrides, and no
     variants of its own."""
     variants = values["variants"]
-    return {**values, **overrides(variants[index]), "variants": []}
+    # Whole floats back to ints: KFP's Struct carries the list's numbers as doubles ({"lora_r": 8} -> 8.0).
+    return {**values, **whole_numbers(overrides(variants[index])), "variants": []}
 
 
 def expand(values: dict, run_id: str, tuned: dict | None = None) -> list[dict]:
