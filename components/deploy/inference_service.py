@@ -233,10 +233,12 @@ def base_storage_uri(server, claim: str, mount: str) -> str:
 
 
 def inference_services_for_servers(servers, deploy, cluster, *, run_id: str, namespace: str,
-                                   mount: str = MODEL_MOUNT) -> list[dict]:
+                                   mount: str | None = None) -> list[dict]:
     """One InferenceService per server of ``components.deploy.plan.plan_servers``: a full model from its folder on
     the model claim; a LoRA server from its base (``base_storage_uri``) with the claim mounted read-only at
-    ``ADAPTER_MOUNT`` and each adapter a LoRA module under its served name."""
+    ``ADAPTER_MOUNT`` and each adapter a LoRA module under its served name. ``mount``: where the deploy step
+    mounts the model claim (``MODEL_MOUNT``)."""
+    mount = mount or MODEL_MOUNT
     manifests = []
     for server in servers:
         common = dict(runtime=deploy.deploy_backend, gpus=deploy.serving_gpus, max_model_len=deploy.max_model_len,

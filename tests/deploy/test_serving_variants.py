@@ -271,3 +271,44 @@ def test_several_local_adapters_without_vllms_cpu_build_say_which_setting(monkey
     (message,) = [e for e in found if "vLLM's CPU build" in e]
     assert message.startswith("variants ['a', 'b']: deploy_backend=local serves several LoRA adapters")
     assert "merge_lora=true or deploy_variants=best" in message
+
+
+# -- the deploy step ---------------------------------------------------------------------------------------------
+
+def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_path, monkeypatch):
+    """deploy_model as the pipeline calls it with deploy_variants=all: two LoRA variants and a full one become two
+    InferenceServices; each served name is smoke-tested and checked against its own evaluation's reference."""
+    from components.deploy import inference_service
+    from components.deploy.component import deploy_model
+    from components.deploy.logprobs import FORMAT_VERSION, REFERENCE_FILE
+    from components.settings import Settings
+
+    mount = tmp_path / "models"
+    serve = [adapter(mount, "a"), adapter(mount, "b", rank=32), full(mount, "f")]
+    for entry in serve:
+        (Path(entry["model_path"]).parent / REFERENCE_FILE).write_text(json.dumps(
+            {"version": FORMAT_VERSION, "variant": entry["variant"], "examples": [], "greedy": []}))
+    checked = []
+
+    def check_server(base_url, name, reference, timeout=120.0):
+        checked.append((name, reference["variant"]))
+        return {"mean_abs_logprob_diff": 0.001, "tokens": 8, "logprob_tolerance": 0.05, "greedy_tokens_compared": 4}
+
+    monkeypatch.setattr(inference_service, "check_server", check_server)
+    monkeypatch.setattr(inference_service, "MODEL_MOUNT", str(mount))
+    monkeypatch.setattr(kube, "current_namespace", lambda default="default": NS)
+    settings = Settings().flat() | {"serving_name": SERVING, "serving_gpus": 1, "model_pvc": CLAIM,
+                                    "deploy_variants": "all"}
+    with FakeKubeAPI() as api, OpenAIServer() as lora_server, OpenAIServer() as full_server:
+        monkeypatch.setattr(kube, "load_api_client", lambda: api.client)
+        ready = {"qwen3-sft": becomes_ready(api, lora_server.url, after=0),
+                 "qwen3-sft-f": becomes_ready(api, full_server.url, after=0)}
+        api.on_get("inferenceservices", lambda obj: ready[obj["metadata"]["name"]](obj))
+        out = deploy_model.python_func(model_path=serve[1]["model_path"], settings=settings, run_id="r1", serve=serve)
+        lora = api.get_object(*GVP, NS, "qwen3-sft")
+    assert [(e["variant"], e["served_model_name"]) for e in out.served] == [
+        ("f", "qwen3-sft-f"), ("", "qwen3-sft-base"), ("a", "qwen3-sft-a"), ("b", "qwen3-sft-b")]
+    assert (out.served_model_name, out.endpoint) == ("qwen3-sft-b", lora_server.url + "/v1")  # the best: model_path
+    assert sorted(checked) == [("qwen3-sft-a", "a"), ("qwen3-sft-b", "b"), ("qwen3-sft-f", "f")]
+    assert "--max-lora-rank=32" in lora["spec"]["predictor"]["model"]["args"]
+    assert crd_errors({k: v for k, v in lora.items() if k != "status"}, CRD) == []
