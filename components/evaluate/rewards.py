@@ -12,6 +12,7 @@ learned (measured on the tiny model: the answer line in 0 of 48 greedy answers a
 
 from __future__ import annotations
 
+import html
 import logging
 
 import datasets
@@ -138,7 +139,8 @@ def reward_gate(scores: dict, min_reward_improvement: float) -> tuple[bool, str]
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", "<br>") or "*(empty)*"
+    """Text safe inside one Markdown table cell (as evaluate.py's answers): HTML-escaped, pipes escaped, <br>."""
+    return html.escape(text).replace("|", "\\|").replace("\n", "<br>") or "*(empty)*"
 
 
 def rewards_section(scores: dict | None, rm: dict | None) -> list[str]:
