@@ -86,7 +86,7 @@ def train_model(
         config_path = write_trainer_config(cfg, os.path.join(out_dir, "train_config.json"))
         job_name = ""
         if local:
-            from components.train.launcher.local import run_torchrun
+            from components.train.launcher.local import metrics_port_here, run_torchrun
 
             env = dict(os.environ)
             if "mlflow" in cfg["report_to"]:
@@ -99,8 +99,8 @@ def train_model(
                 env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             env.setdefault("TRAINER_RUN_ID", run_id)  # the metrics' label and the Langfuse record's session
             if s.cluster.metrics_port:
-                # The trainer's rank 0 serves its live metrics here while it trains (a taken port fails at start).
-                env.setdefault("TRAINER_METRICS_PORT", str(s.cluster.metrics_port))
+                # The trainer's rank 0 serves its live metrics here while it trains (taken here: another port).
+                env.setdefault("TRAINER_METRICS_PORT", str(metrics_port_here(s.cluster.metrics_port)))
                 logging.getLogger("train_model").info(
                     "live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"])
             run_torchrun(config_path, s.cluster.gpus_per_node, env=env)

@@ -6,7 +6,9 @@ The same trainer entry point the cluster job's pods run, as N CPU processes talk
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import os
+import socket
 import subprocess
 from collections import deque
 
@@ -53,3 +55,25 @@ def run_torchrun(config_path: str, nproc_per_node: int, env: dict | None = None)
         code = proc.wait()
     if code != 0:
         raise RuntimeError(f"torchrun exited with code {code}; last lines:\n" + "\n".join(tail))
+
+
+def metrics_port_here(port: int) -> int:
+    """The port a local run's trainer serves its metrics on: ``port`` (the ``metrics_port`` setting; 0: none), or a
+    free one when this machine already has ``port`` taken, such as by another local run or a variant beside this
+    one (a warning names both). On a cluster each pod has its own network, and a taken port is an error there
+    (components/train/trainer/metrics.py)."""
+    if not port:
+        return 0
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+            return port
+        except OSError:
+            pass
+    with socket.socket() as free:
+        free.bind(("", 0))
+        chosen = free.getsockname()[1]
+    logging.getLogger("train_model").warning(
+        "metrics_port %d is taken on this machine (another local run?): this run's metrics are on port %d", port,
+        chosen)
+    return chosen

@@ -57,3 +57,26 @@ def test_torchrun_runs_in_a_process_that_skips_the_final_collection(monkeypatch,
     assert cmd == quick_exit.command("torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                      "-m", "components.train.trainer.sft", "--config", config)
     assert kwargs["env"]["OMP_NUM_THREADS"]
+
+
+def test_a_local_run_serves_its_metrics_on_a_free_port_when_the_setting_is_taken(caplog):
+    # Two local runs on one machine (or a run's variants side by side) must not fail on the trainer's metrics port,
+    # which only one process can hold; on a cluster each pod has its own network and a clash is a setting to fix.
+    import logging
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        with caplog.at_level(logging.WARNING):
+            port = local.metrics_port_here(taken)
+        assert port not in (taken, 0)
+        with socket.socket() as probe:
+            probe.bind(("", port))  # free: the trainer can take it
+    assert f"metrics_port {taken} is taken on this machine" in caplog.text and str(port) in caplog.text
+    assert local.metrics_port_here(0) == 0  # off stays off
+    with socket.socket() as free:
+        free.bind(("", 0))
+        own = free.getsockname()[1]
+    assert local.metrics_port_here(own) == own
