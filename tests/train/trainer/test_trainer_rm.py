@@ -2,10 +2,11 @@
 previous stage's model) on preference pairs, under real 2-process torchrun.
 
 Fast: a config's ``stage`` picks TRL's RewardConfig plus the settings, ``max_length`` comes from ``max_seq_length``.
-Slow: on pairs whose chosen answer repeats the prompt's word and whose rejected one repeats another word, the reward
-model's pairwise accuracy on held-out pairs (TRL's ``eval_accuracy``, recorded in metrics.json, and recounted over
-every pair with components/evaluate/rewards.py) ends far above chance; ``final/`` is a sequence classifier that
-TRL's GRPOTrainer can load as a reward (``AutoModelForSequenceClassification``, ``num_labels=1``).
+Slow: on pairs that give the same answer opened two ways (chosen "Sure.", rejected a filler), the reward model's
+pairwise accuracy on held-out pairs (TRL's ``eval_accuracy``, recorded in metrics.json, and recounted over every pair
+with components/evaluate/rewards.py) goes from 0.000 (the randomly initialised body and head) to 1.000 in 80 steps;
+``final/`` is a sequence classifier that TRL's GRPOTrainer can load as a reward (``AutoModelForSequenceClassification``,
+one label).
 
 TRL 1.16 facts this relies on (trl/trainer/reward_trainer.py): a model passed as an instance must have
 ``num_labels == 1``; conversational prompt/chosen/rejected rows are chat-templated (prompt + chosen, prompt +
@@ -26,14 +27,16 @@ EVAL_PAIRS = 16
 
 
 def _pairs(n: int = 96) -> list[dict]:
+    """The same answer opened two ways, one preferred (builtin:preference's kind of pair): chosen opens with "Sure.",
+    rejected with one of four fillers."""
     rng = random.Random(0)
     pairs = []
     for i in range(n):
         word = WORDS[i % len(WORDS)]
-        other = rng.choice([w for w in WORDS if w != word])
+        filler = rng.choice(["Well,", "Hmm,", "Okay so", "Honestly,"])
         pairs.append({"prompt": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}],
-                      "chosen": [{"role": "assistant", "content": f"{word} {word}. Done."}],
-                      "rejected": [{"role": "assistant", "content": f"{other} {other}. Done."}]})
+                      "chosen": [{"role": "assistant", "content": f"Sure. {word} {word}. Done."}],
+                      "rejected": [{"role": "assistant", "content": f"{filler} {word} {word}. Done."}]})
     return pairs
 
 
@@ -108,13 +111,13 @@ def test_rm_checkpoints_are_the_sft_checkpoints():
 def test_the_reward_model_ranks_held_out_pairs(workdir):
     from components.evaluate.rewards import reward_model_accuracy
 
-    run_torchrun(_config(workdir, "full", save_steps=40), nproc_per_node=2)
+    run_torchrun(_config(workdir, "full", learning_rate=5e-3, num_train_epochs=8, save_steps=80), nproc_per_node=2)
     out = workdir / "full"
     m = json.loads((out / "metrics.json").read_text())
-    assert m["stage"] == "rm" and m["global_step"] == 40 and m["world_size"] == 2  # 80 pairs / (4 x 2) x 4
-    assert m["eval_accuracy"] >= 0.8, m
+    assert m["stage"] == "rm" and m["global_step"] == 80 and m["world_size"] == 2  # 80 pairs / (4 x 2) x 8
+    assert m["eval_accuracy"] >= 0.9, m
     config = json.loads((out / "final" / "config.json").read_text())
-    assert config["architectures"] == ["Qwen3ForSequenceClassification"] and config["num_labels"] == 1
+    assert config["architectures"] == ["Qwen3ForSequenceClassification"] and len(config["id2label"]) == 1
     base = reward_model_accuracy(str(workdir / "base"), str(workdir / "prefs"))  # a random head: chance
     tuned = reward_model_accuracy(str(out / "final"), str(workdir / "prefs"))
-    assert tuned["accuracy"] >= 0.8 and tuned["accuracy"] > base["accuracy"], (base, tuned)
+    assert tuned["accuracy"] >= 0.9 and tuned["accuracy"] > base["accuracy"], (base, tuned)
