@@ -52,10 +52,6 @@ class SFTConfig(TrainingArguments):
         "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")})
     dpo_beta: float = field(default=0.1, metadata={"help": (
         "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).")})
-    parallelism: str = field(default="deepspeed", metadata={"help": (
-        "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 over every "
-        "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated across "
-        "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models).")})
     grpo_rewards: dict = field(default_factory=lambda: {"answer": 1.0, "format": 0.5}, metadata={
         "help": (
             "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format "
@@ -83,6 +79,10 @@ class SFTConfig(TrainingArguments):
         "reference model.")})
     grpo_temperature: float = field(default=1.0, metadata={"help": (
         "grpo stage: sampling temperature of the completions.")})
+    parallelism: str = field(default="deepspeed", metadata={"help": (
+        "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 over every "
+        "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated across "
+        "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models).")})
 
     # Not settings: the train step fills these in for each run.
     stage: str = field(default="sft", metadata={
