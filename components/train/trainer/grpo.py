@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import time
+from typing import Any
 
 import datasets
 from transformers import AutoTokenizer, TrainerCallback
@@ -50,6 +51,9 @@ from components.train.trainer.common import (
 from components.train.trainer.rewards import builtin_reward, load_reward_function
 
 log = logging.getLogger("sft.grpo")
+# The frozen adapter TRL adds to a PeftModel whose adapter it keeps training (GRPOTrainer.__init__: model.add_adapter(
+# "ref", ...)), as dpo.py's; not part of the tuned model.
+REF_ADAPTER = "ref"
 
 
 class GRPOCheckpointTrainer(CheckpointMixin, GRPOTrainer):
@@ -140,5 +144,8 @@ def main(cfg) -> dict:
              "last_reward": history[-1] if history else None,
              "reward_sources": reward_sources(cfg), "reward_weights": list(cfg.reward_weights)}
     metrics = summary_metrics(trainer, result, extra, started)
+    tuned: Any = trainer.model  # the PeftModel for lora/qlora
+    if cfg.method != "full" and REF_ADAPTER in getattr(tuned, "peft_config", {}):
+        tuned.delete_adapter(REF_ADAPTER)  # adapter/ and the merged final/ hold the trained adapter only (as dpo.py)
     finish_run(trainer, cfg, tokenizer, model_path, metrics)
     return metrics

@@ -206,3 +206,15 @@ def test_a_rerun_resumes_from_the_last_complete_checkpoint(workdir, run, capfd):
     assert f"resuming from {out / 'checkpoint-20'}" in capfd.readouterr().out
     resumed = json.loads((out / "metrics.json").read_text())
     assert resumed["global_step"] == 30 and (out / "final" / "model.safetensors").exists()
+
+
+@pytest.mark.slow
+def test_lora_grpo_keeps_the_trained_adapter_only(workdir):
+    """LoRA: TRL's reference is the model with a frozen copy of the adapter ("ref", GRPOTrainer.__init__); the export
+    holds the trained adapter and the merged model, never that copy."""
+    run_torchrun(_config(workdir, "lora", method="lora", lora_r=8, lora_alpha=32, learning_rate=1e-2, max_steps=10,
+                         save_steps=10), nproc_per_node=2)
+    out = workdir / "lora"
+    assert json.loads((out / "metrics.json").read_text())["global_step"] == 10
+    assert (out / "adapter" / "adapter_model.safetensors").exists() and not (out / "adapter" / "ref").exists()
+    assert (out / "final" / "model.safetensors").exists()  # merged (merge_lora)
