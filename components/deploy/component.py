@@ -83,6 +83,10 @@ def deploy_model(
                                                 serving_references={a.served_model_name:
                                                                     references[a.served_model_name]
                                                                     for a in server.adapters})
+                for name, check in result["serving_checks"].items():
+                    log.info("%s serves the evaluated model: mean |log-probability difference| %.4f nats over %d "
+                             "held-out tokens, %d greedy tokens equal", name, check["mean_abs_logprob_diff"],
+                             check["tokens"], check["greedy_tokens_compared"])
                 served += [{"variant": variant_of.get(name, ""), "served_model_name": name,
                             "endpoint": result["endpoint"], "smoke_reply": reply}
                            for name, reply in result["replies"].items()]

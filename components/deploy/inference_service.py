@@ -162,6 +162,9 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         },
     }
     if lora_modules:
+        # Knative (deployment_mode=Knative) admits a persistentVolumeClaim volume only with its config-features flag
+        # kubernetes.podspec-persistent-volume-claim enabled (knative.dev/docs/serving/services/storage); read-only
+        # needs no kubernetes.podspec-persistent-volume-write.
         predictor["model"]["args"] += lora_args(lora_modules, max_lora_rank)
         predictor["volumes"] = [{"name": ADAPTER_VOLUME,
                                  "persistentVolumeClaim": {"claimName": adapter_claim, "readOnly": True}}]

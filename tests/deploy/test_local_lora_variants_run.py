@@ -1,0 +1,52 @@
+"""Two LoRA variants of one local run served together (issue 23), for real: ``python -m pipelines.run`` trains two
+unmerged LoRA adapters of the tiny model (``lora_r`` 8 and 16), compares them and, with ``deploy_variants=all``,
+serves both from one real vLLM server (the CPU build in the serving virtualenv) with the adapters as LoRA modules;
+the deploy step smoke-tests the base and both adapters by name and checks each adapter against its own evaluation.
+
+    pytest -m slow tests/deploy/test_local_lora_variants_run.py     # measured: 213 s on 2 busy cores
+
+Skipped where the serving virtualenv is absent (a failure with ``CI=true``).
+"""
+
+import json
+import os
+import re
+
+import pytest
+
+from components.deploy.local_server import vllm_python
+from tests.helpers.repo import run_cli
+
+VARIANTS = '[{"lora_r": 8, "name": "r8"}, {"lora_r": 16, "learning_rate": 0.002, "name": "r16"}]'
+
+
+@pytest.mark.slow
+def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
+    try:
+        vllm_python()
+    except FileNotFoundError as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run it: {exc}")
+        pytest.skip(str(exc))
+    ws = tmp_path / "ws"
+    summary_path = tmp_path / "summary.json"
+    result = run_cli("pipelines.run", "--workspace", str(ws), "--summary-json", str(summary_path),
+                     "-p", "method=lora", "-p", "merge_lora=false", "-p", "deploy_variants=all",
+                     "-p", f"variants={VARIANTS}", timeout=1200)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out[-4000:]
+    s = json.loads(summary_path.read_text())
+    assert s["passed"] and "(deploy_variants=all)" in s["reason"], s["reason"]
+    run_id = s["model_uri"].split("/")[-3].rsplit("-", 1)[0]
+    for variant in ("r8", "r16"):
+        final = ws / "models" / "runs" / f"{run_id}-{variant}" / "train" / "final"
+        config = json.loads((final / "adapter_config.json").read_text())  # an adapter alone: merge_lora=false
+        assert config["r"] == int(variant[1:]) and not (final / "config.json").exists()
+    # One server: every name answered at the same endpoint, and each adapter matched its evaluation.
+    answered = re.findall(r"(tiny-qwen3-sft-(?:base|r8|r16)) at (http://127\.0\.0\.1:\d+/v1) answered", out)
+    assert sorted(name for name, _ in answered) == ["tiny-qwen3-sft-base", "tiny-qwen3-sft-r16", "tiny-qwen3-sft-r8"]
+    assert len({url for _, url in answered}) == 1
+    checked = re.findall(r"(tiny-qwen3-sft-r(?:8|16)) serves the evaluated model: mean \|log-probability "
+                         r"difference\| ([0-9.]+) nats", out)
+    assert sorted(name for name, _ in checked) == ["tiny-qwen3-sft-r16", "tiny-qwen3-sft-r8"]
+    assert all(float(diff) <= 0.05 for _, diff in checked), checked
