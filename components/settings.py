@@ -187,6 +187,8 @@ class StageSettings:
     grpo_dataset_source: str = setting(
         "", "grpo stage: prompts (a prompt column, text or turns) with an optional reference answer column (answer), "
             "same syntax as dataset_source; builtin:arithmetic is a bundled sample.")
+    grpo_column_mapping: dict = setting(
+        {}, "grpo stage: prompt or answer -> your column name, e.g. {\"prompt\": \"question\"}.", plain=False)
     stage_settings: dict = setting(
         {}, "Training settings of one stage over the run's, e.g. {\"dpo\": {\"learning_rate\": 5e-7, \"method\": "
             "\"lora\"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.", plain=False)

@@ -139,7 +139,7 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
     problems = []
     if fmt not in formats.DATASET_FORMATS:
         problems.append(f"format {fmt!r}: use auto or one of {', '.join(formats.FORMATS)}")
-    known = {c for cols in formats.REQUIRED.values() for c in cols} | {"input", "system"}
+    known = {c for cols in formats.REQUIRED.values() for c in cols} | {"input", "system", "answer"}
     problems += [f"columns: {k!r} is not a column any format reads; map onto one of {sorted(known)}"
                  for k in columns if k not in known]
     if over_length not in OVER_LENGTH:

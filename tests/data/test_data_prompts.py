@@ -63,3 +63,38 @@ def test_builtin_arithmetic_prepares_with_a_held_out_split(tokenizer_dir, tmp_pa
     stats = prepare("builtin:arithmetic", tokenizer_dir, str(tmp_path / "o"), 512, 0.1, 42, format="prompts")
     assert path.endswith(".jsonl") and stats["rows_kept"] == 480
     assert (stats["train"]["rows"], stats["eval"]["rows"]) == (432, 48)
+
+
+def _grpo_component(tmp_path, tokenizer_dir, **settings):
+    from kfp.dsl import Dataset, Markdown
+
+    from components.data.component import prepare_dataset
+    from components.settings import defaults
+
+    artifacts = tmp_path / "artifacts"
+    artifacts.mkdir(exist_ok=True)
+    dataset, report = Dataset(uri=str(artifacts / "dataset")), Markdown(uri=str(artifacts / "report.md"))
+    values = {**defaults(), "model_name_or_path": tokenizer_dir, "eval_size": 0.2, "seed": 0, "num_proc": 1,
+              "stages": ["sft", "grpo"], **settings}
+    prepare_dataset.python_func(settings=values, stage="grpo", data_root=str(tmp_path / "data"), run_id="run-1",
+                                dataset=dataset, report=report)
+    return dataset
+
+
+def test_the_grpo_data_step_maps_a_question_answer_file_onto_prompt_rows(tokenizer_dir, tmp_path):
+    rows = [{"question": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(10)]  # a GSM8K-like file
+    source = write_jsonl(tmp_path / "qa.jsonl", rows)
+    md = _grpo_component(tmp_path, tokenizer_dir, grpo_dataset_source=str(source),
+                         grpo_column_mapping={"prompt": "question"}).metadata
+    assert md["path"].endswith("runs/run-1/dataset-grpo") and md["format"] == "prompts"
+    ds = datasets.load_from_disk(md["path"])
+    assert (len(ds["train"]), len(ds["eval"])) == (8, 2) and ds["train"].column_names == ["prompt", "answer"]
+
+
+def test_the_grpo_data_step_refuses_a_reward_function_that_does_not_import(tokenizer_dir, tmp_path):
+    broken = tmp_path / "rewards.py"
+    broken.write_text("raise RuntimeError('no GPU here')\n")
+    with pytest.raises(ValueError, match=rf"grpo_reward_function '{broken}:f': importing {broken} failed: "
+                                         r"RuntimeError: no GPU here"):
+        _grpo_component(tmp_path, tokenizer_dir, grpo_dataset_source="builtin:arithmetic",
+                        grpo_rewards={"function": 1.0}, grpo_reward_function=f"{broken}:f")

@@ -184,3 +184,10 @@ def test_the_grpo_data_step_imports_a_function_on_the_data_volume_that_validate_
                                       "/mnt/data/rewards/missing.py is not a file; put the file on a mounted volume "
                                       "(e.g. /mnt/data/rewards.py) and give its path")
     assert grpo_function_error(Settings.from_flat({**defaults(), **GRPO})) is None  # no function reward
+
+
+def test_a_grpo_column_mapping_names_prompt_or_answer():
+    assert _errors(**GRPO, grpo_column_mapping={"prompt": "question", "answer": "solution"}) == []
+    assert _errors(**GRPO, grpo_column_mapping={"question": "prompt"}) == [
+        "grpo_column_mapping: 'question' -> 'prompt': map prompt or answer to your column's name, e.g. "
+        "{\"prompt\": \"question\"}"]

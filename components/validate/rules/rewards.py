@@ -37,6 +37,10 @@ def check_reward_settings(s: Settings) -> list[str | None]:
         return []
     t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
     errors: list[str | None] = []
+    for key, column in s.stages.grpo_column_mapping.items():
+        if key not in ("prompt", "answer") or not isinstance(column, str) or not column:
+            errors.append(f"grpo_column_mapping: {key!r} -> {column!r}: map prompt or answer to your column's name, "
+                          "e.g. {\"prompt\": \"question\"}")
     rewards = t.grpo_rewards
     if not isinstance(rewards, dict):
         return [f"grpo_rewards must map reward names to weights, e.g. {EXAMPLE}"]
