@@ -312,3 +312,41 @@ def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_p
     assert sorted(checked) == [("qwen3-sft-a", "a"), ("qwen3-sft-b", "b"), ("qwen3-sft-f", "f")]
     assert "--max-lora-rank=32" in lora["spec"]["predictor"]["model"]["args"]
     assert crd_errors({k: v for k, v in lora.items() if k != "status"}, CRD) == []
+
+
+def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_serve_for_a_full_model(
+        tmp_path, monkeypatch):
+    """deploy_backend=local: the two adapters of one base go to one vLLM server (serve_adapters_locally, run for
+    real by tests/deploy/test_lora_serving_local.py), the full variant to `transformers serve`, each with its own
+    evaluation's reference."""
+    from components.deploy import local_server
+    from components.deploy.component import deploy_model
+    from components.deploy.logprobs import FORMAT_VERSION, REFERENCE_FILE
+    from components.settings import Settings
+
+    serve = [adapter(tmp_path, "a"), full(tmp_path, "f"), adapter(tmp_path, "b")]
+    for entry in serve:
+        (Path(entry["model_path"]).parent / REFERENCE_FILE).write_text(json.dumps(
+            {"version": FORMAT_VERSION, "variant": entry["variant"], "examples": [], "greedy": []}))
+    calls = []
+
+    def adapters(server, log_path, keep_serving=False, max_model_len=0, serving_references=None):
+        calls.append(("vllm", server.served_names(), sorted((n, r["variant"]) for n, r in serving_references.items())))
+        return {"endpoint": "http://127.0.0.1:1/v1", "served_model_name": server.served_model_name,
+                "smoke_reply": "hi", "replies": {n: f"hi {n}" for n in server.served_names()}, "serving_checks": {}}
+
+    def single(model_path, log_path, keep_serving=False, serving_reference=None):
+        calls.append(("transformers serve", model_path, serving_reference["variant"]))
+        return {"endpoint": "http://127.0.0.1:2/v1", "served_model_name": model_path, "smoke_reply": "hello"}
+
+    monkeypatch.setattr(local_server, "serve_adapters_locally", adapters)
+    monkeypatch.setattr(local_server, "serve_locally", single)
+    settings = Settings().flat() | {"serving_name": SERVING, "deploy_backend": "local", "train_backend": "local",
+                                    "deploy_variants": "all"}
+    out = deploy_model.python_func(model_path=serve[1]["model_path"], settings=settings, run_id="r1", serve=serve)
+    assert calls == [("transformers serve", serve[1]["model_path"], "f"),
+                     ("vllm", ["qwen3-sft-base", "qwen3-sft-a", "qwen3-sft-b"],
+                      [("qwen3-sft-a", "a"), ("qwen3-sft-b", "b")])]
+    assert [(e["variant"], e["served_model_name"]) for e in out.served] == [
+        ("f", serve[1]["model_path"]), ("", "qwen3-sft-base"), ("a", "qwen3-sft-a"), ("b", "qwen3-sft-b")]
+    assert (out.endpoint, out.smoke_reply) == ("http://127.0.0.1:2/v1", "hello")  # the best: model_path
