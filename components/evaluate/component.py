@@ -55,7 +55,7 @@ def evaluate_model(
     from components.models.hub import resolve_model
     from components.paths import evaluation_path
     from components.settings import Settings
-    from components.train.stages import dataset_folder, hands_on, stage_folder, stage_overrides
+    from components.train.stages import dataset_folder, stage_folder, stage_overrides, started_from
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     s = Settings.from_flat(settings)
@@ -65,19 +65,11 @@ def evaluate_model(
     run_models = os.path.dirname(os.path.dirname(model_path))
     stages = s.stages.stages
     stage_dirs = {stage: os.path.join(run_models, stage_folder(stage)) for stage in stages}
-    before_dpo = None
-    if "dpo" in stages:
-        index = stages.index("dpo")
-        before_dpo = os.path.join(stage_dirs[stages[index - 1]], "final") if index else None
     data_dir = os.path.dirname(dataset.metadata["path"])
     preference_path = os.path.join(data_dir, dataset_folder("dpo")) if "dpo" in stages else None
-    # The grpo stage's starting model: the last stage before it that hands its model on (rm does not; stages.py).
-    policy, before_grpo = base, base
-    for stage in stages:
-        if stage == "grpo":
-            before_grpo = policy
-        elif hands_on(stage):
-            policy = os.path.join(stage_dirs[stage], "final")
+    # The model each stage started from (rm's model is not the next stage's: stages.py).
+    started = started_from(stages, stage_dirs.__getitem__)
+    before_dpo, before_grpo = started.get("dpo"), started.get("grpo") or base
     t = s.train
     grpo = None
     if "grpo" in stages:

@@ -46,6 +46,18 @@ def hands_on(stage: str) -> bool:
     return stage != "rm"
 
 
+def started_from(stages: list[str], stage_dir) -> dict[str, str | None]:
+    """The model each of ``stages`` trains from: the final folder (``stage_dir(stage)/final``) of the last earlier
+    stage that hands its model on, or None for the run's base model."""
+    policy: str | None = None
+    started = {}
+    for stage in stages:
+        started[stage] = policy
+        if hands_on(stage):
+            policy = os.path.join(stage_dir(stage), "final")
+    return started
+
+
 def reward_model_dir(output_dir: str) -> str:
     """The run's rm stage's final model, seen from another stage's ``output_dir`` (its sibling folder)."""
     return os.path.join(os.path.dirname(output_dir.rstrip("/")), stage_folder("rm"), "final")
