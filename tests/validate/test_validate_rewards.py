@@ -191,3 +191,9 @@ def test_a_grpo_column_mapping_names_prompt_or_answer():
     assert _errors(**GRPO, grpo_column_mapping={"question": "prompt"}) == [
         "grpo_column_mapping: 'question' -> 'prompt': map prompt or answer to your column's name, e.g. "
         "{\"prompt\": \"question\"}"]
+
+
+def test_grpo_before_sft_runs_with_a_warning():
+    values = {**defaults(), **GRPO, "stages": ["grpo", "sft"]}
+    assert check(values) == []
+    assert any(w.startswith("stages puts grpo before sft") for w in warnings(values))

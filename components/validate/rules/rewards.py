@@ -99,6 +99,9 @@ def grpo_function_error(s: Settings) -> str | None:
 def reward_warnings(s: Settings) -> list[str]:
     """Reward settings that run but are probably not what was meant."""
     stages, warnings = s.stages.stages, []
+    if "grpo" in stages and "sft" in stages and stages.index("grpo") < stages.index("sft"):
+        warnings.append("stages puts grpo before sft: reinforcement learning usually refines a fine-tuned model, and "
+                        "sft after it may undo what the rewards taught")
     if "rm" in stages and ("grpo" not in stages or stages.index("grpo") < stages.index("rm")):
         warnings.append("stages runs rm but no grpo after it: the reward model is trained and reported, and nothing "
                         "scores with it")
