@@ -20,7 +20,8 @@ InferenceService the deploy step created and the ServingRuntime of manifests/ser
   ``MergeRuntimeContainers``: the InferenceService's ``args`` appended after the runtime's, ``env`` merged by name,
   its other fields winning), ``{{.Name}}`` in the arguments replaced by the service name;
 - ``storageUri: pvc://claim/path`` is mounted read-only at ``/mnt/models`` (a bind mount of that folder of the
-  claim), the runtime's ``emptyDir`` volumes (``/dev/shm``, medium Memory) and the container's ``/tmp`` are tmpfs;
+  claim), the runtime's ``emptyDir`` volumes (``/dev/shm``, medium Memory) and the container's ``/tmp`` are tmpfs,
+  a ``persistentVolumeClaim`` volume of the predictor (LoRA adapters on the model claim) a bind mount of the claim;
 - the pod has its own network, PID, mount and UTS namespaces (``unshare``; tests/rehearsal/container.py sets up
   the mounts and ``execve``\\s the command and args as given, with exactly the given environment), so vLLM
   listens on its own ``--port=8080`` as in the pod; a relay (``relay`` below) forwards a localhost port to it;
@@ -124,6 +125,10 @@ def predictor_container(runtime: dict, isvc: dict) -> dict:
             continue  # the predictor's model fields, not container fields
         if key == "args":
             merged["args"] = [*base.get("args", []), *value]
+        elif key == "volumeMounts":  # a strategic merge, keyed by mountPath (corev1.Container's patchMergeKey)
+            by_path = {m["mountPath"]: m for m in base.get("volumeMounts", [])}
+            by_path.update({m["mountPath"]: m for m in value})
+            merged["volumeMounts"] = list(by_path.values())
         elif key == "env":
             by_name = {e["name"]: e for e in base.get("env", [])}
             by_name.update({e["name"]: e for e in value})
@@ -220,11 +225,20 @@ def start_pod(isvc: dict, runtime: dict, claims: dict[str, Path], venv: Path, wo
               {"kind": "bind", "source": str(_claim_folder(isvc["spec"]["predictor"]["model"]["storageUri"], claims)),
                "target": MODEL_MOUNT, "read_only": True},
               {"kind": "tmpfs", "target": "/tmp"}]
-    volumes = {v["name"]: v for v in runtime["spec"].get("volumes", [])}
+    # The pod's volumes: the runtime's and the predictor's own (a claim mounted beside storageUri's).
+    volumes = {v["name"]: v for v in [*runtime["spec"].get("volumes", []),
+                                      *isvc["spec"]["predictor"].get("volumes", [])]}
     for m in container.get("volumeMounts", []):
         volume = volumes[m["name"]]
+        if "persistentVolumeClaim" in volume:
+            # Bound before the pod's own /tmp hides the host's (where a test's claim folder may live).
+            claim = claims[volume["persistentVolumeClaim"]["claimName"]]
+            mounts.insert(mounts.index({"kind": "tmpfs", "target": "/tmp"}),
+                          {"kind": "bind", "source": str(claim), "target": m["mountPath"],
+                           "read_only": bool(m.get("readOnly"))})
+            continue
         if "emptyDir" not in volume:
-            raise ValueError(f"volume {m['name']}: the rehearsal mounts emptyDir volumes only")
+            raise ValueError(f"volume {m['name']}: the rehearsal mounts emptyDir and persistentVolumeClaim volumes")
         mounts.append({"kind": "tmpfs", "target": m["mountPath"]})
     env = {"PATH": f"{POD_VENV}/bin:{SYSTEM_PATH}", **{e["name"]: e["value"] for e in container.get("env", [])},
            **CPU_ENV}
