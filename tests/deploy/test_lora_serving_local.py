@@ -18,22 +18,20 @@ a failure with ``CI=true``.
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from pathlib import Path
 
 import pytest
 
 from components.deploy.local_server import serve_adapters_locally, vllm_python
-from components.deploy.logprobs import server_logprobs, transformers_reference
+from components.deploy.logprobs import server_logprobs
 from components.deploy.plan import plan_servers
 from components.models.tiny import materialize
+from tests.helpers.serving import build_adapter
 
 pytestmark = pytest.mark.slow
 
 SERVING = "tiny-sft"
-PROMPTS = [[{"role": "user", "content": "Repeat apple twice."}], [{"role": "user", "content": "Name a river."}]]
 
 
 @pytest.fixture(scope="module")
@@ -44,44 +42,6 @@ def vllm() -> str:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the LoRA serving test: {exc}")
         pytest.skip(str(exc))
-
-
-def rows(tokenizer) -> list[dict]:
-    """Two held-out rows as the data step packs them: the chat template applied, the answer's tokens scored."""
-    out = []
-    for word in ("apple", "river"):
-        conv = [{"role": "user", "content": f"Repeat {word} twice."},
-                {"role": "assistant", "content": f"{word} {word}. Done."}]
-        prompt = tokenizer.apply_chat_template(conv[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
-        ids = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=False)
-        out.append({"input_ids": ids, "labels": [-100] * len(prompt) + ids[len(prompt):],
-                    "position_ids": list(range(len(ids)))})
-    return out
-
-
-def build_adapter(base: str, final: Path, seed: int, rank: int) -> dict:
-    """A LoRA adapter of ``base`` in ``final`` as export writes one (merge_lora=false); returns the evaluate step's
-    serving reference for it (transformers + PEFT, float32)."""
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(base)
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
-    torch.manual_seed(seed)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "gate_proj"],
-                        init_lora_weights=False, task_type="CAUSAL_LM")
-    peft_model = get_peft_model(model, config)
-    with torch.no_grad():  # a visible change: PEFT's random init without training is small on a tiny model
-        for name, p in peft_model.named_parameters():
-            if "lora_B" in name:
-                p.mul_(20)
-    peft_model.save_pretrained(final)
-    tokenizer.save_pretrained(final)
-    (final / "model.json").write_text(json.dumps({"base_model": "builtin:tiny-qwen3", "base_model_path": base,
-                                                  "method": "lora", "merged": False}))
-    peft_model.eval()
-    return transformers_reference(peft_model, tokenizer, rows(tokenizer), PROMPTS)
 
 
 def test_two_lora_adapters_of_the_tiny_model_answer_under_their_own_names(vllm, tmp_path):

@@ -25,10 +25,9 @@ from components.deploy.plan import plan_servers
 from components.deploy.serving_runtime import serving_runtime_manifest
 from components.models.tiny import materialize
 from components.settings import ClusterSettings, DeploySettings
-from tests.deploy.test_lora_serving_local import build_adapter
-from tests.deploy.test_serving_rehearsal import READY_TIMEOUT_SECONDS, _unavailable
 from tests.fakes import serving_image
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.serving import READY_TIMEOUT_SECONDS, build_adapter, rehearsal_unavailable
 
 pytestmark = pytest.mark.slow
 
@@ -37,7 +36,7 @@ NAMESPACE, CLAIM, SERVING = "team-llm", "llm-models", "rehearsal-lora"
 
 @pytest.fixture(scope="module")
 def venv() -> Path:
-    why = _unavailable()
+    why = rehearsal_unavailable()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the serving rehearsal: {why}")

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -46,6 +44,7 @@ from components.train.config import deepspeed_config_path
 from components.train.launcher.local import run_torchrun
 from tests.fakes import serving_image
 from tests.fakes.k8s_api import FakeKubeAPI
+from tests.helpers.serving import READY_TIMEOUT_SECONDS, rehearsal_unavailable
 from tests.helpers.trainer import make_workdir, trainer_config
 
 pytestmark = pytest.mark.slow
@@ -62,25 +61,11 @@ VARIANTS = {
                                           merge_lora=True, deepspeed=ZERO3, max_steps=16, save_steps=16,
                                           learning_rate=1e-2)),
 }
-READY_TIMEOUT_SECONDS = 900
-
-
-def _unavailable() -> str | None:
-    if os.geteuid() != 0:
-        return "the serving rehearsal needs root (network and mount namespaces, the bind mount at /mnt/models)"
-    for tool in ("unshare", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"the serving rehearsal needs util-linux `{tool}`"
-    probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--uts", "--propagation", "private",
-                            "true"], capture_output=True, text=True)
-    if probe.returncode != 0:
-        return f"`unshare` cannot create network/mount/PID/UTS namespaces here: {probe.stderr.strip()}"
-    return None
 
 
 @pytest.fixture(scope="module")
 def machine():
-    why = _unavailable()
+    why = rehearsal_unavailable()
     if why:
         if os.environ.get("CI") == "true":
             pytest.fail(f"CI must run the serving rehearsal: {why}")
