@@ -5,29 +5,23 @@ the deploy step smoke-tests the base and both adapters by name and checks each a
 
     pytest -m slow tests/deploy/test_local_lora_variants_run.py     # measured: 213 s on 2 busy cores
 
-Skipped where the serving virtualenv is absent (a failure with ``CI=true``).
+The serving virtualenv is built first where it is absent; skipped where it cannot be (a failure with ``CI=true``).
 """
 
 import json
-import os
 import re
 
 import pytest
 
-from components.deploy.local_server import vllm_python
 from tests.helpers.repo import run_cli
+from tests.helpers.serving import serving_vllm
 
 VARIANTS = '[{"lora_r": 8, "name": "r8"}, {"lora_r": 16, "learning_rate": 0.002, "name": "r16"}]'
 
 
 @pytest.mark.slow
 def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
-    try:
-        vllm_python()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run it: {exc}")
-        pytest.skip(str(exc))
+    serving_vllm()  # built first where a clean clone has none
     ws = tmp_path / "ws"
     summary_path = tmp_path / "summary.json"
     result = run_cli("pipelines.run", "--workspace", str(ws), "--summary-json", str(summary_path),

@@ -12,8 +12,8 @@ a chat completion under its own name and reproduce the log-probabilities and gre
 PEFT compute for it (the evaluate step's reference, components/deploy/logprobs.py), and the two adapters must
 differ from each other and from the base. One engine start (~1-3 minutes on two busy cores).
 
-Skipped where the serving virtualenv is absent (tests/fakes/serving_image.py builds it; the rehearsal's tests do),
-a failure with ``CI=true``.
+The serving virtualenv is built first where it is absent (tests/fakes/serving_image.py, as the rehearsal does);
+skipped where it cannot be, a failure with ``CI=true``.
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ import time
 
 import pytest
 
-from components.deploy.local_server import serve_adapters_locally, vllm_python
+from components.deploy.local_server import serve_adapters_locally
 from components.deploy.logprobs import server_logprobs
 from components.deploy.plan import plan_servers
 from components.models.tiny import materialize
-from tests.helpers.serving import build_adapter
+from tests.helpers.serving import build_adapter, serving_vllm
 
 pytestmark = pytest.mark.slow
 
@@ -36,12 +36,7 @@ SERVING = "tiny-sft"
 
 @pytest.fixture(scope="module")
 def vllm() -> str:
-    try:
-        return vllm_python()
-    except FileNotFoundError as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI must run the LoRA serving test: {exc}")
-        pytest.skip(str(exc))
+    return serving_vllm()
 
 
 def test_two_lora_adapters_of_the_tiny_model_answer_under_their_own_names(vllm, tmp_path):

@@ -66,3 +66,21 @@ def build_adapter(base: str, final: Path, seed: int, rank: int) -> dict:
                                                   "method": "lora", "merged": False}))
     peft_model.eval()
     return transformers_reference(peft_model, tokenizer, rows(tokenizer), PROMPTS)
+
+
+def serving_vllm() -> str:
+    """The serving virtualenv's interpreter (vLLM's CPU build), built first when it is absent, as the serving
+    rehearsal builds it (tests/fakes/serving_image.py; a clean clone has none until a test builds it). Skips where
+    it cannot be built; with ``CI=true`` that is a failure."""
+    import pytest
+
+    from components.deploy.local_server import vllm_python
+    from tests.fakes import serving_image
+
+    try:
+        serving_image.ensure_venv()
+        return vllm_python()
+    except (FileNotFoundError, RuntimeError, subprocess.SubprocessError) as exc:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI must run the LoRA serving tests: {exc}")
+        pytest.skip(str(exc))
