@@ -64,6 +64,10 @@ REHEARSAL_PARAMETERS = dict(
     # A logged train loss is the mean since the previous log; a resumed run restarts that window at its checkpoint.
     # Logging at every checkpoint step keeps the windows of a resumed and an uninterrupted run the same.
     logging_steps=5,
+    # The fake kubelet runs every pod in this machine's one network namespace, where only one of the two pods' local
+    # rank 0 could bind the trainer's metrics port; on a cluster each pod has its own network and both serve it.
+    # The metrics are rehearsed by tests/observe/test_training_run_observed.py (a real Prometheus scraping torchrun).
+    metrics_port=0,
 )
 
 
