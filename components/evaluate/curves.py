@@ -54,9 +54,14 @@ def loss_curve_png(log: dict, base_loss: float, tuned_loss: float) -> bytes:
             label="held-out loss per label token (evaluate step)")
     for step, loss, name in ((0, base_loss, "base"), (log["last_step"], tuned_loss, "tuned")):
         ax.annotate(f"{name} {loss:.3f}", (step, loss), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    return loss_axes_png(fig, ax, "Training loss")
+
+
+def loss_axes_png(fig: Figure, ax, title: str) -> bytes:
+    """``fig`` as a PNG, its loss axes labelled, titled ``title``, with a grid and a legend."""
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("cross-entropy (nats per token)")
-    ax.set_title("Training loss")
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

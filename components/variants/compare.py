@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import base64
 import html
-import io
 import json
 import os
 
@@ -130,7 +129,7 @@ def loss_curves_png(rows: list[dict]) -> bytes | None:
     left a trainer log (no complete checkpoint)."""
     from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-    from components.evaluate.curves import training_log
+    from components.evaluate.curves import loss_axes_png, training_log
 
     logs = [(r, training_log(os.path.dirname(os.path.normpath(r["model_path"])))) for r in rows]
     if not any(log for _, log in logs):
@@ -144,12 +143,4 @@ def loss_curves_png(rows: list[dict]) -> bytes | None:
         (line,) = ax.plot(steps, losses, marker=".", label=f"{r['variant']} train loss")
         ax.plot([log["last_step"]], [r["evaluation"]["metrics"]["eval_loss"]], marker="o", color=line.get_color(),
                 linestyle="none", label=f"{r['variant']} held-out {r['evaluation']['metrics']['eval_loss']:.3f}")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("cross-entropy (nats per token)")
-    ax.set_title("Training loss by variant")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png")
-    return buf.getvalue()
+    return loss_axes_png(fig, ax, "Training loss by variant")
