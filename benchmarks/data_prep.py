@@ -124,11 +124,32 @@ QWEN3_CHAT_TEMPLATE = """{%- if tools %}
 {%- endif %}"""  # noqa: E501 (Qwen's template, verbatim)
 # Qwen3's added tokens, in id order from 151643.
 QWEN3_SPECIAL_TOKENS = [
-    "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>", "<|box_start|>",
-    "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>",
-    "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>", "<|fim_middle|>",
-    "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>", "</tool_response>",
-    "<think>", "</think>",
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|object_ref_start|>",
+    "<|object_ref_end|>",
+    "<|box_start|>",
+    "<|box_end|>",
+    "<|quad_start|>",
+    "<|quad_end|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|vision_pad|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
+    "<tool_call>",
+    "</tool_call>",
+    "<|fim_prefix|>",
+    "<|fim_middle|>",
+    "<|fim_suffix|>",
+    "<|fim_pad|>",
+    "<|repo_name|>",
+    "<|file_sep|>",
+    "<tool_response>",
+    "</tool_response>",
+    "<think>",
+    "</think>",
 ]
 
 
@@ -153,8 +174,9 @@ def build_qwen3_tokenizer(out_dir: Path) -> str:
     backend.normalizer = normalizers.NFC()  # as Qwen2TokenizerFast's tokenizer.json
     backend.add_special_tokens([AddedToken(t, normalized=False, special=True) for t in QWEN3_SPECIAL_TOKENS])
     assert backend.token_to_id("<think>") == 151667, "special-token ids must match Qwen3's"
-    tok = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>",
-                                  model_max_length=131072)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend, eos_token="<|im_end|>", pad_token="<|endoftext|>", model_max_length=131072
+    )
     tok.chat_template = QWEN3_CHAT_TEMPLATE
     tok.save_pretrained(out_dir)
     return str(out_dir)
@@ -194,11 +216,28 @@ def run_trl(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: 
 
     tok = AutoTokenizer.from_pretrained(tokenizer)
     # the smallest model TRL accepts: dataset preparation is what is measured
-    model = Qwen3ForCausalLM(Qwen3Config(vocab_size=len(tok), hidden_size=8, intermediate_size=8, num_hidden_layers=1,
-                                         num_attention_heads=1, num_key_value_heads=1, head_dim=8))
+    model = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=len(tok),
+            hidden_size=8,
+            intermediate_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=1,
+            num_key_value_heads=1,
+            head_dim=8,
+        )
+    )
     ds = datasets.load_dataset("json", data_files=data, split="train")
-    args = SFTConfig(output_dir=out + "-trainer", packing=True, packing_strategy="bfd", max_length=max_seq_length,
-                     assistant_only_loss=True, dataset_num_proc=num_proc, report_to=[], use_cpu=True)
+    args = SFTConfig(
+        output_dir=out + "-trainer",
+        packing=True,
+        packing_strategy="bfd",
+        max_length=max_seq_length,
+        assistant_only_loss=True,
+        dataset_num_proc=num_proc,
+        report_to=[],
+        use_cpu=True,
+    )
     trainer = SFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok)
     packed = trainer.train_dataset
     assert isinstance(packed, datasets.Dataset)
@@ -215,10 +254,13 @@ def run_map(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: 
     tok = AutoTokenizer.from_pretrained(tokenizer)
 
     def tokenize(batch):
-        enc = tok.apply_chat_template(batch["messages"], tokenize=True, return_dict=True, padding=True,
-                                      truncation=True, max_length=max_seq_length)
-        enc["labels"] = [[t if m else -100 for t, m in zip(ids, mask, strict=True)]
-                         for ids, mask in zip(enc["input_ids"], enc["attention_mask"], strict=True)]
+        enc = tok.apply_chat_template(
+            batch["messages"], tokenize=True, return_dict=True, padding=True, truncation=True, max_length=max_seq_length
+        )
+        enc["labels"] = [
+            [t if m else -100 for t, m in zip(ids, mask, strict=True)]
+            for ids, mask in zip(enc["input_ids"], enc["attention_mask"], strict=True)
+        ]
         return enc
 
     ds = datasets.load_dataset("json", data_files=data, split="train")
@@ -236,15 +278,37 @@ def measure(which: str, data: str, tokenizer: str, out: str, max_seq_length: int
     """Run one preparation in a fresh process; wall time and peak resident memory of it and its workers."""
     import psutil
 
-    cmd = [sys.executable, __file__, "--child", which, "--data", data, "--tokenizer", tokenizer, "--out", out,
-           "--max-seq-length", str(max_seq_length), "--num-proc", str(num_proc)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        which,
+        "--data",
+        data,
+        "--tokenizer",
+        tokenizer,
+        "--out",
+        out,
+        "--max-seq-length",
+        str(max_seq_length),
+        "--num-proc",
+        str(num_proc),
+    ]
     result = Path(out + ".json")
     started = time.time()
     with open(out + ".log", "w") as log:  # a file, not a pipe: a full pipe would stall the child
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                                # num_proc workers are the parallelism for both pipelines
-                                env={**os.environ, "HF_DATASETS_CACHE": str(Path(out).parent / "hf-cache"),
-                                     "TOKENIZERS_PARALLELISM": "false"})
+        proc = subprocess.Popen(
+            cmd,
+            cwd=ROOT,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            # num_proc workers are the parallelism for both pipelines
+            env={
+                **os.environ,
+                "HF_DATASETS_CACHE": str(Path(out).parent / "hf-cache"),
+                "TOKENIZERS_PARALLELISM": "false",
+            },
+        )
         parent, peak = psutil.Process(proc.pid), 0
         while proc.poll() is None:
             try:
@@ -297,11 +361,17 @@ def main() -> None:
         for which in runs:
             r = measure(which, str(data), tokenizer, str(work / f"out-{which}-{n}"), args.max_seq_length, args.num_proc)
             results[which] = r
-            print(f"| {n} | {which} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} | {r['efficiency']:.4f} | "
-                  f"{r['rows']} | {r['peak_rss_gib']:.2f} |", flush=True)
+            print(
+                f"| {n} | {which} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} | {r['efficiency']:.4f} | "
+                f"{r['rows']} | {r['peak_rss_gib']:.2f} |",
+                flush=True,
+            )
         if baseline in results:
-            print(f"|  | speed-up | {results[baseline]['seconds'] / results['ours']['seconds']:.2f}x | "
-                  f"{results['ours']['tokens_per_s'] / results[baseline]['tokens_per_s']:.2f}x | | | |", flush=True)
+            print(
+                f"|  | speed-up | {results[baseline]['seconds'] / results['ours']['seconds']:.2f}x | "
+                f"{results['ours']['tokens_per_s'] / results[baseline]['tokens_per_s']:.2f}x | | | |",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

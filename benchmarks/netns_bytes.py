@@ -59,13 +59,25 @@ REGIMES = ("shipped", "regather")
 # forward and gathers it again for the backward whatever the model's size (reshard_after_forward), so they are in
 # the large model's regime already.
 FSDP2_LAYOUTS = ("hsdp", "hsdp_ep")
-LABELS = {"zero3": "ZeRO-3", "hpz": f"ZeRO++ hpZ, partition {RANKS_PER_POD}", "hsdp": "HSDP (FSDP2, parallelism hsdp)",
-          "hsdp_ep": "HSDP + EP (parallelism hsdp_ep)"}
+LABELS = {
+    "zero3": "ZeRO-3",
+    "hpz": f"ZeRO++ hpZ, partition {RANKS_PER_POD}",
+    "hsdp": "HSDP (FSDP2, parallelism hsdp)",
+    "hsdp_ep": "HSDP + EP (parallelism hsdp_ep)",
+}
 
 # The tiny Qwen3-MoE (tests/train/trainer/test_trainer_moe.py's shape).
-MOE_CONFIG: dict[str, Any] = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                  head_dim=16, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
-                                  moe_intermediate_size=32)
+MOE_CONFIG: dict[str, Any] = dict(
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+)
 
 # Loaded by every Python process under the torchrun of a pod (sitecustomize on PYTHONPATH). In a worker with
 # LOCAL_RANK 0 it records the pod's veth counters at the end of each optimizer step (the Trainer's on_step_end,
@@ -160,8 +172,20 @@ class Pods:
             for ns in self.namespaces:
                 self._ip("netns", "add", ns)
                 self._ip("-n", ns, "link", "set", "lo", "up")
-            self._ip("link", "add", self.veths[0], "netns", self.namespaces[0],
-                     "type", "veth", "peer", "name", self.veths[1], "netns", self.namespaces[1])
+            self._ip(
+                "link",
+                "add",
+                self.veths[0],
+                "netns",
+                self.namespaces[0],
+                "type",
+                "veth",
+                "peer",
+                "name",
+                self.veths[1],
+                "netns",
+                self.namespaces[1],
+            )
             for ns, veth, addr in zip(self.namespaces, self.veths, ADDRESSES, strict=True):
                 self._ip("-n", ns, "addr", "add", f"{addr}/24", "dev", veth)
                 self._ip("-n", ns, "link", "set", veth, "up")
@@ -180,8 +204,12 @@ class Pods:
 
     def counters(self, pod: int) -> tuple[int, int]:
         """(tx_bytes, rx_bytes) of pod ``pod``'s veth."""
-        out = subprocess.run(["ip", "-n", self.namespaces[pod], "-s", "-j", "link", "show", self.veths[pod]],
-                             check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(
+            ["ip", "-n", self.namespaces[pod], "-s", "-j", "link", "show", self.veths[pod]],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
         stats = json.loads(out)[0]["stats64"]
         return stats["tx"]["bytes"], stats["rx"]["bytes"]
 
@@ -210,18 +238,41 @@ def run_pods(pods: Pods, program: list[str], trace: Path, port: int, timeout_s: 
     logs = []
     try:
         for rank, (ns, veth) in enumerate(zip(pods.namespaces, pods.veths, strict=True)):
-            env = {**os.environ, "GLOO_SOCKET_IFNAME": veth, "NETNS_BYTES_VETH": veth,
-                   "NETNS_BYTES_DIR": str(trace), "OMP_NUM_THREADS": "1",
-                   "PYTHONPATH": os.pathsep.join(p for p in (str(trace), str(ROOT),
-                                                             os.environ.get("PYTHONPATH", "")) if p)}
-            cmd = ["ip", "netns", "exec", ns, sys.executable, "-m", "torch.distributed.run",
-                   "--nnodes", str(PODS), "--nproc_per_node", str(RANKS_PER_POD), "--node_rank", str(rank),
-                   "--master_addr", ADDRESSES[0], "--master_port", str(port),
-                   *program]
+            env = {
+                **os.environ,
+                "GLOO_SOCKET_IFNAME": veth,
+                "NETNS_BYTES_VETH": veth,
+                "NETNS_BYTES_DIR": str(trace),
+                "OMP_NUM_THREADS": "1",
+                "PYTHONPATH": os.pathsep.join(
+                    p for p in (str(trace), str(ROOT), os.environ.get("PYTHONPATH", "")) if p
+                ),
+            }
+            cmd = [
+                "ip",
+                "netns",
+                "exec",
+                ns,
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                str(PODS),
+                "--nproc_per_node",
+                str(RANKS_PER_POD),
+                "--node_rank",
+                str(rank),
+                "--master_addr",
+                ADDRESSES[0],
+                "--master_port",
+                str(port),
+                *program,
+            ]
             log = open(trace / f"pod{rank}.log", "w")
             logs.append(log)
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
-                                          start_new_session=True))
+            procs.append(
+                subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+            )
         deadline = time.monotonic() + timeout_s
         while any(p.poll() is None for p in procs):
             if time.monotonic() > deadline or any(p.poll() not in (None, 0) for p in procs):
@@ -229,8 +280,10 @@ def run_pods(pods: Pods, program: list[str], trace: Path, port: int, timeout_s: 
             time.sleep(1)
         codes = [p.poll() for p in procs]
         if codes != [0] * PODS:
-            tails = "\n".join(f"--- pod {i}:\n" + "\n".join((trace / f"pod{i}.log").read_text().splitlines()[-25:])
-                              for i in range(PODS))
+            tails = "\n".join(
+                f"--- pod {i}:\n" + "\n".join((trace / f"pod{i}.log").read_text().splitlines()[-25:])
+                for i in range(PODS)
+            )
             raise RuntimeError(f"torchrun exit codes per pod {codes} (None: still running at the deadline)\n{tails}")
     finally:
         _kill(procs)
@@ -252,8 +305,13 @@ def make_moe(root: Path) -> Path:
     assert rows >= STEPS * ACCUMULATION * PODS * RANKS_PER_POD, f"{rows} training rows: raise CONVERSATIONS"
     tok = AutoTokenizer.from_pretrained(root / "base")
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                            bos_token_id=None, **MOE_CONFIG)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        **MOE_CONFIG,
+    )
     Qwen3MoeForCausalLM(config).save_pretrained(root / "moe")
     tok.save_pretrained(root / "moe")
     return root / "moe"
@@ -289,8 +347,13 @@ def factor_key(c) -> str:
     return f"{c.kind}, one rank per pod" if c.per_node == 1 and c.nodes > 1 else c.kind
 
 
-def predicted(model_dir: Path, deepspeed_config: str | None, regime: str, factors: dict[str, float] | None = None,
-              parallelism: str = "deepspeed") -> float:
+def predicted(
+    model_dir: Path,
+    deepspeed_config: str | None,
+    regime: str,
+    factors: dict[str, float] | None = None,
+    parallelism: str = "deepspeed",
+) -> float:
     """Bytes one pod sends to the other per optimizer step, by the plan (module docstring), for fp32.
 
     ``factors``: what gloo sends across the boundary per collective (``factor_key``), in units of the plan's
@@ -304,8 +367,15 @@ def predicted(model_dir: Path, deepspeed_config: str | None, regime: str, factor
     items = collectives(shape, "full", zero, PODS, RANKS_PER_POD, shape.total, parallelism)
     if regime == "shipped":
         items = [c for c in items if c.name != "parameters, backward"]
-    per_gpu = sum(c.network_bytes_per_gpu * c.times_per_step(ACCUMULATION) * (factors or {}).get(factor_key(c), 1.0)
-                  * FP32_BYTES / c.dtype_bytes for c in items if c.link == INTER)
+    per_gpu = sum(
+        c.network_bytes_per_gpu
+        * c.times_per_step(ACCUMULATION)
+        * (factors or {}).get(factor_key(c), 1.0)
+        * FP32_BYTES
+        / c.dtype_bytes
+        for c in items
+        if c.link == INTER
+    )
     return per_gpu * RANKS_PER_POD
 
 
@@ -351,8 +421,9 @@ def calibrate(pods: Pods, work: Path, port: int) -> dict[str, float]:
     return {k: sum(o[k] for o in pods_out) / PODS for k in pods_out[0]}
 
 
-def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 29611,
-            fsdp2: tuple[str, ...] = FSDP2_LAYOUTS) -> dict:
+def measure(
+    workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 29611, fsdp2: tuple[str, ...] = FSDP2_LAYOUTS
+) -> dict:
     """ZeRO-3 and hpZ in each regime, and the ``fsdp2`` layouts in the regather regime, measured and predicted:
     {"factors": calibrate's, (regime, name): {...}}."""
     from components.models.shape import model_shape
@@ -365,16 +436,26 @@ def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 
         factors = results["factors"] = calibrate(pods, workdir / "calibration", port)
         for regime in regimes:
             layouts: list[tuple[str, str | None, str]] = [
-                (name, ds, "deepspeed") for name, ds in deepspeed_configs(workdir, regime).items()]
+                (name, ds, "deepspeed") for name, ds in deepspeed_configs(workdir, regime).items()
+            ]
             if regime == "regather":
                 layouts += [(name, None, name) for name in fsdp2]
             for name, ds, parallelism in layouts:
                 port += 1
                 run = f"{name}-{regime}"
                 over = {"deepspeed": ds} if ds else {}
-                cfg = trainer_config(workdir, run, model_name_or_path=str(model), max_steps=STEPS, save_steps=STEPS,
-                                     logging_steps=1, gradient_accumulation_steps=ACCUMULATION,
-                                     per_device_train_batch_size=1, parallelism=parallelism, **over)
+                cfg = trainer_config(
+                    workdir,
+                    run,
+                    model_name_or_path=str(model),
+                    max_steps=STEPS,
+                    save_steps=STEPS,
+                    logging_steps=1,
+                    gradient_accumulation_steps=ACCUMULATION,
+                    per_device_train_batch_size=1,
+                    parallelism=parallelism,
+                    **over,
+                )
                 trace = workdir / f"trace-{run}"
                 trace.mkdir()
                 before = [pods.counters(p) for p in range(PODS)]
@@ -399,8 +480,9 @@ def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 
                     "planned_gloo": predicted(model, ds, regime, factors, parallelism),
                     "losses": losses,
                     "eval_loss": json.loads((workdir / run / "metrics.json").read_text())["eval_loss"],
-                    "collectives_per_step": {k: (ops[last].get(k, 0) - ops[first].get(k, 0)) / steps
-                                             for k in sorted(ops[last])},
+                    "collectives_per_step": {
+                        k: (ops[last].get(k, 0) - ops[first].get(k, 0)) / steps for k in sorted(ops[last])
+                    },
                     "params": model_shape(json.loads((model / "config.json").read_text())).total,
                 }
     return results
@@ -408,10 +490,12 @@ def measure(workdir: Path, regimes: tuple[str, ...] = REGIMES, port_base: int = 
 
 def table(results: dict) -> str:
     """The Markdown table of ``measure``'s results (MB = 1e6 bytes, per optimizer step)."""
-    lines = ["| regime | layout | pod 0 -> 1 | pod 1 -> 0 | both directions | ZeRO-3 / this | plan (NCCL rings), "
-             "per direction | measured / plan | plan with gloo's collectives | measured / that | whole run, both "
-             "directions | losses (steps 1-4) | eval_loss |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    lines = [
+        "| regime | layout | pod 0 -> 1 | pod 1 -> 0 | both directions | ZeRO-3 / this | plan (NCCL rings), "
+        "per direction | measured / plan | plan with gloo's collectives | measured / that | whole run, both "
+        "directions | losses (steps 1-4) | eval_loss |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
     for key, r in results.items():
         if key == "factors":
             continue
@@ -420,11 +504,13 @@ def table(results: dict) -> str:
         both, z3_both = r["tx_per_step"] + r["rx_per_step"], z3["tx_per_step"] + z3["rx_per_step"]
         losses = ", ".join(f"{v:.6f}" for _, v in sorted(r["losses"].items()))
         label = LABELS[name]
-        lines.append(f"| {regime} | {label} | {r['tx_per_step'] / 1e6:.3f} MB | {r['rx_per_step'] / 1e6:.3f} MB | "
-                     f"{both / 1e6:.3f} MB | {z3_both / both:.2f} | {r['planned'] / 1e6:.3f} MB | "
-                     f"{both / 2 / r['planned']:.3f} | {r['planned_gloo'] / 1e6:.3f} MB | "
-                     f"{both / 2 / r['planned_gloo']:.3f} | {r['whole_run'] / 1e6:.2f} MB | {losses} | "
-                     f"{r['eval_loss']:.6f} |")
+        lines.append(
+            f"| {regime} | {label} | {r['tx_per_step'] / 1e6:.3f} MB | {r['rx_per_step'] / 1e6:.3f} MB | "
+            f"{both / 1e6:.3f} MB | {z3_both / both:.2f} | {r['planned'] / 1e6:.3f} MB | "
+            f"{both / 2 / r['planned']:.3f} | {r['planned_gloo'] / 1e6:.3f} MB | "
+            f"{both / 2 / r['planned_gloo']:.3f} | {r['whole_run'] / 1e6:.2f} MB | {losses} | "
+            f"{r['eval_loss']:.6f} |"
+        )
     return "\n".join(lines)
 
 
@@ -445,14 +531,20 @@ def main() -> None:
             results = measure(Path(tmp), tuple(args.regime))
     runs = {k: v for k, v in results.items() if k != "factors"}
     params = next(iter(runs.values()))["params"]
-    print(f"tiny Qwen3-MoE ({params:,} parameters, fp32), {PODS} pods x {RANKS_PER_POD} ranks, gloo over a veth, "
-          f"micro-batch 1 x {ACCUMULATION} micro-steps, per optimizer step between the ends of steps 1 and {STEPS}")
-    print("gloo, bytes a pod sends per collective over the ring's B:",
-          {k: round(v, 3) for k, v in results["factors"].items()})
+    print(
+        f"tiny Qwen3-MoE ({params:,} parameters, fp32), {PODS} pods x {RANKS_PER_POD} ranks, gloo over a veth, "
+        f"micro-batch 1 x {ACCUMULATION} micro-steps, per optimizer step between the ends of steps 1 and {STEPS}"
+    )
+    print(
+        "gloo, bytes a pod sends per collective over the ring's B:",
+        {k: round(v, 3) for k, v in results["factors"].items()},
+    )
     print(table(results))
     for (regime, name), r in runs.items():
-        print(f"{name}-{regime}: bytes per step rank 0 passed to each collective (gathers: output, reductions: input):",
-              {k: round(v) for k, v in r["collectives_per_step"].items()})
+        print(
+            f"{name}-{regime}: bytes per step rank 0 passed to each collective (gathers: output, reductions: input):",
+            {k: round(v) for k, v in r["collectives_per_step"].items()},
+        )
 
 
 if __name__ == "__main__":

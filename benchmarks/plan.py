@@ -32,28 +32,40 @@ def table(preset: str, networks: tuple[float, ...]) -> str:
     from components.train.launcher.plan import INTER, alternatives, architecture
     from pipelines import params as P
 
-    lines = ["| network GB/s per GPU | layout | micro-batch x steps | s/step | tokens/s/GPU | vs preset | bottleneck "
-             "| network GB/GPU/step | GiB/GPU | fits | runs |", "|---:|---|---|---:|---:|---:|---|---:|---:|---|---|"]
+    lines = [
+        "| network GB/s per GPU | layout | micro-batch x steps | s/step | tokens/s/GPU | vs preset | bottleneck "
+        "| network GB/GPU/step | GiB/GPU | fits | runs |",
+        "|---:|---|---|---:|---:|---:|---|---:|---:|---|---|",
+    ]
     for bw in networks:
         values = P.resolve(preset, overrides=[f"inter_node_gb_per_s={bw}"])
         options = alternatives(values, architecture(values["model_name_or_path"]))
         base = options[0][1].tokens_per_s_per_gpu
         order = ("ZeRO-3", "ZeRO++", "HSDP (", "HSDP + EP")
-        for over, p in sorted(options, key=lambda o: (next(i for i, name in enumerate(order)
-                                                           if o[1].layout.startswith(name)), o[1].micro_batch)):
+        for over, p in sorted(
+            options,
+            key=lambda o: (next(i for i, name in enumerate(order) if o[1].layout.startswith(name)), o[1].micro_batch),
+        ):
             mark = " (preset)" if not over else ""
-            lines.append(f"| {bw:g} | {p.layout}{mark} | {p.micro_batch} x {p.accumulation} | {p.step_s:.2f} | "
-                         f"{p.tokens_per_s_per_gpu:,.0f} | {p.tokens_per_s_per_gpu / base:.2f} | {p.bottleneck} | "
-                         f"{p.bytes_per_gpu(INTER) / 1e9:.1f} | {p.memory_gib['total']:.1f} | "
-                         f"{'yes' if p.fits else 'no'} | {'yes' if p.runs else 'no: export' if p.blocked else 'no'} |")
+            lines.append(
+                f"| {bw:g} | {p.layout}{mark} | {p.micro_batch} x {p.accumulation} | {p.step_s:.2f} | "
+                f"{p.tokens_per_s_per_gpu:,.0f} | {p.tokens_per_s_per_gpu / base:.2f} | {p.bottleneck} | "
+                f"{p.bytes_per_gpu(INTER) / 1e9:.1f} | {p.memory_gib['total']:.1f} | "
+                f"{'yes' if p.fits else 'no'} | {'yes' if p.runs else 'no: export' if p.blocked else 'no'} |"
+            )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--preset", nargs="+", default=list(PRESETS))
-    parser.add_argument("--network", nargs="+", type=float, default=list(NETWORKS),
-                        help="inter_node_gb_per_s values (GB/s per GPU between nodes)")
+    parser.add_argument(
+        "--network",
+        nargs="+",
+        type=float,
+        default=list(NETWORKS),
+        help="inter_node_gb_per_s values (GB/s per GPU between nodes)",
+    )
     args = parser.parse_args(argv)
     for preset in args.preset:
         print(f"### {preset}\n\n{table(preset, tuple(args.network))}\n")

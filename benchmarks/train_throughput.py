@@ -47,12 +47,36 @@ RESULTS = ROOT / "benchmarks" / "results" / "train_throughput.md"
 
 # Architectures by name (config.json numbers of the Qwen3 releases; "tiny" is the laptop model's shape).
 MODELS: dict[str, dict[str, Any]] = {
-    "tiny": dict(vocab_size=2048, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True),
-    "qwen3-0.6b": dict(vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_hidden_layers=28,
-                       num_attention_heads=16, num_key_value_heads=8, head_dim=128, tie_word_embeddings=True),
+    "tiny": dict(
+        vocab_size=2048,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-0.6b": dict(
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        vocab_size=151936,
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
 }
 PAD = 0  # <|endoftext|>, the pad id of the tiny tokenizer the Trainer is given for counting real tokens
 
@@ -93,8 +117,10 @@ def pack(examples: list[dict], max_seq_length: int) -> list[dict]:
 def plan(args, examples: list[dict], rows: list[dict]) -> dict:
     """Micro-batch and gradient accumulation of each run: the baseline's give ours' real tokens per optimizer step."""
     examples_per_step = args.micro_batch * args.grad_accum * len(examples) / len(rows)
-    return {"ours": (args.micro_batch, args.grad_accum),
-            "baseline": (args.baseline_micro_batch, max(1, round(examples_per_step / args.baseline_micro_batch)))}
+    return {
+        "ours": (args.micro_batch, args.grad_accum),
+        "baseline": (args.baseline_micro_batch, max(1, round(examples_per_step / args.baseline_micro_batch))),
+    }
 
 
 def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dict:
@@ -141,20 +167,38 @@ def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dic
     timer = Timer()
     with tempfile.TemporaryDirectory() as out:
         targs = TrainingArguments(
-            output_dir=out, per_device_train_batch_size=micro_batch, gradient_accumulation_steps=grad_accum,
-            num_train_epochs=1, learning_rate=1e-4, bf16=gpu, use_cpu=not gpu, report_to=[], save_strategy="no",
-            logging_steps=10**6, remove_unused_columns=False, include_num_input_tokens_seen="non_padding", seed=0,
-            activation_checkpointing=args.gradient_checkpointing, dataloader_num_workers=0, disable_tqdm=True,
+            output_dir=out,
+            per_device_train_batch_size=micro_batch,
+            gradient_accumulation_steps=grad_accum,
+            num_train_epochs=1,
+            learning_rate=1e-4,
+            bf16=gpu,
+            use_cpu=not gpu,
+            report_to=[],
+            save_strategy="no",
+            logging_steps=10**6,
+            remove_unused_columns=False,
+            include_num_input_tokens_seen="non_padding",
+            seed=0,
+            activation_checkpointing=args.gradient_checkpointing,
+            dataloader_num_workers=0,
+            disable_tqdm=True,
         )
-        trainer = Trainer(model=model, args=targs, train_dataset=datasets.Dataset.from_list(rows),
-                          data_collator=packed_collator(PAD, attn), callbacks=[timer],
-                          processing_class=build_tokenizer())  # only its pad id (= PAD), to count real tokens
+        trainer = Trainer(
+            model=model,
+            args=targs,
+            train_dataset=datasets.Dataset.from_list(rows),
+            data_collator=packed_collator(PAD, attn),
+            callbacks=[timer],
+            processing_class=build_tokenizer(),
+        )  # only its pad id (= PAD), to count real tokens
         trainer.remove_callback(PrinterCallback)  # its metrics dict would repeat the line printed below
         trainer.train()
     steps = timer.end[2]
     if timer.start is None:
-        raise RuntimeError(f"{kind}: {steps} optimizer steps, not more than --warmup {args.warmup}; "
-                           "add --examples or lower --warmup")
+        raise RuntimeError(
+            f"{kind}: {steps} optimizer steps, not more than --warmup {args.warmup}; add --examples or lower --warmup"
+        )
     seconds = timer.end[0] - timer.start[0]
     tps = (timer.end[1] - timer.start[1]) / seconds
     peak = peak_flops()
@@ -164,20 +208,32 @@ def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dic
         # ru_maxrss is in KiB on Linux
         memory = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         device = f"CPU ({platform.processor() or platform.machine()}, {torch.get_num_threads()} threads)"
-    result = {"kind": kind, "attn": attn, "liger": kind == "ours" and args.liger, "rows": len(rows),
-              "micro_batch": micro_batch, "grad_accum": grad_accum, "steps": steps,
-              "tokens_per_step": timer.end[1] / steps, "tokens_per_second": tps,
-              "mfu": tps * flops / peak if peak else None, "peak_memory_gib": memory,
-              "memory_kind": "GPU max allocated" if gpu else "peak RSS", "device": device}
+    result = {
+        "kind": kind,
+        "attn": attn,
+        "liger": kind == "ours" and args.liger,
+        "rows": len(rows),
+        "micro_batch": micro_batch,
+        "grad_accum": grad_accum,
+        "steps": steps,
+        "tokens_per_step": timer.end[1] / steps,
+        "tokens_per_second": tps,
+        "mfu": tps * flops / peak if peak else None,
+        "peak_memory_gib": memory,
+        "memory_kind": "GPU max allocated" if gpu else "peak RSS",
+        "device": device,
+    }
     print(f"{kind}: {_describe(result)}", flush=True)
     return result
 
 
 def _describe(r: dict) -> str:
     mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-    return (f"{r['rows']} rows, micro-batch {r['micro_batch']} x {r['grad_accum']} accumulation, {r['steps']} steps, "
-            f"{r['attn']}{' + Liger' if r['liger'] else ''}: {r['tokens_per_second']:,.0f} tokens/s/device, "
-            f"MFU {mfu}, peak memory {r['peak_memory_gib']:.2f} GiB ({r['memory_kind']})")
+    return (
+        f"{r['rows']} rows, micro-batch {r['micro_batch']} x {r['grad_accum']} accumulation, {r['steps']} steps, "
+        f"{r['attn']}{' + Liger' if r['liger'] else ''}: {r['tokens_per_second']:,.0f} tokens/s/device, "
+        f"MFU {mfu}, peak memory {r['peak_memory_gib']:.2f} GiB ({r['memory_kind']})"
+    )
 
 
 def in_own_process(*run_args) -> dict:
@@ -192,22 +248,32 @@ def main(argv=None) -> None:
     p.add_argument("--model", choices=sorted(MODELS), default="qwen3-1.7b")
     p.add_argument("--max-seq-length", type=int, default=4096)
     p.add_argument("--examples", type=int, default=2000)
-    p.add_argument("--warmup", type=int, default=3,
-                   help="optimizer steps excluded from the timing (CUDA init, allocator)")
-    p.add_argument("--micro-batch", type=int, default=1,
-                   help="ours: packed rows per micro-batch (memory grows with it)")
+    p.add_argument(
+        "--warmup", type=int, default=3, help="optimizer steps excluded from the timing (CUDA init, allocator)"
+    )
+    p.add_argument(
+        "--micro-batch", type=int, default=1, help="ours: packed rows per micro-batch (memory grows with it)"
+    )
     p.add_argument("--grad-accum", type=int, default=1, help="ours: micro-batches per optimizer step")
-    p.add_argument("--baseline-micro-batch", type=int, default=1,
-                   help="baseline: examples per micro-batch (padded to the longest); "
-                        "accumulation matches ours' tokens/step")
-    p.add_argument("--attn", choices=["auto", "sdpa", "flash_attention_2"], default="auto",
-                   help="ours: attention implementation (auto: the trainer's choice)")
+    p.add_argument(
+        "--baseline-micro-batch",
+        type=int,
+        default=1,
+        help="baseline: examples per micro-batch (padded to the longest); accumulation matches ours' tokens/step",
+    )
+    p.add_argument(
+        "--attn",
+        choices=["auto", "sdpa", "flash_attention_2"],
+        default="auto",
+        help="ours: attention implementation (auto: the trainer's choice)",
+    )
     p.add_argument("--liger", action="store_true", help="ours: Liger kernels (needs a GPU and liger_kernel)")
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--skip-baseline", action="store_true", help="measure ours only (one mean at a time, less GPU time)")
     p.add_argument("--smoke", action="store_true", help="CPU smoke run: tiny model, seq 256, 120 examples")
-    p.add_argument("--results",
-                   help=f"markdown file to append to (default {RESULTS.relative_to(ROOT)}; none for --smoke)")
+    p.add_argument(
+        "--results", help=f"markdown file to append to (default {RESULTS.relative_to(ROOT)}; none for --smoke)"
+    )
     args = p.parse_args(argv)
     if args.smoke:
         args.model, args.max_seq_length, args.examples = "tiny", 256, 120
@@ -227,8 +293,11 @@ def main(argv=None) -> None:
     shape = model_shape(MODELS[args.model])
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
     mean_len = sum(len(e["input_ids"]) for e in examples) / len(examples)
-    print(f"{args.examples} examples (mean {mean_len:.0f} tokens) in {len(rows)} packed rows of {args.max_seq_length}; "
-          f"{flops / 1e9:.3g} GFLOPs/token (6N + causal attention over {keys:.0f} keys/token)", flush=True)
+    print(
+        f"{args.examples} examples (mean {mean_len:.0f} tokens) in {len(rows)} packed rows of {args.max_seq_length}; "
+        f"{flops / 1e9:.3g} GFLOPs/token (6N + causal attention over {keys:.0f} keys/token)",
+        flush=True,
+    )
     settings = plan(args, examples, rows)
     runs = [] if args.skip_baseline else [in_own_process("baseline", args, *settings["baseline"], flops)]
     runs.append(in_own_process("ours", args, *settings["ours"], flops))
@@ -247,24 +316,34 @@ def main(argv=None) -> None:
     def row(r):
         label = "baseline: HF Trainer, padded" if r["kind"] == "baseline" else "ours: packed rows"
         mfu = "n/a" if r["mfu"] is None else f"{r['mfu']:.1%}"
-        return (f"| {label} | {r['attn']} | {'yes' if r['liger'] else 'no'} | {r['micro_batch']} x {r['grad_accum']} | "
-                f"{r['tokens_per_step']:,.0f} | {r['tokens_per_second']:,.0f} | {mfu} | {r['peak_memory_gib']:.1f} |")
+        return (
+            f"| {label} | {r['attn']} | {'yes' if r['liger'] else 'no'} | {r['micro_batch']} x {r['grad_accum']} | "
+            f"{r['tokens_per_step']:,.0f} | {r['tokens_per_second']:,.0f} | {mfu} | {r['peak_memory_gib']:.1f} |"
+        )
 
     cmd = "python benchmarks/train_throughput.py " + " ".join(argv if argv is not None else sys.argv[1:])
-    section = "\n".join([
-        f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.model}, seq {args.max_seq_length}, "
-        f"{runs[-1]['device']}",
-        "", f"`{cmd}`", "",
-        f"torch {version('torch')}, transformers {version('transformers')}, flash-attn {version('flash-attn')}, "
-        f"liger-kernel {version('liger-kernel')}; {args.examples} examples, mean length {mean_len:.0f}, "
-        f"{len(rows)} packed rows; {flops / 1e9:.3g} GFLOPs/token (causal attention over {keys:.0f} keys/token per "
-        f"document){'; gradient checkpointing' if args.gradient_checkpointing else ''}.", "",
-        f"| run | attention | Liger | micro-batch x accumulation | real tokens/step | tokens/s/device | MFU | "
-        f"peak memory GiB ({runs[-1]['memory_kind']}) |",
-        "|---|---|---|---|---:|---:|---:|---:|",
-        *[row(r) for r in runs],
-        "", f"Speed-up: **{speedup:.2f}x**." if speedup else "Baseline not run (`--skip-baseline`).", "", "",
-    ])
+    section = "\n".join(
+        [
+            f"## {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: {args.model}, seq {args.max_seq_length}, "
+            f"{runs[-1]['device']}",
+            "",
+            f"`{cmd}`",
+            "",
+            f"torch {version('torch')}, transformers {version('transformers')}, flash-attn {version('flash-attn')}, "
+            f"liger-kernel {version('liger-kernel')}; {args.examples} examples, mean length {mean_len:.0f}, "
+            f"{len(rows)} packed rows; {flops / 1e9:.3g} GFLOPs/token (causal attention over {keys:.0f} keys/token per "
+            f"document){'; gradient checkpointing' if args.gradient_checkpointing else ''}.",
+            "",
+            f"| run | attention | Liger | micro-batch x accumulation | real tokens/step | tokens/s/device | MFU | "
+            f"peak memory GiB ({runs[-1]['memory_kind']}) |",
+            "|---|---|---|---|---:|---:|---:|---:|",
+            *[row(r) for r in runs],
+            "",
+            f"Speed-up: **{speedup:.2f}x**." if speedup else "Baseline not run (`--skip-baseline`).",
+            "",
+            "",
+        ]
+    )
     path = Path(results)
     if not path.exists():
         path.write_text("# Training throughput\n\nAppended by `benchmarks/train_throughput.py`; newest last.\n\n")

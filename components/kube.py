@@ -46,15 +46,16 @@ def job_name_for(run_id: str, prefix: str = "sft", max_length: int = MAX_JOB_NAM
     longer than ``max_length`` keep their start and end in an 8-character hash of the full run id.
     """
     if not DNS1035_LABEL.match(prefix):
-        raise ValueError(f"prefix {prefix!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
-                         "starts with a letter)")
+        raise ValueError(
+            f"prefix {prefix!r} must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter)"
+        )
     slug = re.sub(r"[^a-z0-9]+", "-", run_id.lower()).strip("-")
     if not slug:
         raise ValueError(f"run_id {run_id!r} has no letters or digits; pass the KFP run id")
     name = f"{prefix}-{slug}"
     if len(name) > max_length:
         digest = hashlib.sha256(run_id.encode()).hexdigest()[:8]
-        name = f"{name[:max_length - len(digest) - 1].rstrip('-')}-{digest}"
+        name = f"{name[: max_length - len(digest) - 1].rstrip('-')}-{digest}"
     return name
 
 
@@ -137,15 +138,23 @@ def unstartable_pod_reason(pods: list, unschedulable_since: dict, pending_timeou
             if waiting and waiting.reason in FATAL_WAITING_REASONS:
                 detail = f": {waiting.message}" if waiting.message else ""
                 return f"pod {pod.metadata.name}: container {cs.name} is {waiting.reason}{detail}"
-        unschedulable = next((c for c in pod.status.conditions or [] if c.type == "PodScheduled"
-                              and c.status == "False" and c.reason == "Unschedulable"), None)
+        unschedulable = next(
+            (
+                c
+                for c in pod.status.conditions or []
+                if c.type == "PodScheduled" and c.status == "False" and c.reason == "Unschedulable"
+            ),
+            None,
+        )
         if unschedulable is None:
             unschedulable_since.pop(pod.metadata.uid, None)
             continue
         since = unschedulable_since.setdefault(pod.metadata.uid, now)
         if now - since >= pending_timeout_seconds:
-            return (f"pod {pod.metadata.name} could not be scheduled for {now - since:.0f}s: {unschedulable.message} "
-                    "(check the GPU count, node selector and tolerations against the cluster's GPU nodes)")
+            return (
+                f"pod {pod.metadata.name} could not be scheduled for {now - since:.0f}s: {unschedulable.message} "
+                "(check the GPU count, node selector and tolerations against the cluster's GPU nodes)"
+            )
     return None
 
 
@@ -189,8 +198,9 @@ class PodLogFollower:
         """Fetch and print what each pod has logged since the previous poll."""
         for pod in pods:
             status = next((cs for cs in pod.status.container_statuses or [] if cs.name == self._container), None)
-            if status is None or not (status.state and (status.state.running or status.state.terminated)
-                                      or status.restart_count):
+            if status is None or not (
+                status.state and (status.state.running or status.state.terminated) or status.restart_count
+            ):
                 continue  # not started yet: no log to read
             name = pod.metadata.name
             cursor = self._cursors.get(name)
@@ -224,8 +234,14 @@ class PodLogFollower:
             kwargs["since_seconds"] = since_seconds
         try:
             # Raw bytes: the client otherwise json-decodes a log that happens to be valid JSON.
-            resp = call_api(self._core.read_namespaced_pod_log, pod_name, self._namespace,
-                            _preload_content=False, retry_delay=self._retry_delay, **kwargs)
+            resp = call_api(
+                self._core.read_namespaced_pod_log,
+                pod_name,
+                self._namespace,
+                _preload_content=False,
+                retry_delay=self._retry_delay,
+                **kwargs,
+            )
         except ApiException as exc:
             if exc.status in (400, 404):  # container not running yet / pod gone: nothing to read now
                 return None
@@ -295,10 +311,17 @@ def sigterm_cancels():
 
 # -- one custom resource's life ----------------------------------------------------------------------------
 
+
 def true_condition(obj: dict, type_: str) -> dict | None:
     """The object's status condition of this type if its status is True, else None."""
-    return next((c for c in (obj.get("status") or {}).get("conditions") or []
-                 if c.get("type") == type_ and c.get("status") == "True"), None)
+    return next(
+        (
+            c
+            for c in (obj.get("status") or {}).get("conditions") or []
+            if c.get("type") == type_ and c.get("status") == "True"
+        ),
+        None,
+    )
 
 
 def latest_state(obj: dict) -> str:
@@ -331,9 +354,17 @@ class CustomResourceRunner:
     polls, checks the Event as well. Every request goes through ``call_api`` (transient errors are retried).
     """
 
-    def __init__(self, manifest: dict, plural: str, *, api_client=None, poll_seconds: float = 10.0,
-                 timeout_seconds: float | None = None, deletion_timeout_seconds: float = 900.0,
-                 controller: str = "its controller"):
+    def __init__(
+        self,
+        manifest: dict,
+        plural: str,
+        *,
+        api_client=None,
+        poll_seconds: float = 10.0,
+        timeout_seconds: float | None = None,
+        deletion_timeout_seconds: float = 900.0,
+        controller: str = "its controller",
+    ):
         group, _, version = manifest["apiVersion"].rpartition("/")
         self.name, self.namespace = manifest["metadata"]["name"], manifest["metadata"]["namespace"]
         self.what = f"{manifest['kind']} {self.namespace}/{self.name}"
@@ -374,8 +405,9 @@ class CustomResourceRunner:
         while True:
             manifest = body(gone) if callable(body) else body
             try:
-                created = call_api(self.custom.create_namespaced_custom_object, *self.ref, manifest,
-                                   retry_delay=self.retry_delay)
+                created = call_api(
+                    self.custom.create_namespaced_custom_object, *self.ref, manifest, retry_delay=self.retry_delay
+                )
                 print(f"created {self.what}" + (describe(manifest) if describe else ""), flush=True)
                 return created
             except ApiException as exc:
@@ -401,16 +433,22 @@ class CustomResourceRunner:
 
     def patch(self, body: dict) -> dict:
         """Merge-patch the resource (RFC 7386); returns it as patched."""
-        return call_api(self.custom.patch_namespaced_custom_object, *self.ref, self.name, body,
-                        retry_delay=self.retry_delay)
+        return call_api(
+            self.custom.patch_namespaced_custom_object, *self.ref, self.name, body, retry_delay=self.retry_delay
+        )
 
     def delete(self, why: str, *, foreground: bool = False) -> None:
         """Delete the resource (gone already: nothing to do). Foreground: the API server keeps it until its
         dependents (pods, trials) are gone, so ``wait_until_gone`` returns once what they held is free."""
         print(f"deleting {self.what}: {why}", flush=True)
         try:
-            call_api(self.custom.delete_namespaced_custom_object, *self.ref, self.name, retry_delay=self.retry_delay,
-                     body=k8s.V1DeleteOptions(propagation_policy="Foreground" if foreground else "Background"))
+            call_api(
+                self.custom.delete_namespaced_custom_object,
+                *self.ref,
+                self.name,
+                retry_delay=self.retry_delay,
+                body=k8s.V1DeleteOptions(propagation_policy="Foreground" if foreground else "Background"),
+            )
         except ApiException as exc:
             if exc.status != 404:
                 raise
@@ -426,13 +464,16 @@ class CustomResourceRunner:
         give_up = time.monotonic() + self.deletion_timeout_seconds
         while (obj := self.read()) is not None:
             if self.past_deadline():
-                raise TimeoutError(f"{self.what} did not finish within {self.timeout_seconds:.0f}s (it was being "
-                                   "deleted)")
+                raise TimeoutError(
+                    f"{self.what} did not finish within {self.timeout_seconds:.0f}s (it was being deleted)"
+                )
             if time.monotonic() > give_up:
                 finalizers = ", ".join(obj["metadata"].get("finalizers") or []) or "none"
-                raise RuntimeError(f"{self.what} is still being deleted after {self.deletion_timeout_seconds:.0f}s "
-                                   f"(finalizers: {finalizers}): check that {self.controller} is running, then "
-                                   "delete what holds it (its pods, or its finalizers)")
+                raise RuntimeError(
+                    f"{self.what} is still being deleted after {self.deletion_timeout_seconds:.0f}s "
+                    f"(finalizers: {finalizers}): check that {self.controller} is running, then "
+                    "delete what holds it (its pods, or its finalizers)"
+                )
             self.sleep()
 
     # -- following -----------------------------------------------------------------------------------------

@@ -17,5 +17,7 @@ def name_error(field: str, value: str, pattern: re.Pattern, limit: int, what: st
     if len(value) <= limit and pattern.match(value):
         return None
     suggestion = re.sub(r"[^a-z0-9-]+", "-", value.lower()).strip("-")[:limit] or "my-name"
-    return (f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); "
-            f"e.g. {suggestion!r}")
+    return (
+        f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); "
+        f"e.g. {suggestion!r}"
+    )

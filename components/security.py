@@ -21,8 +21,12 @@ FS_GROUP = RUN_AS_GROUP
 def pod_security_context(*, fs_group: bool = False) -> dict:
     """The pod-level security context (Kubernetes JSON): non-root user and group, the runtime's seccomp profile, and
     with ``fs_group`` the claims' group."""
-    context = {"runAsNonRoot": True, "runAsUser": RUN_AS_USER, "runAsGroup": RUN_AS_GROUP,
-               "seccompProfile": {"type": "RuntimeDefault"}}
+    context = {
+        "runAsNonRoot": True,
+        "runAsUser": RUN_AS_USER,
+        "runAsGroup": RUN_AS_GROUP,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     if fs_group:
         context.update(fsGroup=FS_GROUP, fsGroupChangePolicy="OnRootMismatch")
     return context
@@ -33,8 +37,12 @@ def container_security_context(*, user: bool = False) -> dict:
     non-root, the runtime's seccomp profile (the checks ``restricted`` makes of each container, also where the
     pod-level context is not ours), and with ``user`` the user and group too (where the pod level cannot carry them:
     Knative admits no pod-level security context unless its kubernetes.podspec-securitycontext feature is on)."""
-    context = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}, "runAsNonRoot": True,
-               "seccompProfile": {"type": "RuntimeDefault"}}
+    context = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
     if user:
         context.update(runAsUser=RUN_AS_USER, runAsGroup=RUN_AS_GROUP)
     return context

@@ -40,16 +40,33 @@ ADVANCED = "advanced_settings"  # the pipeline parameter that carries every non-
 T = typing.TypeVar("T")
 
 
-def setting(default: T, help: str, *, plain: bool = True, min: float | None = None, max: float | None = None,
-            above: float | None = None, below: float | None = None, choices: tuple[str, ...] = (),
-            path_suffix: str = "") -> T:
+def setting(
+    default: T,
+    help: str,
+    *,
+    plain: bool = True,
+    min: float | None = None,
+    max: float | None = None,
+    above: float | None = None,
+    below: float | None = None,
+    choices: tuple[str, ...] = (),
+    path_suffix: str = "",
+) -> T:
     """A settings field: ``default``, one paragraph of ``help`` (its first sentence is the ``--help`` line),
     ``plain`` (a typed parameter of its own in the KFP UI, else inside ``advanced_settings``), the bounds
     ``min <= value <= max``, ``above < value < below``, and the allowed values ``choices`` (of a list setting: of
     each entry). ``path_suffix``: a value outside ``choices`` may also be a path ending so (``deepspeed_config``:
     a shipped config's name, or a user's ``.json`` on a mounted volume, which only the trainer can read)."""
-    metadata = {"help": help, "plain": plain, "min": min, "max": max, "above": above, "below": below,
-                "choices": tuple(choices), "path_suffix": path_suffix}
+    metadata = {
+        "help": help,
+        "plain": plain,
+        "min": min,
+        "max": max,
+        "above": above,
+        "below": below,
+        "choices": tuple(choices),
+        "path_suffix": path_suffix,
+    }
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
@@ -62,67 +79,115 @@ class SFTSettings:
     model_name_or_path: str = setting(
         "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
         "Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3 (built offline). "
-        "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.")
-    method: str = setting("full", "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).",
-                          choices=("full", "lora", "qlora"))
+        "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.",
+    )
+    method: str = setting(
+        "full",
+        "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).",
+        choices=("full", "lora", "qlora"),
+    )
     max_seq_length: int = setting(
-        4096, "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.",
-        min=64)
+        4096,
+        "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.",
+        min=64,
+    )
     lora_r: int = setting(16, "LoRA rank: higher learns more and costs more memory.", plain=False, min=1)
-    lora_alpha: int = setting(32, "LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_r).",
-                              plain=False, min=1)
+    lora_alpha: int = setting(
+        32, "LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_r).", plain=False, min=1
+    )
     lora_dropout: float = setting(
-        0.0, "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).",
-        plain=False, min=0, below=1)
+        0.0,
+        "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).",
+        plain=False,
+        min=0,
+        below=1,
+    )
     lora_target_modules: str = setting(
-        "", "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every "
-            "linear projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is "
-            "an nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.", plain=False)
+        "",
+        "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every "
+        "linear projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is "
+        "an nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.",
+        plain=False,
+    )
     merge_lora: bool = setting(
-        True, "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
-              "the adapter alone always goes to adapter/.", plain=False)
+        True,
+        "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
+        "the adapter alone always goes to adapter/.",
+        plain=False,
+    )
     router_aux_loss_coef: float = setting(
-        0.001, "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
-        plain=False, min=0)
+        0.001,
+        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
+        plain=False,
+        min=0,
+    )
     dpo_beta: float = setting(
-        0.1, "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
-        plain=False, above=0)
+        0.1,
+        "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
+        plain=False,
+        above=0,
+    )
     # The grpo stage (components/train/trainer/grpo.py, rewards.py): training settings like dpo_beta, so that they
     # reach the trainer config and stage_settings may set them.
     grpo_rewards: dict = setting(
         {"answer": 1.0, "format": 0.5},
         "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format (the "
         "reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward model: "
-        "grpo_reward_model) and function (grpo_reward_function).", plain=False)
+        "grpo_reward_model) and function (grpo_reward_function).",
+        plain=False,
+    )
     grpo_answer_pattern: str = setting(
         r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?",
         "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer and "
-        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.", plain=False)
+        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.",
+        plain=False,
+    )
     grpo_length_budget: int = setting(
-        256, "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).",
-        plain=False, min=1)
+        256,
+        "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).",
+        plain=False,
+        min=1,
+    )
     grpo_reward_model: str = setting(
-        "", "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a "
-            "mounted volume (a sequence classifier with one label).", plain=False)
+        "",
+        "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a "
+        "mounted volume (a sequence classifier with one label).",
+        plain=False,
+    )
     grpo_reward_function: str = setting(
-        "", "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
-            "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive "
-            "as keywords).", plain=False)
+        "",
+        "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
+        "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive "
+        "as keywords).",
+        plain=False,
+    )
     grpo_num_generations: int = setting(
-        8, "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
-           "per_device_train_batch_size x gradient_accumulation_steps x GPUs.", plain=False, min=2)
+        8,
+        "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
+        "per_device_train_batch_size x gradient_accumulation_steps x GPUs.",
+        plain=False,
+        min=2,
+    )
     grpo_max_completion_length: int = setting(
-        512, "grpo stage: length limit of each sampled completion, in tokens.", plain=False, min=1)
+        512, "grpo stage: length limit of each sampled completion, in tokens.", plain=False, min=1
+    )
     grpo_beta: float = setting(
-        0.04, "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
-              "reference model.", plain=False, min=0)
-    grpo_temperature: float = setting(
-        1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
+        0.04,
+        "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
+        "reference model.",
+        plain=False,
+        min=0,
+    )
+    grpo_temperature: float = setting(1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
     parallelism: str = setting(
-        "deepspeed", "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
-                     "ZeRO-3 over every GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a "
-                     "node, replicated across nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism "
-                     "within a node, MoE models).", plain=False, choices=("deepspeed", "hsdp", "hsdp_ep"))
+        "deepspeed",
+        "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
+        "ZeRO-3 over every GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a "
+        "node, replicated across nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism "
+        "within a node, MoE models).",
+        plain=False,
+        choices=("deepspeed", "hsdp", "hsdp_ep"),
+    )
 
 
 @dataclass
@@ -132,16 +197,28 @@ class TrainSettings(SFTSettings):
 
     per_device_train_batch_size: int = setting(1, "Rows per GPU per forward pass (the micro-batch).", min=1)
     gradient_accumulation_steps: int = setting(
-        4, "Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).", min=1)
+        4, "Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).", min=1
+    )
     learning_rate: float = setting(
-        5e-5, "Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).", above=0, below=1)
+        5e-5, "Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).", above=0, below=1
+    )
     lr_scheduler_type: str = setting(
-        "cosine", "Learning-rate schedule after warm-up (transformers' SchedulerType): cosine, linear, "
-                  "cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.", plain=False,
+        "cosine",
+        "Learning-rate schedule after warm-up (transformers' SchedulerType): cosine, linear, "
+        "cosine_with_restarts, polynomial, constant, constant_with_warmup or inverse_sqrt.",
+        plain=False,
         # The schedules the Trainer builds from these settings alone: the others need lr_scheduler_kwargs or an
         # eval strategy, which are not settings (a test holds these to transformers' SchedulerType).
-        choices=("cosine", "linear", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-                 "inverse_sqrt"))
+        choices=(
+            "cosine",
+            "linear",
+            "cosine_with_restarts",
+            "polynomial",
+            "constant",
+            "constant_with_warmup",
+            "inverse_sqrt",
+        ),
+    )
     num_train_epochs: float = setting(2.0, "Passes over the training split.", min=0)
     max_steps: int = setting(-1, "Stop after this many optimizer steps; -1 runs every epoch.", min=-1)
     warmup_ratio: float = setting(0.03, "Fraction of the steps spent in linear warm-up.", min=0, below=1)
@@ -149,23 +226,32 @@ class TrainSettings(SFTSettings):
     max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 turns clipping off).", plain=False, min=0)
     seed: int = setting(42, "Seed of the train/eval split and of training.")
     deepspeed_config: str = setting(
-        "zero3", "DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped configs), "
-                 "none (plain DDP) or a .json path on a "
-                 "mounted volume.",
+        "zero3",
+        "DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped configs), "
+        "none (plain DDP) or a .json path on a "
+        "mounted volume.",
         # The shipped configs are components/train/deepspeed/<name>.json (a test holds the folder to these names).
-        choices=("zero2", "zero3", "zero3_hpz", "zero3_offload", "none"), path_suffix=".json")
+        choices=("zero2", "zero3", "zero3_hpz", "zero3_offload", "none"),
+        path_suffix=".json",
+    )
     activation_checkpointing: bool = setting(
-        True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False)
-    save_steps: int = setting(200, "Checkpoint every this many optimizer steps (a restarted job resumes from the "
-                                   "last complete one).", min=1)
+        True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False
+    )
+    save_steps: int = setting(
+        200, "Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).", min=1
+    )
     save_total_limit: int = setting(2, "Complete checkpoints kept on the model volume.", min=1)
-    logging_steps: int = setting(10, "Optimizer steps between progress lines and TensorBoard points.",
-                                 plain=False, min=1)
+    logging_steps: int = setting(
+        10, "Optimizer steps between progress lines and TensorBoard points.", plain=False, min=1
+    )
     report_to: list = setting(
-        ["tensorboard"], "Where the trainer reports its metrics: tensorboard (the run's Tensorboard reads it), mlflow, "
-                         "wandb; on a cluster mlflow and wandb take their address and key from tracking_secret, "
-                         "locally mlflow writes to <workspace>/mlruns.", plain=False,
-        choices=("tensorboard", "mlflow", "wandb"))  # transformers' integrations the images install
+        ["tensorboard"],
+        "Where the trainer reports its metrics: tensorboard (the run's Tensorboard reads it), mlflow, "
+        "wandb; on a cluster mlflow and wandb take their address and key from tracking_secret, "
+        "locally mlflow writes to <workspace>/mlruns.",
+        plain=False,
+        choices=("tensorboard", "mlflow", "wandb"),
+    )  # transformers' integrations the images install
 
 
 @dataclass
@@ -173,25 +259,37 @@ class StageSettings:
     """Which training stages run, in which order, and what each one reads (components/train/stages.py)."""
 
     stages: list = setting(
-        ["sft"], "Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised "
-                 "fine-tuning), dpo (preference tuning), rm (a reward model on dpo_dataset_source's pairs) and grpo "
-                 "(reinforcement learning on grpo_dataset_source's prompts); each trains from the previous stage's "
-                 "final model (grpo after rm: from the model before rm).",
-        choices=("cpt", "sft", "dpo", "rm", "grpo"))
+        ["sft"],
+        "Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised "
+        "fine-tuning), dpo (preference tuning), rm (a reward model on dpo_dataset_source's pairs) and grpo "
+        "(reinforcement learning on grpo_dataset_source's prompts); each trains from the previous stage's "
+        "final model (grpo after rm: from the model before rm).",
+        choices=("cpt", "sft", "dpo", "rm", "grpo"),
+    )
     cpt_dataset_source: str = setting(
-        "", "cpt stage: raw domain text (a text column), same syntax as dataset_source; builtin:domain-text is a "
-            "bundled sample.")
+        "",
+        "cpt stage: raw domain text (a text column), same syntax as dataset_source; builtin:domain-text is a "
+        "bundled sample.",
+    )
     dpo_dataset_source: str = setting(
-        "", "dpo and rm stages: preference pairs (prompt, chosen, rejected), same syntax as dataset_source; "
-            "builtin:preference is a bundled sample.")
+        "",
+        "dpo and rm stages: preference pairs (prompt, chosen, rejected), same syntax as dataset_source; "
+        "builtin:preference is a bundled sample.",
+    )
     grpo_dataset_source: str = setting(
-        "", "grpo stage: prompts (a prompt column, text or turns) with an optional reference answer column (answer), "
-            "same syntax as dataset_source; builtin:arithmetic is a bundled sample.")
+        "",
+        "grpo stage: prompts (a prompt column, text or turns) with an optional reference answer column (answer), "
+        "same syntax as dataset_source; builtin:arithmetic is a bundled sample.",
+    )
     grpo_column_mapping: dict = setting(
-        {}, "grpo stage: prompt or answer -> your column name, e.g. {\"prompt\": \"question\"}.", plain=False)
+        {}, 'grpo stage: prompt or answer -> your column name, e.g. {"prompt": "question"}.', plain=False
+    )
     stage_settings: dict = setting(
-        {}, "Training settings of one stage over the run's, e.g. {\"dpo\": {\"learning_rate\": 5e-7, \"method\": "
-            "\"lora\"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.", plain=False)
+        {},
+        'Training settings of one stage over the run\'s, e.g. {"dpo": {"learning_rate": 5e-7, "method": '
+        '"lora"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.',
+        plain=False,
+    )
 
 
 @dataclass
@@ -200,17 +298,26 @@ class VariantSettings:
     trained through the whole stage chain in its own folders and jobs, and evaluation compares them all."""
 
     variants: list = setting(
-        [], "Setting overrides, one JSON object per variant, e.g. [{\"learning_rate\": 1e-5}, {\"learning_rate\": "
-            "5e-5, \"name\": \"hi-lr\"}]: each trains the stage chain in its own folders and jobs ([]: one model). "
-            "An optional \"name\" (lowercase letters, digits, '-') names its folders, jobs and served model.")
+        [],
+        'Setting overrides, one JSON object per variant, e.g. [{"learning_rate": 1e-5}, {"learning_rate": '
+        '5e-5, "name": "hi-lr"}]: each trains the stage chain in its own folders and jobs ([]: one model). '
+        "An optional \"name\" (lowercase letters, digits, '-') names its folders, jobs and served model.",
+    )
     variants_parallel: int = setting(
-        1, "Variants trained at once (a loop limit fixed when the pipeline is compiled: python -m pipelines.run "
-           "compiles with the run's value, compiled/ holds 1); together they must fit the cluster's GPUs.",
-        plain=False, min=1)
+        1,
+        "Variants trained at once (a loop limit fixed when the pipeline is compiled: python -m pipelines.run "
+        "compiles with the run's value, compiled/ holds 1); together they must fit the cluster's GPUs.",
+        plain=False,
+        min=1,
+    )
     deploy_variants: str = setting(
-        "best", "With variants, what is served: best (the lowest held-out loss of those that passed their gate) or "
-                "all (every variant that passed, each as <serving_name>-<variant>; LoRA adapters of one base share "
-                "one vLLM server, components/deploy/plan.py).", plain=False, choices=("best", "all"))
+        "best",
+        "With variants, what is served: best (the lowest held-out loss of those that passed their gate) or "
+        "all (every variant that passed, each as <serving_name>-<variant>; LoRA adapters of one base share "
+        "one vLLM server, components/deploy/plan.py).",
+        plain=False,
+        choices=("best", "all"),
+    )
 
 
 @dataclass
@@ -218,21 +325,30 @@ class HpoSettings:
     """Hyper-parameter search before the sft stage: Katib on a cluster, Optuna locally (components/hpo/)."""
 
     hpo_trials: int = setting(
-        0, "Hyper-parameter search: short training trials before the sft stage, which then trains with the best "
-           "trial's settings (Katib Experiment on a cluster, Optuna locally); 0 turns it off.", min=0)
+        0,
+        "Hyper-parameter search: short training trials before the sft stage, which then trains with the best "
+        "trial's settings (Katib Experiment on a cluster, Optuna locally); 0 turns it off.",
+        min=0,
+    )
     hpo_search_space: dict = setting(
         {"learning_rate": {"min": 1e-5, "max": 1e-4, "scale": "log"}},
-        "What the trials vary: setting -> {\"min\", \"max\", \"scale\": \"log\"} or {\"values\": [...]}, e.g. "
-        "{\"lora_r\": {\"values\": [8, 16, 32]}}.", plain=False)
-    hpo_parallel_trials: int = setting(1, "Trials at once; each holds the whole training job's GPUs.", plain=False,
-                                       min=1)
+        'What the trials vary: setting -> {"min", "max", "scale": "log"} or {"values": [...]}, e.g. '
+        '{"lora_r": {"values": [8, 16, 32]}}.',
+        plain=False,
+    )
+    hpo_parallel_trials: int = setting(
+        1, "Trials at once; each holds the whole training job's GPUs.", plain=False, min=1
+    )
     hpo_max_failed_trials: int = setting(1, "Failed trials that fail the search.", plain=False, min=0)
-    hpo_algorithm: str = setting("tpe", "Katib's search algorithm: random, tpe, multivariate-tpe, "
-                                        "bayesianoptimization, grid, cmaes or sobol.", plain=False,
-                                 choices=("random", "tpe", "multivariate-tpe", "bayesianoptimization", "grid",
-                                          "cmaes", "sobol"))
-    hpo_trial_steps: int = setting(50, "Optimizer steps per trial (objective: eval_loss, minimised).", plain=False,
-                                   min=1)
+    hpo_algorithm: str = setting(
+        "tpe",
+        "Katib's search algorithm: random, tpe, multivariate-tpe, bayesianoptimization, grid, cmaes or sobol.",
+        plain=False,
+        choices=("random", "tpe", "multivariate-tpe", "bayesianoptimization", "grid", "cmaes", "sobol"),
+    )
+    hpo_trial_steps: int = setting(
+        50, "Optimizer steps per trial (objective: eval_loss, minimised).", plain=False, min=1
+    )
 
 
 @dataclass
@@ -242,103 +358,168 @@ class DataSettings:
     dataset_source: str = setting(
         "builtin:sample",
         "Training data, comma-separated: builtin:sample, files/folders/globs (JSONL, JSON, Parquet, CSV, saved Arrow) "
-        "on a mounted volume, pvc://claim/path, hf://... or Hub ids (org/name?config=C&split=S&revision=R).")
+        "on a mounted volume, pvc://claim/path, hf://... or Hub ids (org/name?config=C&split=S&revision=R).",
+    )
     dataset_format: str = setting(
-        "auto", "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text "
-                "(preference, prompt/chosen/rejected pairs, is the dpo and rm stages' format: those go in "
-                "dpo_dataset_source; prompts, a prompt and an optional answer, the grpo stage's: grpo_dataset_source).",
+        "auto",
+        "Row format: auto (detected from the columns), messages, sharegpt, alpaca, prompt_completion or text "
+        "(preference, prompt/chosen/rejected pairs, is the dpo and rm stages' format: those go in "
+        "dpo_dataset_source; prompts, a prompt and an optional answer, the grpo stage's: grpo_dataset_source).",
         # The data step's format vocabulary (components/data/formats.py; a test holds it to these).
-        choices=("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference", "prompts"))
-    column_mapping: dict = setting({}, "The format's column name -> your column name, e.g. {\"messages\": \"dialog\"}.")
-    eval_source: str = setting("", "Take the eval split from this source (same syntax) instead of holding out "
-                                   "eval_size; empty: hold out.")
-    over_length: str = setting("drop", "What happens to examples longer than max_seq_length: drop or truncate.",
-                               choices=("drop", "truncate"))
-    packing: bool = setting(True, "Pack examples into rows of exactly max_seq_length (position_ids restart per "
-                                  "example); false: one example per row, padded per batch.")
+        choices=("auto", "messages", "sharegpt", "alpaca", "prompt_completion", "text", "preference", "prompts"),
+    )
+    column_mapping: dict = setting({}, 'The format\'s column name -> your column name, e.g. {"messages": "dialog"}.')
+    eval_source: str = setting(
+        "", "Take the eval split from this source (same syntax) instead of holding out eval_size; empty: hold out."
+    )
+    over_length: str = setting(
+        "drop", "What happens to examples longer than max_seq_length: drop or truncate.", choices=("drop", "truncate")
+    )
+    packing: bool = setting(
+        True,
+        "Pack examples into rows of exactly max_seq_length (position_ids restart per "
+        "example); false: one example per row, padded per batch.",
+    )
     num_proc: int = setting(8, "Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).", min=1)
     eval_size: float = setting(0.05, "Held-out fraction (< 1) or number of conversations (>= 1).")
     dataset_tokens_estimate: int = setting(
-        100_000_000, "The plan's size of the training split in tokens, before prepare_dataset has counted it "
-                     "(python -m pipelines.run --plan STATS_JSON takes the prepared dataset's own count).",
-        plain=False, min=1)
+        100_000_000,
+        "The plan's size of the training split in tokens, before prepare_dataset has counted it "
+        "(python -m pipelines.run --plan STATS_JSON takes the prepared dataset's own count).",
+        plain=False,
+        min=1,
+    )
 
 
 @dataclass
 class ClusterSettings:
     """Where and how the job runs: backend, nodes, volumes, placement, scheduling and restarts."""
 
-    train_backend: str = setting("pytorchjob", "pytorchjob (Training Operator v1), trainjob (Trainer v2) or local "
-                                               "(torchrun on this machine).",
-                                 choices=("pytorchjob", "trainjob", "local"))
+    train_backend: str = setting(
+        "pytorchjob",
+        "pytorchjob (Training Operator v1), trainjob (Trainer v2) or local (torchrun on this machine).",
+        choices=("pytorchjob", "trainjob", "local"),
+    )
     num_nodes: int = setting(2, "Training nodes: pods in the job (1 Master + num_nodes-1 Workers).", min=1)
     gpus_per_node: int = setting(8, "GPUs (torchrun processes) per training node; CPU processes locally.", min=1)
     gpu_memory_gib: float = setting(
-        80.0, "Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU is "
-              "requested (80 for H100 80GB).", min=0)
+        80.0,
+        "Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU is "
+        "requested (80 for H100 80GB).",
+        min=0,
+    )
     achieved_tflops_per_gpu: float = setting(
-        129.0, "The plan's compute speed: model TFLOP/s one GPU sustains in training (129: Qwen3-30B-A3B's layers, "
-               "grouped_mm experts, on one H100; benchmarks/results/plan.md).", plain=False, above=0)
+        129.0,
+        "The plan's compute speed: model TFLOP/s one GPU sustains in training (129: Qwen3-30B-A3B's layers, "
+        "grouped_mm experts, on one H100; benchmarks/results/plan.md).",
+        plain=False,
+        above=0,
+    )
     intra_node_gb_per_s: float = setting(
-        450.0, "The plan's bandwidth within a node, GB/s per GPU and direction (450: H100 NVLink 4).", plain=False,
-        above=0)
+        450.0,
+        "The plan's bandwidth within a node, GB/s per GPU and direction (450: H100 NVLink 4).",
+        plain=False,
+        above=0,
+    )
     inter_node_gb_per_s: float = setting(
-        50.0, "The plan's bandwidth between nodes, GB/s per GPU and direction: the node's network over its GPUs "
-              "(50: DGX H100, 8 x 400 Gb/s; one 200 Gb/s NIC for 8 GPUs: 3.125).", plain=False, above=0)
+        50.0,
+        "The plan's bandwidth between nodes, GB/s per GPU and direction: the node's network over its GPUs "
+        "(50: DGX H100, 8 x 400 Gb/s; one 200 Gb/s NIC for 8 GPUs: 3.125).",
+        plain=False,
+        above=0,
+    )
     trainer_image: str = setting(TRAINER_IMAGE, "Image the training job's pods run.")
     data_pvc: str = setting("llm-data", "ReadWriteMany claim for datasets and caches (mounted at /mnt/data).")
     model_pvc: str = setting("llm-models", "ReadWriteMany claim for checkpoints and final models (/mnt/models).")
-    hf_token_secret: str = setting("hf-token", "Secret with key HF_TOKEN for gated models; referenced, never read "
-                                               "(it may be absent).")
-    node_selector: dict = setting({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                                  "Node labels of the GPU pods (training, evaluation, serving).")
-    tolerations: list = setting([{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                                "Tolerations of the GPU pods (a JSON list).")
+    hf_token_secret: str = setting(
+        "hf-token", "Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent)."
+    )
+    node_selector: dict = setting(
+        {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        "Node labels of the GPU pods (training, evaluation, serving).",
+    )
+    tolerations: list = setting(
+        [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        "Tolerations of the GPU pods (a JSON list).",
+    )
     affinity: dict = setting({}, "Affinity of the training pods (a JSON object; {} for none).")
-    job_cleanup: str = setting("keep", "Delete the training job when it ends: keep, on-success or always.",
-                               choices=("keep", "on-success", "always"))
+    job_cleanup: str = setting(
+        "keep",
+        "Delete the training job when it ends: keep, on-success or always.",
+        choices=("keep", "on-success", "always"),
+    )
     active_deadline_seconds: int = setting(0, "Fail the training job after this long; 0 for no deadline.", min=0)
     queue_name: str = setting("", "Kueue LocalQueue of the training job; empty for none.")
     priority_class: str = setting("", "PriorityClass of the training pods (pytorchjob only); empty for none.")
     gang_scheduling: bool = setting(False, "Schedule all training pods together (pytorchjob only).")
-    min_nodes: int = setting(0, "Elastic training down to this many nodes (pytorchjob only); 0 for a fixed size.",
-                             min=0)
+    min_nodes: int = setting(
+        0, "Elastic training down to this many nodes (pytorchjob only); 0 for a fixed size.", min=0
+    )
     max_restarts: int = setting(3, "Elastic restarts before the job fails (with min_nodes).", min=0)
     job_restarts: int = setting(
-        2, "Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it resumes "
-           "from its last complete checkpoint. 0: a failed job fails the step at once.", min=0)
+        2,
+        "Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it resumes "
+        "from its last complete checkpoint. 0: a failed job fails the step at once.",
+        min=0,
+    )
     tracking_secret: str = setting(
-        "llm-tracking", "Secret with the experiment tracker's address and key for the training pods (keys "
-                        "MLFLOW_TRACKING_URI, MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD, WANDB_API_KEY, "
-                        "WANDB_BASE_URL; each optional): used when report_to names mlflow or wandb.", plain=False)
+        "llm-tracking",
+        "Secret with the experiment tracker's address and key for the training pods (keys "
+        "MLFLOW_TRACKING_URI, MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD, WANDB_API_KEY, "
+        "WANDB_BASE_URL; each optional): used when report_to names mlflow or wandb.",
+        plain=False,
+    )
     alert_webhook_secret: str = setting(
-        "llm-alerts", "Secret whose key ALERT_WEBHOOK_URL is a Slack-compatible incoming webhook: the run's outcome "
-                      "is posted there when it ends (an optional reference: no Secret, no alert).")
+        "llm-alerts",
+        "Secret whose key ALERT_WEBHOOK_URL is a Slack-compatible incoming webhook: the run's outcome "
+        "is posted there when it ends (an optional reference: no Secret, no alert).",
+    )
     tensorboard: bool = setting(
-        True, "Create a Kubeflow Tensorboard for the run's training curves (logspath pvc://<model_pvc>/runs/<run "
-              "id>/...), opened from the Kubeflow dashboard.")
+        True,
+        "Create a Kubeflow Tensorboard for the run's training curves (logspath pvc://<model_pvc>/runs/<run "
+        "id>/...), opened from the Kubeflow dashboard.",
+    )
     pending_timeout_seconds: int = setting(
-        900, "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
-             "minutes to add a GPU node).", min=60)
+        900,
+        "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
+        "minutes to add a GPU node).",
+        min=60,
+    )
     # Watching a run (components/train/trainer/metrics.py, components/observe/gpu_watch.py, manifests/monitoring/).
     metrics_port: int = setting(
-        9410, "Port each training pod's local rank 0 serves Prometheus metrics on (/metrics: step, loss, learning "
-              "rate, tokens/s, MFU, ETA, checkpoint age); 0 turns them off. 9410: clear of DCGM's 9400.",
-        plain=False, min=0, max=65535)
+        9410,
+        "Port each training pod's local rank 0 serves Prometheus metrics on (/metrics: step, loss, learning "
+        "rate, tokens/s, MFU, ETA, checkpoint age); 0 turns them off. 9410: clear of DCGM's 9400.",
+        plain=False,
+        min=0,
+        max=65535,
+    )
     prometheus_url: str = setting(
-        "", "Prometheus the launcher asks for the job's GPU utilisation (DCGM_FI_DEV_GPU_UTIL) while it follows the "
-            "job, e.g. http://prometheus-operated.monitoring:9090; empty: not watched. Unreachable: a warning.",
-        plain=False)
+        "",
+        "Prometheus the launcher asks for the job's GPU utilisation (DCGM_FI_DEV_GPU_UTIL) while it follows the "
+        "job, e.g. http://prometheus-operated.monitoring:9090; empty: not watched. Unreachable: a warning.",
+        plain=False,
+    )
     gpu_util_threshold: float = setting(
-        50.0, "The launcher posts a low-utilisation alert (alert_webhook_secret) when the job's average GPU "
-              "utilisation stays below this percentage for gpu_util_window_seconds.", plain=False, min=0, max=100)
+        50.0,
+        "The launcher posts a low-utilisation alert (alert_webhook_secret) when the job's average GPU "
+        "utilisation stays below this percentage for gpu_util_window_seconds.",
+        plain=False,
+        min=0,
+        max=100,
+    )
     gpu_util_window_seconds: int = setting(
-        600, "How long the job's GPU utilisation must stay below gpu_util_threshold before the launcher alerts.",
-        plain=False, min=60)
+        600,
+        "How long the job's GPU utilisation must stay below gpu_util_threshold before the launcher alerts.",
+        plain=False,
+        min=60,
+    )
     langfuse_secret: str = setting(
-        "llm-langfuse", "Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer "
-                        "records the run in Langfuse and evaluation and deployment trace each generation (an "
-                        "optional reference: no Secret, no traces).")
+        "llm-langfuse",
+        "Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer "
+        "records the run in Langfuse and evaluation and deployment trace each generation (an "
+        "optional reference: no Secret, no traces).",
+    )
 
 
 @dataclass
@@ -346,39 +527,59 @@ class EvaluateSettings:
     """The evaluation step and the deploy gate."""
 
     eval_gpus: int = setting(8, "GPUs of the evaluation pod.", min=0)
-    eval_max_samples: int = setting(512, "Score at most this many held-out rows and examples per lm-eval task "
-                                         "(0 = all); bounds the step's time.", min=0)
-    min_loss_improvement: float = setting(0.0, "Relative eval-loss improvement required to deploy (0.0: any "
-                                               "improvement).", min=0, below=1)
-    min_perplexity_improvement: float = setting(0.0, "Relative perplexity improvement required to deploy (0.0: no "
-                                                     "worse).")
+    eval_max_samples: int = setting(
+        512,
+        "Score at most this many held-out rows and examples per lm-eval task (0 = all); bounds the step's time.",
+        min=0,
+    )
+    min_loss_improvement: float = setting(
+        0.0, "Relative eval-loss improvement required to deploy (0.0: any improvement).", min=0, below=1
+    )
+    min_perplexity_improvement: float = setting(
+        0.0, "Relative perplexity improvement required to deploy (0.0: no worse)."
+    )
     eval_prompts: str = setting(
-        "builtin:sample", "Prompts answered side by side by base and tuned model: builtin:sample or a JSONL file of "
-                          "{\"messages\": [...]} conversations ending with a user turn.")
-    max_new_tokens: int = setting(512, "Length limit of each side-by-side answer (a thinking model needs 512 or "
-                                       "more to get past its reasoning).", min=1)
-    lm_eval_tasks: list = setting([], "lm-evaluation-harness task names, e.g. [\"arc_easy\"] (empty: none; needs "
-                                      "lm-eval in the image).")
-    max_task_regression: float = setting(0.01, "Largest drop of an lm-eval task's score (absolute, 0..1) that still "
-                                               "passes.", min=0, max=1)
+        "builtin:sample",
+        "Prompts answered side by side by base and tuned model: builtin:sample or a JSONL file of "
+        '{"messages": [...]} conversations ending with a user turn.',
+    )
+    max_new_tokens: int = setting(
+        512,
+        "Length limit of each side-by-side answer (a thinking model needs 512 or more to get past its reasoning).",
+        min=1,
+    )
+    lm_eval_tasks: list = setting(
+        [], 'lm-evaluation-harness task names, e.g. ["arc_easy"] (empty: none; needs lm-eval in the image).'
+    )
+    max_task_regression: float = setting(
+        0.01, "Largest drop of an lm-eval task's score (absolute, 0..1) that still passes.", min=0, max=1
+    )
     min_reward_improvement: float = setting(
-        0.0, "grpo runs: gain of the mean reward on held-out prompts over the model before grpo required to deploy "
-             "(absolute, in reward units; 0.0: no worse).", plain=False)
+        0.0,
+        "grpo runs: gain of the mean reward on held-out prompts over the model before grpo required to deploy "
+        "(absolute, in reward units; 0.0: no worse).",
+        plain=False,
+    )
 
 
 @dataclass
 class DeploySettings:
     """The deployment step."""
 
-    deploy_backend: str = setting("kserve-vllm", "kserve-vllm, kserve-huggingface or local (a local server for a "
-                                                 "local run).", choices=("kserve-vllm", "kserve-huggingface", "local"))
+    deploy_backend: str = setting(
+        "kserve-vllm",
+        "kserve-vllm, kserve-huggingface or local (a local server for a local run).",
+        choices=("kserve-vllm", "kserve-huggingface", "local"),
+    )
     serving_name: str = setting("qwen3-30b-a3b-sft", "InferenceService name (DNS-1035), also the served model name.")
     serving_gpus: int = setting(4, "GPUs per serving replica (vLLM's tensor-parallel size).", min=0)
     max_model_len: int = setting(8192, "Context length the server accepts (at least max_seq_length).", min=1)
-    deployment_mode: str = setting("Standard", "KServe's Standard (Deployment) or Knative (revisions, canary).",
-                                   choices=("Standard", "Knative"))
-    canary_traffic_percent: int = setting(0, "Knative only: share of traffic for the new revision (0: all at once).",
-                                          min=0, below=100)
+    deployment_mode: str = setting(
+        "Standard", "KServe's Standard (Deployment) or Knative (revisions, canary).", choices=("Standard", "Knative")
+    )
+    canary_traffic_percent: int = setting(
+        0, "Knative only: share of traffic for the new revision (0: all at once).", min=0, below=100
+    )
     keep_serving: bool = setting(False, "Local runs: leave the model server running after the smoke test.")
 
 
@@ -413,8 +614,11 @@ class Settings:
 
     def flat(self) -> dict:
         """Every setting by name."""
-        return {name: value for group in dataclasses.fields(self)
-                for name, value in dataclasses.asdict(getattr(self, group.name)).items()}
+        return {
+            name: value
+            for group in dataclasses.fields(self)
+            for name, value in dataclasses.asdict(getattr(self, group.name)).items()
+        }
 
 
 @dataclass(frozen=True)
@@ -444,8 +648,20 @@ def specs() -> dict[str, Spec]:
         for f in dataclasses.fields(cls):
             default = f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[operator]
             m = f.metadata
-            out[f.name] = Spec(f.name, hints[f.name], default, m["help"], group.name, m["plain"], m["min"], m["max"],
-                               m["above"], m["below"], m["choices"], m["path_suffix"])
+            out[f.name] = Spec(
+                f.name,
+                hints[f.name],
+                default,
+                m["help"],
+                group.name,
+                m["plain"],
+                m["min"],
+                m["max"],
+                m["above"],
+                m["below"],
+                m["choices"],
+                m["path_suffix"],
+            )
     return out
 
 
@@ -465,8 +681,9 @@ def split_arguments(values: dict) -> dict:
     setting that differs from its default inside ``advanced_settings``."""
     all_specs = specs()
     args = {name: value for name, value in values.items() if all_specs[name].plain}
-    advanced = {name: value for name, value in values.items()
-                if not all_specs[name].plain and value != all_specs[name].default}
+    advanced = {
+        name: value for name, value in values.items() if not all_specs[name].plain and value != all_specs[name].default
+    }
     return {**args, ADVANCED: advanced}
 
 
@@ -496,10 +713,13 @@ def merge_arguments(arguments: dict) -> dict:
     for name, value in (arguments.get(ADVANCED) or {}).items():
         if name not in all_specs:
             close = difflib.get_close_matches(name, all_specs, n=1)
-            raise ValueError(f"{ADVANCED}: unknown setting {name!r}" + (f"; did you mean {close[0]!r}?" if close else
-                             "; python -m pipelines.run --help lists every setting"))
+            raise ValueError(
+                f"{ADVANCED}: unknown setting {name!r}"
+                + (f"; did you mean {close[0]!r}?" if close else "; python -m pipelines.run --help lists every setting")
+            )
         if all_specs[name].plain:
-            raise ValueError(f"{ADVANCED}: {name!r} is a pipeline parameter of its own; set it there, not in "
-                             f"{ADVANCED}")
+            raise ValueError(
+                f"{ADVANCED}: {name!r} is a pipeline parameter of its own; set it there, not in {ADVANCED}"
+            )
         values[name] = value
     return {**defaults(), **whole_numbers(values)}

@@ -54,8 +54,14 @@ def main(argv: list[str] | None = None) -> int:
         if path.read_text() == text:
             continue
         if args.check:
-            sys.stdout.writelines(difflib.unified_diff(
-                path.read_text().splitlines(True), text.splitlines(True), str(path), "derived from the settings model"))
+            sys.stdout.writelines(
+                difflib.unified_diff(
+                    path.read_text().splitlines(True),
+                    text.splitlines(True),
+                    str(path),
+                    "derived from the settings model",
+                )
+            )
             stale.append(path)
         else:
             path.write_text(text)
@@ -74,8 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         args.output.write_text(fresh)
         print(f"wrote {args.output}")
         return 0
-    sys.stdout.writelines(difflib.unified_diff(
-        current.splitlines(True), fresh.splitlines(True), str(args.output), "compiled from source"))
+    sys.stdout.writelines(
+        difflib.unified_diff(current.splitlines(True), fresh.splitlines(True), str(args.output), "compiled from source")
+    )
     print(f"\n{args.output} is stale: run `python -m pipelines.compile` and commit it", file=sys.stderr)
     return 1
 

@@ -64,8 +64,15 @@ def pipeline_parameters() -> list[tuple[str, type, object, str]]:
 
     plain = [(s.name, s.type, s.default, s.help) for s in specs().values() if s.plain]
     advanced = ", ".join(s.name for s in specs().values() if not s.plain)
-    return plain + [(ADVANCED, dict, {}, "Any other setting by name, as a JSON object, e.g. {\"lora_r\": 32}: "
-                     f"{advanced}. python -m pipelines.run --help describes each.")]
+    return plain + [
+        (
+            ADVANCED,
+            dict,
+            {},
+            'Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: '
+            f"{advanced}. python -m pipelines.run --help describes each.",
+        )
+    ]
 
 
 def _wrap(name: str, text: str, indent: int) -> str:
@@ -83,8 +90,7 @@ def validate_component_source() -> str:
     params = pipeline_parameters()
     signature = "".join(f"    {name}: {kind.__name__},\n" for name, kind, _, _ in params)
     args = "".join(_wrap(name, text, 8) for name, _, _, text in params)
-    return (_HEADER + signature + ') -> NamedTuple("ValidateOutputs", [("settings", dict)]):\n'
-            + _DOC + args + _BODY)
+    return _HEADER + signature + ') -> NamedTuple("ValidateOutputs", [("settings", dict)]):\n' + _DOC + args + _BODY
 
 
 def settings_table() -> str:

@@ -39,6 +39,7 @@ DESCRIPTION = "Fine-tune an LLM with PyTorchJob, evaluate it, serve it with KSer
 PARAMETER_NAMES = [name for name, _, _, _ in pipeline_parameters()]
 SHM_SIZE = "64Gi"
 
+
 class Outputs(NamedTuple):
     model_uri: str
     metrics: Metrics
@@ -67,23 +68,38 @@ def build_pipeline(target: str = "cluster", workspace: str | None = None, varian
             # locally pipelines.run prints the outcome itself, so the local variant is the steps alone.
             return _steps(p, cluster, data_root, model_root, variants_parallel)
         # The exit handler posts how the run ended (alert_webhook_secret), whatever step failed.
-        notify = notify_run(run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER, model_root=model_root, model_pvc=p["model_pvc"],
-                            data_root=data_root).set_display_name("Notify (run outcome)").set_caching_options(False)
+        notify = (
+            notify_run(
+                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+                model_root=model_root,
+                model_pvc=p["model_pvc"],
+                data_root=data_root,
+            )
+            .set_display_name("Notify (run outcome)")
+            .set_caching_options(False)
+        )
         # The steps record how they ended on both volumes (components/observe/outcome.py).
         kubernetes.mount_pvc(notify, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
         kubernetes.mount_pvc(notify, pvc_name=p["data_pvc"], mount_path=DATA_MOUNT)
         # Optional: without the Secret (or its key) the run ends without an alert, and the pod still starts.
-        kubernetes.use_secret_as_env(notify, secret_name=p["alert_webhook_secret"],
-                                     secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)
+        kubernetes.use_secret_as_env(
+            notify,
+            secret_name=p["alert_webhook_secret"],
+            secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV},
+            optional=True,
+        )
         with dsl.ExitHandler(notify, name="Run"):
             _steps(p, cluster, data_root, model_root, variants_parallel)
         _run_as_non_root(pipeline_context.Pipeline.get_default_pipeline().tasks.values())
 
     # KFP reads the parameters from the signature: one per setting, built from the settings model.
     llm_finetune.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
-         for name, kind, default, _ in pipeline_parameters()],
-        return_annotation=inspect.Signature.empty if cluster else Outputs)
+        [
+            inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=default, annotation=kind)
+            for name, kind, default, _ in pipeline_parameters()
+        ],
+        return_annotation=inspect.Signature.empty if cluster else Outputs,
+    )
     llm_finetune.__doc__ = pipeline_docstring(DESCRIPTION)
     llm_finetune = dsl.pipeline(name=PIPELINE_NAME, description=DESCRIPTION)(llm_finetune)
     return llm_finetune
@@ -97,21 +113,38 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
     settings = validate.outputs["settings"]  # every setting, resolved and checked: what each later step reads
 
     # The sft data's eval split is what evaluation scores, whichever stages run.
-    prepare = prepare_dataset(
-        settings=settings, stage="sft", data_root=data_root, run_id=run_id,
-    ).set_display_name("Prepare dataset").set_caching_options(False)
+    prepare = (
+        prepare_dataset(
+            settings=settings,
+            stage="sft",
+            data_root=data_root,
+            run_id=run_id,
+        )
+        .set_display_name("Prepare dataset")
+        .set_caching_options(False)
+    )
     # Settings chosen by short trials on the sft data (hpo_trials; {} at once when it is 0): the sft stage uses them.
-    search = search_hyperparameters(
-        dataset=prepare.outputs["dataset"], settings=settings, data_root=data_root, model_root=model_root,
-        run_id=run_id,
-    ).set_display_name("Search hyper-parameters (Katib / Optuna)").set_caching_options(False)
+    search = (
+        search_hyperparameters(
+            dataset=prepare.outputs["dataset"],
+            settings=settings,
+            data_root=data_root,
+            model_root=model_root,
+            run_id=run_id,
+        )
+        .set_display_name("Search hyper-parameters (Katib / Optuna)")
+        .set_caching_options(False)
+    )
     tuned = search.outputs["Output"]
 
     # Each variant (variants; a run without any is its own one item) trains the stage chain under its own run id
     # (folders and job names), and is evaluated on the run's held-out split; at most variants_parallel at once.
     # An iteration reads everything from its item (components/variants/__init__.py says why).
-    variants = list_variants(settings=settings, run_id=run_id, tuned=tuned).set_display_name(
-        "Variants").set_caching_options(False)
+    variants = (
+        list_variants(settings=settings, run_id=run_id, tuned=tuned)
+        .set_display_name("Variants")
+        .set_caching_options(False)
+    )
     trains, preps, evaluates = [], [prepare], []
     with dsl.ParallelFor(variants.output, parallelism=variants_parallel, name="Each variant") as variant:
         own = variant.settings
@@ -124,14 +157,33 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
             stage = slots.outputs[f"stage_{i + 1}"]
             with dsl.If(stage != "", name=f"stage-{i + 1}"):
                 # After the sft data step: an sft stage prepares the same data again, from its cache.
-                stage_data = prepare_dataset(
-                    settings=own, stage=stage, data_root=data_root, run_id=variant.run_id,
-                ).after(prepare).set_display_name(f"Stage {i + 1}: prepare data").set_caching_options(False)
-                train = train_model(
-                    dataset=stage_data.outputs["dataset"], base_model_path=model, settings=own, stage=stage,
-                    tuned=variant.tuned, data_root=data_root, model_root=model_root, run_id=variant.run_id,
-                ).set_display_name(f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
-                                   ).set_caching_options(False)
+                stage_data = (
+                    prepare_dataset(
+                        settings=own,
+                        stage=stage,
+                        data_root=data_root,
+                        run_id=variant.run_id,
+                    )
+                    .after(prepare)
+                    .set_display_name(f"Stage {i + 1}: prepare data")
+                    .set_caching_options(False)
+                )
+                train = (
+                    train_model(
+                        dataset=stage_data.outputs["dataset"],
+                        base_model_path=model,
+                        settings=own,
+                        stage=stage,
+                        tuned=variant.tuned,
+                        data_root=data_root,
+                        model_root=model_root,
+                        run_id=variant.run_id,
+                    )
+                    .set_display_name(
+                        f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
+                    )
+                    .set_caching_options(False)
+                )
             with dsl.Else(name=f"no-stage-{i + 1}"):
                 skip = skip_stage(previous=model, stage=f"{i + 1}").set_display_name(f"Stage {i + 1}: not run")
             model = dsl.OneOf(train.outputs["model_path"], skip.output)
@@ -140,20 +192,46 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
             preps.append(stage_data)
 
         # Every variant on the same held-out tokens: the run's sft data.
-        evaluate = evaluate_model(
-            dataset=prepare.outputs["dataset"], model_path=model, settings=own, data_root=data_root,
-        ).set_display_name("Evaluate base vs tuned").set_caching_options(False)
+        evaluate = (
+            evaluate_model(
+                dataset=prepare.outputs["dataset"],
+                model_path=model,
+                settings=own,
+                data_root=data_root,
+            )
+            .set_display_name("Evaluate base vs tuned")
+            .set_caching_options(False)
+        )
         evaluates.append(evaluate)
-        result = variant_result(variant=variant.variant, run_id=variant.run_id, model_path=model, model_uri=model_uri,
-                                settings=own, overrides=variant.overrides).after(evaluate).set_display_name("Result")
-    compare = compare_variants(results=dsl.Collected(result.output)).set_display_name(
-        "Compare variants").set_caching_options(False)
+        result = (
+            variant_result(
+                variant=variant.variant,
+                run_id=variant.run_id,
+                model_path=model,
+                model_uri=model_uri,
+                settings=own,
+                overrides=variant.overrides,
+            )
+            .after(evaluate)
+            .set_display_name("Result")
+        )
+    compare = (
+        compare_variants(results=dsl.Collected(result.output))
+        .set_display_name("Compare variants")
+        .set_caching_options(False)
+    )
 
     with dsl.If(compare.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
-        deploy = deploy_model(
-            model_path=compare.outputs["model_path"], settings=compare.outputs["settings"], run_id=run_id,
-            serve=compare.outputs["serve"],
-        ).set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)").set_caching_options(False)
+        deploy = (
+            deploy_model(
+                model_path=compare.outputs["model_path"],
+                settings=compare.outputs["settings"],
+                run_id=run_id,
+                serve=compare.outputs["serve"],
+            )
+            .set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)")
+            .set_caching_options(False)
+        )
         if cluster:  # it reads the evaluation's serving reference beside the model (components/deploy/logprobs.py)
             kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
     with dsl.Else(name="evaluation-not-passed"):
@@ -161,16 +239,33 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
 
     if cluster:
         # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-        _attach_cluster_resources(preps, [search, *trains], evaluates, p["data_pvc"], p["model_pvc"],
-                                  p["hf_token_secret"], p["node_selector"], p["tolerations"], p["eval_gpus"])
+        _attach_cluster_resources(
+            preps,
+            [search, *trains],
+            evaluates,
+            p["data_pvc"],
+            p["model_pvc"],
+            p["hf_token_secret"],
+            p["node_selector"],
+            p["tolerations"],
+            p["eval_gpus"],
+        )
         # Watching the run (optional references: no Secret, no alert or trace): the launcher posts a job's idle GPUs
         # to the run's webhook (prometheus_url); evaluation and deployment trace their generations to Langfuse.
         for train in trains:
-            kubernetes.use_secret_as_env(train, secret_name=p["alert_webhook_secret"],
-                                         secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV}, optional=True)
+            kubernetes.use_secret_as_env(
+                train,
+                secret_name=p["alert_webhook_secret"],
+                secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV},
+                optional=True,
+            )
         for task in (*evaluates, deploy):
-            kubernetes.use_secret_as_env(task, secret_name=p["langfuse_secret"],
-                                         secret_key_to_env={key: key for key in LANGFUSE_KEYS}, optional=True)
+            kubernetes.use_secret_as_env(
+                task,
+                secret_name=p["langfuse_secret"],
+                secret_key_to_env={key: key for key in LANGFUSE_KEYS},
+                optional=True,
+            )
     return Outputs(
         model_uri=compare.outputs["model_uri"],
         metrics=compare.outputs["metrics"],
@@ -181,9 +276,9 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
     )
 
 
-
-def _attach_cluster_resources(preps, trains, evaluates, data_pvc, model_pvc, hf_token_secret,
-                              node_selector, tolerations, eval_gpus) -> None:
+def _attach_cluster_resources(
+    preps, trains, evaluates, data_pvc, model_pvc, hf_token_secret, node_selector, tolerations, eval_gpus
+) -> None:
     """Volumes, the HF token reference, GPUs and placement: what the steps need on Kubernetes."""
     for task in (*preps, *trains, *evaluates):
         kubernetes.mount_pvc(task, pvc_name=data_pvc, mount_path=DATA_MOUNT)
@@ -191,8 +286,9 @@ def _attach_cluster_resources(preps, trains, evaluates, data_pvc, model_pvc, hf_
         kubernetes.mount_pvc(task, pvc_name=model_pvc, mount_path=MODEL_MOUNT)
     for task in (*preps, *evaluates):
         # optional: public models and datasets need no token, and the pod must start without the Secret.
-        kubernetes.use_secret_as_env(task, secret_name=hf_token_secret, secret_key_to_env={HF_TOKEN_KEY: "HF_TOKEN"},
-                                     optional=True)
+        kubernetes.use_secret_as_env(
+            task, secret_name=hf_token_secret, secret_key_to_env={HF_TOKEN_KEY: "HF_TOKEN"}, optional=True
+        )
         # Hub downloads land on the data volume once, not in every pod's ephemeral storage.
         task.set_env_variable("HF_HOME", f"{DATA_MOUNT}/cache/huggingface")
     # Tokenisation runs num_proc processes: give the data step the CPUs for them.
@@ -201,8 +297,9 @@ def _attach_cluster_resources(preps, trains, evaluates, data_pvc, model_pvc, hf_
     for evaluate in evaluates:
         evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
         evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
-        kubernetes.empty_dir_mount(evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory",
-                                   size_limit=SHM_SIZE)
+        kubernetes.empty_dir_mount(
+            evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
+        )
         kubernetes.add_node_selector_json(evaluate, node_selector)
         kubernetes.add_toleration_json(evaluate, tolerations)
 

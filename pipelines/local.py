@@ -54,12 +54,17 @@ QUIET_ENV = {"TQDM_DISABLE": "1", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_
 # kfp.local's warnings that say nothing about this run (messages as kfp 2.17 words them).
 HARMLESS_WARNINGS = [
     (UserWarning, r"Task '[\w-]+': settings \['display_name'\] have no effect in the current local runner"),
-    (RuntimeWarning, r"You may be attemping to run a task that uses custom or non-Python base image "
-                     + re.escape(f'"{COMPONENTS_IMAGE}"')),
+    (
+        RuntimeWarning,
+        r"You may be attemping to run a task that uses custom or non-Python base image "
+        + re.escape(f'"{COMPONENTS_IMAGE}"'),
+    ),
 ]
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_EXECUTOR_LINE = re.compile(r"^\s*\[KFP Executor [^\]]*\]: (Looking for component|Loading KFP component|"
-                            r"Got executor_input:|Wrote executor output file to )")
+_EXECUTOR_LINE = re.compile(
+    r"^\s*\[KFP Executor [^\]]*\]: (Looking for component|Loading KFP component|"
+    r"Got executor_input:|Wrote executor output file to )"
+)
 
 
 def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
@@ -121,8 +126,16 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
     else:
         newest = _newest(workspace / "data" / "runs", "*", started)
         run_id = newest.name if newest else None
-    found: dict[str, Any] = {"run_id": run_id, "run_dir": None, "kfp_dir": str(kfp_dir) if kfp_dir else None,
-                             "reports": {}, "tensorboard": None, "mlflow": None, "server_log": None, "training": {}}
+    found: dict[str, Any] = {
+        "run_id": run_id,
+        "run_dir": None,
+        "kfp_dir": str(kfp_dir) if kfp_dir else None,
+        "reports": {},
+        "tensorboard": None,
+        "mlflow": None,
+        "server_log": None,
+        "training": {},
+    }
     if run_id is None:
         return found
     run_dir = workspace / "runs" / run_id
@@ -134,8 +147,13 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
     if model_uri:
         train = Path(model_uri).parent
     models = workspace / "models" / "runs" / run_id
-    links = {"model": train / "final", "train": train, "dataset": workspace / "data" / "runs" / run_id / "dataset",
-             "kfp": kfp_dir, **{stage: models / stage for stage in ("cpt", "dpo")}}
+    links = {
+        "model": train / "final",
+        "train": train,
+        "dataset": workspace / "data" / "runs" / run_id / "dataset",
+        "kfp": kfp_dir,
+        **{stage: models / stage for stage in ("cpt", "dpo")},
+    }
     for name, target in links.items():
         if target is not None and target.exists():
             link = run_dir / name
@@ -188,8 +206,10 @@ class StepLines(logging.Filter):
 
     _started = re.compile(r"^Executing task '([\w-]+)'")
     _finished = re.compile(r"^Task '([\w-]+)' finished with status (\w+)")
-    _dropped = re.compile(r"^(Running pipeline:|Streamed logs:|Task '[\w-]+' (outputs:|has no outputs)|"
-                          r"Pipeline '[\w-]+' finished with status SUCCESS)")
+    _dropped = re.compile(
+        r"^(Running pipeline:|Streamed logs:|Task '[\w-]+' (outputs:|has no outputs)|"
+        r"Pipeline '[\w-]+' finished with status SUCCESS)"
+    )
 
     def __init__(self):
         super().__init__()
@@ -261,7 +281,7 @@ class ExecutorLineFilter(io.TextIOBase):
             return False
         if match := _EXECUTOR_LINE.match(line):
             if match.group(1) == "Got executor_input:":
-                self._in_json = line[:len(line) - len(line.lstrip())]
+                self._in_json = line[: len(line) - len(line.lstrip())]
             return False
         return bool(line.strip()) and line != self._rule
 

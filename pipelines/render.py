@@ -49,8 +49,13 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         )
         written.append(_write(out_dir / f"train_config{suffix}.json", json.dumps(cfg, indent=2, sort_keys=True)))
         if s.cluster.train_backend != "local":
-            job = training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, stage=stage,
-                                       config_path=os.path.join(stage_dir, "train_config.json"))
+            job = training_job_for_run(
+                s.cluster,
+                run_id=RENDER_RUN_ID,
+                namespace=namespace,
+                stage=stage,
+                config_path=os.path.join(stage_dir, "train_config.json"),
+            )
             manifest = yaml.safe_dump(job, sort_keys=False)
             written.append(_write(out_dir / f"{job['kind'].lower()}{suffix}.yaml", manifest))
         if hands_on(stage):  # rm's model scores the next stage; the next stage trains from rm's own start
@@ -64,17 +69,34 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         sft_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder("sft"))
         h = s.hpo
         experiment = experiment_manifest(
-            name=experiment_name_for(RENDER_RUN_ID), namespace=namespace,
-            training_job=training_job_for_run(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, stage="sft",
-                                              config_path=os.path.join(sft_dir, "train_config.json")),
-            trials_dir=trials_dir_for(RENDER_RUN_ID), search_space=h.hpo_search_space, trials=h.hpo_trials,
-            parallel_trials=h.hpo_parallel_trials, max_failed_trials=h.hpo_max_failed_trials,
-            algorithm=h.hpo_algorithm, trial_steps=h.hpo_trial_steps, method=s.train.method, seed=s.train.seed)
+            name=experiment_name_for(RENDER_RUN_ID),
+            namespace=namespace,
+            training_job=training_job_for_run(
+                s.cluster,
+                run_id=RENDER_RUN_ID,
+                namespace=namespace,
+                stage="sft",
+                config_path=os.path.join(sft_dir, "train_config.json"),
+            ),
+            trials_dir=trials_dir_for(RENDER_RUN_ID),
+            search_space=h.hpo_search_space,
+            trials=h.hpo_trials,
+            parallel_trials=h.hpo_parallel_trials,
+            max_failed_trials=h.hpo_max_failed_trials,
+            algorithm=h.hpo_algorithm,
+            trial_steps=h.hpo_trial_steps,
+            method=s.train.method,
+            seed=s.train.seed,
+        )
         written.append(_write(out_dir / "experiment.yaml", yaml.safe_dump(experiment, sort_keys=False)))
     if s.deploy.deploy_backend.startswith("kserve"):
         isvc = inference_service_for_run(
-            s.deploy, s.cluster, run_id=RENDER_RUN_ID, namespace=namespace,
-            storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, os.path.join(train_dir, "final")))
+            s.deploy,
+            s.cluster,
+            run_id=RENDER_RUN_ID,
+            namespace=namespace,
+            storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, os.path.join(train_dir, "final")),
+        )
         written.append(_write(out_dir / "inferenceservice.yaml", yaml.safe_dump(isvc, sort_keys=False)))
     if s.deploy.deploy_backend == "kserve-vllm":
         # For clusters without KServe's built-in runtime; it ships in the source checkout (manifests/serving).

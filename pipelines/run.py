@@ -49,36 +49,64 @@ class _FullHelp(argparse.Action):
 
 def make_parser() -> argparse.ArgumentParser:
     """The command line (``--help`` needs no cluster, no GPU and imports nothing heavy)."""
-    p = argparse.ArgumentParser(prog="python -m pipelines.run", description=__doc__.split("\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter, add_help=False)
+    p = argparse.ArgumentParser(
+        prog="python -m pipelines.run",
+        description=__doc__.split("\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        add_help=False,
+    )
     p.add_argument("-h", "--help", action=_FullHelp, help="show this help, the presets and every parameter, and exit")
-    p.add_argument("--host", default=os.environ.get("KFP_HOST"),
-                   help="KFP API endpoint (default: $KFP_HOST); without one the pipeline runs locally")
+    p.add_argument(
+        "--host",
+        default=os.environ.get("KFP_HOST"),
+        help="KFP API endpoint (default: $KFP_HOST); without one the pipeline runs locally",
+    )
     p.add_argument("--preset", help="parameter preset (default: local-tiny locally, qwen3-30b-a3b-full with --host)")
     p.add_argument("--params", metavar="FILE", help="YAML file of parameter overrides")
-    p.add_argument("-p", dest="overrides", metavar="KEY=VALUE", action="append", default=[],
-                   help="override one parameter (repeatable), e.g. -p learning_rate=1e-5")
+    p.add_argument(
+        "-p",
+        dest="overrides",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override one parameter (repeatable), e.g. -p learning_rate=1e-5",
+    )
     p.add_argument("--schedule", metavar="CRON", help='create a recurring run (6-field cron, e.g. "0 0 3 * * 0")')
     p.add_argument("--experiment", default="llm-finetune", help="KFP experiment (default: llm-finetune)")
     p.add_argument("--namespace", help="KFP namespace (multi-user Kubeflow)")
     p.add_argument("--pipeline-name", default="llm-finetune", help="KFP pipeline to add a version to")
     p.add_argument("--run-name", help="run name (default: <preset>-<UTC time>)")
-    p.add_argument("--render", metavar="DIR",
-                   help="write the compiled pipeline, resolved parameters, trainer config and Kubernetes manifests; "
-                        "submit nothing")
-    p.add_argument("--plan", nargs="?", const="", metavar="STATS_JSON",
-                   help="print the run's plan (compute and communication per step, tokens/s per GPU, bottleneck, "
-                        "memory, wall time, GPU-hours) and exit; STATS_JSON: a prepared dataset's stats.json for its "
-                        "size")
-    p.add_argument("--summary-json", metavar="FILE",
-                   help="write the outcome (status, model_uri, metrics, endpoint, wall_seconds)")
-    p.add_argument("--workspace", default=DEFAULT_WORKSPACE, metavar="DIR",
-                   help="local runs: folder for data, models, reports and KFP outputs "
-                        f"(default: ./{DEFAULT_WORKSPACE}); each run's files are found under DIR/runs/<run id>/")
+    p.add_argument(
+        "--render",
+        metavar="DIR",
+        help="write the compiled pipeline, resolved parameters, trainer config and Kubernetes manifests; "
+        "submit nothing",
+    )
+    p.add_argument(
+        "--plan",
+        nargs="?",
+        const="",
+        metavar="STATS_JSON",
+        help="print the run's plan (compute and communication per step, tokens/s per GPU, bottleneck, "
+        "memory, wall time, GPU-hours) and exit; STATS_JSON: a prepared dataset's stats.json for its "
+        "size",
+    )
+    p.add_argument(
+        "--summary-json", metavar="FILE", help="write the outcome (status, model_uri, metrics, endpoint, wall_seconds)"
+    )
+    p.add_argument(
+        "--workspace",
+        default=DEFAULT_WORKSPACE,
+        metavar="DIR",
+        help="local runs: folder for data, models, reports and KFP outputs "
+        f"(default: ./{DEFAULT_WORKSPACE}); each run's files are found under DIR/runs/<run id>/",
+    )
     p.add_argument("--keep-serving", action="store_true", help="local runs: leave the model server running")
-    p.add_argument("--verbose", action="store_true",
-                   help="local runs: also show kfp.local's own output (executor inputs, task outputs, warnings) "
-                        "and progress bars")
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="local runs: also show kfp.local's own output (executor inputs, task outputs, warnings) and progress bars",
+    )
     return p
 
 
@@ -88,8 +116,9 @@ def presets_help() -> str:
     for name in P.preset_names():
         first = (P.PRESETS_DIR / f"{name}.yaml").read_text().splitlines()[0]
         lines.append(f"  {name:<22} {first.lstrip('# ').strip() if first.startswith('#') else ''}")
-    lines.append(f"  (default: {P.LOCAL_PRESET} without a KFP host, {P.CLUSTER_PRESET} with --host, --render or "
-                 "--plan)")
+    lines.append(
+        f"  (default: {P.LOCAL_PRESET} without a KFP host, {P.CLUSTER_PRESET} with --host, --render or --plan)"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -100,8 +129,10 @@ def parameters_help() -> str:
         default = json.dumps(spec.default) if isinstance(spec.default, (dict, list, str)) else spec.default
         rows.append((spec.group, f"{spec.name}: {spec.type.__name__} = {default}", _first_sentence(spec.help)))
     width = min(max(len(r[1]) for r in rows), 48)
-    lines = ["parameters (-p NAME=VALUE, or NAME: VALUE lines in a --params YAML file; defaults before any preset;",
-             f"those marked * are inside the pipeline's {ADVANCED} parameter in the KFP UI):"]
+    lines = [
+        "parameters (-p NAME=VALUE, or NAME: VALUE lines in a --params YAML file; defaults before any preset;",
+        f"those marked * are inside the pipeline's {ADVANCED} parameter in the KFP UI):",
+    ]
     advanced = {name for name, spec in specs().items() if not spec.plain}
     group = None
     for (step, sig, text), name in zip(rows, specs(), strict=True):
@@ -127,14 +158,27 @@ def submit_run(args, params: dict, preset: str) -> dict:
     run_name = args.run_name or f"{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "llm_finetune.yaml", variants_parallel=params["variants_parallel"])
-        sub = submit(host=args.host, package_path=str(package), pipeline_name=args.pipeline_name,
-                     params=split_arguments(params),
-                     experiment=args.experiment, run_name=run_name, namespace=args.namespace,
-                     schedule=args.schedule, existing_token=os.environ.get("KFP_TOKEN"),
-                     description=f"kubeflow-llm-post-training {__version__}, preset {preset}")
+        sub = submit(
+            host=args.host,
+            package_path=str(package),
+            pipeline_name=args.pipeline_name,
+            params=split_arguments(params),
+            experiment=args.experiment,
+            run_name=run_name,
+            namespace=args.namespace,
+            schedule=args.schedule,
+            existing_token=os.environ.get("KFP_TOKEN"),
+            description=f"kubeflow-llm-post-training {__version__}, preset {preset}",
+        )
     print(f"created {sub.kind.replace('_', ' ')} {sub.id}: {sub.url}")
-    return {"status": "submitted", "kind": sub.kind, "id": sub.id, "url": sub.url,
-            "pipeline_id": sub.pipeline_id, "version_id": sub.version_id}
+    return {
+        "status": "submitted",
+        "kind": sub.kind,
+        "id": sub.id,
+        "url": sub.url,
+        "pipeline_id": sub.pipeline_id,
+        "version_id": sub.version_id,
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,8 +196,9 @@ def _main(args) -> int:
     if args.schedule:
         validate_cron(args.schedule)
         if not args.host and not args.render:
-            raise UsageError("--schedule creates a recurring run on Kubeflow Pipelines; pass --host URL or set "
-                             "KFP_HOST")
+            raise UsageError(
+                "--schedule creates a recurring run on Kubeflow Pipelines; pass --host URL or set KFP_HOST"
+            )
     overrides = args.overrides + (["keep_serving=true"] if args.keep_serving else [])
     params = P.resolve(preset, args.params, overrides)
     P.check(params)
@@ -184,8 +229,11 @@ def _main(args) -> int:
         from pipelines.local import run_locally
 
         workspace = Path(args.workspace).resolve()
-        print(f"Running pipeline llm-finetune locally (kfp.local, preset {preset}); outputs under {workspace}"
-              f"{'' if args.verbose else ' (--verbose shows everything kfp.local prints)'}", flush=True)
+        print(
+            f"Running pipeline llm-finetune locally (kfp.local, preset {preset}); outputs under {workspace}"
+            f"{'' if args.verbose else ' (--verbose shows everything kfp.local prints)'}",
+            flush=True,
+        )
         summary = run_locally(params, workspace, verbose=args.verbose)
         print_summary(summary)
     if args.summary_json:
@@ -204,13 +252,17 @@ def print_summary(s: dict) -> None:
         return
     m, t = s["metrics"], s["training"]
     print(f"status:      succeeded in {s['wall_seconds']}s ({run})")
-    print(f"eval:        held-out loss per label token {m['base_eval_loss']:.4f} (base) -> {m['eval_loss']:.4f} "
-          f"(tuned), perplexity {m['base_perplexity']:.1f} -> {m['perplexity']:.1f}, "
-          f"over {int(m['tokens_evaluated'])} label tokens")
+    print(
+        f"eval:        held-out loss per label token {m['base_eval_loss']:.4f} (base) -> {m['eval_loss']:.4f} "
+        f"(tuned), perplexity {m['base_perplexity']:.1f} -> {m['perplexity']:.1f}, "
+        f"over {int(m['tokens_evaluated'])} label tokens"
+    )
     print(f"gate:        {'passed' if s['passed'] else 'not passed'}: {s['reason']}")
     if t:
-        print(f"training:    {t['global_step']} optimizer steps; last logged train loss {t['final_train_loss']:.4f} "
-              "(the mean over its logging window; the curve is in the evaluation report)")
+        print(
+            f"training:    {t['global_step']} optimizer steps; last logged train loss {t['final_train_loss']:.4f} "
+            "(the mean over its logging window; the curve is in the evaluation report)"
+        )
     print(f"model:       {s['model_uri']}")
     for name, path in s["reports"].items():
         print(f"{'reports:' if name == next(iter(s['reports'])) else '':<13}{path}")
@@ -221,13 +273,16 @@ def print_summary(s: dict) -> None:
     if s["server_log"]:
         print(f"server log:  {s['server_log']}")
     if s["endpoint"]:
-        state = ("still serving" if s["keep_serving"]
-                 else "stopped after the smoke test; --keep-serving keeps it running")
+        state = (
+            "still serving" if s["keep_serving"] else "stopped after the smoke test; --keep-serving keeps it running"
+        )
         print(f"endpoint:    {s['endpoint']} ({state})")
         print(f"smoke:       {s['smoke_reply']!r}")
         if s["base_model"] == "builtin:tiny-qwen3":
-            print("             (the laptop model is a 4-layer, 1M-parameter Qwen3 trained for a minute on CPU: it "
-                  "answers in fragments; <?> marks bytes of a character it did not finish)")
+            print(
+                "             (the laptop model is a 4-layer, 1M-parameter Qwen3 trained for a minute on CPU: it "
+                "answers in fragments; <?> marks bytes of a character it did not finish)"
+            )
     else:
         print("endpoint:    (not deployed)")
 

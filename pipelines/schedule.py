@@ -35,12 +35,12 @@ _CRON_FIELDS = (
     _CronField("month", 1, 12, _MONTHS),
     _CronField("day-of-week", 0, 6, _WEEKDAYS),
 )
-_CRON_FORM = ('KFP cron has 6 fields "second minute hour day-of-month month day-of-week", '
-              'e.g. "0 0 3 * * 0" = 03:00 every Sunday')
+_CRON_FORM = (
+    'KFP cron has 6 fields "second minute hour day-of-month month day-of-week", e.g. "0 0 3 * * 0" = 03:00 every Sunday'
+)
 # The descriptors robfig/cron v1 (the parser KFP's API server and scheduler use) accepts besides @every.
 _CRON_DESCRIPTORS = ("@yearly", "@annually", "@monthly", "@weekly", "@daily", "@midnight", "@hourly")
-_GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0,
-                      "h": 3600.0}
+_GO_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 _GO_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
 
 
@@ -69,8 +69,7 @@ def validate_cron(expression: str) -> None:
         return
     fields = spec.split(" ")
     if len(fields) == 5:
-        raise UsageError(f'schedule "{spec}" has 5 fields but {_CRON_FORM}; '
-                         f'prepend a seconds field, e.g. "0 {spec}"')
+        raise UsageError(f'schedule "{spec}" has 5 fields but {_CRON_FORM}; prepend a seconds field, e.g. "0 {spec}"')
     if len(fields) != 6:
         count = f"{len(fields)} field" + ("s" if len(fields) > 1 else "")
         raise UsageError(f'schedule "{spec}" has {count} but {_CRON_FORM}')
@@ -120,15 +119,19 @@ def _validate_cron_descriptor(spec: str) -> None:
     if duration != spec:
         seconds = _go_duration_seconds(duration)
         if seconds is None:
-            raise UsageError(f'schedule "{spec}": "{duration}" is not a Go duration; '
-                             'write e.g. "@every 1h30m" (units h, m, s)')
+            raise UsageError(
+                f'schedule "{spec}": "{duration}" is not a Go duration; write e.g. "@every 1h30m" (units h, m, s)'
+            )
         if seconds < 1:
-            raise UsageError(f'schedule "{spec}": the interval must be at least 1s '
-                             '(robfig/cron rounds shorter ones up)')
+            raise UsageError(
+                f'schedule "{spec}": the interval must be at least 1s (robfig/cron rounds shorter ones up)'
+            )
         return
-    raise UsageError(f'schedule "{spec}" is not a known descriptor; use one of '
-                     f'{", ".join(_CRON_DESCRIPTORS)}, "@every <duration>" (e.g. "@every 6h"), '
-                     f'or a cron: {_CRON_FORM}')
+    raise UsageError(
+        f'schedule "{spec}" is not a known descriptor; use one of '
+        f'{", ".join(_CRON_DESCRIPTORS)}, "@every <duration>" (e.g. "@every 6h"), '
+        f"or a cron: {_CRON_FORM}"
+    )
 
 
 def _go_duration_seconds(text: str) -> float | None:

@@ -33,9 +33,11 @@ from pipelines.schedule import validate_cron
 # The probe must fail fast on a black-holed host; a healthy KFP answers healthz in milliseconds.
 _PROBE_TIMEOUT = urllib3.Timeout(connect=5.0, read=5.0)
 _HEALTHZ_PATH = "/apis/v2beta1/healthz"
-_AUTH_FIX = ("set a valid KFP bearer token (or a token file in "
-             f"{KF_PIPELINES_SA_TOKEN_ENV}), or reach the API with your kubeconfig through "
-             "kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80")
+_AUTH_FIX = (
+    "set a valid KFP bearer token (or a token file in "
+    f"{KF_PIPELINES_SA_TOKEN_ENV}), or reach the API with your kubeconfig through "
+    "kubectl -n kubeflow port-forward svc/ml-pipeline-ui 8080:80"
+)
 # Two submissions within the same second would get the same version name; the server answers 409.
 _MAX_VERSION_NAME_ATTEMPTS = 5
 
@@ -61,9 +63,19 @@ class Submission:
     experiment_id: str
 
 
-def submit(*, host: str, package_path: str, pipeline_name: str, params: dict, experiment: str,
-           run_name: str, namespace: str | None = None, schedule: str | None = None,
-           existing_token: str | None = None, description: str = "") -> Submission:
+def submit(
+    *,
+    host: str,
+    package_path: str,
+    pipeline_name: str,
+    params: dict,
+    experiment: str,
+    run_name: str,
+    namespace: str | None = None,
+    schedule: str | None = None,
+    existing_token: str | None = None,
+    description: str = "",
+) -> Submission:
     """Upload a compiled pipeline as a new version and start a run or a recurring run of that version.
 
     The first submission of ``pipeline_name`` creates the pipeline (the upload creates the pipeline and
@@ -100,8 +112,9 @@ def submit(*, host: str, package_path: str, pipeline_name: str, params: dict, ex
         validate_cron(schedule)
     host = _normalize_host(host)
     if not Path(package_path).is_file():
-        raise UsageError(f"pipeline package {package_path} does not exist; compile the pipeline first "
-                         "(python -m pipelines.compile)")
+        raise UsageError(
+            f"pipeline package {package_path} does not exist; compile the pipeline first (python -m pipelines.compile)"
+        )
     credentials = _token_file_credentials() if not existing_token else None
     healthz = _probe(host, _authorization_header(existing_token, credentials))
 
@@ -110,35 +123,61 @@ def submit(*, host: str, package_path: str, pipeline_name: str, params: dict, ex
         # kfp falls back to the namespace saved in ~/.config/kfp/context.json; honour it the same way.
         namespace = namespace or client.get_user_namespace() or None
         if healthz.get("multi_user") and not namespace:
-            raise UsageError(f"KFP at {host} runs in multi-user mode; pass the namespace of your "
-                             "Kubeflow profile (e.g. kubeflow-user-example-com)")
-        pipeline_id, version_id = _upload_version(client, host, package_path, pipeline_name,
-                                                  namespace, description)
+            raise UsageError(
+                f"KFP at {host} runs in multi-user mode; pass the namespace of your "
+                "Kubeflow profile (e.g. kubeflow-user-example-com)"
+            )
+        pipeline_id, version_id = _upload_version(client, host, package_path, pipeline_name, namespace, description)
         with _server_step(host, f"getting or creating experiment {experiment!r}"):
             experiment_id = client.create_experiment(experiment, namespace=namespace).experiment_id
         if schedule is None:
             with _server_step(host, f"creating run {run_name!r} of pipeline version {version_id}"):
-                run = client.run_pipeline(experiment_id=experiment_id, job_name=run_name, params=params,
-                                          pipeline_id=pipeline_id, version_id=version_id)
-            return Submission(kind="run", id=run.run_id, url=f"{host}/#/runs/details/{run.run_id}",
-                              pipeline_id=pipeline_id, version_id=version_id,
-                              experiment_id=experiment_id)
+                run = client.run_pipeline(
+                    experiment_id=experiment_id,
+                    job_name=run_name,
+                    params=params,
+                    pipeline_id=pipeline_id,
+                    version_id=version_id,
+                )
+            return Submission(
+                kind="run",
+                id=run.run_id,
+                url=f"{host}/#/runs/details/{run.run_id}",
+                pipeline_id=pipeline_id,
+                version_id=version_id,
+                experiment_id=experiment_id,
+            )
         with _server_step(host, f"creating recurring run {run_name!r} of pipeline version {version_id}"):
             recurring = client.create_recurring_run(
-                experiment_id=experiment_id, job_name=run_name, description=description or None,
-                cron_expression=schedule, max_concurrency=1, no_catchup=True, enabled=True,
-                params=params, pipeline_id=pipeline_id, version_id=version_id)
-    return Submission(kind="recurring_run", id=recurring.recurring_run_id,
-                      url=f"{host}/#/recurringrun/details/{recurring.recurring_run_id}",
-                      pipeline_id=pipeline_id, version_id=version_id, experiment_id=experiment_id)
+                experiment_id=experiment_id,
+                job_name=run_name,
+                description=description or None,
+                cron_expression=schedule,
+                max_concurrency=1,
+                no_catchup=True,
+                enabled=True,
+                params=params,
+                pipeline_id=pipeline_id,
+                version_id=version_id,
+            )
+    return Submission(
+        kind="recurring_run",
+        id=recurring.recurring_run_id,
+        url=f"{host}/#/recurringrun/details/{recurring.recurring_run_id}",
+        pipeline_id=pipeline_id,
+        version_id=version_id,
+        experiment_id=experiment_id,
+    )
 
 
 def _normalize_host(host: str) -> str:
     host = host.strip().rstrip("/")
     # kfp.Client would silently prepend https://, which fails confusingly against a port-forward.
     if not re.match(r"https?://[^/]", host):
-        raise UsageError(f"KFP host {host!r} must be a URL with scheme, e.g. http://localhost:8080 "
-                         "or https://kubeflow.example.com/pipeline")
+        raise UsageError(
+            f"KFP host {host!r} must be a URL with scheme, e.g. http://localhost:8080 "
+            "or https://kubeflow.example.com/pipeline"
+        )
     return host
 
 
@@ -153,8 +192,9 @@ def _token_file_credentials() -> ServiceAccountTokenVolumeCredentials | None:
     return None
 
 
-def _authorization_header(existing_token: str | None,
-                          credentials: ServiceAccountTokenVolumeCredentials | None) -> dict[str, str]:
+def _authorization_header(
+    existing_token: str | None, credentials: ServiceAccountTokenVolumeCredentials | None
+) -> dict[str, str]:
     """The header kfp.Client will send, so that the probe sees what the real requests will see."""
     if existing_token:
         return {"Authorization": f"Bearer {existing_token}"}
@@ -165,8 +205,10 @@ def _authorization_header(existing_token: str | None,
         credentials.refresh_api_key_hook(config)
     except OSError as exc:
         path = os.environ.get(KF_PIPELINES_SA_TOKEN_ENV) or KF_PIPELINES_SA_TOKEN_PATH
-        raise UsageError(f"cannot read the KFP service-account token file {path} ({exc.strerror}); "
-                         f"fix or unset {KF_PIPELINES_SA_TOKEN_ENV}") from exc
+        raise UsageError(
+            f"cannot read the KFP service-account token file {path} ({exc.strerror}); "
+            f"fix or unset {KF_PIPELINES_SA_TOKEN_ENV}"
+        ) from exc
     return {"Authorization": f"Bearer {config.api_key['authorization']}"}
 
 
@@ -180,41 +222,53 @@ def _probe(host: str, headers: dict[str, str]) -> dict[str, Any]:
         The healthz response (``multi_user``, ...).
     """
     # certifi, as kfp_server_api uses it: the probe must trust exactly what kfp.Client will trust.
-    http = urllib3.PoolManager(cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(), retries=False,
-                               timeout=_PROBE_TIMEOUT)
+    http = urllib3.PoolManager(
+        cert_reqs="CERT_REQUIRED", ca_certs=certifi.where(), retries=False, timeout=_PROBE_TIMEOUT
+    )
     try:
         with http:
             response = http.request("GET", host + _HEALTHZ_PATH, headers=headers, redirect=False)
     except urllib3.exceptions.SSLError as exc:
-        raise UsageError(f"TLS handshake with KFP at {host} failed ({_reason(exc)}); check the URL "
-                         "scheme (http vs https) and the server certificate") from exc
+        raise UsageError(
+            f"TLS handshake with KFP at {host} failed ({_reason(exc)}); check the URL "
+            "scheme (http vs https) and the server certificate"
+        ) from exc
     except urllib3.exceptions.HTTPError as exc:
-        raise UsageError(f"cannot reach KFP at {host} ({_reason(exc)}); check the URL, or "
-                         "port-forward the UI: kubectl -n kubeflow port-forward svc/ml-pipeline-ui "
-                         "8080:80 and use --host http://localhost:8080") from exc
+        raise UsageError(
+            f"cannot reach KFP at {host} ({_reason(exc)}); check the URL, or "
+            "port-forward the UI: kubectl -n kubeflow port-forward svc/ml-pipeline-ui "
+            "8080:80 and use --host http://localhost:8080"
+        ) from exc
     status = response.status
     if status in (401, 403):
-        raise UsageError(f"KFP at {host} refused the request: authentication failed (HTTP {status}); "
-                         f"{_AUTH_FIX}")
+        raise UsageError(f"KFP at {host} refused the request: authentication failed (HTTP {status}); {_AUTH_FIX}")
     if 300 <= status < 400:
         location = (response.headers.get("Location") or "").split("?")[0]
-        raise UsageError(f"KFP at {host} redirected the API request to {location or 'elsewhere'}: "
-                         f"authentication required (a login page) or a different URL; {_AUTH_FIX}, "
-                         "or use the redirect target as host")
+        raise UsageError(
+            f"KFP at {host} redirected the API request to {location or 'elsewhere'}: "
+            f"authentication required (a login page) or a different URL; {_AUTH_FIX}, "
+            "or use the redirect target as host"
+        )
     if status == 404:
-        raise UsageError(f"KFP API not found at {host} (HTTP 404 on {_HEALTHZ_PATH}); wrong URL or "
-                         "missing path prefix: behind the Kubeflow gateway use "
-                         "https://<kubeflow-host>/pipeline")
+        raise UsageError(
+            f"KFP API not found at {host} (HTTP 404 on {_HEALTHZ_PATH}); wrong URL or "
+            "missing path prefix: behind the Kubeflow gateway use "
+            "https://<kubeflow-host>/pipeline"
+        )
     if status >= 400:
-        raise UsageError(f"KFP at {host} is unhealthy (HTTP {status} on {_HEALTHZ_PATH}); check the "
-                         "ml-pipeline deployment (kubectl -n kubeflow logs deploy/ml-pipeline) and retry")
+        raise UsageError(
+            f"KFP at {host} is unhealthy (HTTP {status} on {_HEALTHZ_PATH}); check the "
+            "ml-pipeline deployment (kubectl -n kubeflow logs deploy/ml-pipeline) and retry"
+        )
     try:
         healthz = json.loads(response.data)
     except ValueError:
         healthz = None
     if not isinstance(healthz, dict):
-        raise UsageError(f"{host} answered {_HEALTHZ_PATH} with something that is not the KFP API "
-                         "(no JSON); check the URL and path prefix, e.g. https://<kubeflow-host>/pipeline")
+        raise UsageError(
+            f"{host} answered {_HEALTHZ_PATH} with something that is not the KFP API "
+            "(no JSON); check the URL and path prefix, e.g. https://<kubeflow-host>/pipeline"
+        )
     return healthz
 
 
@@ -237,12 +291,17 @@ def _kfp_chatter_silenced() -> Iterator[None]:
         yield
 
 
-def _connect(host: str, namespace: str | None, existing_token: str | None,
-             credentials: ServiceAccountTokenVolumeCredentials | None) -> kfp.Client:
+def _connect(
+    host: str,
+    namespace: str | None,
+    existing_token: str | None,
+    credentials: ServiceAccountTokenVolumeCredentials | None,
+) -> kfp.Client:
     with _server_step(host, "connecting"):
         # kfp.Client reads "kubeflow", its default, as "no namespace given".
-        return kfp.Client(host=host, namespace=namespace or "kubeflow", existing_token=existing_token,
-                          credentials=credentials)
+        return kfp.Client(
+            host=host, namespace=namespace or "kubeflow", existing_token=existing_token, credentials=credentials
+        )
 
 
 @contextlib.contextmanager
@@ -253,8 +312,10 @@ def _server_step(host: str, action: str) -> Iterator[None]:
     except kfp_server_api.ApiException as exc:
         raise _api_error(host, action, exc) from exc
     except urllib3.exceptions.HTTPError as exc:
-        raise UsageError(f"lost the connection to KFP at {host} while {action} ({_reason(exc)}); "
-                         "check that the server is up and retry") from exc
+        raise UsageError(
+            f"lost the connection to KFP at {host} while {action} ({_reason(exc)}); "
+            "check that the server is up and retry"
+        ) from exc
     except ValueError as exc:  # kfp's own checks, e.g. two pipelines or experiments with one name
         raise UsageError(f"KFP at {host}, while {action}: {exc}; rename or delete the duplicate") from exc
 
@@ -263,16 +324,22 @@ def _api_error(host: str, action: str, exc: kfp_server_api.ApiException) -> Usag
     status = exc.status
     said = _server_message(exc)
     if status in (401, 403):
-        return UsageError(f"KFP at {host} refused {action}: authentication/authorization failed "
-                          f"(HTTP {status}: {said}); {_AUTH_FIX}")
+        return UsageError(
+            f"KFP at {host} refused {action}: authentication/authorization failed (HTTP {status}: {said}); {_AUTH_FIX}"
+        )
     if status == 0:  # kfp_server_api reports TLS failures as status 0
-        return UsageError(f"TLS error talking to KFP at {host} while {action} ({said}); check the "
-                          "URL scheme and the server certificate")
+        return UsageError(
+            f"TLS error talking to KFP at {host} while {action} ({said}); check the "
+            "URL scheme and the server certificate"
+        )
     if status < 500:
-        return UsageError(f"KFP at {host} rejected {action} (HTTP {status}: {said}); fix the input "
-                          "named in the message and retry")
-    return UsageError(f"KFP at {host} failed while {action} (HTTP {status}: {said}); check the "
-                      "ml-pipeline logs (kubectl -n kubeflow logs deploy/ml-pipeline) and retry")
+        return UsageError(
+            f"KFP at {host} rejected {action} (HTTP {status}: {said}); fix the input named in the message and retry"
+        )
+    return UsageError(
+        f"KFP at {host} failed while {action} (HTTP {status}: {said}); check the "
+        "ml-pipeline logs (kubectl -n kubeflow logs deploy/ml-pipeline) and retry"
+    )
 
 
 def _server_message(exc: kfp_server_api.ApiException) -> str:
@@ -285,8 +352,9 @@ def _server_message(exc: kfp_server_api.ApiException) -> str:
     return " ".join(str(said or exc.reason or "no details").split())[:300]
 
 
-def _upload_version(client: kfp.Client, host: str, package_path: str, pipeline_name: str,
-                    namespace: str | None, description: str) -> tuple[str, str]:
+def _upload_version(
+    client: kfp.Client, host: str, package_path: str, pipeline_name: str, namespace: str | None, description: str
+) -> tuple[str, str]:
     """Upload the package as a new version of ``pipeline_name``, creating the pipeline on first use.
 
     Returns:
@@ -296,14 +364,16 @@ def _upload_version(client: kfp.Client, host: str, package_path: str, pipeline_n
         pipeline_id = _find_pipeline(client, pipeline_name, namespace)
     if pipeline_id is None:
         with _server_step(host, f"uploading new pipeline {pipeline_name!r}"):
-            pipeline_id = client.upload_pipeline(package_path, pipeline_name=pipeline_name,
-                                                 description=description or None,
-                                                 namespace=namespace).pipeline_id
+            pipeline_id = client.upload_pipeline(
+                package_path, pipeline_name=pipeline_name, description=description or None, namespace=namespace
+            ).pipeline_id
             # The upload response is the pipeline only; its single version has to be looked up.
             versions = client.list_pipeline_versions(pipeline_id).pipeline_versions or []
         if len(versions) != 1:
-            raise UsageError(f"KFP at {host} created pipeline {pipeline_name!r} ({pipeline_id}) with "
-                             f"{len(versions)} versions instead of 1; check it in the UI and resubmit")
+            raise UsageError(
+                f"KFP at {host} created pipeline {pipeline_name!r} ({pipeline_id}) with "
+                f"{len(versions)} versions instead of 1; check it in the UI and resubmit"
+            )
         return pipeline_id, versions[0].pipeline_version_id
 
     base_name = f"v{__version__}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
@@ -311,24 +381,25 @@ def _upload_version(client: kfp.Client, host: str, package_path: str, pipeline_n
         version_name = base_name if attempt == 1 else f"{base_name}-{attempt}"
         with _server_step(host, f"uploading version {version_name!r} of pipeline {pipeline_name!r}"):
             try:
-                version = client.upload_pipeline_version(package_path, version_name,
-                                                         pipeline_id=pipeline_id,
-                                                         description=description or None)
+                version = client.upload_pipeline_version(
+                    package_path, version_name, pipeline_id=pipeline_id, description=description or None
+                )
             except kfp_server_api.ApiException as exc:
                 if exc.status == 409:  # name taken by a submission in the same second
                     continue
                 raise
         return pipeline_id, version.pipeline_version_id
-    raise UsageError(f"KFP at {host} already has versions {base_name} to {base_name}-"
-                     f"{_MAX_VERSION_NAME_ATTEMPTS} of pipeline {pipeline_name!r}; wait a second and retry")
+    raise UsageError(
+        f"KFP at {host} already has versions {base_name} to {base_name}-"
+        f"{_MAX_VERSION_NAME_ATTEMPTS} of pipeline {pipeline_name!r}; wait a second and retry"
+    )
 
 
 def _find_pipeline(client: kfp.Client, name: str, namespace: str | None) -> str | None:
     """The id of the pipeline named ``name`` (in ``namespace``, or shared), or None."""
     # kfp.Client.get_pipeline_id cannot look inside a namespace, so list with the same filter it uses
     # (operation 1 is EQUALS).
-    name_filter = json.dumps({"predicates": [
-        {"operation": 1, "key": "display_name", "stringValue": name}]})
+    name_filter = json.dumps({"predicates": [{"operation": 1, "key": "display_name", "stringValue": name}]})
     pipelines = client.list_pipelines(filter=name_filter, namespace=namespace).pipelines or []
     if len(pipelines) > 1:
         raise ValueError(f"{len(pipelines)} pipelines are named {name!r}")

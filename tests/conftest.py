@@ -28,12 +28,20 @@ def cluster(tmp_path, monkeypatch):
         # The client reads $KUBECONFIG once at import; ~/.kube/config is expanded at each load.
         kubeconfig = tmp_path / ".kube" / "config"
         kubeconfig.parent.mkdir()
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "fake",
-            "clusters": [{"name": "fake", "cluster": {"server": host}}],
-            "contexts": [{"name": "fake", "context": {"cluster": "fake", "user": "runner", "namespace": "default"}}],
-            "users": [{"name": "runner", "user": {"token": "not-a-secret"}}],
-        }))
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "fake",
+                    "clusters": [{"name": "fake", "cluster": {"server": host}}],
+                    "contexts": [
+                        {"name": "fake", "context": {"cluster": "fake", "user": "runner", "namespace": "default"}}
+                    ],
+                    "users": [{"name": "runner", "user": {"token": "not-a-secret"}}],
+                }
+            )
+        )
         monkeypatch.setenv("HOME", str(tmp_path))
         api.install_crd("kubeflow.org", "v1", "pytorchjobs", "PyTorchJob")
         api.install_crd("serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService")

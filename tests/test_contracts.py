@@ -46,8 +46,11 @@ def _module(path: Path) -> str:
 def _light_modules() -> list[str]:
     """The modules whose import must load no ML library: the launcher pod's program, the KFP component modules
     (their functions import what the step needs when it runs) and ``pipelines`` (compile, submit, the CLI)."""
-    paths = [*(ROOT / "components/train/launcher").glob("*.py"), *(ROOT / "components").glob("*/component.py"),
-             *(ROOT / "pipelines").glob("*.py")]
+    paths = [
+        *(ROOT / "components/train/launcher").glob("*.py"),
+        *(ROOT / "components").glob("*/component.py"),
+        *(ROOT / "pipelines").glob("*.py"),
+    ]
     return sorted(_module(p) for p in paths)
 
 
@@ -80,20 +83,39 @@ print(json.dumps(seen))
 
 
 def _loaded(modules: list[str], watched: tuple[str, ...]) -> dict[str, list[str]]:
-    result = subprocess.run([sys.executable, "-c", _SPY, str(ROOT), ",".join(watched), ",".join(modules)],
-                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = subprocess.run(
+        [sys.executable, "-c", _SPY, str(ROOT), ",".join(watched), ",".join(modules)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.parametrize("contract", [
-    pytest.param(cid, marks=pytest.mark.xfail(reason=PENDING[cid], strict=False)) if cid in PENDING else cid
-    for cid in CONTRACTS
-])
+@pytest.mark.parametrize(
+    "contract",
+    [
+        pytest.param(cid, marks=pytest.mark.xfail(reason=PENDING[cid], strict=False)) if cid in PENDING else cid
+        for cid in CONTRACTS
+    ],
+)
 def test_import_linter_contract_is_kept(contract):
-    result = subprocess.run([sys.executable, "-c", "from importlinter.cli import lint_imports_command as c; c()",
-                             "--no-cache", "--contract", contract], cwd=ROOT, capture_output=True, text=True,
-                            timeout=300)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from importlinter.cli import lint_imports_command as c; c()",
+            "--no-cache",
+            "--contract",
+            contract,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, f"{CONTRACTS[contract]['name']}:\n{result.stdout[-4000:]}{result.stderr[-2000:]}"
 
 
@@ -102,15 +124,17 @@ def test_the_launcher_the_components_and_pipelines_load_no_ml_library_when_impor
     assert "components.train.launcher.job" in modules and "components.train.component" in modules
     assert "pipelines.run" in modules and "pipelines.llm_finetune" in modules
     loaded = _loaded(modules, ML_LIBRARIES)
-    assert not loaded, "\n".join(f"{lib} is loaded at import, through:\n  " + "\n  ".join(chain)
-                                 for lib, chain in loaded.items())
+    assert not loaded, "\n".join(
+        f"{lib} is loaded at import, through:\n  " + "\n  ".join(chain) for lib, chain in loaded.items()
+    )
 
 
 def test_pipelines_run_help_loads_neither_ml_libraries_nor_cluster_clients():
     # What keeps `python -m pipelines.run --help` (and a bad argument) at a fraction of a second.
     loaded = _loaded(["--main"], ML_LIBRARIES + CLUSTER_CLIENTS)
-    assert not loaded, "\n".join(f"{lib} is loaded by --help, through:\n  " + "\n  ".join(chain)
-                                 for lib, chain in loaded.items())
+    assert not loaded, "\n".join(
+        f"{lib} is loaded by --help, through:\n  " + "\n  ".join(chain) for lib, chain in loaded.items()
+    )
 
 
 def _circles(graph, packages: tuple[str, ...]) -> list[list[str]]:

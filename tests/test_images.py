@@ -33,8 +33,9 @@ def test_dockerfiles_install_this_package_and_pin_what_pyproject_pins():
         assert "COPY components ./components" in text and "COPY pipelines ./pipelines" in text
         for package, pin in _dockerfile_pins(image).items():
             if package in pinned:
-                assert pin == pinned[package], (f"images/{image}/Dockerfile pins {package}=={pin}, "
-                                                f"pyproject {pinned[package]}")
+                assert pin == pinned[package], (
+                    f"images/{image}/Dockerfile pins {package}=={pin}, pyproject {pinned[package]}"
+                )
     trainer = (ROOT / "images" / "trainer" / "Dockerfile").read_text()
     assert 'pip install ".[train]"' in trainer  # deepspeed, peft, bitsandbytes come from pyproject's pins
     components_image = (ROOT / "images/components/Dockerfile").read_text()

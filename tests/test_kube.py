@@ -27,13 +27,20 @@ def short_api_outages(monkeypatch):
 
 
 def manifest() -> dict:
-    return {"apiVersion": "kubeflow.org/v1beta1", "kind": "Experiment", "metadata": {"name": NAME, "namespace": NS},
-            "spec": {"maxTrialCount": 3}}
+    return {
+        "apiVersion": "kubeflow.org/v1beta1",
+        "kind": "Experiment",
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {"maxTrialCount": 3},
+    }
 
 
 def runner(api, **over) -> CustomResourceRunner:
-    return CustomResourceRunner(manifest(), GVP[2], **{"api_client": api.client, "poll_seconds": 0.01,
-                                                        "controller": "Katib's controller", **over})
+    return CustomResourceRunner(
+        manifest(),
+        GVP[2],
+        **{"api_client": api.client, "poll_seconds": 0.01, "controller": "Katib's controller", **over},
+    )
 
 
 def finished(state: str):
@@ -46,6 +53,7 @@ def until_done(obj: dict) -> dict | None:
 
 
 # -- create or re-attach ---------------------------------------------------------------------------------------
+
 
 def test_creates_once_and_follows_to_the_end(capsys):
     with FakeKubeAPI() as api:
@@ -77,7 +85,8 @@ def test_a_resource_being_deleted_is_waited_out_and_created_again(capsys):
         first = api.put_object(*GVP, manifest())
         # A previous attempt deleted it (foreground: it stays while its dependents go) and stopped there.
         k8s.CustomObjectsApi(api.client).delete_namespaced_custom_object(
-            *GVP[:2], NS, GVP[2], NAME, body=k8s.V1DeleteOptions(propagation_policy="Foreground"))
+            *GVP[:2], NS, GVP[2], NAME, body=k8s.V1DeleteOptions(propagation_policy="Foreground")
+        )
         seen = []
         created = runner(api).create(lambda gone: seen.append(gone) or manifest())
         log = [r.method for r in api.requests if "/experiments" in r.path][1:]  # after the test's own DELETE
@@ -95,8 +104,9 @@ def test_a_spent_resource_is_deleted_in_the_foreground_and_created_again(capsys)
         spent = manifest()
         FakeKubeAPI.set_condition(spent, "Failed", reason="ExperimentFailed")
         first = api.put_object(*GVP, spent)
-        created = runner(api).create(manifest(), replace=lambda obj: "it failed" if
-                                     kube.true_condition(obj, "Failed") else None)
+        created = runner(api).create(
+            manifest(), replace=lambda obj: "it failed" if kube.true_condition(obj, "Failed") else None
+        )
         (delete,) = api.requests_for("DELETE", f"/experiments/{NAME}")
         stored = api.get_object(*GVP, NS, NAME)
     assert delete.body["propagationPolicy"] == "Foreground"
@@ -107,10 +117,12 @@ def test_a_spent_resource_is_deleted_in_the_foreground_and_created_again(capsys)
 
 # -- following --------------------------------------------------------------------------------------------------
 
+
 def test_a_resource_deleted_while_it_is_followed_is_an_error():
     with FakeKubeAPI() as api:
-        api.on_get("experiments", api.steps(finished("Running"),
-                                            lambda obj: api.objects.pop((*GVP[:2], GVP[2], NS, NAME))))
+        api.on_get(
+            "experiments", api.steps(finished("Running"), lambda obj: api.objects.pop((*GVP[:2], GVP[2], NS, NAME)))
+        )
         r = runner(api)
         r.create(manifest())
         with pytest.raises(RuntimeError, match=f"{WHAT} was deleted while it ran"):
@@ -147,12 +159,16 @@ def test_a_deletion_held_by_a_finalizer_names_it_and_the_controller():
         api.put_object(*GVP, manifest())
         r = runner(api, deletion_timeout_seconds=0.1)
         r.delete("a test", foreground=True)
-        with pytest.raises(RuntimeError, match=r"still being deleted after 0s \(finalizers: foregroundDeletion\): "
-                                               "check that Katib's controller is running"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"still being deleted after 0s \(finalizers: foregroundDeletion\): "
+            "check that Katib's controller is running",
+        ):
             r.wait_until_gone()
 
 
 # -- SIGTERM ------------------------------------------------------------------------------------------------------
+
 
 def test_sigterm_deletes_the_resource_and_exits_143():
     before = signal.getsignal(signal.SIGTERM)

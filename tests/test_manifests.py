@@ -80,6 +80,7 @@ def test_claims_are_read_write_many_and_named_like_the_pipeline_defaults():
 
 # -- RBAC: exactly what the code calls ----------------------------------------------------------------
 
+
 def rule_for(method: str, path: str) -> tuple | None:
     """(namespaced, apiGroup, resource, verb) RBAC needs for one request; None when every account may."""
     parts = path.strip("/").split("/")
@@ -95,8 +96,9 @@ def rule_for(method: str, path: str) -> tuple | None:
     if namespaced:
         rest = rest[2:]
     resource, name, sub = rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
-    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update",
-            "GET": "get" if name else "list"}[method]
+    verb = {"POST": "create", "DELETE": "delete", "PATCH": "patch", "PUT": "update", "GET": "get" if name else "list"}[
+        method
+    ]
     return namespaced, group, f"{resource}/{sub}" if sub else resource, verb
 
 
@@ -110,12 +112,14 @@ def launcher_rules(manifest: dict, plural: str, pod_label: str, done: str) -> se
         def step(job):
             api.add_pod(NS, pod, {pod_label: NAME}, container=container)
             api.log(NS, pod, "step 1")
+
         return step
 
     def failed(api):
         def step(job):
             api.set_container_state(NS, pod, "terminated", exit_code=1)
             api.set_condition(job, "Failed", reason="Failed")
+
         return step
 
     with FakeKubeAPI() as api:
@@ -143,9 +147,19 @@ def launcher_rules(manifest: dict, plural: str, pod_label: str, done: str) -> se
 
 def scripted_runs() -> set[tuple]:
     """The RBAC rules behind every request of full launcher and preflight runs, both job kinds."""
-    args = {"run_id": RUN_ID, "namespace": NS, "config_path": "/mnt/models/c.json", "trainer_image": "img:1",
-            "num_nodes": 1, "gpus_per_node": 8, "data_pvc": "llm-data", "model_pvc": "llm-models",
-            "hf_token_secret": "hf-token", "node_selector": {}, "tolerations": []}
+    args = {
+        "run_id": RUN_ID,
+        "namespace": NS,
+        "config_path": "/mnt/models/c.json",
+        "trainer_image": "img:1",
+        "num_nodes": 1,
+        "gpus_per_node": 8,
+        "data_pvc": "llm-data",
+        "model_pvc": "llm-models",
+        "hf_token_secret": "hf-token",
+        "node_selector": {},
+        "tolerations": [],
+    }
     needed = launcher_rules(pytorchjob_for_run(**args), "pytorchjobs", "training.kubeflow.org/job-name", "Succeeded")
     needed |= launcher_rules(trainjob_for_run(**args), "trainjobs", "jobset.sigs.k8s.io/jobset-name", "Complete")
     from tests.fakes.katib import KatibAPI, experiment, katib_runs, succeeds, trial
@@ -162,13 +176,15 @@ def scripted_runs() -> set[tuple]:
     with FakeKubeAPI() as api:  # the train step's Tensorboard, created and then found existing
         api.install_crd(tensorboard.GROUP, tensorboard.VERSION, tensorboard.PLURAL, tensorboard.KIND)
         for _ in range(2):
-            tensorboard.ensure_tensorboard(tensorboard.tensorboard_manifest("tb-1", NS, "llm-models", RUN_ID),
-                                           api_client=api.client)
+            tensorboard.ensure_tensorboard(
+                tensorboard.tensorboard_manifest("tb-1", NS, "llm-models", RUN_ID), api_client=api.client
+            )
         needed |= {rule_for(r.method, r.path) for r in api.requests}
     for train in ("pytorchjob", "trainjob"):
         with FakeKubeAPI() as api:
-            assert preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client,
-                             namespace=NS) == []
+            assert (
+                preflight({**PARAMS, "train_backend": train}, api_client=ready_cluster(api).client, namespace=NS) == []
+            )
             needed |= {rule_for(r.method, r.path) for r in api.requests}
     with FakeKubeAPI() as api:  # with a search: Katib, and the namespace's injection label
         ready_cluster(api).install_crd("kubeflow.org", "v1beta1", "experiments", "Experiment")
@@ -183,15 +199,27 @@ def deployer_rules() -> set[tuple]:
     and passes its smoke test, an existing one patched in place, and the two rollbacks (delete, restore)."""
     needed = set()
     manifest = build_inference_service(
-        name="qwen3-sft", namespace=NS, storage_uri="pvc://llm-models/runs/r/train/final", runtime="kserve-vllm",
-        gpus=1, max_model_len=4096, served_model_name="qwen3-sft", node_selector={}, tolerations=[], labels={})
+        name="qwen3-sft",
+        namespace=NS,
+        storage_uri="pvc://llm-models/runs/r/train/final",
+        runtime="kserve-vllm",
+        gpus=1,
+        max_model_len=4096,
+        served_model_name="qwen3-sft",
+        node_selector={},
+        tolerations=[],
+        labels={},
+    )
     group, version, plural = inference_service.GROUP, inference_service.VERSION, inference_service.PLURAL
     for existing, fail in [(False, False), (True, False), (False, True), (True, True)]:
         with FakeKubeAPI() as api, OpenAIServer(fail=fail) as server:
             if existing:
                 old = copy.deepcopy(manifest)
-                old["status"] = {"observedGeneration": 1, "url": server.url,
-                                 "conditions": [{"type": "Ready", "status": "True"}]}
+                old["status"] = {
+                    "observedGeneration": 1,
+                    "url": server.url,
+                    "conditions": [{"type": "Ready", "status": "True"}],
+                }
                 api.put_object(group, version, plural, old)
             api.on_get(plural, becomes_ready(api, server.url))
             try:
@@ -203,8 +231,13 @@ def deployer_rules() -> set[tuple]:
 
 
 def granted(role: dict, namespaced: bool) -> set[tuple]:
-    return {(namespaced, g, r, v) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]
-            for v in rule["verbs"]}
+    return {
+        (namespaced, g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
 
 
 @pytest.fixture(scope="module")
@@ -236,15 +269,27 @@ def test_secret_access_is_limited_to_the_token_alert_and_langfuse_secrets():
 
 def test_preflight_reviews_what_the_role_grants_to_the_runner():
     (role,) = resources("Role")
-    reviewed = {(True, g, f"{r}/{s}" if s else r, v)
-                for v, g, r, s in [*LAUNCHER_ACCESS["pytorchjob"], *LAUNCHER_ACCESS["trainjob"], *POD_ACCESS,
-                                   *DEPLOYER_ACCESS, *TENSORBOARD_ACCESS, *SEARCH_ACCESS]}
+    reviewed = {
+        (True, g, f"{r}/{s}" if s else r, v)
+        for v, g, r, s in [
+            *LAUNCHER_ACCESS["pytorchjob"],
+            *LAUNCHER_ACCESS["trainjob"],
+            *POD_ACCESS,
+            *DEPLOYER_ACCESS,
+            *TENSORBOARD_ACCESS,
+            *SEARCH_ACCESS,
+        ]
+    }
     # The rest of the Role is preflight's own reads, which it checks by making them.
-    assert granted(role, True) - reviewed == {(True, "", "persistentvolumeclaims", "get"), (True, "", "secrets", "get"),
-                                              (True, "", "namespaces", "get")}
+    assert granted(role, True) - reviewed == {
+        (True, "", "persistentvolumeclaims", "get"),
+        (True, "", "secrets", "get"),
+        (True, "", "namespaces", "get"),
+    }
 
 
 # -- kustomize ------------------------------------------------------------------------------------------
+
 
 def kustomize(path: Path) -> list[dict]:
     if shutil.which("kubectl") is None:
@@ -256,8 +301,12 @@ def kustomize(path: Path) -> list[dict]:
 
 def test_kustomization_builds_the_namespaced_prerequisites():
     built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(MANIFESTS)}
-    assert set(built) == {("Role", "llm-post-training-runner"), ("RoleBinding", "llm-post-training-runner"),
-                          ("PersistentVolumeClaim", "llm-data"), ("PersistentVolumeClaim", "llm-models")}
+    assert set(built) == {
+        ("Role", "llm-post-training-runner"),
+        ("RoleBinding", "llm-post-training-runner"),
+        ("PersistentVolumeClaim", "llm-data"),
+        ("PersistentVolumeClaim", "llm-models"),
+    }
     namespaces = {d["metadata"]["namespace"] for d in built.values()}
     (subject,) = built[("RoleBinding", "llm-post-training-runner")]["subjects"]
     assert len(namespaces) == 1 and subject["namespace"] in namespaces
@@ -271,11 +320,13 @@ def test_parameters_reach_every_resource(tmp_path):
     shutil.copytree(MANIFESTS, copy, ignore=shutil.ignore_patterns("serving"))
     params = copy / "settings" / "params.yaml"
     text = params.read_text()
-    for old, new in [("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
-                     ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
-                     ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf"),
-                     ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts"),
-                     ("langfuseSecret: llm-langfuse", "langfuseSecret: team-langfuse")]:
+    for old, new in [
+        ("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
+        ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
+        ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf"),
+        ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts"),
+        ("langfuseSecret: llm-langfuse", "langfuseSecret: team-langfuse"),
+    ]:
         assert old in text
         text = text.replace(old, new)
     params.write_text(text)
@@ -284,14 +335,16 @@ def test_parameters_reach_every_resource(tmp_path):
     settings.write_text(settings.read_text().replace("namespace: kubeflow-user-example-com", "namespace: kubeflow"))
     built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(copy)}
     assert built[("RoleBinding", "llm-post-training-runner")]["subjects"] == [
-        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
+    ]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
     (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
     assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
     cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}
     assert cluster["ClusterRoleBinding"]["subjects"] == [
-        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}]
+        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
+    ]
 
 
 def test_cluster_kustomization_builds_with_the_same_subject():

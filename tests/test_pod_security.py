@@ -26,9 +26,16 @@ from tests.helpers.pod_security import violations
 from tests.helpers.repo import ROOT, require_reference
 
 RUN_ARGS = {
-    "run_id": "8b0e3f2a-1c2d-4e5f-9a8b-7c6d5e4f3a2b", "namespace": "team-llm", "config_path": "/mnt/models/c.json",
-    "trainer_image": "registry.example/trainer:0.1.0", "num_nodes": 2, "gpus_per_node": 8, "data_pvc": "llm-data",
-    "model_pvc": "llm-models", "hf_token_secret": "hf-token", "node_selector": {"gpu": "h100"},
+    "run_id": "8b0e3f2a-1c2d-4e5f-9a8b-7c6d5e4f3a2b",
+    "namespace": "team-llm",
+    "config_path": "/mnt/models/c.json",
+    "trainer_image": "registry.example/trainer:0.1.0",
+    "num_nodes": 2,
+    "gpus_per_node": 8,
+    "data_pvc": "llm-data",
+    "model_pvc": "llm-models",
+    "hf_token_secret": "hf-token",
+    "node_selector": {"gpu": "h100"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
     "tracking_secret": "trackers",
 }
@@ -73,8 +80,13 @@ def trainjob_pod(version: str) -> dict:
     pod = runtime_pod("runtime_torch_distributed.yaml" if version == TRAINER_V2_2 else "v2.1.0_torch_distributed.yaml")
     trainer = job["spec"]["trainer"]
     node = pod["spec"]["containers"][0]
-    node.update(image=trainer["image"], command=trainer["command"], args=trainer["args"], env=trainer["env"],
-                resources=trainer["resourcesPerNode"])
+    node.update(
+        image=trainer["image"],
+        command=trainer["command"],
+        args=trainer["args"],
+        env=trainer["env"],
+        resources=trainer["resourcesPerNode"],
+    )
     if version == TRAINER_V2_2:
         (patch,) = job["spec"]["runtimePatches"]
         (rjob,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -85,6 +97,7 @@ def trainjob_pod(version: str) -> dict:
 
 # -- the checker can fail ---------------------------------------------------------------------------------
 
+
 def test_a_pod_with_kubernetes_defaults_is_baseline_but_not_restricted():
     pod = {"spec": {"containers": [{"name": "c", "image": "x"}], "volumes": [{"name": "v", "emptyDir": {}}]}}
     assert violations(pod, "baseline") == []
@@ -93,41 +106,58 @@ def test_a_pod_with_kubernetes_defaults_is_baseline_but_not_restricted():
         assert control in found, control
 
 
-@pytest.mark.parametrize("spec,control", [
-    ({"hostNetwork": True}, "Host Namespaces"),
-    ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "HostPath Volumes"),
-    ({"containers": [{"name": "c", "securityContext": {"privileged": True}}]}, "Privileged Containers"),
-    ({"containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}, "Capabilities"),
-    ({"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}, "Host Ports"),
-    ({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}, "Seccomp"),
-    ({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}, "Sysctls"),
-    ({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}, "SELinux"),
-])
+@pytest.mark.parametrize(
+    "spec,control",
+    [
+        ({"hostNetwork": True}, "Host Namespaces"),
+        ({"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}, "HostPath Volumes"),
+        ({"containers": [{"name": "c", "securityContext": {"privileged": True}}]}, "Privileged Containers"),
+        ({"containers": [{"name": "c", "securityContext": {"capabilities": {"add": ["SYS_ADMIN"]}}}]}, "Capabilities"),
+        ({"containers": [{"name": "c", "ports": [{"containerPort": 80, "hostPort": 80}]}]}, "Host Ports"),
+        ({"securityContext": {"seccompProfile": {"type": "Unconfined"}}}, "Seccomp"),
+        ({"securityContext": {"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}}, "Sysctls"),
+        ({"securityContext": {"seLinuxOptions": {"type": "spc_t"}}}, "SELinux"),
+    ],
+)
 def test_each_baseline_control_fails_its_pod(spec, control):
     pod = {"spec": {"containers": [{"name": "c"}], **spec}}
     assert any(v.startswith(control) for v in violations(pod, "baseline")), violations(pod, "baseline")
 
 
-@pytest.mark.parametrize("change,control", [
-    (lambda p: p["spec"]["volumes"].append({"name": "n", "nfs": {"server": "s", "path": "/"}}), "Volume Types"),
-    (lambda p: p["spec"]["containers"][0]["securityContext"].update(runAsNonRoot=False), "Running as Non-root"),
-    (lambda p: p["spec"]["securityContext"].update(runAsUser=0), "Running as Non-root user"),
-    (lambda p: p["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"), "Privilege Escalation"),
-    (lambda p: p["spec"]["containers"][0]["securityContext"]["capabilities"].update(add=["NET_RAW"]), "Capabilities"),
-    (lambda p: p["spec"]["securityContext"].pop("seccompProfile"), "Seccomp"),
-])
+@pytest.mark.parametrize(
+    "change,control",
+    [
+        (lambda p: p["spec"]["volumes"].append({"name": "n", "nfs": {"server": "s", "path": "/"}}), "Volume Types"),
+        (lambda p: p["spec"]["containers"][0]["securityContext"].update(runAsNonRoot=False), "Running as Non-root"),
+        (lambda p: p["spec"]["securityContext"].update(runAsUser=0), "Running as Non-root user"),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"].pop("allowPrivilegeEscalation"),
+            "Privilege Escalation",
+        ),
+        (
+            lambda p: p["spec"]["containers"][0]["securityContext"]["capabilities"].update(add=["NET_RAW"]),
+            "Capabilities",
+        ),
+        (lambda p: p["spec"]["securityContext"].pop("seccompProfile"), "Seccomp"),
+    ],
+)
 def test_each_restricted_control_fails_an_otherwise_restricted_pod(change, control):
-    pod = {"spec": {
-        "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
-        "containers": [{"name": "c", "securityContext": {"allowPrivilegeEscalation": False,
-                                                         "capabilities": {"drop": ["ALL"]}}}],
-        "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "x"}}, {"name": "e", "emptyDir": {}}]}}
+    pod = {
+        "spec": {
+            "securityContext": {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}},
+            "containers": [
+                {"name": "c", "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}}
+            ],
+            "volumes": [{"name": "d", "persistentVolumeClaim": {"claimName": "x"}}, {"name": "e", "emptyDir": {}}],
+        }
+    }
     assert violations(pod) == []
     change(pod)
     assert any(v.startswith(control) for v in violations(pod)), violations(pod)
 
 
 # -- the training job's pods ------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("options", [{}, {"min_nodes": 1}], ids=["static", "elastic"])
 def test_pytorchjob_pods_are_restricted_with_no_token(options):
@@ -156,15 +186,25 @@ def test_trainjob_pods_on_trainer_v2_1_need_baseline():
 # -- the serving pods -------------------------------------------------------------------------------------
 
 # What Knative admits in a container's securityContext (knative/serving pkg/apis/serving/fieldmask.go).
-KNATIVE_CONTAINER_SECURITY_FIELDS = {"capabilities", "readOnlyRootFilesystem", "runAsUser", "runAsGroup",
-                                     "runAsNonRoot", "allowPrivilegeEscalation", "seccompProfile", "privileged"}
+KNATIVE_CONTAINER_SECURITY_FIELDS = {
+    "capabilities",
+    "readOnlyRootFilesystem",
+    "runAsUser",
+    "runAsGroup",
+    "runAsNonRoot",
+    "allowPrivilegeEscalation",
+    "seccompProfile",
+    "privileged",
+}
 
 
 def kserve_runtime(backend: str) -> dict:
     if backend == "manifests/serving":
         return serving_runtime_manifest("team-llm")
-    name = {"kserve-vllm": "runtime_kserve-vllmserver.yaml",
-            "kserve-huggingface": "runtime_kserve-huggingfaceserver.yaml"}
+    name = {
+        "kserve-vllm": "runtime_kserve-vllmserver.yaml",
+        "kserve-huggingface": "runtime_kserve-huggingfaceserver.yaml",
+    }
     return yaml.safe_load((require_reference("runtimes") / "runtimes" / name[backend]).read_text())
 
 
@@ -175,26 +215,51 @@ def predictor_pod(isvc: dict, runtime: dict) -> dict:
     model = predictor["model"]
     (runtime_container,) = copy.deepcopy(runtime["spec"]["containers"])
     merged_context = {**runtime_container.get("securityContext", {}), **model.get("securityContext", {})}
-    container = {**runtime_container, "securityContext": merged_context,
-                 "env": merge_by_name(runtime_container.get("env", []), model.get("env", [])),
-                 "args": runtime_container.get("args", []) + model.get("args", []), "resources": model["resources"]}
+    container = {
+        **runtime_container,
+        "securityContext": merged_context,
+        "env": merge_by_name(runtime_container.get("env", []), model.get("env", [])),
+        "args": runtime_container.get("args", []) + model.get("args", []),
+        "resources": model["resources"],
+    }
     claim = model["storageUri"].removeprefix("pvc://").split("/")[0]
-    spec = {k: predictor[k] for k in ("securityContext", "automountServiceAccountToken", "nodeSelector", "tolerations")
-            if k in predictor}
-    spec.update(containers=[container], volumes=[*runtime["spec"].get("volumes", []),
-                                                 {"name": "kserve-pvc-source",
-                                                  "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}])
+    spec = {
+        k: predictor[k]
+        for k in ("securityContext", "automountServiceAccountToken", "nodeSelector", "tolerations")
+        if k in predictor
+    }
+    spec.update(
+        containers=[container],
+        volumes=[
+            *runtime["spec"].get("volumes", []),
+            {"name": "kserve-pvc-source", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}},
+        ],
+    )
     return {"metadata": {"annotations": predictor.get("annotations", {})}, "spec": spec}
 
 
-@pytest.mark.parametrize("backend,runtime", [("kserve-vllm", "manifests/serving"), ("kserve-vllm", "kserve-vllm"),
-                                             ("kserve-huggingface", "kserve-huggingface")])
+@pytest.mark.parametrize(
+    "backend,runtime",
+    [
+        ("kserve-vllm", "manifests/serving"),
+        ("kserve-vllm", "kserve-vllm"),
+        ("kserve-huggingface", "kserve-huggingface"),
+    ],
+)
 @pytest.mark.parametrize("mode", ["Standard", "Knative"])
 def test_serving_pods_are_restricted_with_no_token_and_a_writable_home(backend, runtime, mode):
     isvc = build_inference_service(
-        name="llm-serving", namespace="team-llm", storage_uri="pvc://llm-models/runs/r/sft/final", runtime=backend,
-        gpus=2, max_model_len=4096, served_model_name="llm", node_selector={"gpu": "h100"}, tolerations=[],
-        deployment_mode=mode)
+        name="llm-serving",
+        namespace="team-llm",
+        storage_uri="pvc://llm-models/runs/r/sft/final",
+        runtime=backend,
+        gpus=2,
+        max_model_len=4096,
+        served_model_name="llm",
+        node_selector={"gpu": "h100"},
+        tolerations=[],
+        deployment_mode=mode,
+    )
     pod = predictor_pod(isvc, kserve_runtime(runtime))
     assert violations(pod) == []
     assert pod["spec"]["automountServiceAccountToken"] is False
@@ -209,9 +274,17 @@ def test_the_inference_service_sets_no_pod_level_security_context():
     container, whose securityContext Knative admits field by field (SecurityContextMask)."""
     for mode in ("Standard", "Knative"):
         isvc = build_inference_service(
-            name="llm-serving", namespace="team-llm", storage_uri="pvc://llm-models/final", runtime="kserve-vllm",
-            gpus=1, max_model_len=4096, served_model_name="llm", node_selector={}, tolerations=[],
-            deployment_mode=mode)
+            name="llm-serving",
+            namespace="team-llm",
+            storage_uri="pvc://llm-models/final",
+            runtime="kserve-vllm",
+            gpus=1,
+            max_model_len=4096,
+            served_model_name="llm",
+            node_selector={},
+            tolerations=[],
+            deployment_mode=mode,
+        )
         predictor = isvc["spec"]["predictor"]
         assert "securityContext" not in predictor
         assert set(predictor["model"]["securityContext"]) <= KNATIVE_CONTAINER_SECURITY_FIELDS
@@ -233,29 +306,51 @@ def test_our_serving_runtime_alone_is_restricted():
 # all of those with runAsNonRoot=true; its scratch folders are emptyDirs. Argo's own init and wait containers take
 # the workflow controller's executor settings, which KFP's manifests set to the same (manifests/kustomize/
 # third-party/argo/base/workflow-controller-configmap-patch.yaml).
-KFP_HARDENED = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                "seccompProfile": {"type": "RuntimeDefault"}}
-KFP_SCRATCH = ["kfp-launcher", "gcs-scratch", "s3-scratch", "minio-scratch", "dot-local-scratch", "dot-cache-scratch",
-               "dot-config-scratch"]
+KFP_HARDENED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+KFP_SCRATCH = [
+    "kfp-launcher",
+    "gcs-scratch",
+    "s3-scratch",
+    "minio-scratch",
+    "dot-local-scratch",
+    "dot-cache-scratch",
+    "dot-config-scratch",
+]
 ARGO_EXECUTOR = {"runAsNonRoot": True, "runAsUser": 65532, **KFP_HARDENED}
 
 
 def kfp_step_pod(executor: dict) -> dict:
     """A step's pod as KFP's backend builds it from the step's kubernetes platform config ``executor``."""
-    sdk = {k: int(v) if k in ("runAsUser", "runAsGroup") else v
-           for k, v in (executor.get("securityContext") or {}).items()}
+    sdk = {
+        k: int(v) if k in ("runAsUser", "runAsGroup") else v for k, v in (executor.get("securityContext") or {}).items()
+    }
     volumes = [{"name": n, "emptyDir": {}} for n in KFP_SCRATCH]
-    volumes += [{"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": "from-a-parameter"}}
-                for i, _ in enumerate(executor.get("pvcMount") or [])]
-    volumes += [{"name": m["volumeName"], "emptyDir": {"medium": m.get("medium", "")}}
-                for m in executor.get("emptyDirMounts") or []]
-    return {"spec": {
-        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
-        "initContainers": [{"name": "kfp-launcher", "securityContext": {**KFP_HARDENED, "runAsNonRoot": True}},
-                           {"name": "init", "securityContext": ARGO_EXECUTOR}],
-        "containers": [{"name": "main", "securityContext": {**KFP_HARDENED, **sdk}},
-                       {"name": "wait", "securityContext": ARGO_EXECUTOR}],
-        "volumes": volumes}}
+    volumes += [
+        {"name": f"pvc-{i}", "persistentVolumeClaim": {"claimName": "from-a-parameter"}}
+        for i, _ in enumerate(executor.get("pvcMount") or [])
+    ]
+    volumes += [
+        {"name": m["volumeName"], "emptyDir": {"medium": m.get("medium", "")}}
+        for m in executor.get("emptyDirMounts") or []
+    ]
+    return {
+        "spec": {
+            "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
+            "initContainers": [
+                {"name": "kfp-launcher", "securityContext": {**KFP_HARDENED, "runAsNonRoot": True}},
+                {"name": "init", "securityContext": ARGO_EXECUTOR},
+            ],
+            "containers": [
+                {"name": "main", "securityContext": {**KFP_HARDENED, **sdk}},
+                {"name": "wait", "securityContext": ARGO_EXECUTOR},
+            ],
+            "volumes": volumes,
+        }
+    }
 
 
 @pytest.fixture(scope="module")
@@ -268,8 +363,11 @@ def executors(tmp_path_factory) -> dict:
 
 def test_every_step_runs_as_the_images_non_root_user(executors):
     for name, executor in executors.items():
-        assert executor.get("securityContext") == {"runAsUser": str(RUN_AS_USER), "runAsGroup": str(RUN_AS_GROUP),
-                                                   "runAsNonRoot": True}, name
+        assert executor.get("securityContext") == {
+            "runAsUser": str(RUN_AS_USER),
+            "runAsGroup": str(RUN_AS_GROUP),
+            "runAsNonRoot": True,
+        }, name
 
 
 def test_every_steps_pod_is_restricted_on_kfp_2_16_and_later(executors):
@@ -281,6 +379,7 @@ def test_every_steps_pod_is_restricted_on_kfp_2_16_and_later(executors):
 
 
 # -- the images -------------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("image", ["components", "trainer"])
 def test_images_run_as_the_pods_numeric_non_root_user_with_a_home(image):

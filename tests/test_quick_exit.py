@@ -40,4 +40,9 @@ def test_quick_exit_without_a_module_says_how_to_call_it():
     done = _python("-m", "components.quick_exit")
     assert done.returncode == 2 and "usage: python -m components.quick_exit MODULE [ARG ...]" in done.stderr
     assert quick_exit.command("torch.distributed.run", "--standalone") == [
-        sys.executable, "-m", "components.quick_exit", "torch.distributed.run", "--standalone"]
+        sys.executable,
+        "-m",
+        "components.quick_exit",
+        "torch.distributed.run",
+        "--standalone",
+    ]

@@ -22,16 +22,33 @@ def test_uses_the_reference_fixture(reference):
 
 
 def test_uses_a_crd():
-    job = build_pytorchjob(name="sft-ci", namespace="ns", image="trainer:1", config_path="/mnt/models/c.json",
-                           num_nodes=1, gpus_per_node=1, data_pvc="d", model_pvc="m", hf_token_secret="hf",
-                           node_selector={}, tolerations=[], labels={})
+    job = build_pytorchjob(
+        name="sft-ci",
+        namespace="ns",
+        image="trainer:1",
+        config_path="/mnt/models/c.json",
+        num_nodes=1,
+        gpus_per_node=1,
+        data_pvc="d",
+        model_pvc="m",
+        hf_token_secret="hf",
+        node_selector={},
+        tolerations=[],
+        labels={},
+    )
     assert crd_errors(job, "kubeflow.org_pytorchjobs.yaml") == []
 
 
 def _pytest(test: str, **env) -> subprocess.CompletedProcess:
     environ = {k: v for k, v in os.environ.items() if k not in ("CI", "REFERENCE_DIR")}
-    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", f"{HERE}::{test}"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300, env={**environ, **env})
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-rsf", "-p", "no:cacheprovider", f"{HERE}::{test}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environ, **env},
+    )
 
 
 @pytest.mark.parametrize("test", ["test_uses_the_reference_fixture", "test_uses_a_crd"])

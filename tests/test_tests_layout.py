@@ -33,11 +33,16 @@ def test_no_test_module_imports_another_or_a_conftest():
 
 
 def test_the_check_finds_each_way_of_importing_a_test_module(tmp_path):
-    (tmp_path / "test_a.py").write_text("from tests.validate.test_preflight import PARAMS\n"
-                                        "from tests.data import test_data_prepare as base\n"
-                                        "import tests.observe.test_alerts\n"
-                                        "from tests.conftest import run_cli\n"
-                                        "from tests.helpers.repo import run_cli\n")
+    (tmp_path / "test_a.py").write_text(
+        "from tests.validate.test_preflight import PARAMS\n"
+        "from tests.data import test_data_prepare as base\n"
+        "import tests.observe.test_alerts\n"
+        "from tests.conftest import run_cli\n"
+        "from tests.helpers.repo import run_cli\n"
+    )
     assert imports_of_test_modules(tmp_path) == [
-        "test_a.py:1: tests.validate.test_preflight", "test_a.py:2: tests.data.test_data_prepare",
-        "test_a.py:3: tests.observe.test_alerts", "test_a.py:4: tests.conftest"]
+        "test_a.py:1: tests.validate.test_preflight",
+        "test_a.py:2: tests.data.test_data_prepare",
+        "test_a.py:3: tests.observe.test_alerts",
+        "test_a.py:4: tests.conftest",
+    ]

@@ -26,15 +26,22 @@ SEED = 21
 _FORMAT = {"en": " End with 'Answer: N'.", "ko": " 마지막에 '정답은 N입니다.'라고 쓰세요."}
 # (template, operation) per language; {a} and {b} are the operands.
 _TEMPLATES = {
-    "en": [("What is {a} + {b}?", "+"), ("What is {a} - {b}?", "-"), ("What is {a} times {b}?", "*"),
-           ("Tom has {a} apples and buys {b} more. How many apples does he have now?", "+"),
-           ("A box holds {a} pens. {b} pens are taken out. How many pens are left?", "-"),
-           ("There are {a} rows of chairs with {b} chairs in each row. How many chairs are there?", "*")],
-    "ko": [("{a} 더하기 {b}는 얼마입니까?", "+"), ("{a} 빼기 {b}는 얼마입니까?", "-"),
-           ("{a} 곱하기 {b}는 얼마입니까?", "*"),
-           ("민수는 사과 {a}개를 가지고 있고 {b}개를 더 샀습니다. 사과는 모두 몇 개입니까?", "+"),
-           ("상자에 연필이 {a}자루 있습니다. {b}자루를 꺼냈습니다. 남은 연필은 몇 자루입니까?", "-"),
-           ("의자가 한 줄에 {b}개씩 {a}줄 있습니다. 의자는 모두 몇 개입니까?", "*")],
+    "en": [
+        ("What is {a} + {b}?", "+"),
+        ("What is {a} - {b}?", "-"),
+        ("What is {a} times {b}?", "*"),
+        ("Tom has {a} apples and buys {b} more. How many apples does he have now?", "+"),
+        ("A box holds {a} pens. {b} pens are taken out. How many pens are left?", "-"),
+        ("There are {a} rows of chairs with {b} chairs in each row. How many chairs are there?", "*"),
+    ],
+    "ko": [
+        ("{a} 더하기 {b}는 얼마입니까?", "+"),
+        ("{a} 빼기 {b}는 얼마입니까?", "-"),
+        ("{a} 곱하기 {b}는 얼마입니까?", "*"),
+        ("민수는 사과 {a}개를 가지고 있고 {b}개를 더 샀습니다. 사과는 모두 몇 개입니까?", "+"),
+        ("상자에 연필이 {a}자루 있습니다. {b}자루를 꺼냈습니다. 남은 연필은 몇 자루입니까?", "-"),
+        ("의자가 한 줄에 {b}개씩 {a}줄 있습니다. 의자는 모두 몇 개입니까?", "*"),
+    ],
 }
 
 

@@ -61,9 +61,11 @@ def keep(cache_dir: str, key: str, src: Path) -> None:
 
 def _link_tree(src: Path, dst: Path) -> None:
     """Copy a finished dataset folder by hard links where the filesystem allows (same volume: no data copied)."""
+
     def link(a, b):
         try:
             os.link(a, b)
         except OSError:
             shutil.copy2(a, b)
+
     shutil.copytree(src, dst, copy_function=link)

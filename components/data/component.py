@@ -70,14 +70,21 @@ def prepare_dataset(
         eval_source = s.data.eval_source if stage == "sft" else ""
         # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
         stats = prepare_once(
-            out_dir, s.train.model_name_or_path, os.path.join(data_root, "cache"),
-            source=[x.strip() for x in source.split(",") if x.strip()], max_seq_length=s.train.max_seq_length,
-            eval_size=int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size, seed=s.train.seed,
+            out_dir,
+            s.train.model_name_or_path,
+            os.path.join(data_root, "cache"),
+            source=[x.strip() for x in source.split(",") if x.strip()],
+            max_seq_length=s.train.max_seq_length,
+            eval_size=int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size,
+            seed=s.train.seed,
             format=data_format,
             columns={"sft": s.data.column_mapping, "grpo": s.stages.grpo_column_mapping}.get(stage, {}),
             eval_source=[x.strip() for x in eval_source.split(",") if x.strip()] or None,
-            packing=s.data.packing, over_length=s.data.over_length, num_proc=s.data.num_proc,
-            pvc_mounts={data_pvc: data_root}, cache_dir=os.path.join(data_root, "cache", "prepared"),
+            packing=s.data.packing,
+            over_length=s.data.over_length,
+            num_proc=s.data.num_proc,
+            pvc_mounts={data_pvc: data_root},
+            cache_dir=os.path.join(data_root, "cache", "prepared"),
         )
 
         os.makedirs(dataset.path, exist_ok=True)

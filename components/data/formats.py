@@ -118,8 +118,11 @@ def to_canonical(fmt: str, row: dict) -> dict:
     if fmt == "prompts":
         answer = row.get("answer")
         return {"prompt": _side(row["prompt"], "user"), "answer": "" if answer is None else nfc(answer)}
-    return {"prompt": _side(row["prompt"], "user"), "chosen": _side(row["chosen"], "assistant"),
-            "rejected": _side(row["rejected"], "assistant")}
+    return {
+        "prompt": _side(row["prompt"], "user"),
+        "chosen": _side(row["chosen"], "assistant"),
+        "rejected": _side(row["rejected"], "assistant"),
+    }
 
 
 def clean(row: dict) -> dict:

@@ -70,7 +70,7 @@ def packed_batches(tokenized, indices: np.ndarray, lengths: np.ndarray, capacity
     arrow = tokenized.with_format("arrow")
     for first in range(0, n_rows, CHUNK_ROWS):
         last = min(first + CHUNK_ROWS, n_rows)
-        sel = order[row_starts[first]:row_starts[last]]
+        sel = order[row_starts[first] : row_starts[last]]
         table = arrow[indices[sel].tolist()]
         ids = pc.list_flatten(table["input_ids"]).to_numpy()
         labels = pc.list_flatten(table["labels"]).to_numpy()
@@ -109,5 +109,8 @@ def split_examples(row: dict) -> list[tuple[list[int], list[int]]]:
     ids, labels = row["input_ids"], row["labels"]
     starts = [i for i, p in enumerate(row["position_ids"]) if p == 0] if "position_ids" in row else [0]
     bounds = starts[1:] + [len(ids)]
-    return [(ids[a:b], labels[a:b]) for a, b in zip(starts, bounds, strict=True)
-            if any(x != IGNORE_INDEX for x in labels[a:b])]
+    return [
+        (ids[a:b], labels[a:b])
+        for a, b in zip(starts, bounds, strict=True)
+        if any(x != IGNORE_INDEX for x in labels[a:b])
+    ]

@@ -102,9 +102,18 @@ def prepare(
     tok = tokenizing.load_tokenizer(tokenizer, chat_template)
     template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     resolved = reading.resolve_sources(source_list + eval_list, pvc_mounts)
-    options = {"sources": source_list, "eval_sources": eval_list, "format": format, "columns": columns,
-               "max_seq_length": max_seq_length, "eval_size": eval_size, "seed": seed, "packing": packing,
-               "over_length": over_length, "template_kwargs": template_kwargs}
+    options = {
+        "sources": source_list,
+        "eval_sources": eval_list,
+        "format": format,
+        "columns": columns,
+        "max_seq_length": max_seq_length,
+        "eval_size": eval_size,
+        "seed": seed,
+        "packing": packing,
+        "over_length": over_length,
+        "template_kwargs": template_kwargs,
+    }
     key = caching.fingerprint(resolved, tok, options) if cache_dir else None
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -115,8 +124,23 @@ def prepare(
             stats.update(cache_hit=True, seconds=round(time.time() - started, 2))
             log.info("inputs unchanged (fingerprint %s): reusing %s", key[:16], Path(cache_dir) / key)
         else:
-            stats = _build(source_list, eval_list, tok, tmp, max_seq_length, eval_size, seed, format, columns,
-                           packing, over_length, num_proc, template_kwargs, max_bad_rows, pvc_mounts)
+            stats = _build(
+                source_list,
+                eval_list,
+                tok,
+                tmp,
+                max_seq_length,
+                eval_size,
+                seed,
+                format,
+                columns,
+                packing,
+                over_length,
+                num_proc,
+                template_kwargs,
+                max_bad_rows,
+                pvc_mounts,
+            )
             stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
         # Unlink first: on a cache hit the file is a hard link to the cached copy, which must not change.
         (tmp / "stats.json").unlink(missing_ok=True)
@@ -129,9 +153,15 @@ def prepare(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    log.info("prepared %s train / %s eval rows (%s train tokens, packing efficiency %s) in %.1fs -> %s",
-             stats["train"]["rows"], stats["eval"]["rows"], stats["train"].get("tokens"),
-             stats["train"].get("packing_efficiency", "n/a"), stats["seconds"], out)
+    log.info(
+        "prepared %s train / %s eval rows (%s train tokens, packing efficiency %s) in %.1fs -> %s",
+        stats["train"]["rows"],
+        stats["eval"]["rows"],
+        stats["train"].get("tokens"),
+        stats["train"].get("packing_efficiency", "n/a"),
+        stats["seconds"],
+        out,
+    )
     return stats
 
 
@@ -140,8 +170,11 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
     if fmt not in formats.DATASET_FORMATS:
         problems.append(f"format {fmt!r}: use auto or one of {', '.join(formats.FORMATS)}")
     known = {c for cols in formats.REQUIRED.values() for c in cols} | {"input", "system", "answer"}
-    problems += [f"columns: {k!r} is not a column any format reads; map onto one of {sorted(known)}"
-                 for k in columns if k not in known]
+    problems += [
+        f"columns: {k!r} is not a column any format reads; map onto one of {sorted(known)}"
+        for k in columns
+        if k not in known
+    ]
     if over_length not in OVER_LENGTH:
         problems.append(f"over_length {over_length!r}: use {' or '.join(OVER_LENGTH)}")
     if max_seq_length < 2:
@@ -158,13 +191,35 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
         raise DataError("; ".join(problems))
 
 
-def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, seed, fmt, columns, packing,
-           over_length, num_proc, template_kwargs, max_bad_rows, pvc_mounts) -> dict:
+def _build(
+    source_list,
+    eval_list,
+    tok,
+    tmp: Path,
+    max_seq_length,
+    eval_size,
+    seed,
+    fmt,
+    columns,
+    packing,
+    over_length,
+    num_proc,
+    template_kwargs,
+    max_bad_rows,
+    pvc_mounts,
+) -> dict:
     work = tmp / "_work"
     work.mkdir()
     kind, n_rows, counts = reading.read_sources(
-        source_list, eval_list, work, fmt=fmt, columns=columns, pvc_mounts=pvc_mounts, max_bad_rows=max_bad_rows,
-        seed=seed)
+        source_list,
+        eval_list,
+        work,
+        fmt=fmt,
+        columns=columns,
+        pvc_mounts=pvc_mounts,
+        max_bad_rows=max_bad_rows,
+        seed=seed,
+    )
     if kind not in TEXT_KINDS:
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
     canonical = datasets.Dataset.from_file(str(work / "canonical.arrow"))
@@ -175,27 +230,49 @@ def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, se
     else:
         n_eval = round(eval_size * n_rows) if eval_size < 1 else int(eval_size)
         if not 0 < n_eval < n_rows:
-            raise DataError(f"eval_size {eval_size} gives {n_eval} eval rows out of {n_rows}; "
-                            "it must leave at least one for each split (lower eval_size or add data)")
+            raise DataError(
+                f"eval_size {eval_size} gives {n_eval} eval rows out of {n_rows}; "
+                "it must leave at least one for each split (lower eval_size or add data)"
+            )
         keys = _column(canonical, "split_key")
         is_eval = np.zeros(n_rows, dtype=bool)
         is_eval[np.argsort(keys, kind="stable")[:n_eval]] = True
-    stats = {"sources": source_list, "eval_sources": eval_list, "format": kind, "formats": counts["formats"],
-             "rows_in": counts["rows_in"], "rows_kept": len(canonical), "dropped": counts["dropped"], "truncated": 0,
-             "max_seq_length": max_seq_length, "packing": packing and kind not in TEXT_KINDS}
+    stats = {
+        "sources": source_list,
+        "eval_sources": eval_list,
+        "format": kind,
+        "formats": counts["formats"],
+        "rows_in": counts["rows_in"],
+        "rows_kept": len(canonical),
+        "dropped": counts["dropped"],
+        "truncated": 0,
+        "max_seq_length": max_seq_length,
+        "packing": packing and kind not in TEXT_KINDS,
+    }
 
     if kind in TEXT_KINDS:  # kept as text for the trainer (TRL tokenizes it): nothing to tokenize or pack
-        ds = datasets.DatasetDict({
-            split: canonical.select(np.flatnonzero(mask)).remove_columns("split_key")
-            for split, mask in (("train", ~is_eval), ("eval", is_eval))})
+        ds = datasets.DatasetDict(
+            {
+                split: canonical.select(np.flatnonzero(mask)).remove_columns("split_key")
+                for split, mask in (("train", ~is_eval), ("eval", is_eval))
+            }
+        )
         for split in ("train", "eval"):
             stats[split] = {"examples": len(ds[split]), "rows": len(ds[split])}
         ds.save_to_disk(str(tmp))
         shutil.rmtree(work)
         return stats
 
-    tokenized = tokenizing.tokenize(canonical, tok, kind, max_seq_length=max_seq_length, over_length=over_length,
-                                    num_proc=num_proc, template_kwargs=template_kwargs, work=work)
+    tokenized = tokenizing.tokenize(
+        canonical,
+        tok,
+        kind,
+        max_seq_length=max_seq_length,
+        over_length=over_length,
+        num_proc=num_proc,
+        template_kwargs=template_kwargs,
+        work=work,
+    )
     lengths, label_tokens = _column(tokenized, "length"), _column(tokenized, "label_tokens")
     keep, stats["truncated"], dropped = tokenizing.over_length_mask(lengths, label_tokens, max_seq_length, over_length)
     stats["dropped"].update(dropped)
@@ -206,11 +283,20 @@ def _build(source_list, eval_list, tok, tmp: Path, max_seq_length, eval_size, se
     for split, mask in (("train", ~is_eval & keep), ("eval", is_eval & keep)):
         idx = np.flatnonzero(mask)
         if not len(idx):
-            raise DataError(f"every {split} row was filtered out (dropped: {stats['dropped']}); "
-                            "raise max_seq_length, use over_length='truncate', or check the data")
+            raise DataError(
+                f"every {split} row was filtered out (dropped: {stats['dropped']}); "
+                "raise max_seq_length, use over_length='truncate', or check the data"
+            )
         splits[split], stats[split] = tokenizing.split_rows(
-            tokenized, idx, fitted, label_tokens, max_seq_length=max_seq_length, packing=stats["packing"],
-            pad_id=tokenizing.pad_id(tok), path=work / f"packed_{split}.arrow")
+            tokenized,
+            idx,
+            fitted,
+            label_tokens,
+            max_seq_length=max_seq_length,
+            packing=stats["packing"],
+            pad_id=tokenizing.pad_id(tok),
+            path=work / f"packed_{split}.arrow",
+        )
     first = tokenized.select(np.flatnonzero(~is_eval & keep)[:N_REPORT_EXAMPLES])["input_ids"]
     stats["examples"] = [tok.decode(ids) for ids in first]
     datasets.DatasetDict(splits).save_to_disk(str(tmp))
@@ -240,15 +326,24 @@ def _mapping(items: list[str], flag: str) -> dict:
 def main(argv: list[str] | None = None) -> int:
     """Command-line entry point: the same code the KFP component runs."""
     p = argparse.ArgumentParser(prog="python -m components.data.prepare", description=__doc__.split("\n")[0])
-    p.add_argument("--source", required=True, action="append",
-                   help="builtin:sample, a file/folder/glob, pvc://claim/path, hf://..., or a Hub id "
-                        "(org/name?config=C&split=S&revision=R); repeat to mix sources")
+    p.add_argument(
+        "--source",
+        required=True,
+        action="append",
+        help="builtin:sample, a file/folder/glob, pvc://claim/path, hf://..., or a Hub id "
+        "(org/name?config=C&split=S&revision=R); repeat to mix sources",
+    )
     p.add_argument("--eval-source", action="append", help="take the eval split from this source instead of --eval-size")
     p.add_argument("--tokenizer", required=True, help="tokenizer folder or Hub id (builtin:tiny-qwen3 works)")
     p.add_argument("--out", required=True, help="output folder (replaced only when complete)")
     p.add_argument("--format", default="auto", choices=formats.DATASET_FORMATS)
-    p.add_argument("--columns", action="append", default=[], metavar="CANONICAL=SOURCE_COLUMN",
-                   help="map a source column onto the name a format reads, e.g. messages=dialog (repeatable)")
+    p.add_argument(
+        "--columns",
+        action="append",
+        default=[],
+        metavar="CANONICAL=SOURCE_COLUMN",
+        help="map a source column onto the name a format reads, e.g. messages=dialog (repeatable)",
+    )
     p.add_argument("--max-seq-length", type=int, default=2048, help="packed row length; longer examples are dropped")
     p.add_argument("--over-length", choices=OVER_LENGTH, default="drop")
     p.add_argument("--eval-size", type=float, default=0.05, help="fraction (<1) or count (>=1)")
@@ -258,22 +353,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--chat-template", help="Jinja file that replaces the tokenizer's chat template")
     p.add_argument("--enable-thinking", choices=("true", "false"), help="Qwen3's thinking switch for the template")
     p.add_argument("--max-bad-rows", type=int, default=0, help="skip up to N unparseable/unknown-role rows (counted)")
-    p.add_argument("--pvc-mount", action="append", default=[], metavar="CLAIM=MOUNT_PATH",
-                   help="where a claim named in pvc:// sources is mounted")
+    p.add_argument(
+        "--pvc-mount",
+        action="append",
+        default=[],
+        metavar="CLAIM=MOUNT_PATH",
+        help="where a claim named in pvc:// sources is mounted",
+    )
     p.add_argument("--data-cache", help="reuse results kept here when sources, tokenizer and options are unchanged")
-    p.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/llm-post-training"),
-                   help="where built-in models are built")
+    p.add_argument(
+        "--cache-dir", default=os.path.expanduser("~/.cache/llm-post-training"), help="where built-in models are built"
+    )
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     try:
         stats = prepare(
-            args.source, resolve_model(args.tokenizer, args.cache_dir), args.out, args.max_seq_length,
-            int(args.eval_size) if args.eval_size >= 1 else args.eval_size, args.seed,
-            format=args.format, columns=_mapping(args.columns, "--columns"), eval_source=args.eval_source,
-            packing=args.packing, over_length=args.over_length, num_proc=args.num_proc,
+            args.source,
+            resolve_model(args.tokenizer, args.cache_dir),
+            args.out,
+            args.max_seq_length,
+            int(args.eval_size) if args.eval_size >= 1 else args.eval_size,
+            args.seed,
+            format=args.format,
+            columns=_mapping(args.columns, "--columns"),
+            eval_source=args.eval_source,
+            packing=args.packing,
+            over_length=args.over_length,
+            num_proc=args.num_proc,
             chat_template=args.chat_template,
             enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "true",
-            max_bad_rows=args.max_bad_rows, pvc_mounts=_mapping(args.pvc_mount, "--pvc-mount"),
+            max_bad_rows=args.max_bad_rows,
+            pvc_mounts=_mapping(args.pvc_mount, "--pvc-mount"),
             cache_dir=args.data_cache,
         )
     except DataError as e:

@@ -56,9 +56,12 @@ def read_sources(source_list: list[str], eval_list: list[str], work: Path, **rea
 
 def _schema(kind: str):
     turns = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
-    columns = {"text": {"text": datasets.Value("string")}, "messages": {"messages": turns},
-               "preference": {"prompt": turns, "chosen": turns, "rejected": turns},
-               "prompts": {"prompt": turns, "answer": datasets.Value("string")}}[kind]
+    columns = {
+        "text": {"text": datasets.Value("string")},
+        "messages": {"messages": turns},
+        "preference": {"prompt": turns, "chosen": turns, "rejected": turns},
+        "prompts": {"prompt": turns, "answer": datasets.Value("string")},
+    }[kind]
     return datasets.Features({**columns, "split_key": datasets.Value("float64")})
 
 
@@ -70,8 +73,18 @@ def _digest(row: dict) -> bytes:
     return hashlib.blake2b(json.dumps(row, ensure_ascii=False, sort_keys=True).encode(), digest_size=16).digest()
 
 
-def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dict, pvc_mounts: dict,
-                   max_bad_rows: int, seed: int, seen: set, counts: dict) -> tuple[str, int]:
+def read_canonical(
+    source_list: list[str],
+    path: Path,
+    *,
+    fmt: str,
+    columns: dict,
+    pvc_mounts: dict,
+    max_bad_rows: int,
+    seed: int,
+    seen: set,
+    counts: dict,
+) -> tuple[str, int]:
     """Stream ``source_list`` into an Arrow file of canonical rows at ``path``; return (kind, rows written).
 
     ``seen`` holds the digests of rows already kept (duplicates are dropped across all sources);
@@ -112,8 +125,9 @@ def read_canonical(source_list: list[str], path: Path, *, fmt: str, columns: dic
                     n_bad = counts["dropped"].get(e.reason, 0) + 1
                     if sum(counts["dropped"].get(r, 0) for r in BAD_ROW_REASONS) + 1 > max_bad_rows:
                         cap = f" (more than max_bad_rows={max_bad_rows} bad rows)" if max_bad_rows else ""
-                        raise DataError(f"{where}: {e}{cap}; fix the data, or raise --max-bad-rows to skip such "
-                                        "rows") from None
+                        raise DataError(
+                            f"{where}: {e}{cap}; fix the data, or raise --max-bad-rows to skip such rows"
+                        ) from None
                     counts["dropped"][e.reason] = n_bad
                     log.warning("skipping %s: %s", where, e)
                     continue

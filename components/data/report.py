@@ -15,8 +15,10 @@ def length_histogram(lengths: np.ndarray, bins: int = 10) -> list[dict]:
     if not len(lengths):
         return []
     counts, edges = np.histogram(lengths, bins=bins, range=(0, max(int(lengths.max()), bins)))
-    return [{"from": int(np.ceil(edges[i])), "to": int(np.ceil(edges[i + 1])) - 1, "count": int(c)}
-            for i, c in enumerate(counts)]
+    return [
+        {"from": int(np.ceil(edges[i])), "to": int(np.ceil(edges[i + 1])) - 1, "count": int(c)}
+        for i, c in enumerate(counts)
+    ]
 
 
 def markdown(stats: dict) -> str:
@@ -32,18 +34,24 @@ def markdown(stats: dict) -> str:
     if stats["truncated"]:
         lines += [f"| of which truncated to max_seq_length | {stats['truncated']} |"]
     lines.append("")
-    lines += ["| split | examples | rows | tokens | label tokens | packing efficiency |",
-              "|---|---:|---:|---:|---:|---:|"]
+    lines += [
+        "| split | examples | rows | tokens | label tokens | packing efficiency |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for split in ("train", "eval"):
         s = stats[split]
         eff = f"{s['packing_efficiency']:.3f}" if "packing_efficiency" in s else "not packed"
-        lines.append(f"| {split} | {s['examples']} | {s['rows']} | {s.get('tokens', '-')} | "
-                     f"{s.get('label_tokens', '-')} | {eff} |")
+        lines.append(
+            f"| {split} | {s['examples']} | {s['rows']} | {s.get('tokens', '-')} | "
+            f"{s.get('label_tokens', '-')} | {eff} |"
+        )
     if stats.get("length_histogram"):
         top = max(b["count"] for b in stats["length_histogram"]) or 1
         lines += ["", f"## Example lengths (tokens, max_seq_length {stats['max_seq_length']})", "", "```"]
-        lines += [f"{b['from']:>6}-{b['to']:<6} {'#' * round(BAR_WIDTH * b['count'] / top):<{BAR_WIDTH}} {b['count']}"
-                  for b in stats["length_histogram"]]
+        lines += [
+            f"{b['from']:>6}-{b['to']:<6} {'#' * round(BAR_WIDTH * b['count'] / top):<{BAR_WIDTH}} {b['count']}"
+            for b in stats["length_histogram"]
+        ]
         lines.append("```")
     if stats.get("examples"):
         lines += ["", "## Examples (as the model sees them)"]

@@ -37,8 +37,9 @@ def _is_korean(text: str) -> bool:
 
 def domain_text() -> list[dict]:
     """``{"text": ...}`` documents: each conversation's questions and answers as prose."""
-    return [{"text": "\n\n".join(m["content"] for m in messages if m["role"] != "system")}
-            for messages in _conversations()]
+    return [
+        {"text": "\n\n".join(m["content"] for m in messages if m["role"] != "system")} for messages in _conversations()
+    ]
 
 
 # The preferred opening and the fillers it is preferred to, by whether the prompt is Korean.
@@ -54,8 +55,13 @@ def preference_pairs() -> list[dict]:
         prompt, answer = [t for t in messages if t["role"] != "assistant"], messages[-1]["content"]
         korean = _is_korean(prompt[-1]["content"])
         filler = FILLERS[korean][i % len(FILLERS[korean])]
-        pairs.append({"prompt": prompt, "chosen": [{"role": "assistant", "content": PREFERRED[korean] + answer}],
-                      "rejected": [{"role": "assistant", "content": filler + answer}]})
+        pairs.append(
+            {
+                "prompt": prompt,
+                "chosen": [{"role": "assistant", "content": PREFERRED[korean] + answer}],
+                "rejected": [{"role": "assistant", "content": filler + answer}],
+            }
+        )
     return pairs
 
 
@@ -63,8 +69,11 @@ def builtin_path(source: str) -> str:
     """The JSONL file behind a ``builtin:`` source; the derived ones are written once per content, atomically."""
     if source == "builtin:sample":
         return str(SAMPLE_PATH)
-    rows = {"builtin:domain-text": domain_text, "builtin:preference": preference_pairs,
-            "builtin:arithmetic": arithmetic_prompts}[source]()
+    rows = {
+        "builtin:domain-text": domain_text,
+        "builtin:preference": preference_pairs,
+        "builtin:arithmetic": arithmetic_prompts,
+    }[source]()
     text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
     digest = hashlib.sha256(text.encode()).hexdigest()[:12]
     folder = Path(tempfile.gettempdir()) / "llm-post-training-samples"

@@ -42,7 +42,7 @@ def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
     if source in BUILTIN:
         return [builtin_path(source)]
     if source.startswith("pvc://"):
-        claim, _, rel = source[len("pvc://"):].partition("/")
+        claim, _, rel = source[len("pvc://") :].partition("/")
         if claim not in pvc_mounts:
             raise SourceError(
                 f"source {source!r}: claim {claim!r} is not mounted in this step "
@@ -70,14 +70,19 @@ def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
         return [source]
     if _looks_like_hub_id(source):
         return _hub_spec(source)
-    raise SourceError(f"source {source!r}: no such file or folder; check the path (or the PVC mount) or pass a Hub "
-                      "dataset id")
+    raise SourceError(
+        f"source {source!r}: no such file or folder; check the path (or the PVC mount) or pass a Hub dataset id"
+    )
 
 
 def _looks_like_hub_id(source: str) -> bool:
     name = source.split("?", 1)[0]
-    return (name.count("/") == 1 and not name.startswith((".", "/", "~")) and not name.endswith(FILE_TYPES)
-            and not os.path.exists(os.path.dirname(name) or "."))
+    return (
+        name.count("/") == 1
+        and not name.startswith((".", "/", "~"))
+        and not name.endswith(FILE_TYPES)
+        and not os.path.exists(os.path.dirname(name) or ".")
+    )
 
 
 def _hub_spec(source: str) -> dict:
@@ -86,8 +91,12 @@ def _hub_spec(source: str) -> dict:
     unknown = set(query) - {"config", "split", "revision"}
     if unknown:
         raise SourceError(f"source {source!r}: unknown option(s) {sorted(unknown)}; use config=, split= and revision=")
-    return {"hub": parts.path, "config": query.get("config"), "split": query.get("split", "train"),
-            "revision": query.get("revision")}
+    return {
+        "hub": parts.path,
+        "config": query.get("config"),
+        "split": query.get("split", "train"),
+        "revision": query.get("revision"),
+    }
 
 
 def read_rows(resolved):
@@ -122,15 +131,23 @@ def _read_json(path: str):
             except (UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise SourceError(f"{path}: not a valid JSON array ({e}); fix the file or write it as JSONL") from None
             for i, record in enumerate(records):
-                yield f"{path} item {i}", record if isinstance(record, dict) else RowError(
-                    "unparseable", f"expected a JSON object, got {type(record).__name__}")
+                yield (
+                    f"{path} item {i}",
+                    record
+                    if isinstance(record, dict)
+                    else RowError("unparseable", f"expected a JSON object, got {type(record).__name__}"),
+                )
             return
         for lineno, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                yield f"{path}:{lineno}", RowError(
-                    "invalid_utf8", f"invalid UTF-8 at byte {e.start} of the line; re-encode the file as UTF-8")
+                yield (
+                    f"{path}:{lineno}",
+                    RowError(
+                        "invalid_utf8", f"invalid UTF-8 at byte {e.start} of the line; re-encode the file as UTF-8"
+                    ),
+                )
                 continue
             if not line.strip():
                 continue
@@ -140,8 +157,10 @@ def _read_json(path: str):
                 yield f"{path}:{lineno}", RowError("unparseable", f"not valid JSON ({e.msg}); fix or remove the line")
                 continue
             if not isinstance(record, dict):
-                yield f"{path}:{lineno}", RowError("unparseable",
-                                                   f"expected a JSON object, got {type(record).__name__}")
+                yield (
+                    f"{path}:{lineno}",
+                    RowError("unparseable", f"expected a JSON object, got {type(record).__name__}"),
+                )
                 continue
             yield f"{path}:{lineno}", record
 

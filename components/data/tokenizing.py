@@ -56,8 +56,10 @@ def assistant_spans(text: str, messages: list[dict], end_token: str) -> list[tup
             content = content.split("</think>")[-1].lstrip("\n")
             start = text.find(content, cursor)
         if start < 0:
-            raise DataError(f"the chat template does not render an assistant turn verbatim ({content[:60]!r}); "
-                            "use a template that keeps assistant content (--chat-template)")
+            raise DataError(
+                f"the chat template does not render an assistant turn verbatim ({content[:60]!r}); "
+                "use a template that keeps assistant content (--chat-template)"
+            )
         end = start + len(content)
         stop = text.find(end_token, end)
         end = len(text) if stop < 0 else stop + len(end_token)
@@ -68,8 +70,9 @@ def assistant_spans(text: str, messages: list[dict], end_token: str) -> list[tup
     return spans
 
 
-def tokenize_batch(batch: dict, tokenizer, kind: str, max_seq_length: int, truncate: bool,
-                   template_kwargs: dict) -> dict:
+def tokenize_batch(
+    batch: dict, tokenizer, kind: str, max_seq_length: int, truncate: bool, template_kwargs: dict
+) -> dict:
     """``datasets.map`` function: render, tokenize with offsets, label; truncate when asked.
 
     Returns ``input_ids``, ``labels``, ``length`` (before truncation) and ``label_tokens`` (after).
@@ -116,38 +119,64 @@ def template_overhead(tokenizer, kind: str, template_kwargs: dict) -> int:
     if kind == "text":
         return 1
     empty = [{"role": "user", "content": ""}, {"role": "assistant", "content": ""}]
-    return len(tokenizer(tokenizer.apply_chat_template(empty, tokenize=False, **template_kwargs),
-                         add_special_tokens=False)["input_ids"])
+    return len(
+        tokenizer(tokenizer.apply_chat_template(empty, tokenize=False, **template_kwargs), add_special_tokens=False)[
+            "input_ids"
+        ]
+    )
 
 
 def check_tokenizer(tok, kind: str, max_seq_length: int, template_kwargs: dict) -> None:
     """Raise a :class:`DataError` before any tokenizing when ``tok`` cannot render ``kind`` rows into
     ``max_seq_length`` tokens: chat data without a chat template, or rows too short for the template's markup."""
     if kind == "messages" and not tok.chat_template:
-        raise DataError("the tokenizer has no chat template, which chat data needs; use the model's instruct "
-                        "tokenizer or pass --chat-template FILE")
+        raise DataError(
+            "the tokenizer has no chat template, which chat data needs; use the model's instruct "
+            "tokenizer or pass --chat-template FILE"
+        )
     overhead = template_overhead(tok, kind, template_kwargs)
     if max_seq_length <= overhead:
-        raise DataError(f"max_seq_length={max_seq_length} is not more than the chat template's own {overhead} tokens "
-                        "per example; raise max_seq_length")
+        raise DataError(
+            f"max_seq_length={max_seq_length} is not more than the chat template's own {overhead} tokens "
+            "per example; raise max_seq_length"
+        )
 
 
-def tokenize(canonical, tok, kind: str, *, max_seq_length: int, over_length: str, num_proc: int,
-             template_kwargs: dict, work: Path):
+def tokenize(
+    canonical,
+    tok,
+    kind: str,
+    *,
+    max_seq_length: int,
+    over_length: str,
+    num_proc: int,
+    template_kwargs: dict,
+    work: Path,
+):
     """``canonical`` tokenized and labelled by :func:`tokenize_batch`, cached in ``work`` (a ``datasets.Dataset``)."""
     log.info("tokenizing %d rows with %d process(es)", len(canonical), num_proc)
     return canonical.map(
-        tokenize_batch, batched=True, batch_size=sources.BATCH_ROWS, num_proc=num_proc if num_proc > 1 else None,
-        remove_columns=canonical.column_names, cache_file_name=str(work / "tokenized.arrow"),
+        tokenize_batch,
+        batched=True,
+        batch_size=sources.BATCH_ROWS,
+        num_proc=num_proc if num_proc > 1 else None,
+        remove_columns=canonical.column_names,
+        cache_file_name=str(work / "tokenized.arrow"),
         new_fingerprint=hashlib.sha256(str(work).encode()).hexdigest()[:16],
-        fn_kwargs={"tokenizer": tok, "kind": kind, "max_seq_length": max_seq_length,
-                   "truncate": over_length == "truncate", "template_kwargs": template_kwargs},
+        fn_kwargs={
+            "tokenizer": tok,
+            "kind": kind,
+            "max_seq_length": max_seq_length,
+            "truncate": over_length == "truncate",
+            "template_kwargs": template_kwargs,
+        },
         desc="tokenize",
     )
 
 
-def over_length_mask(lengths: np.ndarray, label_tokens: np.ndarray, max_seq_length: int,
-                     over_length: str) -> tuple[np.ndarray, int, dict]:
+def over_length_mask(
+    lengths: np.ndarray, label_tokens: np.ndarray, max_seq_length: int, over_length: str
+) -> tuple[np.ndarray, int, dict]:
     """Which tokenized examples are kept under ``over_length``: (mask, examples truncated, dropped per reason).
 
     ``lengths`` are counted before truncation, ``label_tokens`` after it.
@@ -159,12 +188,24 @@ def over_length_mask(lengths: np.ndarray, label_tokens: np.ndarray, max_seq_leng
     return keep, int(over.sum()), {"over_length_no_labels_left": int((~keep).sum())}
 
 
-def split_rows(tokenized, idx: np.ndarray, fitted: np.ndarray, label_tokens: np.ndarray, *, max_seq_length: int,
-               packing: bool, pad_id: int, path: Path):
+def split_rows(
+    tokenized,
+    idx: np.ndarray,
+    fitted: np.ndarray,
+    label_tokens: np.ndarray,
+    *,
+    max_seq_length: int,
+    packing: bool,
+    pad_id: int,
+    path: Path,
+):
     """One split's training rows and counts: the examples ``idx`` of ``tokenized``, packed (into an Arrow
     file at ``path``) or one per row. ``fitted`` and ``label_tokens`` are every example's token counts."""
-    s: dict[str, float] = {"examples": len(idx), "tokens": int(fitted[idx].sum()),
-                           "label_tokens": int(label_tokens[idx].sum())}
+    s: dict[str, float] = {
+        "examples": len(idx),
+        "tokens": int(fitted[idx].sum()),
+        "label_tokens": int(label_tokens[idx].sum()),
+    }
     if packing:
         _write_stream(path, packed_batches(tokenized, idx, fitted[idx], max_seq_length, pad_id))
         rows = datasets.Dataset.from_file(str(path))

@@ -13,8 +13,9 @@ def deploy_model(
     settings: dict,
     run_id: str,
     serve: list,
-) -> NamedTuple("DeployOutputs", [("endpoint", str), ("served_model_name", str), ("smoke_reply", str),
-                                  ("served", list)]):
+) -> NamedTuple(
+    "DeployOutputs", [("endpoint", str), ("served_model_name", str), ("smoke_reply", str), ("served", list)]
+):
     """Serve the tuned model (with ``deploy_variants=all``: every variant that passed) and prove each served name
     answers one chat completion and is the model the evaluation scored.
 
@@ -61,8 +62,15 @@ def deploy_model(
     log = logging.getLogger("deploy_model")
     s = Settings.from_flat(settings)
     keep_serving = s.deploy.keep_serving
-    serve = serve or [{"variant": "", "model_path": model_path, "settings": settings, "adapter": is_adapter(settings),
-                       "served_model_name": s.deploy.serving_name}]
+    serve = serve or [
+        {
+            "variant": "",
+            "model_path": model_path,
+            "settings": settings,
+            "adapter": is_adapter(settings),
+            "served_model_name": s.deploy.serving_name,
+        }
+    ]
     servers = plan_servers(serve, s.deploy.serving_name)
     variant_of = {item["served_model_name"]: item["variant"] for item in serve}
     path_of = {item["served_model_name"]: item["model_path"] for item in serve}
@@ -74,29 +82,50 @@ def deploy_model(
         from components.deploy.local_server import serve_adapters_locally, serve_locally
 
         for server in servers:
-            log_path = os.path.join(os.path.dirname(os.path.normpath(server.adapters[0].path if server.adapters
-                                                                     else server.model_path)), "serve.log")
+            log_path = os.path.join(
+                os.path.dirname(os.path.normpath(server.adapters[0].path if server.adapters else server.model_path)),
+                "serve.log",
+            )
             if len(server.adapters) > 1:
                 # Several adapters of one base: the real vLLM server with each loaded as a LoRA module.
-                result = serve_adapters_locally(server, log_path, keep_serving=keep_serving,
-                                                max_model_len=s.deploy.max_model_len,
-                                                serving_references={a.served_model_name:
-                                                                    references[a.served_model_name]
-                                                                    for a in server.adapters})
+                result = serve_adapters_locally(
+                    server,
+                    log_path,
+                    keep_serving=keep_serving,
+                    max_model_len=s.deploy.max_model_len,
+                    serving_references={a.served_model_name: references[a.served_model_name] for a in server.adapters},
+                )
                 for name, check in result["serving_checks"].items():
-                    log.info("%s serves the evaluated model: mean |log-probability difference| %.4f nats over %d "
-                             "held-out tokens, %d greedy tokens equal", name, check["mean_abs_logprob_diff"],
-                             check["tokens"], check["greedy_tokens_compared"])
-                served += [{"variant": variant_of.get(name, ""), "served_model_name": name,
-                            "endpoint": result["endpoint"], "smoke_reply": reply}
-                           for name, reply in result["replies"].items()]
+                    log.info(
+                        "%s serves the evaluated model: mean |log-probability difference| %.4f nats over %d "
+                        "held-out tokens, %d greedy tokens equal",
+                        name,
+                        check["mean_abs_logprob_diff"],
+                        check["tokens"],
+                        check["greedy_tokens_compared"],
+                    )
+                served += [
+                    {
+                        "variant": variant_of.get(name, ""),
+                        "served_model_name": name,
+                        "endpoint": result["endpoint"],
+                        "smoke_reply": reply,
+                    }
+                    for name, reply in result["replies"].items()
+                ]
             else:
                 # One model (or one adapter, which transformers serve loads with its base): as for a single run.
                 path = server.adapters[0].path if server.adapters else server.model_path
                 name = server.adapters[0].served_model_name if server.adapters else server.served_model_name
                 result = serve_locally(path, log_path, keep_serving=keep_serving, serving_reference=references[name])
-                served.append({"variant": variant_of[name], "served_model_name": result["served_model_name"],
-                               "endpoint": result["endpoint"], "smoke_reply": result["smoke_reply"]})
+                served.append(
+                    {
+                        "variant": variant_of[name],
+                        "served_model_name": result["served_model_name"],
+                        "endpoint": result["endpoint"],
+                        "smoke_reply": result["smoke_reply"],
+                    }
+                )
             if keep_serving:
                 log.info("server kept running (pid %s); stop it with: kill %s", result["pid"], result["pid"])
     else:
@@ -109,13 +138,20 @@ def deploy_model(
         )
         from components.kube import current_namespace
 
-        manifests = inference_services_for_servers(servers, s.deploy, s.cluster, run_id=run_id,
-                                                   namespace=current_namespace())
+        manifests = inference_services_for_servers(
+            servers, s.deploy, s.cluster, run_id=run_id, namespace=current_namespace()
+        )
         results = deploy_inference_services(manifests, serving_references=references)
         for result in results:
             for name, reply in (result.get("replies") or {result["served_model_name"]: result["smoke_reply"]}).items():
-                served.append({"variant": variant_of.get(name, ""), "served_model_name": name,
-                               "endpoint": result["endpoint"], "smoke_reply": reply})
+                served.append(
+                    {
+                        "variant": variant_of.get(name, ""),
+                        "served_model_name": name,
+                        "endpoint": result["endpoint"],
+                        "smoke_reply": reply,
+                    }
+                )
         smoke_prompt = inspect.signature(deploy_inference_service).parameters["smoke_prompt"].default
     from components.observe.langfuse_trace import trace_smoke_test
 
@@ -123,11 +159,22 @@ def deploy_model(
         log.info("%s at %s answered: %r", entry["served_model_name"], entry["endpoint"], entry["smoke_reply"])
         # The smoke test's generation, with the served model's identity, to Langfuse when langfuse_secret's keys
         # are set.
-        trace_smoke_test(run_id=run_id, model_path=path_of.get(entry["served_model_name"], entry["served_model_name"]),
-                         served_model_name=entry["served_model_name"], endpoint=entry["endpoint"],
-                         prompt=smoke_prompt, reply=entry["smoke_reply"])
-    best = next((e for e in served if path_of.get(e["served_model_name"]) == model_path
-                 or e["served_model_name"] == model_path), served[0])
+        trace_smoke_test(
+            run_id=run_id,
+            model_path=path_of.get(entry["served_model_name"], entry["served_model_name"]),
+            served_model_name=entry["served_model_name"],
+            endpoint=entry["endpoint"],
+            prompt=smoke_prompt,
+            reply=entry["smoke_reply"],
+        )
+    best = next(
+        (
+            e
+            for e in served
+            if path_of.get(e["served_model_name"]) == model_path or e["served_model_name"] == model_path
+        ),
+        served[0],
+    )
     outputs = namedtuple("DeployOutputs", ["endpoint", "served_model_name", "smoke_reply", "served"])
     return outputs(best["endpoint"], best["served_model_name"], best["smoke_reply"], served)
 

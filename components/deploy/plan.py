@@ -67,8 +67,13 @@ def lora_args(lora_modules: list[tuple[str, str]], max_lora_rank: int) -> list[s
     ``--lora-modules`` would replace the first's list, so every adapter follows one flag). ``--max-loras`` is the
     adapter count: every adapter can be in the same batch.
     """
-    return ["--enable-lora", f"--max-loras={len(lora_modules)}", f"--max-lora-rank={max_lora_rank}",
-            "--lora-modules", *(f"{name}={path}" for name, path in lora_modules)]
+    return [
+        "--enable-lora",
+        f"--max-loras={len(lora_modules)}",
+        f"--max-lora-rank={max_lora_rank}",
+        "--lora-modules",
+        *(f"{name}={path}" for name, path in lora_modules),
+    ]
 
 
 def lora_rank_limit(rank: int) -> int:
@@ -79,8 +84,10 @@ def lora_rank_limit(rank: int) -> int:
     """
     fitting = [r for r in LORA_RANKS if r >= rank]
     if not fitting:
-        raise ValueError(f"an adapter of rank {rank} cannot be served unmerged: vLLM's --max-lora-rank is at most "
-                         f"{LORA_RANKS[-1]}; set lora_r <= {LORA_RANKS[-1]} or merge_lora=true")
+        raise ValueError(
+            f"an adapter of rank {rank} cannot be served unmerged: vLLM's --max-lora-rank is at most "
+            f"{LORA_RANKS[-1]}; set lora_r <= {LORA_RANKS[-1]} or merge_lora=true"
+        )
     return fitting[0]
 
 
@@ -108,8 +115,10 @@ def _adapter_config(path: str) -> dict:
         with open(config) as f:
             return json.load(f)
     except FileNotFoundError:
-        raise FileNotFoundError(f"{config} not found: with method=lora/qlora and merge_lora=false the final folder "
-                                "holds a PEFT adapter (components/train/trainer/export.py); this has none") from None
+        raise FileNotFoundError(
+            f"{config} not found: with method=lora/qlora and merge_lora=false the final folder "
+            "holds a PEFT adapter (components/train/trainer/export.py); this has none"
+        ) from None
 
 
 def plan_servers(serve: list[dict], serving_name: str) -> list[Server]:
@@ -124,12 +133,16 @@ def plan_servers(serve: list[dict], serving_name: str) -> list[Server]:
     groups: dict[str, list[Adapter]] = {}
     for item in serve:
         if item.get("adapter"):
-            adapter = Adapter(item["variant"], item["served_model_name"], item["model_path"],
-                              adapter_rank(item["model_path"]))
+            adapter = Adapter(
+                item["variant"], item["served_model_name"], item["model_path"], adapter_rank(item["model_path"])
+            )
             groups.setdefault(adapter_base(item["model_path"]), []).append(adapter)
         else:
-            servers.append(Server(item["served_model_name"], item["model_path"], item["served_model_name"],
-                                  variant=item["variant"]))
+            servers.append(
+                Server(
+                    item["served_model_name"], item["model_path"], item["served_model_name"], variant=item["variant"]
+                )
+            )
     for k, (base, adapters) in enumerate(groups.items()):
         name = serving_name if len(groups) == 1 else f"{serving_name}-{k + 1}"
         server = Server(name, base, name + BASE_SUFFIX, adapters=adapters)
@@ -139,8 +152,10 @@ def plan_servers(serve: list[dict], serving_name: str) -> list[Server]:
     for server in servers:
         for served in server.served_names():
             if served in seen:
-                raise ValueError(f"two models would be served as {served!r} (by {seen[served]} and {server.name}): "
-                                 f"a variant's name clashes with a server's base model name ({served!r} ends in "
-                                 f"{BASE_SUFFIX!r}); rename the variant in variants")
+                raise ValueError(
+                    f"two models would be served as {served!r} (by {seen[served]} and {server.name}): "
+                    f"a variant's name clashes with a server's base model name ({served!r} ends in "
+                    f"{BASE_SUFFIX!r}); rename the variant in variants"
+                )
             seen[served] = server.name
     return servers

@@ -16,8 +16,10 @@ def serving_runtime_manifest(namespace: str) -> dict:
         FileNotFoundError: outside a source checkout (the manifests are not part of the installed package).
     """
     if not SERVING_RUNTIME_FILE.is_file():
-        raise FileNotFoundError(f"{SERVING_RUNTIME_FILE} not found: the ServingRuntime ships with the source "
-                                "checkout (manifests/serving), not with the installed package")
+        raise FileNotFoundError(
+            f"{SERVING_RUNTIME_FILE} not found: the ServingRuntime ships with the source "
+            "checkout (manifests/serving), not with the installed package"
+        )
     runtime = yaml.safe_load(SERVING_RUNTIME_FILE.read_text())
     runtime["metadata"]["namespace"] = namespace
     return runtime

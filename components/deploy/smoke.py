@@ -14,8 +14,9 @@ import urllib.error
 import urllib.request
 
 
-def chat_completion(base_url: str, model: str, prompt: str, max_tokens: int = 16, timeout: float = 60.0,
-                    temperature: float | None = 0) -> str:
+def chat_completion(
+    base_url: str, model: str, prompt: str, max_tokens: int = 16, timeout: float = 60.0, temperature: float | None = 0
+) -> str:
     """POST one chat completion to ``{base_url}/chat/completions`` and return the reply text (``readable_reply``).
 
     ``temperature`` 0 asks for greedy decoding (vLLM's way); None leaves it out, so the server decodes as the

@@ -44,14 +44,21 @@ def loss_curve_png(log: dict, base_loss: float, tuned_loss: float) -> bytes:
     ax = fig.subplots()
     if log["train"]:
         steps, losses = zip(*log["train"], strict=True)
-        ax.plot(steps, losses, marker=".",
-                label=f"train loss (mean of each {log['logging_steps']}-step logging window)")
+        ax.plot(
+            steps, losses, marker=".", label=f"train loss (mean of each {log['logging_steps']}-step logging window)"
+        )
     if log["eval"]:
         steps, losses = zip(*log["eval"], strict=True)
         ax.plot(steps, losses, marker="s", linestyle="none", label="trainer's eval loss (mean of per-batch means)")
     # Two measurements, not a trajectory: markers only.
-    ax.plot([0, log["last_step"]], [base_loss, tuned_loss], marker="o", linestyle="none", color="black",
-            label="held-out loss per label token (evaluate step)")
+    ax.plot(
+        [0, log["last_step"]],
+        [base_loss, tuned_loss],
+        marker="o",
+        linestyle="none",
+        color="black",
+        label="held-out loss per label token (evaluate step)",
+    )
     for step, loss, name in ((0, base_loss, "base"), (log["last_step"], tuned_loss, "tuned")):
         ax.annotate(f"{name} {loss:.3f}", (step, loss), textcoords="offset points", xytext=(6, 6), fontsize=8)
     return loss_axes_png(fig, ax, "Training loss")
@@ -77,8 +84,10 @@ def training_section(train_dir: str, base_loss: float, tuned_loss: float) -> lis
         return ["## Training", "", f"No complete checkpoint under `{train_dir}`: no trainer log to draw."]
     png = base64.b64encode(loss_curve_png(log, base_loss, tuned_loss)).decode()
     return [
-        "## Training", "",
-        f"![training loss]({PNG_PREFIX}{png})", "",
+        "## Training",
+        "",
+        f"![training loss]({PNG_PREFIX}{png})",
+        "",
         f"*Train loss*: the trainer's logged loss, each point the mean of the per-step losses of the "
         f"{log['logging_steps']} optimizer steps before it (TensorBoard `train/loss`). *Held-out loss*: this "
         "step's numbers above, per label token, for the base model (step 0) and the tuned one (last step).",

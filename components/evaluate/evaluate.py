@@ -35,8 +35,10 @@ from components.models.batches import label_nll, pad_collator
 log = logging.getLogger("evaluate_model")
 
 # What ``eval_loss`` (and ``base_eval_loss``) are, in the report and the run's summary.
-LOSS_DEFINITION = ("Held-out loss: cross-entropy summed over all {tokens} label (assistant) tokens of the {rows} "
-                   "held-out rows, divided by {tokens}; the same tokens for both models; perplexity = exp(loss).")
+LOSS_DEFINITION = (
+    "Held-out loss: cross-entropy summed over all {tokens} label (assistant) tokens of the {rows} "
+    "held-out rows, divided by {tokens}; the same tokens for both models; perplexity = exp(loss)."
+)
 
 
 def _perplexity(loss: float) -> float:
@@ -50,8 +52,10 @@ def load_eval_rows(dataset_path: str, max_samples: int = 0):
     except FileNotFoundError:
         raise ValueError(f"dataset {dataset_path!r} is not a prepared dataset; run prepare_dataset first") from None
     if "eval" not in splits:
-        raise ValueError(f"dataset {dataset_path!r} has no 'eval' split (it has {sorted(splits)}); "
-                         "run prepare_dataset with eval_size > 0")
+        raise ValueError(
+            f"dataset {dataset_path!r} has no 'eval' split (it has {sorted(splits)}); "
+            "run prepare_dataset with eval_size > 0"
+        )
     rows = splits["eval"]
     return rows.select(range(min(max_samples, len(rows)))) if max_samples > 0 else rows
 
@@ -85,19 +89,22 @@ def _loss_dict(nll: float, tokens: int, rows: int, dataset_path: str) -> dict:
     return {"eval_loss": loss, "perplexity": _perplexity(loss), "tokens": tokens, "rows": rows}
 
 
-def generate_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int,
-                     batch_size: int = 16) -> list[str]:
+def generate_answers(
+    model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, batch_size: int = 16
+) -> list[str]:
     """Greedy answers of ``model`` to each conversation in ``prompts`` (chat template, generation prompt)."""
     tokenizer.padding_side = "left"  # generation continues from the right end of every row
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
     answers = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(model.device)
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.pad_token_id)
-            answers += [readable_decode(tokenizer, ids) for ids in out[:, enc["input_ids"].shape[1]:].tolist()]
+            enc = tokenizer(
+                texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(model.device)
+            out = model.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tokenizer.pad_token_id
+            )
+            answers += [readable_decode(tokenizer, ids) for ids in out[:, enc["input_ids"].shape[1] :].tolist()]
     return [a.strip() for a in answers]
 
 
@@ -117,7 +124,7 @@ def _byte_level_chars() -> dict[str, int]:
 def _hex_bytes(err: UnicodeError) -> tuple[str, int]:
     if not isinstance(err, UnicodeDecodeError):  # a decoding handler only
         raise err
-    return "".join(f"<0x{b:02X}>" for b in err.object[err.start:err.end]), err.end
+    return "".join(f"<0x{b:02X}>" for b in err.object[err.start : err.end]), err.end
 
 
 codecs.register_error("hex_bytes", _hex_bytes)
@@ -141,15 +148,29 @@ def readable_decode(tokenizer, ids: list[int]) -> str:
     return bytes(chars[c] for c in spelled).decode("utf-8", errors="hex_bytes")
 
 
-def score_model(model_path: str, rows, prompts: list[list[dict]], max_new_tokens: int, dataset_path: str,
-                batch_size: int = 8, serving_reference: bool = False) -> dict:
+def score_model(
+    model_path: str,
+    rows,
+    prompts: list[list[dict]],
+    max_new_tokens: int,
+    dataset_path: str,
+    batch_size: int = 8,
+    serving_reference: bool = False,
+) -> dict:
     """Held-out loss and prompt answers of one model: vLLM (own process) on GPUs where installed, else transformers.
     With ``serving_reference``, also ``serving_reference``: what the served model must reproduce
     (components/deploy/logprobs.py), from the same engine and weights."""
     gpus = torch.cuda.device_count()
     if gpus and importlib.util.find_spec("vllm") is not None:
-        return run_isolated(score_with_vllm, model_path, rows.to_list(), prompts, max_new_tokens, gpus,
-                            serving_reference=serving_reference)
+        return run_isolated(
+            score_with_vllm,
+            model_path,
+            rows.to_list(),
+            prompts,
+            max_new_tokens,
+            gpus,
+            serving_reference=serving_reference,
+        )
     model = load_causal_lm(model_path)
     result = _loss_dict(*_label_nll(model, rows, batch_size), len(rows), dataset_path)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -162,9 +183,16 @@ def score_model(model_path: str, rows, prompts: list[list[dict]], max_new_tokens
     return result
 
 
-def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity_improvement: float = 0.0,
-         base_tasks: dict | None = None, tuned_tasks: dict | None = None,
-         max_task_regression: float = 0.01) -> tuple[bool, str]:
+def gate(
+    base: dict,
+    tuned: dict,
+    min_loss_improvement: float,
+    *,
+    min_perplexity_improvement: float = 0.0,
+    base_tasks: dict | None = None,
+    tuned_tasks: dict | None = None,
+    max_task_regression: float = 0.01,
+) -> tuple[bool, str]:
     """Pass when every rule holds; the reason names each rule's numbers, and the fix when one fails.
 
     Rules: the tuned eval loss is lower than the base's by at least ``min_loss_improvement`` (a fraction);
@@ -178,8 +206,10 @@ def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity
     if improvement >= min_loss_improvement and tuned["eval_loss"] < base["eval_loss"]:
         notes.append(f"{loss_line}, required >= {min_loss_improvement:.1%}")
     else:
-        failures.append(f"{loss_line} is short of the required {min_loss_improvement:.1%} improvement "
-                        "(lower min_loss_improvement to accept it)")
+        failures.append(
+            f"{loss_line} is short of the required {min_loss_improvement:.1%} improvement "
+            "(lower min_loss_improvement to accept it)"
+        )
     base_ppl = base.get("perplexity", _perplexity(base["eval_loss"]))
     tuned_ppl = tuned.get("perplexity", _perplexity(tuned["eval_loss"]))
     ppl_improvement = (base_ppl - tuned_ppl) / base_ppl
@@ -187,15 +217,18 @@ def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity
     if ppl_improvement >= min_perplexity_improvement:
         notes.append(f"{ppl_line}, required >= {min_perplexity_improvement:.1%}")
     else:
-        failures.append(f"{ppl_line} is short of the required {min_perplexity_improvement:.1%} improvement "
-                        "(lower min_perplexity_improvement to accept it)")
+        failures.append(
+            f"{ppl_line} is short of the required {min_perplexity_improvement:.1%} improvement "
+            "(lower min_perplexity_improvement to accept it)"
+        )
     for task, b in sorted((base_tasks or {}).items()):
         t = (tuned_tasks or {})[task]
         line = f"{task} {b['metric']} {b['score']:.4f} -> {t['score']:.4f}"
         regression = b["score"] - t["score"] if b.get("higher_is_better", True) else t["score"] - b["score"]
         if regression > max_task_regression:
-            failures.append(f"{line} regresses by more than {max_task_regression:.4f} "
-                            "(raise max_task_regression to accept it)")
+            failures.append(
+                f"{line} regresses by more than {max_task_regression:.4f} (raise max_task_regression to accept it)"
+            )
         else:
             notes.append(line)
     if failures:
@@ -203,12 +236,26 @@ def gate(base: dict, tuned: dict, min_loss_improvement: float, *, min_perplexity
     return True, "; ".join(notes)
 
 
-def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: int, min_loss_improvement: float,
-             *, min_perplexity_improvement: float = 0.0, eval_prompts: str = BUILTIN_PROMPTS,
-             max_new_tokens: int = 64, lm_eval_tasks: list | None = None, max_task_regression: float = 0.01,
-             train_dir: str | None = None, stage_dirs: dict | None = None, preference_path: str | None = None,
-             before_dpo: str | None = None, serving_reference: str | None = None, grpo: dict | None = None,
-             rm: dict | None = None) -> dict:
+def evaluate(
+    base_model: str,
+    tuned_model: str,
+    dataset_path: str,
+    max_samples: int,
+    min_loss_improvement: float,
+    *,
+    min_perplexity_improvement: float = 0.0,
+    eval_prompts: str = BUILTIN_PROMPTS,
+    max_new_tokens: int = 64,
+    lm_eval_tasks: list | None = None,
+    max_task_regression: float = 0.01,
+    train_dir: str | None = None,
+    stage_dirs: dict | None = None,
+    preference_path: str | None = None,
+    before_dpo: str | None = None,
+    serving_reference: str | None = None,
+    grpo: dict | None = None,
+    rm: dict | None = None,
+) -> dict:
     """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
     decision and a Markdown report.
 
@@ -244,23 +291,49 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
     prompts = load_prompts(eval_prompts)
     check_tasks(tasks)
     rows = load_eval_rows(dataset_path, max_samples)
-    log.info("evaluating %s (base) vs %s (tuned): %d held-out rows, %d prompts, tasks %s",
-             base_model, tuned_model, len(rows), len(prompts), tasks or "none")
+    log.info(
+        "evaluating %s (base) vs %s (tuned): %d held-out rows, %d prompts, tasks %s",
+        base_model,
+        tuned_model,
+        len(rows),
+        len(prompts),
+        tasks or "none",
+    )
     gpus = torch.cuda.device_count()
     use_vllm = bool(gpus) and importlib.util.find_spec("vllm") is not None
     scores = {}
     for role, path in (("base", base_model), ("tuned", tuned_model)):
         t0 = time.time()
-        scores[role] = score_model(path, rows, prompts, max_new_tokens, dataset_path,
-                                   serving_reference=role == "tuned" and serving_reference is not None)
+        scores[role] = score_model(
+            path,
+            rows,
+            prompts,
+            max_new_tokens,
+            dataset_path,
+            serving_reference=role == "tuned" and serving_reference is not None,
+        )
         scores[role]["tasks"] = run_tasks(path, tasks, max_samples, use_vllm, gpus)
-        log.info("%-5s eval_loss %.4f over %d tokens, %d answers, %d tasks in %.1fs", role,
-                 scores[role]["eval_loss"], scores[role]["tokens"], len(prompts), len(tasks), time.time() - t0)
+        log.info(
+            "%-5s eval_loss %.4f over %d tokens, %d answers, %d tasks in %.1fs",
+            role,
+            scores[role]["eval_loss"],
+            scores[role]["tokens"],
+            len(prompts),
+            len(tasks),
+            time.time() - t0,
+        )
     base, tuned = scores["base"], scores["tuned"]
     if serving_reference is not None:
         write_reference(serving_reference, tuned.pop("serving_reference"))
-    passed, reason = gate(base, tuned, min_loss_improvement, min_perplexity_improvement=min_perplexity_improvement,
-                          base_tasks=base["tasks"], tuned_tasks=tuned["tasks"], max_task_regression=max_task_regression)
+    passed, reason = gate(
+        base,
+        tuned,
+        min_loss_improvement,
+        min_perplexity_improvement=min_perplexity_improvement,
+        base_tasks=base["tasks"],
+        tuned_tasks=tuned["tasks"],
+        max_task_regression=max_task_regression,
+    )
     metrics = {
         "base_eval_loss": base["eval_loss"],
         "eval_loss": tuned["eval_loss"],
@@ -284,18 +357,31 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
             metrics[f"{prefix}preference_accuracy"] = score["accuracy"]
     reward_eval = rm_eval = None
     if grpo:
-        roles = {"base": base_model, **({"before grpo": grpo["before"]} if grpo["before"] != base_model else {}),
-                 "tuned": tuned_model}
-        reward_eval = reward_scores(roles, grpo["prompts_path"], grpo["rewards"], temperature=grpo["temperature"],
-                                    pattern=grpo["pattern"],
-                                    length_budget=grpo["length_budget"], max_new_tokens=grpo["max_new_tokens"],
-                                    reward_model=grpo["reward_model"], reward_function=grpo["reward_function"],
-                                    max_prompts=max_samples)
+        roles = {
+            "base": base_model,
+            **({"before grpo": grpo["before"]} if grpo["before"] != base_model else {}),
+            "tuned": tuned_model,
+        }
+        reward_eval = reward_scores(
+            roles,
+            grpo["prompts_path"],
+            grpo["rewards"],
+            temperature=grpo["temperature"],
+            pattern=grpo["pattern"],
+            length_budget=grpo["length_budget"],
+            max_new_tokens=grpo["max_new_tokens"],
+            reward_model=grpo["reward_model"],
+            reward_function=grpo["reward_function"],
+            max_prompts=max_samples,
+        )
         for role in roles:
-            metrics[{"base": "base_", "before grpo": "before_grpo_", "tuned": ""}[role] + "mean_reward"] = \
-                reward_eval[role]["mean_reward"]
-        ok, line = reward_gate({"before grpo": reward_eval.get("before grpo", reward_eval["base"]),
-                                "tuned": reward_eval["tuned"]}, grpo["min_reward_improvement"])
+            metrics[{"base": "base_", "before grpo": "before_grpo_", "tuned": ""}[role] + "mean_reward"] = reward_eval[
+                role
+            ]["mean_reward"]
+        ok, line = reward_gate(
+            {"before grpo": reward_eval.get("before grpo", reward_eval["base"]), "tuned": reward_eval["tuned"]},
+            grpo["min_reward_improvement"],
+        )
         if passed and ok:
             reason = f"{reason}; {line}"
         else:
@@ -311,11 +397,25 @@ def evaluate(base_model: str, tuned_model: str, dataset_path: str, max_samples: 
                 metrics[f"{stage}_{key.replace('/', '_')}"] = m[key]
     metrics["seconds"] = round(time.time() - started, 2)
     log.info("%s", reason)
-    report = build_report(base_model, tuned_model, base, tuned, prompts, passed, reason, train_dir,
-                          extra=stages_section(stages, preference) + rewards_section(reward_eval, rm_eval))
-    return {"metrics": metrics, "passed": passed, "reason": reason, "report": report,
-            "answers": {"base": base["answers"], "tuned": tuned["answers"]},
-            "prompts": [messages[-1]["content"] for messages in prompts]}
+    report = build_report(
+        base_model,
+        tuned_model,
+        base,
+        tuned,
+        prompts,
+        passed,
+        reason,
+        train_dir,
+        extra=stages_section(stages, preference) + rewards_section(reward_eval, rm_eval),
+    )
+    return {
+        "metrics": metrics,
+        "passed": passed,
+        "reason": reason,
+        "report": report,
+        "answers": {"base": base["answers"], "tuned": tuned["answers"]},
+        "prompts": [messages[-1]["content"] for messages in prompts],
+    }
 
 
 def _cell(text: str) -> str:
@@ -323,14 +423,26 @@ def _cell(text: str) -> str:
     return html.escape(text).replace("|", "\\|").replace("\n", "<br>") or "*(empty)*"
 
 
-def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, prompts: list[list[dict]],
-                 passed: bool, reason: str, train_dir: str | None = None, extra: Sequence[str] = ()) -> str:
+def build_report(
+    base_model: str,
+    tuned_model: str,
+    base: dict,
+    tuned: dict,
+    prompts: list[list[dict]],
+    passed: bool,
+    reason: str,
+    train_dir: str | None = None,
+    extra: Sequence[str] = (),
+) -> str:
     """The Markdown report the KFP UI renders: the decision, the numbers, the training curve (with
     ``train_dir``), ``extra`` sections (stages, preference accuracy), task scores, answers side by side."""
     lines = [
-        "# Evaluation", "",
-        f"**{'PASSED' if passed else 'NOT PASSED'}**: {reason}", "",
-        "| model | held-out loss (per label token) | perplexity |", "|---|---|---|",
+        "# Evaluation",
+        "",
+        f"**{'PASSED' if passed else 'NOT PASSED'}**: {reason}",
+        "",
+        "| model | held-out loss (per label token) | perplexity |",
+        "|---|---|---|",
         f"| base `{base_model}` | {base['eval_loss']:.4f} | {base['perplexity']:.2f} |",
         f"| tuned `{tuned_model}` | {tuned['eval_loss']:.4f} | {tuned['perplexity']:.2f} |",
         f"| delta | {tuned['eval_loss'] - base['eval_loss']:+.4f} | {tuned['perplexity'] - base['perplexity']:+.2f} |",
@@ -344,8 +456,13 @@ def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, pro
     if extra:
         lines += ["", *extra]
     if base["tasks"]:
-        lines += ["", "## lm-evaluation-harness", "",
-                  "| task | metric | base | tuned | delta |", "|---|---|---|---|---|"]
+        lines += [
+            "",
+            "## lm-evaluation-harness",
+            "",
+            "| task | metric | base | tuned | delta |",
+            "|---|---|---|---|---|",
+        ]
         for task, b in sorted(base["tasks"].items()):
             t = tuned["tasks"][task]["score"]
             lines.append(f"| {task} | {b['metric']} | {b['score']:.4f} | {t:.4f} | {t - b['score']:+.4f} |")
@@ -353,4 +470,3 @@ def build_report(base_model: str, tuned_model: str, base: dict, tuned: dict, pro
     for i, (messages, a, b) in enumerate(zip(prompts, base["answers"], tuned["answers"], strict=True), 1):
         lines.append(f"| {i} | {_cell(messages[-1]['content'])} | {_cell(a)} | {_cell(b)} |")
     return "\n".join(lines) + "\n"
-

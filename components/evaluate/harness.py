@@ -25,32 +25,55 @@ def check_tasks(tasks: list) -> None:
     if not isinstance(tasks, list) or not all(isinstance(t, str) and t.strip() for t in tasks):
         raise ValueError(f"lm_eval_tasks must be a list of task names such as ['arc_easy', 'hellaswag'], got {tasks!r}")
     if importlib.util.find_spec("lm_eval") is None:
-        raise ValueError(f"lm_eval_tasks {tasks} need lm-evaluation-harness, which is not installed in this image: "
-                         f"install {LM_EVAL_PIN} (add the vllm extra for vLLM), or pass lm_eval_tasks=[]")
+        raise ValueError(
+            f"lm_eval_tasks {tasks} need lm-evaluation-harness, which is not installed in this image: "
+            f"install {LM_EVAL_PIN} (add the vllm extra for vLLM), or pass lm_eval_tasks=[]"
+        )
 
 
 def harness_arguments(model_path: str, tasks: list, limit: int, use_vllm: bool, gpus: int) -> dict:
     """The keyword arguments of ``lm_eval.simple_evaluate`` for one model (``limit`` 0: every example)."""
     if use_vllm:
-        model, model_args = "vllm", {"pretrained": model_path, "tensor_parallel_size": gpus, "dtype": "bfloat16",
-                                     "gpu_memory_utilization": 0.85}
+        model, model_args = (
+            "vllm",
+            {
+                "pretrained": model_path,
+                "tensor_parallel_size": gpus,
+                "dtype": "bfloat16",
+                "gpu_memory_utilization": 0.85,
+            },
+        )
     else:
-        model_args = {"pretrained": model_path, "dtype": "bfloat16" if gpus else "float32",
-                      "device": "cuda" if gpus else "cpu"}
+        model_args = {
+            "pretrained": model_path,
+            "dtype": "bfloat16" if gpus else "float32",
+            "device": "cuda" if gpus else "cpu",
+        }
         if gpus > 1:
             model_args["parallelize"] = True
         model = "hf"
-    return {"model": model, "model_args": model_args, "tasks": list(tasks), "limit": limit or None,
-            "batch_size": "auto" if gpus else 8, "log_samples": False}
+    return {
+        "model": model,
+        "model_args": model_args,
+        "tasks": list(tasks),
+        "limit": limit or None,
+        "batch_size": "auto" if gpus else 8,
+        "log_samples": False,
+    }
 
 
 def task_scores(results: dict) -> dict[str, dict]:
     """``{task: {"metric": name, "score": value, "higher_is_better": bool}}`` from ``simple_evaluate``'s results."""
     scores = {}
     for task, metrics in results["results"].items():
-        numeric = {k.split(",")[0]: v for k, v in metrics.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool) and "_stderr" not in k
-                   and not (isinstance(v, float) and math.isnan(v))}
+        numeric = {
+            k.split(",")[0]: v
+            for k, v in metrics.items()
+            if isinstance(v, (int, float))
+            and not isinstance(v, bool)
+            and "_stderr" not in k
+            and not (isinstance(v, float) and math.isnan(v))
+        }
         metric = next((m for m in PREFERRED_METRICS if m in numeric), next(iter(numeric), None))
         if metric is not None:
             higher = results.get("higher_is_better", {}).get(task, {}).get(metric, True)

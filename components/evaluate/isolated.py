@@ -37,8 +37,10 @@ def run_isolated(fn, *args, **kwargs):
         status, value = parent.recv()
     except EOFError:
         proc.join()
-        raise RuntimeError(f"{fn.__module__}.{fn.__name__} died without a result (exit code {proc.exitcode}; "
-                           "out of host memory is the usual cause)") from None
+        raise RuntimeError(
+            f"{fn.__module__}.{fn.__name__} died without a result (exit code {proc.exitcode}; "
+            "out of host memory is the usual cause)"
+        ) from None
     finally:
         parent.close()
     proc.join()

@@ -23,8 +23,10 @@ def load_prompts(source: str) -> list[list[dict]]:
     """
     path = SAMPLE_PROMPTS if source == BUILTIN_PROMPTS else Path(source)
     if not path.is_file():
-        raise ValueError(f"eval_prompts: {source!r} is not a file; pass a JSONL file of "
-                         f'{{"messages": [...]}} lines, or {BUILTIN_PROMPTS!r} for the bundled prompts')
+        raise ValueError(
+            f"eval_prompts: {source!r} is not a file; pass a JSONL file of "
+            f'{{"messages": [...]}} lines, or {BUILTIN_PROMPTS!r} for the bundled prompts'
+        )
     prompts = []
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -34,12 +36,19 @@ def load_prompts(source: str) -> list[list[dict]]:
             try:
                 messages = json.loads(line).get("messages")
             except (json.JSONDecodeError, AttributeError) as exc:
-                raise ValueError(f"{where}: not a JSON object ({exc}); expected {{\"messages\": [...]}}") from None
-            if (not isinstance(messages, list) or not messages
-                    or any(not isinstance(m, dict) or m.get("role") not in _ROLES
-                           or not isinstance(m.get("content"), str) for m in messages)):
-                raise ValueError(f"{where}: 'messages' must be a non-empty list of {{\"role\": one of {list(_ROLES)}, "
-                                 "\"content\": str}")
+                raise ValueError(f'{where}: not a JSON object ({exc}); expected {{"messages": [...]}}') from None
+            if (
+                not isinstance(messages, list)
+                or not messages
+                or any(
+                    not isinstance(m, dict) or m.get("role") not in _ROLES or not isinstance(m.get("content"), str)
+                    for m in messages
+                )
+            ):
+                raise ValueError(
+                    f"{where}: 'messages' must be a non-empty list of {{\"role\": one of {list(_ROLES)}, "
+                    '"content": str}'
+                )
             if messages[-1]["role"] != "user":
                 raise ValueError(f"{where}: the last message must be the user's (the models write the answer)")
             prompts.append([{"role": m["role"], "content": m["content"]} for m in messages])

@@ -44,8 +44,18 @@ def _reward_model_scores(path: str, prompts: list[list[dict]], answers: list[str
     return scores
 
 
-def score_answers(prompts: list[list[dict]], references: list[str], answers: list[str], tokenizer, rewards: dict,
-                  *, pattern: str, length_budget: int, reward_model: str = "", reward_function: str = "") -> dict:
+def score_answers(
+    prompts: list[list[dict]],
+    references: list[str],
+    answers: list[str],
+    tokenizer,
+    rewards: dict,
+    *,
+    pattern: str,
+    length_budget: int,
+    reward_model: str = "",
+    reward_function: str = "",
+) -> dict:
     """``{"mean_reward", "sources": {name: mean}}`` of ``answers`` under ``rewards`` (name -> weight); a source that
     gives None for a row (``answer`` without a reference) is left out of that row's sum, as TRL does."""
     used = {name: weight for name, weight in rewards.items() if weight}
@@ -55,22 +65,38 @@ def score_answers(prompts: list[list[dict]], references: list[str], answers: lis
         if name == "model":
             values: list = _reward_model_scores(reward_model, prompts, answers)
         else:
-            function = (load_reward_function(reward_function) if name == "function"
-                        else builtin_reward(name, pattern, length_budget))
-            values = function(prompts=prompts, completions=[[{"role": "assistant", "content": a}] for a in answers],
-                              completion_ids=completion_ids, answer=references)
+            function = (
+                load_reward_function(reward_function)
+                if name == "function"
+                else builtin_reward(name, pattern, length_budget)
+            )
+            values = function(
+                prompts=prompts,
+                completions=[[{"role": "assistant", "content": a}] for a in answers],
+                completion_ids=completion_ids,
+                answer=references,
+            )
         per_source[name] = values
     totals = []
     for i in range(len(answers)):
         parts = [used[name] * values[i] for name, values in per_source.items() if values[i] is not None]
         totals.append(sum(parts))
-    means = {name: (sum(v for v in values if v is not None) / max(1, sum(v is not None for v in values)))
-             for name, values in per_source.items()}
+    means = {
+        name: (sum(v for v in values if v is not None) / max(1, sum(v is not None for v in values)))
+        for name, values in per_source.items()
+    }
     return {"mean_reward": sum(totals) / len(totals), "sources": means}
 
 
-def sample_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens: int, temperature: float,
-                   samples: int = SAMPLES, batch_size: int = 16) -> list[list[str]]:
+def sample_answers(
+    model,
+    tokenizer,
+    prompts: list[list[dict]],
+    max_new_tokens: int,
+    temperature: float,
+    samples: int = SAMPLES,
+    batch_size: int = 16,
+) -> list[list[str]]:
     """``samples`` answers of ``model`` to each conversation in ``prompts`` (chat template, generation prompt),
     sampled at ``temperature`` from seed ``SEED``."""
     tokenizer.padding_side = "left"  # generation continues from the right end of every row
@@ -79,19 +105,37 @@ def sample_answers(model, tokenizer, prompts: list[list[dict]], max_new_tokens: 
     answers = []
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
-            enc = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                            add_special_tokens=False).to(model.device)
-            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=True, temperature=temperature,
-                                 top_k=0, top_p=1.0, num_return_sequences=samples,
-                                 pad_token_id=tokenizer.pad_token_id)
-            decoded = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
-            answers += [[a.strip() for a in decoded[i:i + samples]] for i in range(0, len(decoded), samples)]
+            enc = tokenizer(
+                texts[start : start + batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            ).to(model.device)
+            out = model.generate(
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=True,
+                temperature=temperature,
+                top_k=0,
+                top_p=1.0,
+                num_return_sequences=samples,
+                pad_token_id=tokenizer.pad_token_id,
+            )
+            decoded = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1] :], skip_special_tokens=True)
+            answers += [[a.strip() for a in decoded[i : i + samples]] for i in range(0, len(decoded), samples)]
     return answers
 
 
-def reward_scores(models: dict[str, str], prompts_path: str, rewards: dict, *, pattern: str, length_budget: int,
-                  max_new_tokens: int, temperature: float = 1.0, reward_model: str = "", reward_function: str = "",
-                  max_prompts: int = 0) -> dict:
+def reward_scores(
+    models: dict[str, str],
+    prompts_path: str,
+    rewards: dict,
+    *,
+    pattern: str,
+    length_budget: int,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    reward_model: str = "",
+    reward_function: str = "",
+    max_prompts: int = 0,
+) -> dict:
     """For each of ``models`` (role -> folder): the mean reward of its sampled answers (module docstring) to the
     held-out prompts at ``prompts_path`` (the grpo stage's prepared data), each source's mean, and the first answer to
     each prompt."""
@@ -105,12 +149,28 @@ def reward_scores(models: dict[str, str], prompts_path: str, rewards: dict, *, p
         del model
         flat = [a for answers in sampled for a in answers]
         repeat = [i for i in range(len(prompts)) for _ in range(SAMPLES)]
-        out[role] = {**score_answers([prompts[i] for i in repeat], [references[i] for i in repeat], flat, tokenizer,
-                                     rewards, pattern=pattern, length_budget=length_budget, reward_model=reward_model,
-                                     reward_function=reward_function),
-                     "answers": [answers[0] for answers in sampled], "prompts": len(prompts)}
-        log.info("%s mean reward %.3f (%s) over %d held-out prompts", role, out[role]["mean_reward"],
-                 ", ".join(f"{k} {v:.3f}" for k, v in out[role]["sources"].items()), len(prompts))
+        out[role] = {
+            **score_answers(
+                [prompts[i] for i in repeat],
+                [references[i] for i in repeat],
+                flat,
+                tokenizer,
+                rewards,
+                pattern=pattern,
+                length_budget=length_budget,
+                reward_model=reward_model,
+                reward_function=reward_function,
+            ),
+            "answers": [answers[0] for answers in sampled],
+            "prompts": len(prompts),
+        }
+        log.info(
+            "%s mean reward %.3f (%s) over %d held-out prompts",
+            role,
+            out[role]["mean_reward"],
+            ", ".join(f"{k} {v:.3f}" for k, v in out[role]["sources"].items()),
+            len(prompts),
+        )
     out["_rows"] = {"prompts": [p[-1]["content"] for p in prompts], "references": list(references)}
     return out
 
@@ -134,8 +194,10 @@ def reward_gate(scores: dict, min_reward_improvement: float) -> tuple[bool, str]
     line = f"mean reward {before:.3f} -> {tuned:.3f} ({tuned - before:+.3f})"
     if tuned - before >= min_reward_improvement:
         return True, f"{line}, required >= {min_reward_improvement:+.3f}"
-    return False, (f"{line} is short of the required {min_reward_improvement:+.3f} gain over the model before grpo "
-                   "(lower min_reward_improvement to accept it)")
+    return False, (
+        f"{line} is short of the required {min_reward_improvement:+.3f} gain over the model before grpo "
+        "(lower min_reward_improvement to accept it)"
+    )
 
 
 def _cell(text: str) -> str:
@@ -149,15 +211,21 @@ def rewards_section(scores: dict | None, rm: dict | None) -> list[str]:
     if scores:
         roles = [r for r in scores if not r.startswith("_")]
         sources = list(scores[roles[0]]["sources"])
-        lines += ["## Reward on held-out prompts (grpo)", "",
-                  f"{SAMPLES} sampled answers to each of the grpo stage's {scores[roles[0]]['prompts']} held-out "
-                  "prompts (as GRPO samples them, one seed for all models), scored with the run's rewards; the "
-                  "weighted sum, averaged. Below, each model's first answer.", "",
-                  "| model | mean reward | " + " | ".join(sources) + " |", "|---|---|" + "---|" * len(sources)]
+        lines += [
+            "## Reward on held-out prompts (grpo)",
+            "",
+            f"{SAMPLES} sampled answers to each of the grpo stage's {scores[roles[0]]['prompts']} held-out "
+            "prompts (as GRPO samples them, one seed for all models), scored with the run's rewards; the "
+            "weighted sum, averaged. Below, each model's first answer.",
+            "",
+            "| model | mean reward | " + " | ".join(sources) + " |",
+            "|---|---|" + "---|" * len(sources),
+        ]
         for role in roles:
             s = scores[role]
-            lines.append(f"| {role} | {s['mean_reward']:.3f} | "
-                         + " | ".join(f"{s['sources'][k]:.3f}" for k in sources) + " |")
+            lines.append(
+                f"| {role} | {s['mean_reward']:.3f} | " + " | ".join(f"{s['sources'][k]:.3f}" for k in sources) + " |"
+            )
         rows = scores["_rows"]
         lines += ["", "| # | prompt | reference | " + " | ".join(roles) + " |", "|---|---|---|" + "---|" * len(roles)]
         for i, (prompt, ref) in enumerate(zip(rows["prompts"], rows["references"], strict=True)):
@@ -167,7 +235,11 @@ def rewards_section(scores: dict | None, rm: dict | None) -> list[str]:
             lines.append(f"| {i + 1} | {_cell(prompt)} | {ref} | {cells} |")
         lines.append("")
     if rm:
-        lines += ["## Reward model (rm)", "",
-                  f"Pairwise accuracy on {rm['pairs']} held-out pairs: {rm['accuracy']:.3f} (the share scored higher "
-                  f"for the chosen answer; mean margin {rm['margin']:+.3f}).", ""]
+        lines += [
+            "## Reward model (rm)",
+            "",
+            f"Pairwise accuracy on {rm['pairs']} held-out pairs: {rm['accuracy']:.3f} (the share scored higher "
+            f"for the chosen answer; mean margin {rm['margin']:+.3f}).",
+            "",
+        ]
     return lines

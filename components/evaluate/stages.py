@@ -24,8 +24,14 @@ from components.evaluate.loading import load_causal_lm
 log = logging.getLogger("evaluate_model")
 
 # What each stage's metrics.json reports, by stage, for the table (the trainer's own keys).
-STAGE_KEYS = ("eval_loss", "final_train_loss", "global_step", "eval_rewards/accuracies", "eval_rewards/margins",
-              "train_runtime_seconds")
+STAGE_KEYS = (
+    "eval_loss",
+    "final_train_loss",
+    "global_step",
+    "eval_rewards/accuracies",
+    "eval_rewards/margins",
+    "train_runtime_seconds",
+)
 
 
 def stage_metrics(stage_dirs: dict[str, str]) -> dict[str, dict]:
@@ -48,14 +54,19 @@ def _response_logprob(model, tokenizer, prompt: list[dict], response: list[dict]
     with torch.no_grad():
         logits = model(input_ids=input_ids).logits.float()
     logprobs = torch.log_softmax(logits[0, :-1], dim=-1).gather(1, input_ids[0, 1:, None])[:, 0]
-    return float(logprobs[len(prefix_ids) - 1:].sum())
+    return float(logprobs[len(prefix_ids) - 1 :].sum())
 
 
 def pair_logprobs(model_path: str, pairs) -> list[tuple[float, float]]:
     """``(log p(chosen), log p(rejected))`` of each pair under the model at ``model_path``."""
     model, tokenizer = load_causal_lm(model_path), AutoTokenizer.from_pretrained(model_path)
-    scores = [(_response_logprob(model, tokenizer, r["prompt"], r["chosen"]),
-               _response_logprob(model, tokenizer, r["prompt"], r["rejected"])) for r in pairs]
+    scores = [
+        (
+            _response_logprob(model, tokenizer, r["prompt"], r["chosen"]),
+            _response_logprob(model, tokenizer, r["prompt"], r["rejected"]),
+        )
+        for r in pairs
+    ]
     del model
     return scores
 
@@ -71,12 +82,21 @@ def preference_scores(models: dict[str, str], preference_path: str, max_pairs: i
     for role, path in models.items():
         logps = reference if role == "base" else pair_logprobs(path, pairs)
         rewards = [(c - bc) - (r - br) for (c, r), (bc, br) in zip(logps, reference, strict=True)]
-        scores[role] = {"accuracy": sum(c > r for c, r in logps) / len(logps),
-                        "reward_accuracy": sum(m > 0 for m in rewards) / len(rewards),
-                        "margin": sum(c - r for c, r in logps) / len(logps), "pairs": len(logps)}
-        log.info("%s preference accuracy %.3f (mean margin %+.2f nats; reward accuracy against the base %.3f) over "
-                 "%d held-out pairs", role, scores[role]["accuracy"], scores[role]["margin"],
-                 scores[role]["reward_accuracy"], scores[role]["pairs"])
+        scores[role] = {
+            "accuracy": sum(c > r for c, r in logps) / len(logps),
+            "reward_accuracy": sum(m > 0 for m in rewards) / len(rewards),
+            "margin": sum(c - r for c, r in logps) / len(logps),
+            "pairs": len(logps),
+        }
+        log.info(
+            "%s preference accuracy %.3f (mean margin %+.2f nats; reward accuracy against the base %.3f) over "
+            "%d held-out pairs",
+            role,
+            scores[role]["accuracy"],
+            scores[role]["margin"],
+            scores[role]["reward_accuracy"],
+            scores[role]["pairs"],
+        )
     return scores
 
 
@@ -91,13 +111,19 @@ def stages_section(stages: dict[str, dict], preference: dict[str, dict]) -> list
             lines.append(f"| {stage} | " + " | ".join(cells) + " |")
         lines.append("")
     if preference:
-        lines += ["## Preference accuracy (held-out pairs of the dpo stage)", "",
-                  "Accuracy: the share of pairs where the model finds the chosen answer likelier than the rejected "
-                  "one. Reward accuracy: where its log-probability ratio to the base model is higher for the chosen "
-                  "answer (DPO's reward, the base as reference).", "",
-                  "| model | accuracy | mean margin (nats) | reward accuracy | pairs |", "|---|---|---|---|---|"]
+        lines += [
+            "## Preference accuracy (held-out pairs of the dpo stage)",
+            "",
+            "Accuracy: the share of pairs where the model finds the chosen answer likelier than the rejected "
+            "one. Reward accuracy: where its log-probability ratio to the base model is higher for the chosen "
+            "answer (DPO's reward, the base as reference).",
+            "",
+            "| model | accuracy | mean margin (nats) | reward accuracy | pairs |",
+            "|---|---|---|---|---|",
+        ]
         for role, s in preference.items():
-            lines.append(f"| {role} | {s['accuracy']:.3f} | {s['margin']:+.2f} | {s['reward_accuracy']:.3f} | "
-                         f"{s['pairs']} |")
+            lines.append(
+                f"| {role} | {s['accuracy']:.3f} | {s['margin']:+.2f} | {s['reward_accuracy']:.3f} | {s['pairs']} |"
+            )
         lines.append("")
     return lines

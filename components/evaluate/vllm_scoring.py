@@ -14,8 +14,14 @@ import math
 from components.data.packing import IGNORE_INDEX, split_examples
 
 
-def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]], max_new_tokens: int,
-                    gpus: int, serving_reference: bool = False) -> dict:
+def score_with_vllm(
+    model_path: str,
+    rows: list[dict],
+    prompts: list[list[dict]],
+    max_new_tokens: int,
+    gpus: int,
+    serving_reference: bool = False,
+) -> dict:
     """``eval_loss``, ``perplexity``, ``tokens``, ``rows`` and ``answers`` of ``model_path`` with vLLM on ``gpus``
     GPUs; with ``serving_reference`` also ``serving_reference`` (components/deploy/logprobs.py) from this engine."""
     # Lazy and optional: vLLM exists only in GPU images that install it; evaluation falls back to transformers.
@@ -23,10 +29,16 @@ def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]]
 
     examples = [ex for row in rows for ex in split_examples(row)]
     longest = max(len(ids) for ids, _ in examples)
-    llm = LLM(model=model_path, tensor_parallel_size=gpus, dtype="bfloat16",
-              max_model_len=max(longest + 1, 4096), enable_prefix_caching=False)
-    outputs = llm.generate([{"prompt_token_ids": ids} for ids, _ in examples],
-                           SamplingParams(max_tokens=1, prompt_logprobs=0))
+    llm = LLM(
+        model=model_path,
+        tensor_parallel_size=gpus,
+        dtype="bfloat16",
+        max_model_len=max(longest + 1, 4096),
+        enable_prefix_caching=False,
+    )
+    outputs = llm.generate(
+        [{"prompt_token_ids": ids} for ids, _ in examples], SamplingParams(max_tokens=1, prompt_logprobs=0)
+    )
     nll, tokens = 0.0, 0
     for out, (ids, labels) in zip(outputs, examples, strict=True):
         # prompt_logprobs[0] is None: the first token has no context. Labels are unshifted, like the trainer's.
@@ -36,8 +48,13 @@ def score_with_vllm(model_path: str, rows: list[dict], prompts: list[list[dict]]
                 tokens += 1
     answers = [o.outputs[0].text for o in llm.chat(prompts, SamplingParams(temperature=0.0, max_tokens=max_new_tokens))]
     loss = nll / tokens
-    result = {"eval_loss": loss, "perplexity": math.exp(min(loss, 50.0)), "tokens": tokens, "rows": len(rows),
-              "answers": answers}
+    result = {
+        "eval_loss": loss,
+        "perplexity": math.exp(min(loss, 50.0)),
+        "tokens": tokens,
+        "rows": len(rows),
+        "answers": answers,
+    }
     if serving_reference:
         from components.deploy.logprobs import vllm_reference
 

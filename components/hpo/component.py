@@ -67,17 +67,26 @@ def search_hyperparameters(
         hpo = s.hpo
         if hpo.hpo_trials == 0:
             with open(report.path, "w") as f:
-                f.write("## Hyper-parameter search\n\nOff (`hpo_trials` is 0): the sft stage trains with the run's "
-                        "settings.\n")
+                f.write(
+                    "## Hyper-parameter search\n\nOff (`hpo_trials` is 0): the sft stage trains with the run's "
+                    "settings.\n"
+                )
             return {}
         search_space = katib.typed_search_space(hpo.hpo_search_space)  # KFP hands integers over as doubles
         errors = check_hpo_settings(s)
         if errors:
             raise ValueError("\n".join(errors))
         local = s.cluster.train_backend == "local"
-        log.info("search: %s over %s, %d trials of %d steps (%d at once), objective %s; %s", hpo.hpo_algorithm,
-                 json.dumps(search_space), hpo.hpo_trials, hpo.hpo_trial_steps, 1 if local else hpo.hpo_parallel_trials,
-                 katib.OBJECTIVE, "local torchrun" if local else s.cluster.train_backend)
+        log.info(
+            "search: %s over %s, %d trials of %d steps (%d at once), objective %s; %s",
+            hpo.hpo_algorithm,
+            json.dumps(search_space),
+            hpo.hpo_trials,
+            hpo.hpo_trial_steps,
+            1 if local else hpo.hpo_parallel_trials,
+            katib.OBJECTIVE,
+            "local torchrun" if local else s.cluster.train_backend,
+        )
 
         # The run's sft training as the trials start from it: paths as the trainer sees them (the job's pods mount the
         # claims at the standard mounts), written next to the trials' folders.
@@ -91,7 +100,8 @@ def search_hyperparameters(
         # From the run's base model, also when a cpt stage comes first: the search runs before the stages train.
         train = stage_train_settings(s, "sft", s.train.model_name_or_path)
         cfg = build_trainer_config(
-            train, stage="sft",
+            train,
+            stage="sft",
             dataset_path=dataset.metadata["path"].replace(data_root, pod_data, 1),
             output_dir=trials_dir.replace(model_root, pod_models, 1),
             packing=dataset.metadata.get("packing", True),
@@ -105,12 +115,23 @@ def search_hyperparameters(
             from components.hpo.local import run_search
 
             if hpo.hpo_parallel_trials > 1:
-                log.warning("hpo_parallel_trials=%d: local trials run one at a time (each torchrun already uses every "
-                            "core; two at once would only slow both)", hpo.hpo_parallel_trials)
+                log.warning(
+                    "hpo_parallel_trials=%d: local trials run one at a time (each torchrun already uses every "
+                    "core; two at once would only slow both)",
+                    hpo.hpo_parallel_trials,
+                )
             experiment, trials = run_search(
-                base_config, trials_dir, name=name, search_space=search_space, trials=hpo.hpo_trials,
-                algorithm=hpo.hpo_algorithm, seed=s.train.seed, trial_steps=hpo.hpo_trial_steps,
-                max_failed_trials=hpo.hpo_max_failed_trials, nproc_per_node=s.cluster.gpus_per_node)
+                base_config,
+                trials_dir,
+                name=name,
+                search_space=search_space,
+                trials=hpo.hpo_trials,
+                algorithm=hpo.hpo_algorithm,
+                seed=s.train.seed,
+                trial_steps=hpo.hpo_trial_steps,
+                max_failed_trials=hpo.hpo_max_failed_trials,
+                nproc_per_node=s.cluster.gpus_per_node,
+            )
         else:
             from components.hpo.follow import run_experiment
             from components.kube import current_namespace
@@ -123,14 +144,28 @@ def search_hyperparameters(
 
                 # Katib creates the trials' TrainJobs as the template says: render it for the installed Trainer.
                 trainer_version = installed_trainer_version()
-            job = training_job_for_run(s.cluster, run_id=run_id, namespace=namespace,
-                                       config_path=base_config.replace(model_root, MODEL_MOUNT, 1), stage="sft",
-                                       trainer_version=trainer_version)
+            job = training_job_for_run(
+                s.cluster,
+                run_id=run_id,
+                namespace=namespace,
+                config_path=base_config.replace(model_root, MODEL_MOUNT, 1),
+                stage="sft",
+                trainer_version=trainer_version,
+            )
             manifest = katib.experiment_manifest(
-                name=name, namespace=namespace, training_job=job, trials_dir=katib.trials_dir_for(run_id),
-                search_space=search_space, trials=hpo.hpo_trials, parallel_trials=hpo.hpo_parallel_trials,
-                max_failed_trials=hpo.hpo_max_failed_trials, algorithm=hpo.hpo_algorithm,
-                trial_steps=hpo.hpo_trial_steps, method=s.train.method, seed=s.train.seed)
+                name=name,
+                namespace=namespace,
+                training_job=job,
+                trials_dir=katib.trials_dir_for(run_id),
+                search_space=search_space,
+                trials=hpo.hpo_trials,
+                parallel_trials=hpo.hpo_parallel_trials,
+                max_failed_trials=hpo.hpo_max_failed_trials,
+                algorithm=hpo.hpo_algorithm,
+                trial_steps=hpo.hpo_trial_steps,
+                method=s.train.method,
+                seed=s.train.seed,
+            )
             timeout = None
             if s.cluster.active_deadline_seconds:
                 # Every trial's job carries the deadline; the search is at most this many rounds of trials.
@@ -143,9 +178,13 @@ def search_hyperparameters(
                     json.dump(exp, f, indent=2)
                 log.info("Experiment %s/%s uid %s", namespace, name, exp["metadata"].get("uid", "?"))
 
-            experiment, trials = run_experiment(manifest, trials_dir=trials_dir, timeout_seconds=timeout,
-                                                pending_timeout_seconds=s.cluster.pending_timeout_seconds,
-                                                on_created=record)
+            experiment, trials = run_experiment(
+                manifest,
+                trials_dir=trials_dir,
+                timeout_seconds=timeout,
+                pending_timeout_seconds=s.cluster.pending_timeout_seconds,
+                on_created=record,
+            )
 
         text = katib.trials_markdown(experiment, trials)
         with open(report.path, "w") as f:
@@ -157,6 +196,7 @@ def search_hyperparameters(
             best = katib.best_trial(experiment)
         except ValueError as exc:  # every trial ended without an eval_loss, and not enough of them failed to say so
             raise RuntimeError(str(exc)) from None
-        log.info("best trial %s: %s %.4f with %s", best["name"], katib.OBJECTIVE, best[katib.OBJECTIVE],
-                 best["parameters"])
+        log.info(
+            "best trial %s: %s %.4f with %s", best["name"], katib.OBJECTIVE, best[katib.OBJECTIVE], best["parameters"]
+        )
         return best["parameters"]

@@ -81,16 +81,20 @@ class _TrialLogs:
         self.tails: dict = {}  # trial name -> katib.LOG_TAIL
 
     def _lines(self, pod_name: str) -> list[str]:
-        return self._trainer.last_lines(pod_name) + [_KLOG_HEADER.sub("", line)
-                                                     for line in self._collector.last_lines(pod_name)]
+        return self._trainer.last_lines(pod_name) + [
+            _KLOG_HEADER.sub("", line) for line in self._collector.last_lines(pod_name)
+        ]
 
     def read(self, trial: dict, pods: list) -> None:
         """Read the failed ``trial``'s ``pods`` and keep the pod to blame, why, and its last lines."""
         name = trial["metadata"]["name"]
         if not pods:
-            self.tails[name] = {"pod": None, "lines": [],
-                                "cause": f"no pod of trial {name} is left to read (kubectl -n {self._namespace} "
-                                         f"describe {self._kind.kind.lower()} {name})"}
+            self.tails[name] = {
+                "pod": None,
+                "lines": [],
+                "cause": f"no pod of trial {name} is left to read (kubectl -n {self._namespace} "
+                f"describe {self._kind.kind.lower()} {name})",
+            }
             return
         rank0 = self._kind.rank0(name, pods)
         pods = sorted(pods, key=lambda pod: (pod.metadata.name != rank0, pod.metadata.name))
@@ -100,7 +104,7 @@ class _TrialLogs:
         failure = classify_failure(condition, pods, self._kind.container, self._lines)
         pod = failure.pod or pods[0].metadata.name  # none to blame: rank 0 tells how far the trial got
         cause = failure.cause if failure.pod else f"pod {pod}: {failure.cause}"
-        self.tails[name] = {"pod": pod, "cause": cause, "lines": self._lines(pod)[-katib.TRIAL_TAIL_LINES:]}
+        self.tails[name] = {"pod": pod, "cause": cause, "lines": self._lines(pod)[-katib.TRIAL_TAIL_LINES :]}
 
     def attach(self, trials: list[dict]) -> list[dict]:
         """``trials`` with each failed one's ``katib.LOG_TAIL``."""
@@ -117,8 +121,9 @@ def _quiet(line: str) -> None:
 def remove_exports(trials_dir: str | Path, trial_names=None) -> None:
     """Delete ``<trials_dir>/<trial>/final`` for these trials (None: every trial folder)."""
     root = Path(trials_dir)
-    folders = [root / name for name in trial_names] if trial_names is not None else \
-        [p for p in root.glob("*") if p.is_dir()]
+    folders = (
+        [root / name for name in trial_names] if trial_names is not None else [p for p in root.glob("*") if p.is_dir()]
+    )
     for final in (folder / "final" for folder in folders):
         if final.is_dir():
             shutil.rmtree(final, ignore_errors=True)
@@ -131,8 +136,10 @@ def _progress(experiment: dict, trials: list[dict]) -> str:
     true = [c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"]
     states = Counter(row["state"] for row in katib.trial_summaries(trials))
     counts = ", ".join(f"{n} {state.lower()}" for state, n in sorted(states.items())) or "none yet"
-    line = (f"{true[-1] if true else 'Pending'}; trials {len(trials)}/{experiment['spec'].get('maxTrialCount', '?')}: "
-            f"{counts}")
+    line = (
+        f"{true[-1] if true else 'Pending'}; trials {len(trials)}/{experiment['spec'].get('maxTrialCount', '?')}: "
+        f"{counts}"
+    )
     try:
         best = katib.best_trial(experiment)
     except ValueError:
@@ -155,8 +162,10 @@ def _failure_report(what: str, failed: dict, trials: list[dict]) -> str:
                 lines.append(f"    last {katib.TRIAL_TAIL_LINES} lines of {tail['pod']}:")
                 lines += [f"      {line}" for line in tail["lines"]]
     if not trials:
-        lines.append("  no trial was created: check the Suggestion of the same name (kubectl describe suggestion) "
-                     "and its algorithm pod")
+        lines.append(
+            "  no trial was created: check the Suggestion of the same name (kubectl describe suggestion) "
+            "and its algorithm pod"
+        )
     return "\n".join(lines)
 
 
@@ -168,9 +177,16 @@ def _spent(experiment: dict) -> str | None:
     return None
 
 
-def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_seconds: float = 30.0,
-                   timeout_seconds: float | None = None, pending_timeout_seconds: float = 900.0,
-                   on_created=None, api_client=None) -> tuple[dict, list[dict]]:
+def run_experiment(
+    manifest: dict,
+    *,
+    trials_dir: str | None = None,
+    poll_seconds: float = 30.0,
+    timeout_seconds: float | None = None,
+    pending_timeout_seconds: float = 900.0,
+    on_created=None,
+    api_client=None,
+) -> tuple[dict, list[dict]]:
     """Create the Experiment in ``manifest`` (or re-attach to it), follow it to the end and return it with its Trials.
 
     Args:
@@ -200,14 +216,24 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
         SystemExit: 143 after SIGTERM, once the Experiment is deleted.
     """
     if manifest.get("kind") != katib.KIND or manifest.get("apiVersion") != f"{katib.GROUP}/{katib.VERSION}":
-        raise ValueError(f"manifest must be a {katib.GROUP}/{katib.VERSION} {katib.KIND}, got "
-                         f"{manifest.get('apiVersion')} {manifest.get('kind')}")
+        raise ValueError(
+            f"manifest must be a {katib.GROUP}/{katib.VERSION} {katib.KIND}, got "
+            f"{manifest.get('apiVersion')} {manifest.get('kind')}"
+        )
     if poll_seconds <= 0 or pending_timeout_seconds < 0 or (timeout_seconds is not None and timeout_seconds < 0):
-        raise ValueError(f"poll_seconds must be > 0 and the timeouts >= 0, got {poll_seconds}, "
-                         f"{pending_timeout_seconds}, {timeout_seconds}")
-    runner = CustomResourceRunner(manifest, katib.PLURAL, api_client=api_client, poll_seconds=poll_seconds,
-                                  timeout_seconds=timeout_seconds, deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
-                                  controller="Katib's controller")
+        raise ValueError(
+            f"poll_seconds must be > 0 and the timeouts >= 0, got {poll_seconds}, "
+            f"{pending_timeout_seconds}, {timeout_seconds}"
+        )
+    runner = CustomResourceRunner(
+        manifest,
+        katib.PLURAL,
+        api_client=api_client,
+        poll_seconds=poll_seconds,
+        timeout_seconds=timeout_seconds,
+        deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
+        controller="Katib's controller",
+    )
     custom, core = k8s.CustomObjectsApi(runner.api_client), k8s.CoreV1Api(runner.api_client)
     name, namespace, what, retry_delay = runner.name, runner.namespace, runner.what, runner.retry_delay
     started = time.monotonic()
@@ -217,16 +243,23 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
     logs = _TrialLogs(core, namespace, kind, retry_delay)
 
     def list_trials() -> list[dict]:
-        answer = call_api(custom.list_namespaced_custom_object, katib.GROUP, katib.VERSION, namespace,
-                          katib.TRIAL_PLURAL, label_selector=f"{katib.EXPERIMENT_LABEL}={name}",
-                          retry_delay=retry_delay)
+        answer = call_api(
+            custom.list_namespaced_custom_object,
+            katib.GROUP,
+            katib.VERSION,
+            namespace,
+            katib.TRIAL_PLURAL,
+            label_selector=f"{katib.EXPERIMENT_LABEL}={name}",
+            retry_delay=retry_delay,
+        )
         return answer.get("items") or []
 
     def trial_pods(trial_names: set) -> list:
         if run_id is None or not trial_names:
             return []
-        pods = call_api(core.list_namespaced_pod, namespace, label_selector=f"{RUN_ID_LABEL}={run_id}",
-                        retry_delay=retry_delay).items
+        pods = call_api(
+            core.list_namespaced_pod, namespace, label_selector=f"{RUN_ID_LABEL}={run_id}", retry_delay=retry_delay
+        ).items
         return [p for p in pods if (p.metadata.labels or {}).get(kind.pod_label) in trial_names]
 
     ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
@@ -246,20 +279,35 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
             if waited < pending_timeout_seconds:
                 continue
             try:
-                job = call_api(custom.get_namespaced_custom_object, kind.group, kind.version, namespace, kind.plural,
-                               t, retry_delay=retry_delay)
+                job = call_api(
+                    custom.get_namespaced_custom_object,
+                    kind.group,
+                    kind.version,
+                    namespace,
+                    kind.plural,
+                    t,
+                    retry_delay=retry_delay,
+                )
             except ApiException as exc:
                 if exc.status != 404:
                     raise
-                return (f"trial {t} has had no job for {waited:.0f}s: Katib did not create it (kubectl -n "
-                        f"{namespace} describe trial {t})")
+                return (
+                    f"trial {t} has had no job for {waited:.0f}s: Katib did not create it (kubectl -n "
+                    f"{namespace} describe trial {t})"
+                )
             if kind.suspended(job):
                 continue
-            hint = (": the Trainer reports a JobSet it cannot create as a TrainJobResourcesCreationFailed event"
-                    if kind.kind == "TrainJob" else ", and its events")
-            return (f"trial {t} has had no pod for {waited:.0f}s: its {kind.kind} could not create them "
-                    f"(kubectl -n {namespace} describe {kind.kind.lower()} {t}{hint})")
+            hint = (
+                ": the Trainer reports a JobSet it cannot create as a TrainJobResourcesCreationFailed event"
+                if kind.kind == "TrainJob"
+                else ", and its events"
+            )
+            return (
+                f"trial {t} has had no pod for {waited:.0f}s: its {kind.kind} could not create them "
+                f"(kubectl -n {namespace} describe {kind.kind.lower()} {t}{hint})"
+            )
         return None
+
     announce, line = True, None
 
     def poll(experiment: dict) -> tuple[dict, list[dict]] | None:
@@ -296,9 +344,11 @@ def run_experiment(manifest: dict, *, trials_dir: str | None = None, poll_second
             raise RuntimeError(f"{what}: {why}")
         if not trials and time.monotonic() - started > pending_timeout_seconds:
             runner.delete(f"no trial after {pending_timeout_seconds:.0f}s")
-            raise RuntimeError(f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "
-                               f"service did not start or answer (kubectl -n {namespace} describe suggestion "
-                               f"{name}, and its pod)")
+            raise RuntimeError(
+                f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "
+                f"service did not start or answer (kubectl -n {namespace} describe suggestion "
+                f"{name}, and its pod)"
+            )
         return None
 
     with runner.cancel_on_sigterm():

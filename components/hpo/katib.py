@@ -149,10 +149,16 @@ def _parameter(name: str, spec: dict) -> dict:
     """One Katib ParameterSpec (feasibleSpace values are strings)."""
     kind = SEARCHABLE[name]
     if "values" in spec:
-        return {"name": name, "parameterType": "categorical" if kind is str else "discrete",
-                "feasibleSpace": {"list": [v if kind is str else _katib_number(kind, v) for v in spec["values"]]}}
-    space = {"min": _katib_number(kind, spec["min"]), "max": _katib_number(kind, spec["max"]),
-             "distribution": "logUniform" if spec.get("scale") == "log" else "uniform"}
+        return {
+            "name": name,
+            "parameterType": "categorical" if kind is str else "discrete",
+            "feasibleSpace": {"list": [v if kind is str else _katib_number(kind, v) for v in spec["values"]]},
+        }
+    space = {
+        "min": _katib_number(kind, spec["min"]),
+        "max": _katib_number(kind, spec["max"]),
+        "distribution": "logUniform" if spec.get("scale") == "log" else "uniform",
+    }
     if "step" in spec:
         space["step"] = _katib_number(kind, spec["step"])
     return {"name": name, "parameterType": "int" if kind is int else "double", "feasibleSpace": space}
@@ -160,13 +166,18 @@ def _parameter(name: str, spec: dict) -> dict:
 
 # -- the trial template ------------------------------------------------------------------------------------------
 
+
 def _trainer_containers(job: dict) -> list[dict]:
     """The containers (or TrainJob ``trainer``) that run the trainer's command in ``job``."""
     if job.get("kind") == trainjob.KIND:
         return [job["spec"]["trainer"]]
     if job.get("kind") == kfc.PYTORCHJOB_KIND:
-        return [c for spec in job["spec"]["pytorchReplicaSpecs"].values()
-                for c in spec["template"]["spec"]["containers"] if c["name"] == kfc.PYTORCHJOB_CONTAINER]
+        return [
+            c
+            for spec in job["spec"]["pytorchReplicaSpecs"].values()
+            for c in spec["template"]["spec"]["containers"]
+            if c["name"] == kfc.PYTORCHJOB_CONTAINER
+        ]
     raise ValueError(f"training_job must be a {kfc.PYTORCHJOB_KIND} or a {trainjob.KIND}, got {job.get('kind')!r}")
 
 
@@ -178,12 +189,15 @@ def _primary(job: dict) -> tuple[str, dict]:
     if kfc.REPLICA_TYPE_MASTER in job["spec"]["pytorchReplicaSpecs"]:
         return kfc.PYTORCHJOB_CONTAINER, {kfc.JOB_ROLE_LABEL: kfc.JOB_ROLE_MASTER}
     # An elastic job has Workers only; Worker 0 hosts the rendezvous and node rank 0.
-    return kfc.PYTORCHJOB_CONTAINER, {kfc.REPLICA_TYPE_LABEL: kfc.REPLICA_TYPE_WORKER.lower(),
-                                      kfc.REPLICA_INDEX_LABEL: "0"}
+    return kfc.PYTORCHJOB_CONTAINER, {
+        kfc.REPLICA_TYPE_LABEL: kfc.REPLICA_TYPE_WORKER.lower(),
+        kfc.REPLICA_INDEX_LABEL: "0",
+    }
 
 
-def _trial_command(command: list[str], args: list[str], trial_dir: str, trial_steps: int,
-                   parameters: list[str]) -> tuple[list[str], list[str]]:
+def _trial_command(
+    command: list[str], args: list[str], trial_dir: str, trial_steps: int, parameters: list[str]
+) -> tuple[list[str], list[str]]:
     """The trial's command and args: the trial entry point, then the job's own command on the trial's config."""
     if "--config" not in args[:-1]:
         raise ValueError(f"the training job's trainer command has no --config FILE: {command + args}")
@@ -192,14 +206,28 @@ def _trial_command(command: list[str], args: list[str], trial_dir: str, trial_st
     overrides = ["--max_steps", str(trial_steps), "--save_strategy", "no"]
     for name in parameters:
         overrides += [f"--{TRAINER_FIELD.get(name, name)}", f"${{trialParameters.{name}}}"]
-    trainer = [*command, *args[:at], trial_config, *args[at + 1:]]
-    return (["python", "-m", "components.hpo.trial"],
-            ["--base-config", base_config, "--trial-dir", trial_dir, *overrides, "--", *trainer])
+    trainer = [*command, *args[:at], trial_config, *args[at + 1 :]]
+    return (
+        ["python", "-m", "components.hpo.trial"],
+        ["--base-config", base_config, "--trial-dir", trial_dir, *overrides, "--", *trainer],
+    )
 
 
-def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials_dir: str, search_space: dict,
-                        trials: int, parallel_trials: int, max_failed_trials: int, algorithm: str, trial_steps: int,
-                        method: str, seed: int) -> dict:
+def experiment_manifest(
+    *,
+    name: str,
+    namespace: str,
+    training_job: dict,
+    trials_dir: str,
+    search_space: dict,
+    trials: int,
+    parallel_trials: int,
+    max_failed_trials: int,
+    algorithm: str,
+    trial_steps: int,
+    method: str,
+    seed: int,
+) -> dict:
     """The Katib Experiment that searches ``search_space`` with short runs of ``training_job``.
 
     Args:
@@ -226,16 +254,28 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
     Raises:
         ValueError: the ``check_search`` errors, one per line, or a bad name, trial_steps or training job.
     """
-    errors = check_search(search_space, trials=trials, parallel_trials=parallel_trials,
-                          max_failed_trials=max_failed_trials, algorithm=algorithm, method=method)
+    errors = check_search(
+        search_space,
+        trials=trials,
+        parallel_trials=parallel_trials,
+        max_failed_trials=max_failed_trials,
+        algorithm=algorithm,
+        method=method,
+    )
     if not DNS1035_LABEL.match(name) or len(name) > KATIB_MAX_NAME:
-        errors.append(f"name {name!r} must be a DNS-1035 label of at most {KATIB_MAX_NAME} characters; "
-                      "use experiment_name_for(run_id)")
-    elif training_job.get("kind") == trainjob.KIND and len(
-            longest := longest_trial_pod_name(name, training_job["spec"]["trainer"]["numNodes"])) > MAX_POD_NAME:
-        errors.append(f"name {name!r} leaves no room for its trials' pod names: a trial's TrainJob pod would be named "
-                      f"like {longest!r} ({len(longest)} characters, at most {MAX_POD_NAME}); use "
-                      "experiment_name_for(run_id)")
+        errors.append(
+            f"name {name!r} must be a DNS-1035 label of at most {KATIB_MAX_NAME} characters; "
+            "use experiment_name_for(run_id)"
+        )
+    elif (
+        training_job.get("kind") == trainjob.KIND
+        and len(longest := longest_trial_pod_name(name, training_job["spec"]["trainer"]["numNodes"])) > MAX_POD_NAME
+    ):
+        errors.append(
+            f"name {name!r} leaves no room for its trials' pod names: a trial's TrainJob pod would be named "
+            f"like {longest!r} ({len(longest)} characters, at most {MAX_POD_NAME}); use "
+            "experiment_name_for(run_id)"
+        )
     if trial_steps < 1:
         errors.append(f"hpo_trial_steps must be >= 1 (optimizer steps per trial), got {trial_steps}")
     if errors:
@@ -248,12 +288,15 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
     trial_dir = f"{trials_dir.rstrip('/')}/${{trialParameters.{TRIAL_NAME_PARAMETER}}}"
     for container in _trainer_containers(trial_spec):
         container["command"], container["args"] = _trial_command(
-            container["command"], container["args"], trial_dir, trial_steps, parameters)
+            container["command"], container["args"], trial_dir, trial_steps, parameters
+        )
         argv = container["command"] + container["args"]
         unsafe = [a for a in argv if not _SHELL_SAFE.match(_PLACEHOLDER.sub("x", a))]
         if unsafe:
-            raise ValueError(f"the trial command has arguments sh would interpret {unsafe}: Katib's StdOut collector "
-                             "runs it through sh -c; use paths and names of letters, digits and ./_-")
+            raise ValueError(
+                f"the trial command has arguments sh would interpret {unsafe}: Katib's StdOut collector "
+                "runs it through sh -c; use paths and names of letters, digits and ./_-"
+            )
     primary_container, primary_labels = _primary(trial_spec)
     done = "Complete" if trial_spec["kind"] == trainjob.KIND else "Succeeded"  # Katib's defaults for these kinds
     metadata: dict = {"name": name, "namespace": namespace}
@@ -272,15 +315,19 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
                 "metricStrategies": [{"name": OBJECTIVE, "value": "latest"}, {"name": TRAIN_LOSS, "value": "latest"}],
             },
             # Every algorithm here takes random_state (Sobol's sequence ignores it: it has no randomness).
-            "algorithm": {"algorithmName": algorithm,
-                          "algorithmSettings": [{"name": "random_state", "value": str(seed)}]},
+            "algorithm": {
+                "algorithmName": algorithm,
+                "algorithmSettings": [{"name": "random_state", "value": str(seed)}],
+            },
             "parallelTrialCount": parallel_trials,
             "maxTrialCount": trials,
             "maxFailedTrialCount": max_failed_trials,
             "resumePolicy": "Never",
             "parameters": [_parameter(n, search_space[n]) for n in parameters],
-            "metricsCollectorSpec": {"collector": {"kind": "StdOut"},
-                                     "source": {"filter": {"metricsFormat": list(METRICS_FORMAT)}}},
+            "metricsCollectorSpec": {
+                "collector": {"kind": "StdOut"},
+                "source": {"filter": {"metricsFormat": list(METRICS_FORMAT)}},
+            },
             "trialTemplate": {
                 "primaryContainerName": primary_container,
                 "primaryPodLabels": primary_labels,
@@ -290,10 +337,15 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
                 "successCondition": f'status.conditions.#(type=="{done}")#|#(status=="True")#',
                 "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
                 "trialParameters": [
-                    {"name": TRIAL_NAME_PARAMETER, "reference": "${trialSpec.Name}",
-                     "description": "the trial's name: its folder under the trials directory"},
-                    *({"name": n, "reference": n, "description": f"the trainer's {TRAINER_FIELD.get(n, n)}"}
-                      for n in parameters),
+                    {
+                        "name": TRIAL_NAME_PARAMETER,
+                        "reference": "${trialSpec.Name}",
+                        "description": "the trial's name: its folder under the trials directory",
+                    },
+                    *(
+                        {"name": n, "reference": n, "description": f"the trainer's {TRAINER_FIELD.get(n, n)}"}
+                        for n in parameters
+                    ),
                 ],
                 "trialSpec": trial_spec,
             },
@@ -302,6 +354,7 @@ def experiment_manifest(*, name: str, namespace: str, training_job: dict, trials
 
 
 # -- reading results back ------------------------------------------------------------------------------------
+
 
 def setting_value(name: str, text: str):
     """A parameter value as Katib gives it (a string) converted to the setting's type (``SEARCHABLE``)."""
@@ -331,8 +384,12 @@ def _assignments(items) -> dict:
     return {a["name"]: setting_value(a["name"], a["value"]) for a in items or []}
 
 
-_COUNTS = {"trials": "trials", "trialsSucceeded": "succeeded", "trialsFailed": "failed",
-           "trialMetricsUnavailable": "metrics unavailable"}
+_COUNTS = {
+    "trials": "trials",
+    "trialsSucceeded": "succeeded",
+    "trialsFailed": "failed",
+    "trialMetricsUnavailable": "metrics unavailable",
+}
 
 
 def best_trial(experiment: dict) -> dict:
@@ -349,11 +406,16 @@ def best_trial(experiment: dict) -> dict:
     optimal = status.get("currentOptimalTrial") or {}
     if not optimal.get("bestTrialName"):
         counts = ", ".join(f"{word} {status[key]}" for key, word in _COUNTS.items() if key in status)
-        raise ValueError(f"Experiment {experiment['metadata']['name']} has no best trial: no trial reported "
-                         f"{OBJECTIVE} ({counts or 'no trials yet'})")
-    return {"name": optimal["bestTrialName"], "parameters": _assignments(optimal.get("parameterAssignments")),
-            OBJECTIVE: _metric(optimal.get("observation"), OBJECTIVE),
-            TRAIN_LOSS: _metric(optimal.get("observation"), TRAIN_LOSS)}
+        raise ValueError(
+            f"Experiment {experiment['metadata']['name']} has no best trial: no trial reported "
+            f"{OBJECTIVE} ({counts or 'no trials yet'})"
+        )
+    return {
+        "name": optimal["bestTrialName"],
+        "parameters": _assignments(optimal.get("parameterAssignments")),
+        OBJECTIVE: _metric(optimal.get("observation"), OBJECTIVE),
+        TRAIN_LOSS: _metric(optimal.get("observation"), TRAIN_LOSS),
+    }
 
 
 def _state(trial: dict) -> tuple[str, str]:
@@ -374,12 +436,19 @@ def trial_summaries(trials: list[dict]) -> list[dict]:
     for trial in sorted(trials, key=lambda t: t["metadata"].get("creationTimestamp", "")):
         state, message = _state(trial)
         status = trial.get("status") or {}
-        rows.append({"name": trial["metadata"]["name"], "state": state, "message": message,
-                     "parameters": _assignments(trial.get("spec", {}).get("parameterAssignments")),
-                     OBJECTIVE: _metric(status.get("observation"), OBJECTIVE),
-                     TRAIN_LOSS: _metric(status.get("observation"), TRAIN_LOSS),
-                     "started": status.get("startTime", ""), "finished": status.get("completionTime", ""),
-                     "log_tail": trial.get(LOG_TAIL)})
+        rows.append(
+            {
+                "name": trial["metadata"]["name"],
+                "state": state,
+                "message": message,
+                "parameters": _assignments(trial.get("spec", {}).get("parameterAssignments")),
+                OBJECTIVE: _metric(status.get("observation"), OBJECTIVE),
+                TRAIN_LOSS: _metric(status.get("observation"), TRAIN_LOSS),
+                "started": status.get("startTime", ""),
+                "finished": status.get("completionTime", ""),
+                "log_tail": trial.get(LOG_TAIL),
+            }
+        )
     return sorted(rows, key=lambda r: (r[OBJECTIVE] is None, r[OBJECTIVE] or 0.0))
 
 
@@ -389,22 +458,31 @@ def trials_markdown(experiment: dict, trials: list[dict]) -> str:
     rows = trial_summaries(trials)
     spec = experiment.get("spec") or {}
     names = [p["name"] for p in spec.get("parameters") or []]
-    lines = [f"## Hyper-parameter search `{experiment['metadata']['name']}`", "",
-             f"{spec.get('algorithm', {}).get('algorithmName', '?')} over {', '.join(names) or 'no parameters'}; "
-             f"{len(rows)} of {spec.get('maxTrialCount', '?')} trials, objective {OBJECTIVE} (lower is better).", ""]
+    lines = [
+        f"## Hyper-parameter search `{experiment['metadata']['name']}`",
+        "",
+        f"{spec.get('algorithm', {}).get('algorithmName', '?')} over {', '.join(names) or 'no parameters'}; "
+        f"{len(rows)} of {spec.get('maxTrialCount', '?')} trials, objective {OBJECTIVE} (lower is better).",
+        "",
+    ]
     try:
         best = best_trial(experiment)
         chosen = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in best["parameters"].items())
         lines += [f"**Best:** `{best['name']}`: {OBJECTIVE} {best[OBJECTIVE]:.4f} with {chosen}.", ""]
     except ValueError as exc:
         lines += [f"**No best trial:** {exc}.", ""]
-    lines += ["| trial | state | " + " | ".join(names) + f" | {OBJECTIVE} | last {TRAIN_LOSS} |",
-              "|---|---|" + "---|" * len(names) + "---:|---:|"]
+    lines += [
+        "| trial | state | " + " | ".join(names) + f" | {OBJECTIVE} | last {TRAIN_LOSS} |",
+        "|---|---|" + "---|" * len(names) + "---:|---:|",
+    ]
     for r in rows:
-        values = [f"{r['parameters'][n]:g}" if isinstance(r["parameters"].get(n), float)
-                  else str(r["parameters"].get(n, "")) for n in names]
-        state = r["state"] + (f": {r['message'][:120]}" if r["state"] not in ("Succeeded", "Running") and r["message"]
-                              else "")
+        values = [
+            f"{r['parameters'][n]:g}" if isinstance(r["parameters"].get(n), float) else str(r["parameters"].get(n, ""))
+            for n in names
+        ]
+        state = r["state"] + (
+            f": {r['message'][:120]}" if r["state"] not in ("Succeeded", "Running") and r["message"] else ""
+        )
         losses = [f"{r[k]:.4f}" if r[k] is not None else "-" for k in (OBJECTIVE, TRAIN_LOSS)]
         lines.append("| " + " | ".join([f"`{r['name']}`", state.replace("|", "\\|"), *values, *losses]) + " |")
     failed = [r for r in rows if r["log_tail"]]

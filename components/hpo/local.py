@@ -95,15 +95,20 @@ def _now() -> str:
 
 def _katib_trial(name: str, params: dict, started: str, state: str, message: str, metrics: dict) -> dict:
     """A Trial object as Katib writes one (what ``katib.trial_summaries`` reads)."""
-    status: dict[str, Any] = {"startTime": started, "completionTime": _now(),
-                             "conditions": [{"type": "Created", "status": "True"}, {"type": state, "status": "True",
-                                                                                     "message": message}]}
+    status: dict[str, Any] = {
+        "startTime": started,
+        "completionTime": _now(),
+        "conditions": [{"type": "Created", "status": "True"}, {"type": state, "status": "True", "message": message}],
+    }
     if metrics:
         status["observation"] = {"metrics": [{"name": k, "latest": repr(v)} for k, v in metrics.items()]}
-    return {"apiVersion": f"{katib.GROUP}/{katib.VERSION}", "kind": "Trial",
-            "metadata": {"name": name, "creationTimestamp": started},
-            "spec": {"parameterAssignments": [{"name": k, "value": str(v)} for k, v in params.items()]},
-            "status": status}
+    return {
+        "apiVersion": f"{katib.GROUP}/{katib.VERSION}",
+        "kind": "Trial",
+        "metadata": {"name": name, "creationTimestamp": started},
+        "spec": {"parameterAssignments": [{"name": k, "value": str(v)} for k, v in params.items()]},
+        "status": status,
+    }
 
 
 def _run_trial(config: str, trial_dir: Path, nproc_per_node: int) -> tuple[dict, str]:
@@ -127,8 +132,19 @@ def _run_trial(config: str, trial_dir: Path, nproc_per_node: int) -> tuple[dict,
     return found, ""
 
 
-def run_search(base_config: str, trials_dir: str, *, name: str, search_space: dict, trials: int, algorithm: str,
-               seed: int, trial_steps: int, max_failed_trials: int, nproc_per_node: int) -> tuple[dict, list[dict]]:
+def run_search(
+    base_config: str,
+    trials_dir: str,
+    *,
+    name: str,
+    search_space: dict,
+    trials: int,
+    algorithm: str,
+    seed: int,
+    trial_steps: int,
+    max_failed_trials: int,
+    nproc_per_node: int,
+) -> tuple[dict, list[dict]]:
     """Run ``trials`` short trainings of ``base_config``, one at a time, each with the values Optuna suggests.
 
     Args:
@@ -166,8 +182,9 @@ def run_search(base_config: str, trials_dir: str, *, name: str, search_space: di
         trial_dir = Path(trials_dir, trial_name)
         shutil.rmtree(trial_dir, ignore_errors=True)  # a retried step: this trial starts afresh
         overrides = {katib.TRAINER_FIELD.get(k, k): v for k, v in params.items()}
-        config = write_trial_config(base_config, str(trial_dir),
-                                    {**overrides, "max_steps": trial_steps, "save_strategy": "no"})
+        config = write_trial_config(
+            base_config, str(trial_dir), {**overrides, "max_steps": trial_steps, "save_strategy": "no"}
+        )
         values = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
         log.info("trial %d/%d (%s): %s", number, trials, trial_dir, values)
         started, began = _now(), time.monotonic()
@@ -178,8 +195,10 @@ def run_search(base_config: str, trials_dir: str, *, name: str, search_space: di
             log.warning("trial %d/%d failed in %.0fs: %s", number, trials, time.monotonic() - began, why)
             if katib.search_failed(len(failures), max_failed_trials):
                 count = f"{len(failures)} trial{'s' if len(failures) > 1 else ''}"
-                raise RuntimeError(f"the search {name} failed: {count} failed, which reaches "
-                                   f"hpo_max_failed_trials={max_failed_trials}\n" + "\n".join(failures))
+                raise RuntimeError(
+                    f"the search {name} failed: {count} failed, which reaches "
+                    f"hpo_max_failed_trials={max_failed_trials}\n" + "\n".join(failures)
+                )
             raise _TrialFailed(why)
         loss = metrics[katib.OBJECTIVE]
         log.info("trial %d/%d: %s %.4f in %.0fs", number, trials, katib.OBJECTIVE, loss, time.monotonic() - began)
@@ -188,16 +207,27 @@ def run_search(base_config: str, trials_dir: str, *, name: str, search_space: di
         return loss
 
     study.optimize(objective, n_trials=trials, catch=(_TrialFailed,))
-    status = {"conditions": [{"type": "Succeeded", "status": "True", "reason": "ExperimentMaxTrialsReached"}],
-              "trials": len(rows), "trialsSucceeded": len(rows) - len(failures), "trialsFailed": len(failures)}
+    status = {
+        "conditions": [{"type": "Succeeded", "status": "True", "reason": "ExperimentMaxTrialsReached"}],
+        "trials": len(rows),
+        "trialsSucceeded": len(rows) - len(failures),
+        "trialsFailed": len(failures),
+    }
     if best is not None:
-        status["currentOptimalTrial"] = {"bestTrialName": best["row"]["metadata"]["name"],
-                                         "parameterAssignments": best["row"]["spec"]["parameterAssignments"],
-                                         "observation": best["row"]["status"]["observation"]}
-    experiment = {"apiVersion": f"{katib.GROUP}/{katib.VERSION}", "kind": katib.KIND,
-                  "metadata": {"name": name},
-                  "spec": {"algorithm": {"algorithmName": algorithm if algorithm in LOCAL_ALGORITHMS else "tpe"},
-                           "parameters": [{"name": n} for n in search_space], "maxTrialCount": trials},
-                  "status": status}
+        status["currentOptimalTrial"] = {
+            "bestTrialName": best["row"]["metadata"]["name"],
+            "parameterAssignments": best["row"]["spec"]["parameterAssignments"],
+            "observation": best["row"]["status"]["observation"],
+        }
+    experiment = {
+        "apiVersion": f"{katib.GROUP}/{katib.VERSION}",
+        "kind": katib.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "algorithm": {"algorithmName": algorithm if algorithm in LOCAL_ALGORITHMS else "tpe"},
+            "parameters": [{"name": n} for n in search_space],
+            "maxTrialCount": trials,
+        },
+        "status": status,
+    }
     return experiment, rows
-

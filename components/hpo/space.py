@@ -20,7 +20,7 @@ ALGORITHMS = {
     "tpe": "Tree-structured Parzen Estimator, each parameter on its own (hyperopt)",
     "multivariate-tpe": "TPE over the parameters jointly (Optuna)",
     "bayesianoptimization": "Gaussian-process Bayesian optimisation (scikit-optimize); draws every real "
-                            "parameter log-uniformly",
+    "parameter log-uniformly",
     "grid": "every combination, in order (Optuna); real parameters need a step",
     "cmaes": "CMA-ES (Goptuna); needs two or more min/max parameters, draws uniformly",
     "sobol": "Sobol quasi-random sequence (Goptuna); draws uniformly",
@@ -67,22 +67,27 @@ def _parameter_errors(name: str, spec, algorithm: str, method: str) -> list[str]
         return [f"{where}: not a setting a trial can vary; use one of {sorted(SEARCHABLE)}"]
     kind = SEARCHABLE[name]
     if not isinstance(spec, dict):
-        return [f"{where} must be an object: {{\"min\": 1e-5, \"max\": 1e-4, \"scale\": \"log\"}} or "
-                f"{{\"values\": [8, 16, 32]}}, got {spec!r}"]
+        return [
+            f'{where} must be an object: {{"min": 1e-5, "max": 1e-4, "scale": "log"}} or '
+            f'{{"values": [8, 16, 32]}}, got {spec!r}'
+        ]
     errors = []
     if name.startswith("lora_") and method == "full":
         errors.append(f"{where}: LoRA settings do nothing with method 'full'; remove it or set method to lora/qlora")
     unknown = sorted(set(spec) - _SPEC_KEYS)
     if unknown:
-        return errors + [f"{where}: unknown keys {unknown}; use min, max, scale ({'/'.join(SCALES)}) and step, "
-                         "or values"]
+        return errors + [
+            f"{where}: unknown keys {unknown}; use min, max, scale ({'/'.join(SCALES)}) and step, or values"
+        ]
     if "values" in spec:
         values = spec["values"]
         if set(spec) != {"values"}:
             return errors + [f"{where}: give either values or min/max (with scale, step), not both"]
         if not isinstance(values, list) or len(values) < 2:
-            errors.append(f"{where}.values must list two or more values to search (one value is no search: "
-                          f"set {name} itself), got {values!r}")
+            errors.append(
+                f"{where}.values must list two or more values to search (one value is no search: "
+                f"set {name} itself), got {values!r}"
+            )
         elif bad := [v for v in values if not (isinstance(v, str) if kind is str else _is_number(v, kind))]:
             errors.append(f"{where}.values must all be {_KIND_WORDS[kind]}; {bad!r} are not")
         elif bad := [v for v in values if kind is str and not _PLAIN_NAME.match(v)]:
@@ -95,8 +100,10 @@ def _parameter_errors(name: str, spec, algorithm: str, method: str) -> list[str]
             errors.append(f"{where}.values lists a value twice: {values!r}")
         return errors
     if kind is str:
-        return errors + [f"{where}: {name} is a name, not a number: list the candidates as values, "
-                         f"e.g. {{\"values\": [\"cosine\", \"linear\"]}}"]
+        return errors + [
+            f"{where}: {name} is a name, not a number: list the candidates as values, "
+            f'e.g. {{"values": ["cosine", "linear"]}}'
+        ]
     if not ("min" in spec and "max" in spec):
         return errors + [f"{where} needs both min and max (or values), got {spec!r}"]
     low, high = spec["min"], spec["max"]
@@ -111,14 +118,19 @@ def _parameter_errors(name: str, spec, algorithm: str, method: str) -> list[str]
         if low <= 0:
             errors.append(f"{where}: a log scale needs min > 0, got {low}")
         if algorithm == "grid":
-            errors.append(f"{where}: the grid steps evenly from min to max and would ignore scale 'log'; list "
-                          "the values instead")
+            errors.append(
+                f"{where}: the grid steps evenly from min to max and would ignore scale 'log'; list the values instead"
+            )
         elif algorithm not in _LOG_SCALE and not (algorithm == "bayesianoptimization" and kind is float):
-            errors.append(f"{where}: algorithm {algorithm!r} draws it uniformly and would ignore scale 'log'; "
-                          f"use one of {sorted(_LOG_SCALE)}, or drop the scale")
+            errors.append(
+                f"{where}: algorithm {algorithm!r} draws it uniformly and would ignore scale 'log'; "
+                f"use one of {sorted(_LOG_SCALE)}, or drop the scale"
+            )
     if kind is float and algorithm == "bayesianoptimization" and low <= 0:
-        errors.append(f"{where}: algorithm 'bayesianoptimization' draws real values log-uniformly, so min must be "
-                      f"> 0 (got {low}); raise min or use tpe")
+        errors.append(
+            f"{where}: algorithm 'bayesianoptimization' draws real values log-uniformly, so min must be "
+            f"> 0 (got {low}); raise min or use tpe"
+        )
     if "step" in spec:
         step = spec["step"]
         if not _is_number(step, kind) or step <= 0:
@@ -128,8 +140,9 @@ def _parameter_errors(name: str, spec, algorithm: str, method: str) -> list[str]
         elif scale == "log":  # Optuna refuses a stepped log range; hyperopt's is hard to predict: list them
             errors.append(f"{where}: step and scale 'log' do not go together; list the values instead")
     elif algorithm == "grid" and kind is float and scale != "log" and low < high:
-        errors.append(f"{where}: the grid needs a step for a real range (e.g. \"step\": {(high - low) / 4:g}), "
-                      "or list the values")
+        errors.append(
+            f'{where}: the grid needs a step for a real range (e.g. "step": {(high - low) / 4:g}), or list the values'
+        )
     return errors
 
 
@@ -149,14 +162,21 @@ def typed_search_space(search_space):
     typed = {}
     for name, spec in search_space.items():
         if SEARCHABLE.get(name) is int and isinstance(spec, dict):
-            spec = {k: [whole(v) for v in value] if k == "values" and isinstance(value, list)
-                    else whole(value) if k in ("min", "max", "step") else value for k, value in spec.items()}
+            spec = {
+                k: [whole(v) for v in value]
+                if k == "values" and isinstance(value, list)
+                else whole(value)
+                if k in ("min", "max", "step")
+                else value
+                for k, value in spec.items()
+            }
         typed[name] = spec
     return typed
 
 
-def check_search(search_space, *, trials: int, parallel_trials: int, max_failed_trials: int, algorithm: str,
-                 method: str) -> list[str]:
+def check_search(
+    search_space, *, trials: int, parallel_trials: int, max_failed_trials: int, algorithm: str, method: str
+) -> list[str]:
     """Every problem with a search before anything is created, one message each, naming the setting and the fix.
 
     Args:
@@ -178,9 +198,11 @@ def check_search(search_space, *, trials: int, parallel_trials: int, max_failed_
         errors.append(f"hpo_algorithm {algorithm!r} is not one of {list(ALGORITHMS)}")
         algorithm = "random"  # judge the ranges alone: an algorithm's own limits would only add noise
     if not isinstance(search_space, dict) or not search_space:
-        errors.append("hpo_search_space is empty: give each setting to search a range or values, e.g. "
-                      "{\"learning_rate\": {\"min\": 1e-5, \"max\": 1e-4, \"scale\": \"log\"}, "
-                      "\"lora_r\": {\"values\": [8, 16, 32]}}")
+        errors.append(
+            "hpo_search_space is empty: give each setting to search a range or values, e.g. "
+            '{"learning_rate": {"min": 1e-5, "max": 1e-4, "scale": "log"}, '
+            '"lora_r": {"values": [8, 16, 32]}}'
+        )
         search_space = {}
     for name, spec in search_space.items():
         errors += _parameter_errors(name, spec, algorithm, method)
@@ -189,8 +211,10 @@ def check_search(search_space, *, trials: int, parallel_trials: int, max_failed_
     if parallel_trials < 1:
         errors.append(f"hpo_parallel_trials must be >= 1, got {parallel_trials}")
     elif trials >= 1 and parallel_trials > trials:
-        errors.append(f"hpo_parallel_trials ({parallel_trials}) is more than hpo_trials ({trials}); lower "
-                      "hpo_parallel_trials or raise hpo_trials")
+        errors.append(
+            f"hpo_parallel_trials ({parallel_trials}) is more than hpo_trials ({trials}); lower "
+            "hpo_parallel_trials or raise hpo_trials"
+        )
     if max_failed_trials < 0 or (trials >= 1 and max_failed_trials > trials):
         errors.append(f"hpo_max_failed_trials must be between 0 and hpo_trials ({trials}), got {max_failed_trials}")
     if errors:
@@ -198,9 +222,10 @@ def check_search(search_space, *, trials: int, parallel_trials: int, max_failed_
     if algorithm == "grid":
         size = math.prod(_grid_size(s) for s in search_space.values())
         if trials > size:
-            errors.append(f"hpo_trials ({trials}) is more than the grid's {size} combinations; lower hpo_trials "
-                          "to at most that, or add values")
+            errors.append(
+                f"hpo_trials ({trials}) is more than the grid's {size} combinations; lower hpo_trials "
+                "to at most that, or add values"
+            )
     if algorithm == "cmaes" and sum("values" not in s for s in search_space.values()) < 2:
-        errors.append("hpo_algorithm 'cmaes' needs two or more min/max settings in hpo_search_space; "
-                      "use tpe for fewer")
+        errors.append("hpo_algorithm 'cmaes' needs two or more min/max settings in hpo_search_space; use tpe for fewer")
     return errors

@@ -48,7 +48,7 @@ def parse_args(argv: list[str]) -> tuple[str, str, dict, list[str]]:
     if "--" not in argv:
         raise ValueError("no command: end the arguments with -- torchrun ... --config <trial dir>/train_config.json")
     at = argv.index("--")
-    options, command = argv[:at], argv[at + 1:]
+    options, command = argv[:at], argv[at + 1 :]
     if len(options) % 2:
         raise ValueError(f"every option takes one value: {options}")
     pairs = dict(zip(options[::2], options[1::2], strict=True))
@@ -61,8 +61,9 @@ def parse_args(argv: list[str]) -> tuple[str, str, dict, list[str]]:
     for flag, text in pairs.items():
         field = flag.removeprefix("--")
         if not flag.startswith("--") or field not in FIELD_TYPES:
-            raise ValueError(f"{flag} is not a setting a trial can set; those are "
-                             f"{', '.join('--' + f for f in sorted(FIELD_TYPES))}")
+            raise ValueError(
+                f"{flag} is not a setting a trial can set; those are {', '.join('--' + f for f in sorted(FIELD_TYPES))}"
+            )
         overrides[field] = _value(field, text)
     config = os.path.join(trial_dir, CONFIG_NAME)
     if "--config" not in command[:-1] or command[command.index("--config") + 1] != config:

@@ -19,6 +19,7 @@ def pad_collator(pad_token_id: int):
     token of every example gets label -100: nothing predicts it from the previous example (as
     ``DataCollatorWithFlattening`` does), so a packed row's loss is exactly its examples' loss.
     """
+
     def collate(rows):
         width = max(len(r["input_ids"]) for r in rows)
         ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
@@ -55,7 +56,8 @@ def label_nll(logits, labels):
     sums = torch.zeros((len(labels), 2), dtype=torch.float32, device=logits.device)
     for i in range(len(labels)):  # one row at a time in float32: a batch of 150k-vocab logits would not fit
         sums[i, 0] = torch.nn.functional.cross_entropy(
-            logits[i, :-1].float(), labels[i, 1:], ignore_index=-100, reduction="sum")
+            logits[i, :-1].float(), labels[i, 1:], ignore_index=-100, reduction="sum"
+        )
         sums[i, 1] = (labels[i, 1:] != -100).sum()
     return sums
 

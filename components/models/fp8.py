@@ -40,8 +40,14 @@ SINGLE_WEIGHTS = "model.safetensors"
 SCALE_SUFFIX = "weight_scale_inv"
 # Everything besides the weights that training, evaluation and serving read from a model folder.
 TOKENIZER_AND_GENERATION_FILES = [
-    "tokenizer*", "vocab.*", "merges.txt", "special_tokens_map.json", "added_tokens.json",
-    "chat_template.jinja", "chat_template.json", "generation_config.json",
+    "tokenizer*",
+    "vocab.*",
+    "merges.txt",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "generation_config.json",
 ]
 
 
@@ -73,8 +79,10 @@ def folder_identity(folder: str) -> str:
 
 
 def _is_model_file(name: str) -> bool:
-    return name == "config.json" or name.endswith((".safetensors", ".safetensors.index.json")) or any(
-        fnmatch.fnmatch(name, p) for p in TOKENIZER_AND_GENERATION_FILES
+    return (
+        name == "config.json"
+        or name.endswith((".safetensors", ".safetensors.index.json"))
+        or any(fnmatch.fnmatch(name, p) for p in TOKENIZER_AND_GENERATION_FILES)
     )
 
 
@@ -165,8 +173,11 @@ def build_bf16_copy(source: str, target: str) -> str:
     _check_free_space(source_dir, shards, target_dir.parent)
     leftovers = [p.name for p in target_dir.parent.glob(f".{target_dir.name}-*")]
     if leftovers:
-        log.warning("partial copies from interrupted builds in %s: %s (safe to delete when no build is running)",
-                    target_dir.parent, ", ".join(leftovers))
+        log.warning(
+            "partial copies from interrupted builds in %s: %s (safe to delete when no build is running)",
+            target_dir.parent,
+            ", ".join(leftovers),
+        )
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target_dir.name}-", dir=target_dir.parent))
     # mkdtemp makes it 0700: the steps and the trainer pods may run as different users on the volume.
@@ -204,8 +215,13 @@ def build_bf16_copy(source: str, target: str) -> str:
             done_bytes += (source_dir / shard).stat().st_size
             elapsed = time.time() - started
             rate = done_bytes / max(elapsed, 1e-9)
-            log.info("bf16 copy: shard %d/%d | %.0f MB/s read | ETA %.0f s", i, len(shards), rate / 1e6,
-                     (total_bytes - done_bytes) / max(rate, 1e-9))
+            log.info(
+                "bf16 copy: shard %d/%d | %.0f MB/s read | ETA %.0f s",
+                i,
+                len(shards),
+                rate / 1e6,
+                (total_bytes - done_bytes) / max(rate, 1e-9),
+            )
         if (source_dir / WEIGHTS_INDEX).exists():
             index = {"metadata": {"total_size": total_size}, "weight_map": dict(sorted(new_map.items()))}
             (tmp / WEIGHTS_INDEX).write_text(json.dumps(index, indent=2), encoding="utf-8")

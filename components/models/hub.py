@@ -95,8 +95,9 @@ def resolve_model(model_name_or_path: str, cache_root: str) -> str:
     return fp8.build_bf16_copy(folder, fp8.bf16_copy_path(cache_root, slug, identity or fp8.folder_identity(folder)))
 
 
-def resolve_model_for_run(model_name_or_path: str, cache_root: str, record_path: str, *,
-                          wait_timeout_s: float = WAIT_TIMEOUT_S) -> str:
+def resolve_model_for_run(
+    model_name_or_path: str, cache_root: str, record_path: str, *, wait_timeout_s: float = WAIT_TIMEOUT_S
+) -> str:
     """The base model's folder for one training run: resolved once, by global rank 0, and recorded.
 
     Global rank 0 reuses the record at ``record_path`` when it names ``model_name_or_path`` and its folder
@@ -120,15 +121,22 @@ def resolve_model_for_run(model_name_or_path: str, cache_root: str, record_path:
     if global_rank() == 0:
         folder = _recorded_folder(record_path, model_name_or_path)
         if folder is not None:
-            log.info("base model %s: %s, as recorded in %s by an earlier attempt of this run",
-                     model_name_or_path, folder, record_path)
+            log.info(
+                "base model %s: %s, as recorded in %s by an earlier attempt of this run",
+                model_name_or_path,
+                folder,
+                record_path,
+            )
             return folder
         folder = os.path.abspath(resolve_model(model_name_or_path, cache_root))
         _write_record(record_path, {"model_name_or_path": model_name_or_path, "path": folder})
         log.info("base model %s: %s (recorded in %s)", model_name_or_path, folder, record_path)
         return folder
-    return _wait_for(lambda: _recorded_folder(record_path, model_name_or_path), time.monotonic() + wait_timeout_s,
-                     f"{record_path}, the base model {model_name_or_path} global rank 0 resolves and records there")
+    return _wait_for(
+        lambda: _recorded_folder(record_path, model_name_or_path),
+        time.monotonic() + wait_timeout_s,
+        f"{record_path}, the base model {model_name_or_path} global rank 0 resolves and records there",
+    )
 
 
 def _recorded_folder(record_path: str, model_name_or_path: str) -> str | None:

@@ -43,8 +43,15 @@ SAMPLE_ROWS = 2048
 # Dense bf16 peak FLOP/s per GPU, from the vendors' data sheets (no sparsity). Matched in this order against
 # the device name: the H100 PCIe and NVL are named "NVIDIA H100 PCIe" / "NVIDIA H100 NVL", the SXM one
 # "NVIDIA H100 80GB HBM3".
-PEAK_BF16_FLOPS = {"H200": 989e12, "H100 PCIe": 756e12, "H100 NVL": 835e12, "H100": 989e12, "A100": 312e12,
-                   "L40S": 362e12, "A10G": 70e12}
+PEAK_BF16_FLOPS = {
+    "H200": 989e12,
+    "H100 PCIe": 756e12,
+    "H100 NVL": 835e12,
+    "H100": 989e12,
+    "A100": 312e12,
+    "L40S": 362e12,
+    "A10G": 70e12,
+}
 
 
 def peak_flops() -> float | None:

@@ -61,16 +61,27 @@ class ModelShape:
         """
         h, dense_layers = self.hidden, self.layers - self.sparse_layers
         # name: (layers holding it, in + out features, copies: experts for a fused tensor)
-        shapes = {"q_proj": (self.layers, h + self.q_dim, 1), "k_proj": (self.layers, h + self.kv_dim, 1),
-                  "v_proj": (self.layers, h + self.kv_dim, 1), "o_proj": (self.layers, self.q_dim + h, 1)}
+        shapes = {
+            "q_proj": (self.layers, h + self.q_dim, 1),
+            "k_proj": (self.layers, h + self.kv_dim, 1),
+            "v_proj": (self.layers, h + self.kv_dim, 1),
+            "o_proj": (self.layers, self.q_dim + h, 1),
+        }
         if dense_layers:
             width = self.dense_intermediate
-            shapes.update(gate_proj=(dense_layers, h + width, 1), up_proj=(dense_layers, h + width, 1),
-                          down_proj=(dense_layers, width + h, 1))
+            shapes.update(
+                gate_proj=(dense_layers, h + width, 1),
+                up_proj=(dense_layers, h + width, 1),
+                down_proj=(dense_layers, width + h, 1),
+            )
         if self.sparse_layers:
             m, e = self.moe_intermediate, self.experts
-            shapes.update({"experts.gate_up_proj": (self.sparse_layers, h + 2 * m, e),
-                           "experts.down_proj": (self.sparse_layers, m + h, e)})
+            shapes.update(
+                {
+                    "experts.gate_up_proj": (self.sparse_layers, h + 2 * m, e),
+                    "experts.down_proj": (self.sparse_layers, m + h, e),
+                }
+            )
         unknown = [t for t in targets if t not in shapes]
         if unknown:
             raise ValueError(f"lora_target_modules {unknown} are not in this model; use some of {sorted(shapes)}")
@@ -109,12 +120,22 @@ def model_shape(config: dict) -> ModelShape:
     linear_attention = h * q_dim + 2 * h * kv_dim + q_dim * h
     return ModelShape(
         total=layers * (attention + norms) + dense_layers * dense + sparse_layers * block + embed + lm_head + h,
-        active=(layers * (attention + norms) + dense_layers * dense + sparse_layers * block_active
-                + (lm_head or embed) + h),
+        active=(
+            layers * (attention + norms) + dense_layers * dense + sparse_layers * block_active + (lm_head or embed) + h
+        ),
         linear=layers * linear_attention + dense_layers * dense,
-        largest_block=largest, layers=layers, hidden=h, q_dim=q_dim, kv_dim=kv_dim, intermediate=width, vocab=vocab,
-        experts=experts, expert_params=sparse_layers * experts * 3 * h * moe_i, moe_intermediate=moe_i,
-        sparse_layers=sparse_layers, dense_intermediate=dense_i,
+        largest_block=largest,
+        layers=layers,
+        hidden=h,
+        q_dim=q_dim,
+        kv_dim=kv_dim,
+        intermediate=width,
+        vocab=vocab,
+        experts=experts,
+        expert_params=sparse_layers * experts * 3 * h * moe_i,
+        moe_intermediate=moe_i,
+        sparse_layers=sparse_layers,
+        dense_intermediate=dense_i,
     )
 
 

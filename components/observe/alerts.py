@@ -37,8 +37,12 @@ log = logging.getLogger("alerts")
 # The variable the webhook URL arrives in: the Secret's key of the same name (as HF_TOKEN is for the Hub token).
 WEBHOOK_URL_ENV = WEBHOOK_SECRET_KEY
 STATES = ("SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN")  # components/observe/outcome.py maps KFP's states to these
-_HEADLINE = {"SUCCEEDED": ":white_check_mark: {} succeeded", "FAILED": ":x: {} failed",
-             "CANCELLED": ":warning: {} was cancelled", "UNKNOWN": ":grey_question: {} ended, outcome not reported"}
+_HEADLINE = {
+    "SUCCEEDED": ":white_check_mark: {} succeeded",
+    "FAILED": ":x: {} failed",
+    "CANCELLED": ":warning: {} was cancelled",
+    "UNKNOWN": ":grey_question: {} ended, outcome not reported",
+}
 # Slack's limits on what a block holds (characters); longer text makes the whole post an invalid_blocks 400.
 HEADER_LIMIT, SECTION_LIMIT, FIELD_LIMIT = 150, 3000, 2000
 
@@ -63,7 +67,7 @@ def _escape(text: str) -> str:
 
 
 def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else text[:limit - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def _number(value) -> str:
@@ -93,8 +97,9 @@ def alert_message(outcome: RunOutcome) -> dict:
         blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": f"*Reason*\n```{reason}```"}})
     if outcome.metrics:
         shown = " · ".join(f"{_escape(str(k))} {_escape(_number(v))}" for k, v in outcome.metrics.items())
-        blocks.append({"type": "section", "text": {"type": "mrkdwn", "text": _cut(f"*Metrics*\n{shown}",
-                                                                                  SECTION_LIMIT)}})
+        blocks.append(
+            {"type": "section", "text": {"type": "mrkdwn", "text": _cut(f"*Metrics*\n{shown}", SECTION_LIMIT)}}
+        )
     where = f" at {outcome.failed_step}" if outcome.failed_step else ""
     why = f": {' '.join(outcome.reason.split())}" if outcome.reason else ""
     text = _cut(f"{headline.split(' ', 1)[1]} (run {outcome.run_id}){where}{why}", 300)
@@ -108,8 +113,14 @@ def _retry_after(headers) -> float | None:
         return None
 
 
-def post_alert(payload: dict, *, attempts: int = 5, backoff_seconds: float = 2.0, max_wait_seconds: float = 60.0,
-               timeout_seconds: float = 10.0) -> bool:
+def post_alert(
+    payload: dict,
+    *,
+    attempts: int = 5,
+    backoff_seconds: float = 2.0,
+    max_wait_seconds: float = 60.0,
+    timeout_seconds: float = 10.0,
+) -> bool:
     """POST ``payload`` as JSON to the webhook in ``$ALERT_WEBHOOK_URL``; True once it is accepted (2xx).
 
     Args:
@@ -125,13 +136,15 @@ def post_alert(payload: dict, *, attempts: int = 5, backoff_seconds: float = 2.0
     """
     url = os.environ.get(WEBHOOK_URL_ENV, "").strip()
     if not url:
-        log.info("alert not sent: %s is not set (set it from a Secret with key %s)", WEBHOOK_URL_ENV,
-                 WEBHOOK_SECRET_KEY)
+        log.info(
+            "alert not sent: %s is not set (set it from a Secret with key %s)", WEBHOOK_URL_ENV, WEBHOOK_SECRET_KEY
+        )
         return False
     parts = urlsplit(url)
     if parts.scheme not in ("https", "http") or not parts.hostname:
-        log.warning("alert not sent: %s is not an http(s) URL (its value is not shown: it is a credential)",
-                    WEBHOOK_URL_ENV)
+        log.warning(
+            "alert not sent: %s is not an http(s) URL (its value is not shown: it is a credential)", WEBHOOK_URL_ENV
+        )
         return False
     host = parts.hostname  # the path holds the hook's token: never log it
     try:
@@ -142,8 +155,9 @@ def post_alert(payload: dict, *, attempts: int = 5, backoff_seconds: float = 2.0
     last = ""
     for attempt in range(1, attempts + 1):
         wait = min(max_wait_seconds, backoff_seconds * 2 ** (attempt - 1))
-        request = urllib.request.Request(url, data=body, method="POST",
-                                         headers={"Content-Type": "application/json; charset=utf-8"})
+        request = urllib.request.Request(
+            url, data=body, method="POST", headers={"Content-Type": "application/json; charset=utf-8"}
+        )
         try:
             with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
                 response.read()
@@ -156,8 +170,9 @@ def post_alert(payload: dict, *, attempts: int = 5, backoff_seconds: float = 2.0
                 answer = ""
             last = f"HTTP {exc.code} {answer or exc.reason}"
             if exc.code != 429 and exc.code < 500:
-                log.warning("alert not sent: %s refused it with %s; not retried (check the hook and the message)",
-                            host, last)
+                log.warning(
+                    "alert not sent: %s refused it with %s; not retried (check the hook and the message)", host, last
+                )
                 return False
             if (after := _retry_after(exc.headers)) is not None:
                 wait = min(max_wait_seconds, after)

@@ -36,8 +36,12 @@ def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     log = logging.getLogger("notify_run")
     if not os.environ.get(WEBHOOK_URL_ENV):
-        log.info("no %s (the alert Secret is absent or has no such key): run %s ended %s; nothing posted",
-                 WEBHOOK_URL_ENV, run_id, status.state)
+        log.info(
+            "no %s (the alert Secret is absent or has no such key): run %s ended %s; nothing posted",
+            WEBHOOK_URL_ENV,
+            run_id,
+            status.state,
+        )
         return
     metrics, model_uri = {}, ""
     # The newest stage folder with a final model: the last stage that finished.
@@ -46,14 +50,26 @@ def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str
     if finished:
         last = max(finished, key=lambda d: os.path.getmtime(os.path.join(d, "metrics.json")))
         with open(os.path.join(last, "metrics.json")) as f:
-            metrics = {k: v for k, v in json.load(f).items() if k in ("eval_loss", "global_step",
-                                                                        "eval_rewards/accuracies")}
+            metrics = {
+                k: v for k, v in json.load(f).items() if k in ("eval_loss", "global_step", "eval_rewards/accuracies")
+            }
         final = os.path.join(last, "final")
         model_uri = pvc_uri(model_pvc, model_root, final) if os.path.isdir(final) else ""
-    outcome, failed_step, reason = run_outcome(status.state, status.pipeline_task_name or "",
-                                               status.error_message or "",
-                                               read_records([data_root, model_root], run_id))
+    outcome, failed_step, reason = run_outcome(
+        status.state,
+        status.pipeline_task_name or "",
+        status.error_message or "",
+        read_records([data_root, model_root], run_id),
+    )
     log.info("run %s: KFP state %s -> %s %s", run_id, status.state, outcome, failed_step)
-    notify_run_outcome(RunOutcome(
-        pipeline="llm-finetune", run_id=run_id, status=outcome, failed_step=failed_step, reason=reason,
-        metrics=metrics, model_uri=model_uri))
+    notify_run_outcome(
+        RunOutcome(
+            pipeline="llm-finetune",
+            run_id=run_id,
+            status=outcome,
+            failed_step=failed_step,
+            reason=reason,
+            metrics=metrics,
+            model_uri=model_uri,
+        )
+    )

@@ -46,8 +46,10 @@ def query_prometheus(url: str, query: str, timeout_seconds: float = 5.0) -> list
         OSError: Prometheus unreachable (URLError, timeouts, refused connections).
         RuntimeError: it answered with an error (``status: error``, or an HTTP error with its ``error`` text).
     """
-    request = urllib.request.Request(f"{url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query}),
-                                     headers={"Accept": "application/json"})
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/api/v1/query?" + urllib.parse.urlencode({"query": query}),
+        headers={"Accept": "application/json"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout_seconds) as response:
             answer = json.load(response)
@@ -65,27 +67,42 @@ def query_prometheus(url: str, query: str, timeout_seconds: float = 5.0) -> list
     return answer["data"]["result"]
 
 
-def low_utilisation_message(job: str, namespace: str, utilisation: float, gpus: int, threshold: float,
-                            window_seconds: float) -> dict:
+def low_utilisation_message(
+    job: str, namespace: str, utilisation: float, gpus: int, threshold: float, window_seconds: float
+) -> dict:
     """The webhook payload (Slack's ``text`` + ``blocks``) for a job whose GPUs idle."""
     minutes = f"{window_seconds / 60:.0f} minutes" if window_seconds >= 60 else f"{window_seconds:.0f} s"
     headline = f":warning: {job}: GPUs below {threshold:.0f}% for {minutes}"
-    detail = (f"Training job `{_escape(namespace)}/{_escape(job)}`: {gpus} GPUs at {utilisation:.0f}% average "
-              f"utilisation (DCGM_FI_DEV_GPU_UTIL) for {minutes}. The job still holds them.")
-    return {"text": _escape(f"{job}: {gpus} GPUs at {utilisation:.0f}% utilisation for {minutes}"),
-            "blocks": [{"type": "header", "text": {"type": "plain_text", "text": _cut(headline, HEADER_LIMIT),
-                                                   "emoji": True}},
-                       {"type": "section", "text": {"type": "mrkdwn", "text": detail}}]}
+    detail = (
+        f"Training job `{_escape(namespace)}/{_escape(job)}`: {gpus} GPUs at {utilisation:.0f}% average "
+        f"utilisation (DCGM_FI_DEV_GPU_UTIL) for {minutes}. The job still holds them."
+    )
+    return {
+        "text": _escape(f"{job}: {gpus} GPUs at {utilisation:.0f}% utilisation for {minutes}"),
+        "blocks": [
+            {"type": "header", "text": {"type": "plain_text", "text": _cut(headline, HEADER_LIMIT), "emoji": True}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": detail}},
+        ],
+    }
 
 
 class GpuWatch:
     """Called with the job's pods on every poll: queries Prometheus every ``query_seconds``, prints the average
     utilisation, posts one alert per low-utilisation episode. Never raises."""
 
-    def __init__(self, prometheus_url: str, namespace: str, job: str, *, threshold: float = 50.0,
-                 window_seconds: float = 600.0, query_seconds: float = 60.0,
-                 post: Callable[[dict], bool] = post_alert, out: Callable[[str], None] = print,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        prometheus_url: str,
+        namespace: str,
+        job: str,
+        *,
+        threshold: float = 50.0,
+        window_seconds: float = 600.0,
+        query_seconds: float = 60.0,
+        post: Callable[[dict], bool] = post_alert,
+        out: Callable[[str], None] = print,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.url, self.namespace, self.job = prometheus_url, namespace, job
         self.threshold, self.window, self.every = threshold, window_seconds, query_seconds
         self.post, self.out, self.clock = post, out, clock
@@ -110,8 +127,11 @@ class GpuWatch:
             result = query_prometheus(self.url, utilisation_query(self.namespace, pods))
         except (OSError, RuntimeError) as exc:
             if not self.unreachable:
-                log.warning("GPU utilisation not read from %s (%s); the job goes on, unwatched until it answers",
-                            self.url, getattr(exc, "reason", exc))
+                log.warning(
+                    "GPU utilisation not read from %s (%s); the job goes on, unwatched until it answers",
+                    self.url,
+                    getattr(exc, "reason", exc),
+                )
             self.unreachable = True
             return
         if self.unreachable:
@@ -134,8 +154,11 @@ class GpuWatch:
         if not self.alerted and now - self.low_since >= self.window:
             self.alerted = True
             self.out(f"GPU utilisation below {self.threshold:.0f}% for {now - self.low_since:.0f}s: alerting")
-            self.post(low_utilisation_message(self.job, self.namespace, average, len(values), self.threshold,
-                                              now - self.low_since))
+            self.post(
+                low_utilisation_message(
+                    self.job, self.namespace, average, len(values), self.threshold, now - self.low_since
+                )
+            )
 
 
 def gpu_watch_for(cluster, namespace: str, job: str) -> GpuWatch | None:
@@ -143,6 +166,11 @@ def gpu_watch_for(cluster, namespace: str, job: str) -> GpuWatch | None:
     ``gpu_util_window_seconds``), or None when ``prometheus_url`` is empty."""
     if not cluster.prometheus_url:
         return None
-    return GpuWatch(cluster.prometheus_url, namespace, job, threshold=cluster.gpu_util_threshold,
-                    window_seconds=cluster.gpu_util_window_seconds,
-                    query_seconds=min(60.0, cluster.gpu_util_window_seconds / 4))
+    return GpuWatch(
+        cluster.prometheus_url,
+        namespace,
+        job,
+        threshold=cluster.gpu_util_threshold,
+        window_seconds=cluster.gpu_util_window_seconds,
+        query_seconds=min(60.0, cluster.gpu_util_window_seconds / 4),
+    )

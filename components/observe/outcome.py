@@ -29,8 +29,13 @@ from components.paths import run_dir
 
 SUCCEEDED, FAILED, CANCELLED, UNKNOWN = "SUCCEEDED", "FAILED", "CANCELLED", "UNKNOWN"
 # KFP's states (the backend's ML Metadata states and kfp.local's) -> the run's outcome.
-_KFP_STATES = {"COMPLETE": SUCCEEDED, "SUCCEEDED": SUCCEEDED, "FAILED": FAILED, "CANCELED": CANCELLED,
-               "CANCELLED": CANCELLED}
+_KFP_STATES = {
+    "COMPLETE": SUCCEEDED,
+    "SUCCEEDED": SUCCEEDED,
+    "FAILED": FAILED,
+    "CANCELED": CANCELLED,
+    "CANCELLED": CANCELLED,
+}
 # An error longer than this is cut from the front: the end of a launcher's report (the pod's last lines) tells most.
 ERROR_CHARS = 4000
 
@@ -98,9 +103,15 @@ def run_outcome(state: str, task: str, error: str, records: list[dict]) -> tuple
     if failed is not None and status != CANCELLED:
         return FAILED, failed.get("step", ""), failed.get("error", "")
     if status is None:
-        return UNKNOWN, "", (f"KFP reported the run's state as {state!r}, not how it ended (a KFP backend before "
-                             "2.17.0 does so for runs with nested conditions, kubeflow/pipelines#11979), and no "
-                             "step recorded a failure: see the run's page in the KFP UI")
+        return (
+            UNKNOWN,
+            "",
+            (
+                f"KFP reported the run's state as {state!r}, not how it ended (a KFP backend before "
+                "2.17.0 does so for runs with nested conditions, kubeflow/pipelines#11979), and no "
+                "step recorded a failure: see the run's page in the KFP UI"
+            ),
+        )
     # kfp.local names the failed task and its error; the backend names its exit-handler group and no error.
     real_task = task if error and not task.startswith("exit-handler") else ""
     return status, real_task, error if status == FAILED else ""

@@ -50,8 +50,10 @@ def tensorboard_manifest(name: str, namespace: str, model_pvc: str, run_id: str)
         ValueError: naming the argument, for a name or claim Kubernetes would refuse, or an empty run id.
     """
     if not DNS1035_LABEL.match(name) or len(name) > MAX_NAME:
-        raise ValueError(f"name {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters (lowercase "
-                         "letters, digits, '-'; starts with a letter); e.g. job_name_for(run_id, 'tb')")
+        raise ValueError(
+            f"name {name!r} must be a DNS-1035 label of at most {MAX_NAME} characters (lowercase "
+            "letters, digits, '-'; starts with a letter); e.g. job_name_for(run_id, 'tb')"
+        )
     if not DNS1123_SUBDOMAIN.match(model_pvc) or len(model_pvc) > 253:
         raise ValueError(f"model_pvc {model_pvc!r} is not a valid claim name (lowercase letters, digits, '-', '.')")
     return {
@@ -82,13 +84,23 @@ def ensure_tensorboard(manifest: dict, api_client=None) -> bool:
             raise
         served = []
     if not any(r.name == PLURAL for r in served):
-        log.warning("%s.%s/%s is not served by this cluster: no Tensorboard for this run (install Kubeflow's "
-                    "tensorboard controller, or set tensorboard=false)", PLURAL, GROUP, VERSION)
+        log.warning(
+            "%s.%s/%s is not served by this cluster: no Tensorboard for this run (install Kubeflow's "
+            "tensorboard controller, or set tensorboard=false)",
+            PLURAL,
+            GROUP,
+            VERSION,
+        )
         return False
     try:
         call_api(custom.create_namespaced_custom_object, GROUP, VERSION, meta["namespace"], PLURAL, manifest)
-        log.info("Tensorboard %s/%s shows %s at %s", meta["namespace"], meta["name"], manifest["spec"]["logspath"],
-                 dashboard_path(meta["namespace"], meta["name"]))
+        log.info(
+            "Tensorboard %s/%s shows %s at %s",
+            meta["namespace"],
+            meta["name"],
+            manifest["spec"]["logspath"],
+            dashboard_path(meta["namespace"], meta["name"]),
+        )
     except ApiException as exc:
         if exc.status != 409:
             raise

@@ -102,7 +102,8 @@ def train_model(
                 # The trainer's rank 0 serves its live metrics here while it trains (taken here: another port).
                 env.setdefault("TRAINER_METRICS_PORT", str(metrics_port_here(s.cluster.metrics_port)))
                 logging.getLogger("train_model").info(
-                    "live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"])
+                    "live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"]
+                )
             run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
         else:
             from components.kube import current_namespace, job_name_for
@@ -113,8 +114,9 @@ def train_model(
                 # After the config is written: the run's folder, the Tensorboard's subPath mount, exists now.
                 from components.observe.tensorboard import ensure_tensorboard, tensorboard_manifest
 
-                ensure_tensorboard(tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(),
-                                                        s.cluster.model_pvc, run_id))
+                ensure_tensorboard(
+                    tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(), s.cluster.model_pvc, run_id)
+                )
             trainer_version = None
             if s.cluster.train_backend == "trainjob":
                 from components.train.launcher.trainjob import installed_trainer_version
@@ -123,8 +125,11 @@ def train_model(
                 # between Trainer releases, and the API server would silently drop the one the cluster lacks.
                 trainer_version = installed_trainer_version()
             manifest = training_job_for_run(
-                s.cluster, run_id=run_id, namespace=current_namespace(),
-                config_path=config_path.replace(model_root, MODEL_MOUNT, 1), stage=stage,
+                s.cluster,
+                run_id=run_id,
+                namespace=current_namespace(),
+                config_path=config_path.replace(model_root, MODEL_MOUNT, 1),
+                stage=stage,
                 trainer_version=trainer_version,
             )
 
@@ -133,23 +138,40 @@ def train_model(
                 with open(os.path.join(out_dir, f"{job['kind'].lower()}.json"), "w") as f:
                     json.dump(job, f, indent=2)
                 logging.getLogger("train_model").info(
-                    "%s %s/%s uid %s", job["kind"], job["metadata"]["namespace"], job["metadata"]["name"],
-                    job["metadata"].get("uid", "?"))
+                    "%s %s/%s uid %s",
+                    job["kind"],
+                    job["metadata"]["namespace"],
+                    job["metadata"]["name"],
+                    job["metadata"].get("uid", "?"),
+                )
 
             from components.observe.gpu_watch import gpu_watch_for
 
-            run_training_job(manifest, cleanup=s.cluster.job_cleanup, on_created=record,
-                             job_restarts=s.cluster.job_restarts,
-                             pending_timeout_seconds=s.cluster.pending_timeout_seconds,
-                             watch=gpu_watch_for(s.cluster, current_namespace(), job_name))
+            run_training_job(
+                manifest,
+                cleanup=s.cluster.job_cleanup,
+                on_created=record,
+                job_restarts=s.cluster.job_restarts,
+                pending_timeout_seconds=s.cluster.pending_timeout_seconds,
+                watch=gpu_watch_for(s.cluster, current_namespace(), job_name),
+            )
 
         final_dir = os.path.join(out_dir, "final")
         uri = final_dir if local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)
         with open(os.path.join(out_dir, "metrics.json")) as f:
             metrics = json.load(f)
-        model.metadata.update({"pvc": s.cluster.model_pvc, "path": final_dir, "uri": uri, "stage": stage,
-                               "base_model": base_model_path, "method": cfg["method"], "job_name": job_name,
-                               **metrics})
+        model.metadata.update(
+            {
+                "pvc": s.cluster.model_pvc,
+                "path": final_dir,
+                "uri": uri,
+                "stage": stage,
+                "base_model": base_model_path,
+                "method": cfg["method"],
+                "job_name": job_name,
+                **metrics,
+            }
+        )
         if not hands_on(stage):
             # The rm stage's model scores the policy (a later grpo stage reads it from its folder); the next stage
             # trains from the model this one started from (components/train/stages.py).

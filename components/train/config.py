@@ -36,8 +36,9 @@ def deepspeed_config_path(name: str) -> str | None:
         return str(shipped)
     if name.endswith(".json"):
         return name
-    raise ValueError(f"deepspeed_config {name!r} is unknown; use one of {list(DEEPSPEED_CONFIGS)} or a path to a "
-                     "JSON file")
+    raise ValueError(
+        f"deepspeed_config {name!r} is unknown; use one of {list(DEEPSPEED_CONFIGS)} or a path to a JSON file"
+    )
 
 
 def load_deepspeed_config(name_or_path: str) -> dict:
@@ -84,9 +85,11 @@ def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:
         return None
     zero = load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
     if zero.get("stage", 0) == 3:
-        return (f"method 'qlora' cannot run under ZeRO-3 (deepspeed_config {deepspeed_config!r}): the trainer keeps "
-                "bitsandbytes' default uint8 storage for 4-bit weights, which ZeRO-3 cannot partition; set "
-                "deepspeed_config to 'none' or 'zero2', or use method 'lora' under ZeRO-3")
+        return (
+            f"method 'qlora' cannot run under ZeRO-3 (deepspeed_config {deepspeed_config!r}): the trainer keeps "
+            "bitsandbytes' default uint8 storage for 4-bit weights, which ZeRO-3 cannot partition; set "
+            "deepspeed_config to 'none' or 'zero2', or use method 'lora' under ZeRO-3"
+        )
     return None
 
 
@@ -131,27 +134,29 @@ def build_trainer_config(
     if deepspeed_config_path(deepspeed):
         cfg["deepspeed"] = deepspeed
     cfg["warmup_steps"] = cfg.pop("warmup_ratio")  # transformers 5: a float < 1 is a ratio of total steps
-    cfg.update({
-        "stage": stage,
-        "dataset_path": dataset_path,
-        "output_dir": output_dir,
-        "model_cache_dir": model_cache_dir,
-        "per_device_eval_batch_size": train.per_device_train_batch_size,
-        "save_strategy": "steps",
-        "include_num_input_tokens_seen": "non_padding",
-        "remove_unused_columns": False,
-        # Packed rows all have one length: a random order, which accelerate seeds per epoch, so a job resumed in
-        # the middle of an epoch sees the rest of that epoch's order (group_by_length draws its order from the
-        # global RNG, which the checkpoint restores as it was after the order was drawn: a mid-epoch resume
-        # would skip a different set of rows). Unpacked rows are padded per batch: batching similar lengths
-        # halves the padding work, at the price of that resume caveat.
-        # DPO and reward-model pairs and GRPO prompts are text until TRL tokenizes them in the trainer: no lengths to
-        # group by.
-        "train_sampling_strategy": "random" if packing or stage in ("dpo", "rm", "grpo") else "group_by_length",
-        # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
-        # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
-        "dataloader_num_workers": 0,
-    })
+    cfg.update(
+        {
+            "stage": stage,
+            "dataset_path": dataset_path,
+            "output_dir": output_dir,
+            "model_cache_dir": model_cache_dir,
+            "per_device_eval_batch_size": train.per_device_train_batch_size,
+            "save_strategy": "steps",
+            "include_num_input_tokens_seen": "non_padding",
+            "remove_unused_columns": False,
+            # Packed rows all have one length: a random order, which accelerate seeds per epoch, so a job resumed in
+            # the middle of an epoch sees the rest of that epoch's order (group_by_length draws its order from the
+            # global RNG, which the checkpoint restores as it was after the order was drawn: a mid-epoch resume
+            # would skip a different set of rows). Unpacked rows are padded per batch: batching similar lengths
+            # halves the padding work, at the price of that resume caveat.
+            # DPO and reward-model pairs and GRPO prompts are text until TRL tokenizes them in the trainer: no
+            # lengths to group by.
+            "train_sampling_strategy": "random" if packing or stage in ("dpo", "rm", "grpo") else "group_by_length",
+            # No worker processes: torchrun forwards SIGTERM to each rank's process group, a worker dies of it and
+            # the DataLoader raises before the SIGTERM checkpoint is saved; the rows are tokenized and packed already.
+            "dataloader_num_workers": 0,
+        }
+    )
     if use_cpu:
         # torchrun on a laptop: gloo between CPU processes, fp32.
         cfg.update(use_cpu=True, ddp_backend="gloo", ddp_find_unused_parameters=False)

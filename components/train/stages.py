@@ -22,9 +22,13 @@ from components.settings import Settings, TrainSettings, choices
 STAGES = choices("stages")  # ("cpt", "sft", "dpo", "rm", "grpo"), declared in the settings model
 # What a stage reads: its data source setting and the format its rows must have (None: the run's dataset_format).
 # The reward model learns from the same preference pairs as dpo: one setting for a run's pairs.
-STAGE_DATA = {"cpt": ("cpt_dataset_source", "text"), "sft": ("dataset_source", None),
-              "dpo": ("dpo_dataset_source", "preference"), "rm": ("dpo_dataset_source", "preference"),
-              "grpo": ("grpo_dataset_source", "prompts")}
+STAGE_DATA = {
+    "cpt": ("cpt_dataset_source", "text"),
+    "sft": ("dataset_source", None),
+    "dpo": ("dpo_dataset_source", "preference"),
+    "rm": ("dpo_dataset_source", "preference"),
+    "grpo": ("grpo_dataset_source", "prompts"),
+}
 # Preference tuning moves a tuned model a little: rates 10-100x below SFT's (TRL's own default is 1e-6) and one
 # epoch (more overfits the pairs). A reward model trains a fresh head on the whole model: TRL's RewardConfig default
 # rate (1e-4), one epoch, method full (rm.py). GRPO: TRL's GRPOConfig default rate (1e-6), one pass over the prompts.

@@ -44,21 +44,33 @@ SERVING_API = ("serving.kserve.io", "v1beta1", "inferenceservices", "KServe")
 # What the launcher (components/train/launcher/job.py) and deployer (components/deploy/inference_service.py)
 # call, as (verb, group, resource, subresource); manifests/rbac/role.yaml grants exactly these.
 LAUNCHER_ACCESS = {
-    "pytorchjob": [("create", "kubeflow.org", "pytorchjobs", ""), ("get", "kubeflow.org", "pytorchjobs", ""),
-                   ("delete", "kubeflow.org", "pytorchjobs", "")],
-    "trainjob": [("create", "trainer.kubeflow.org", "trainjobs", ""), ("get", "trainer.kubeflow.org", "trainjobs", ""),
-                 ("delete", "trainer.kubeflow.org", "trainjobs", "")],
+    "pytorchjob": [
+        ("create", "kubeflow.org", "pytorchjobs", ""),
+        ("get", "kubeflow.org", "pytorchjobs", ""),
+        ("delete", "kubeflow.org", "pytorchjobs", ""),
+    ],
+    "trainjob": [
+        ("create", "trainer.kubeflow.org", "trainjobs", ""),
+        ("get", "trainer.kubeflow.org", "trainjobs", ""),
+        ("delete", "trainer.kubeflow.org", "trainjobs", ""),
+    ],
 }
 POD_ACCESS = [("list", "", "pods", ""), ("get", "", "pods", "log")]
 # The train step creates the run's Tensorboard (components/observe/tensorboard.py) when `tensorboard` is on.
 TENSORBOARD_ACCESS = [("create", "tensorboard.kubeflow.org", "tensorboards", "")]
 # The search step (components/hpo/follow.py) when hpo_trials > 0: its Experiment and the Experiment's Trials.
-SEARCH_ACCESS = [("create", "kubeflow.org", "experiments", ""), ("get", "kubeflow.org", "experiments", ""),
-                 ("delete", "kubeflow.org", "experiments", ""), ("list", "kubeflow.org", "trials", "")]
-DEPLOYER_ACCESS = [("create", "serving.kserve.io", "inferenceservices", ""),
-                   ("get", "serving.kserve.io", "inferenceservices", ""),
-                   ("patch", "serving.kserve.io", "inferenceservices", ""),
-                   ("delete", "serving.kserve.io", "inferenceservices", "")]
+SEARCH_ACCESS = [
+    ("create", "kubeflow.org", "experiments", ""),
+    ("get", "kubeflow.org", "experiments", ""),
+    ("delete", "kubeflow.org", "experiments", ""),
+    ("list", "kubeflow.org", "trials", ""),
+]
+DEPLOYER_ACCESS = [
+    ("create", "serving.kserve.io", "inferenceservices", ""),
+    ("get", "serving.kserve.io", "inferenceservices", ""),
+    ("patch", "serving.kserve.io", "inferenceservices", ""),
+    ("delete", "serving.kserve.io", "inferenceservices", ""),
+]
 GPU = "nvidia.com/gpu"
 # Katib's pod webhook injects the metrics collector only into pods of namespaces labelled so.
 KATIB_INJECTION_LABEL, KATIB_INJECTION_VALUE = "katib.kubeflow.org/metrics-collector-injection", "enabled"
@@ -83,20 +95,26 @@ def _claim_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str) -
         pvc = call_api(core.read_namespaced_persistent_volume_claim, name, namespace)
     except ApiException as exc:
         if exc.status == 404:
-            return (f"{field}={name!r}: PersistentVolumeClaim not found in namespace {namespace}; create it "
-                    "(manifests/ has a ReadWriteMany claim: kubectl apply -k manifests/)")
+            return (
+                f"{field}={name!r}: PersistentVolumeClaim not found in namespace {namespace}; create it "
+                "(manifests/ has a ReadWriteMany claim: kubectl apply -k manifests/)"
+            )
         if exc.status == 403:
             return f"{field}={name!r}: may not read PersistentVolumeClaims in {namespace}; apply manifests/rbac"
         raise
     phase = pvc.status.phase if pvc.status else None
     modes = (pvc.status.access_modes if pvc.status and pvc.status.access_modes else pvc.spec.access_modes) or []
     if "ReadWriteMany" not in modes:
-        return (f"{field}={name!r} has access modes {', '.join(modes) or 'none'}: the job's pods on several nodes "
-                "mount it at once, so it must be ReadWriteMany (use an RWX storage class: NFS, CephFS, "
-                "a CSI file store)")
+        return (
+            f"{field}={name!r} has access modes {', '.join(modes) or 'none'}: the job's pods on several nodes "
+            "mount it at once, so it must be ReadWriteMany (use an RWX storage class: NFS, CephFS, "
+            "a CSI file store)"
+        )
     if phase != "Bound":
-        return (f"{field}={name!r} is {phase}, not Bound: its storage class cannot provision it "
-                f"(kubectl describe pvc {name} -n {namespace})")
+        return (
+            f"{field}={name!r} is {phase}, not Bound: its storage class cannot provision it "
+            f"(kubectl describe pvc {name} -n {namespace})"
+        )
     return None
 
 
@@ -107,8 +125,15 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
         secret = call_api(core.read_namespaced_secret, name, namespace)
     except ApiException as exc:
         if exc.status == 404:
-            log.warning("%s=%r: Secret not found in %s; %s (kubectl create secret generic %s --from-literal=%s=...)",
-                        field, name, namespace, why, name, key)
+            log.warning(
+                "%s=%r: Secret not found in %s; %s (kubectl create secret generic %s --from-literal=%s=...)",
+                field,
+                name,
+                namespace,
+                why,
+                name,
+                key,
+            )
             return None
         if exc.status == 403:
             log.warning("%s=%r: may not read it to check its key (see manifests/rbac)", field, name)
@@ -116,8 +141,10 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
         raise
     data = secret.data or {}
     if key not in data:
-        return (f"{field}={name!r} has no key {key} (it has: {', '.join(sorted(data)) or 'none'}); "
-                f"the pods read the {'token' if key == HF_TOKEN_KEY else 'webhook URL'} from that key")
+        return (
+            f"{field}={name!r} has no key {key} (it has: {', '.join(sorted(data)) or 'none'}); "
+            f"the pods read the {'token' if key == HF_TOKEN_KEY else 'webhook URL'} from that key"
+        )
     if not base64.b64decode(data[key]).strip():
         return f"{field}={name!r}: key {key} is empty"
     return None
@@ -130,16 +157,26 @@ def _langfuse_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | N
         secret = call_api(core.read_namespaced_secret, name, namespace)
     except ApiException as exc:
         if exc.status in (403, 404):
-            why = (f"Secret not found in {namespace}" if exc.status == 404
-                   else "may not read it to check its keys (see manifests/rbac)")
-            log.warning("langfuse_secret=%r: %s; runs are not traced in Langfuse (kubectl create secret generic %s %s)",
-                        name, why, name, " ".join(f"--from-literal={k}=..." for k in LANGFUSE_KEYS))
+            why = (
+                f"Secret not found in {namespace}"
+                if exc.status == 404
+                else "may not read it to check its keys (see manifests/rbac)"
+            )
+            log.warning(
+                "langfuse_secret=%r: %s; runs are not traced in Langfuse (kubectl create secret generic %s %s)",
+                name,
+                why,
+                name,
+                " ".join(f"--from-literal={k}=..." for k in LANGFUSE_KEYS),
+            )
             return None
         raise
     data = secret.data or {}
     if missing := [k for k in LANGFUSE_KEYS if k not in data]:
-        return (f"langfuse_secret={name!r} has no key {', '.join(missing)} (it has: {', '.join(sorted(data)) or 'none'}"
-                f"); the pods read Langfuse's keys and address from {', '.join(LANGFUSE_KEYS)}")
+        return (
+            f"langfuse_secret={name!r} has no key {', '.join(missing)} (it has: {', '.join(sorted(data)) or 'none'}"
+            f"); the pods read Langfuse's keys and address from {', '.join(LANGFUSE_KEYS)}"
+        )
     for key in LANGFUSE_KEYS:
         if not base64.b64decode(data[key]).strip():
             return f"langfuse_secret={name!r}: key {key} is empty"
@@ -155,24 +192,34 @@ def _namespace_labels(core: k8s.CoreV1Api, namespace: str) -> dict | None:
             return None
         if exc.status != 403:
             raise
-        log.warning("may not read namespace %s to check its labels: apply manifests/rbac (kubectl apply -k "
-                    "manifests/) for the pipeline runner", namespace)
+        log.warning(
+            "may not read namespace %s to check its labels: apply manifests/rbac (kubectl apply -k "
+            "manifests/) for the pipeline runner",
+            namespace,
+        )
         return None
 
 
 def _katib_injection_problem(labels: dict | None, namespace: str) -> str | None:
     fix = f"kubectl label namespace {namespace} {KATIB_INJECTION_LABEL}={KATIB_INJECTION_VALUE}"
     if labels is None:
-        log.warning("hpo_trials > 0: could not check that namespace %s has the label %s=%s, without which Katib "
-                    "records no metric and every trial runs forever; if it lacks it: %s", namespace,
-                    KATIB_INJECTION_LABEL, KATIB_INJECTION_VALUE, fix)
+        log.warning(
+            "hpo_trials > 0: could not check that namespace %s has the label %s=%s, without which Katib "
+            "records no metric and every trial runs forever; if it lacks it: %s",
+            namespace,
+            KATIB_INJECTION_LABEL,
+            KATIB_INJECTION_VALUE,
+            fix,
+        )
         return None
     if labels.get(KATIB_INJECTION_LABEL) == KATIB_INJECTION_VALUE:
         return None
     found = f" (it is {labels[KATIB_INJECTION_LABEL]!r})" if KATIB_INJECTION_LABEL in labels else ""
-    return (f"hpo_trials > 0: namespace {namespace} lacks the label {KATIB_INJECTION_LABEL}={KATIB_INJECTION_VALUE}"
-            f"{found}, so Katib injects no metrics collector: every trial's job would succeed with no metric "
-            f"recorded and Katib would requeue the trial forever; add it: {fix}")
+    return (
+        f"hpo_trials > 0: namespace {namespace} lacks the label {KATIB_INJECTION_LABEL}={KATIB_INJECTION_VALUE}"
+        f"{found}, so Katib injects no metrics collector: every trial's job would succeed with no metric "
+        f"recorded and Katib would requeue the trial forever; add it: {fix}"
+    )
 
 
 def _trainer_problem(api_client, active_deadline_seconds: int, labels) -> str | None:
@@ -183,30 +230,43 @@ def _trainer_problem(api_client, active_deadline_seconds: int, labels) -> str | 
         version = trainjob.installed_trainer_version(api_client)
     except RuntimeError as exc:
         return f"train_backend=trainjob: {exc}"
-    log.info("train_backend=trainjob: %s (TrainJob spec.%s)", trainjob.TRAINER_NAMES[version],
-             trainjob.POD_PATCH_FIELDS[version])
+    log.info(
+        "train_backend=trainjob: %s (TrainJob spec.%s)",
+        trainjob.TRAINER_NAMES[version],
+        trainjob.POD_PATCH_FIELDS[version],
+    )
     if version != trainjob.TRAINER_V2_1:
         return None
-    log.warning("Trainer v2.1: the TrainJob cannot set its pods' grace period or security context, so they get the "
-                "ClusterTrainingRuntime's: an evicted pod may be killed before its checkpoint is saved, and a "
-                "namespace enforcing the Pod Security Standards' restricted profile admits the pods only if the "
-                "runtime sets it; Trainer v2.2 or later, or train_backend=pytorchjob, sets both")
+    log.warning(
+        "Trainer v2.1: the TrainJob cannot set its pods' grace period or security context, so they get the "
+        "ClusterTrainingRuntime's: an evicted pod may be killed before its checkpoint is saved, and a "
+        "namespace enforcing the Pod Security Standards' restricted profile admits the pods only if the "
+        "runtime sets it; Trainer v2.2 or later, or train_backend=pytorchjob, sets both"
+    )
     if (labels() or {}).get(PSS_ENFORCE_LABEL) == "restricted":
-        log.warning("the namespace enforces the restricted Pod Security Standard: unless the ClusterTrainingRuntime "
-                    "gives its pods a restricted security context, Trainer v2.1's TrainJob pods will be refused")
+        log.warning(
+            "the namespace enforces the restricted Pod Security Standard: unless the ClusterTrainingRuntime "
+            "gives its pods a restricted security context, Trainer v2.1's TrainJob pods will be refused"
+        )
     return trainjob.unsupported_deadline(active_deadline_seconds) if active_deadline_seconds else None
 
 
 def _access_problems(authz: k8s.AuthorizationV1Api, namespace: str, wanted: list[tuple]) -> list[str]:
     problems = []
     for verb, group, resource, subresource in wanted:
-        review = k8s.V1SelfSubjectAccessReview(spec=k8s.V1SelfSubjectAccessReviewSpec(
-            resource_attributes=k8s.V1ResourceAttributes(namespace=namespace, verb=verb, group=group,
-                                                         resource=resource, subresource=subresource or None)))
+        review = k8s.V1SelfSubjectAccessReview(
+            spec=k8s.V1SelfSubjectAccessReviewSpec(
+                resource_attributes=k8s.V1ResourceAttributes(
+                    namespace=namespace, verb=verb, group=group, resource=resource, subresource=subresource or None
+                )
+            )
+        )
         if not call_api(authz.create_self_subject_access_review, review).status.allowed:
             what = f"{resource}/{subresource}" if subresource else resource
-            problems.append(f"this service account may not {verb} {what}{'.' + group if group else ''} in {namespace}: "
-                            "apply manifests/rbac (kubectl apply -k manifests/) for the pipeline runner")
+            problems.append(
+                f"this service account may not {verb} {what}{'.' + group if group else ''} in {namespace}: "
+                "apply manifests/rbac (kubectl apply -k manifests/) for the pipeline runner"
+            )
     return problems
 
 
@@ -222,8 +282,9 @@ def _tolerates(tolerations: list, taint: dict) -> bool:
     return False
 
 
-def _usable_nodes(core: k8s.CoreV1Api, node_selector: dict, tolerations: list,
-                  gpus_per_node: int) -> tuple[dict[str, int], int] | None:
+def _usable_nodes(
+    core: k8s.CoreV1Api, node_selector: dict, tolerations: list, gpus_per_node: int
+) -> tuple[dict[str, int], int] | None:
     """The schedulable nodes matching ``node_selector`` whose taints ``tolerations`` tolerate and that have
     ``gpus_per_node`` allocatable GPUs, with those GPUs, and how many nodes matched; None when Nodes may not be
     listed (a warning is logged)."""
@@ -233,8 +294,10 @@ def _usable_nodes(core: k8s.CoreV1Api, node_selector: dict, tolerations: list,
     except ApiException as exc:
         if exc.status != 403:
             raise
-        log.warning("may not list Nodes (cluster-scoped): GPU capacity not checked; a cluster admin can "
-                    "grant it with kubectl apply -k manifests/cluster")
+        log.warning(
+            "may not list Nodes (cluster-scoped): GPU capacity not checked; a cluster admin can "
+            "grant it with kubectl apply -k manifests/cluster"
+        )
         return None
     usable = {}
     for node in nodes:
@@ -245,16 +308,19 @@ def _usable_nodes(core: k8s.CoreV1Api, node_selector: dict, tolerations: list,
     return usable, len(nodes)
 
 
-def _gpu_node_problem(core: k8s.CoreV1Api, node_selector: dict, tolerations: list, num_nodes: int,
-                      gpus_per_node: int) -> str | None:
+def _gpu_node_problem(
+    core: k8s.CoreV1Api, node_selector: dict, tolerations: list, num_nodes: int, gpus_per_node: int
+) -> str | None:
     found = _usable_nodes(core, node_selector, tolerations, gpus_per_node)
     if found is None or len(found[0]) >= num_nodes:
         return None
     usable, matched = found
     where = f"matching node_selector {node_selector}" if node_selector else "in the cluster"
-    return (f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {matched} nodes "
-            f"{where} are schedulable, tolerated and have >= {gpus_per_node} allocatable {GPU}; "
-            "check node_selector, tolerations and gpus_per_node against kubectl get nodes -L nvidia.com/gpu.product")
+    return (
+        f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {matched} nodes "
+        f"{where} are schedulable, tolerated and have >= {gpus_per_node} allocatable {GPU}; "
+        "check node_selector, tolerations and gpus_per_node against kubectl get nodes -L nvidia.com/gpu.product"
+    )
 
 
 def _variant_gpu_problems(core: k8s.CoreV1Api, params: dict) -> list[str | None]:
@@ -279,9 +345,11 @@ def _variant_gpu_problems(core: k8s.CoreV1Api, params: dict) -> list[str | None]
     wanted, have = sum(g for g, _ in largest), sum(nodes.values())
     if at_once > 1 and wanted > have:
         who = ", ".join(f"{n!r} ({g})" for g, n in largest)
-        problems.append(f"variants_parallel={at_once} trains up to {at_once} variants at once, and {who} hold "
-                        f"{wanted} {GPU} together; the nodes they may use have {have} allocatable: lower "
-                        "variants_parallel, or num_nodes / gpus_per_node of the largest variants")
+        problems.append(
+            f"variants_parallel={at_once} trains up to {at_once} variants at once, and {who} hold "
+            f"{wanted} {GPU} together; the nodes they may use have {have} allocatable: lower "
+            "variants_parallel, or num_nodes / gpus_per_node of the largest variants"
+        )
     return problems
 
 
@@ -334,10 +402,26 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     problems.append(_claim_problem(core, namespace, "data_pvc", c.data_pvc))
     problems.append(_claim_problem(core, namespace, "model_pvc", c.model_pvc))
     if train in TRAIN_APIS:
-        problems.append(_secret_problem(core, namespace, "hf_token_secret", c.hf_token_secret, HF_TOKEN_KEY,
-                                        "fine for public models, gated ones will fail to download"))
-        problems.append(_secret_problem(core, namespace, "alert_webhook_secret", c.alert_webhook_secret,
-                                        WEBHOOK_SECRET_KEY, "runs end without an alert"))
+        problems.append(
+            _secret_problem(
+                core,
+                namespace,
+                "hf_token_secret",
+                c.hf_token_secret,
+                HF_TOKEN_KEY,
+                "fine for public models, gated ones will fail to download",
+            )
+        )
+        problems.append(
+            _secret_problem(
+                core,
+                namespace,
+                "alert_webhook_secret",
+                c.alert_webhook_secret,
+                WEBHOOK_SECRET_KEY,
+                "runs end without an alert",
+            )
+        )
         problems.append(_langfuse_problem(core, namespace, c.langfuse_secret))
     problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
     if train in TRAIN_APIS:

@@ -42,8 +42,20 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # The held-out split every variant is scored on is drawn with the run's seed (components/data/prepare.py).
 _RUN_TRAINING = {"seed"}
 _VARIANT_DATA = {"dataset_source", "dataset_format", "column_mapping", "over_length", "packing"}
-_VARIANT_CLUSTER = {"num_nodes", "gpus_per_node", "gpu_memory_gib", "trainer_image", "node_selector", "tolerations",
-                    "affinity", "queue_name", "priority_class", "min_nodes", "max_restarts", "achieved_tflops_per_gpu"}
+_VARIANT_CLUSTER = {
+    "num_nodes",
+    "gpus_per_node",
+    "gpu_memory_gib",
+    "trainer_image",
+    "node_selector",
+    "tolerations",
+    "affinity",
+    "queue_name",
+    "priority_class",
+    "min_nodes",
+    "max_restarts",
+    "achieved_tflops_per_gpu",
+}
 
 
 def _names(group: type) -> set[str]:
@@ -51,14 +63,17 @@ def _names(group: type) -> set[str]:
 
 
 # What a variant may override, by name.
-VARIABLE = frozenset((_names(TrainSettings) - _RUN_TRAINING) | (_names(StageSettings) - {"stages"})
-                     | (_names(DataSettings) & _VARIANT_DATA) | (_names(ClusterSettings) & _VARIANT_CLUSTER))
+VARIABLE = frozenset(
+    (_names(TrainSettings) - _RUN_TRAINING)
+    | (_names(StageSettings) - {"stages"})
+    | (_names(DataSettings) & _VARIANT_DATA)
+    | (_names(ClusterSettings) & _VARIANT_CLUSTER)
+)
 
 
 def variant_names(variants: list) -> list[str]:
     """Each variant's name: its own ``name``, else ``v<position from 1>``."""
-    return [str(v.get(NAME_KEY) or f"v{i + 1}") if isinstance(v, dict) else f"v{i + 1}"
-            for i, v in enumerate(variants)]
+    return [str(v.get(NAME_KEY) or f"v{i + 1}") if isinstance(v, dict) else f"v{i + 1}" for i, v in enumerate(variants)]
 
 
 def overrides(variant: dict) -> dict:
@@ -90,9 +105,17 @@ def expand(values: dict, run_id: str, tuned: dict | None = None) -> list[dict]:
     variants = values.get("variants") or []
     if not variants:
         return [{"variant": "", "run_id": run_id, "settings": values, "overrides": {}, "tuned": tuned or {}, **slots}]
-    return [{"variant": name, "run_id": f"{run_id}-{name}", "settings": variant_values(values, i),
-             "overrides": overrides(variants[i]), "tuned": {}, **slots}
-            for i, name in enumerate(variant_names(variants))]
+    return [
+        {
+            "variant": name,
+            "run_id": f"{run_id}-{name}",
+            "settings": variant_values(values, i),
+            "overrides": overrides(variants[i]),
+            "tuned": {},
+            **slots,
+        }
+        for i, name in enumerate(variant_names(variants))
+    ]
 
 
 def gpus(values: dict) -> int:

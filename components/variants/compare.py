@@ -52,9 +52,16 @@ def serving_list(rows: list[dict], best: dict | None) -> list[dict]:
     out = []
     for r in chosen:
         serving_name = r["settings"].get("serving_name", "")
-        out.append({"variant": r["variant"], "model_path": r["model_path"], "model_uri": r["model_uri"],
-                    "settings": r["settings"], "adapter": is_adapter(r["settings"]),
-                    "served_model_name": f"{serving_name}-{r['variant']}" if r["variant"] else serving_name})
+        out.append(
+            {
+                "variant": r["variant"],
+                "model_path": r["model_path"],
+                "model_uri": r["model_uri"],
+                "settings": r["settings"],
+                "adapter": is_adapter(r["settings"]),
+                "served_model_name": f"{serving_name}-{r['variant']}" if r["variant"] else serving_name,
+            }
+        )
     return out
 
 
@@ -67,8 +74,14 @@ def compare(results: list[dict]) -> dict:
     best = choose(rows)
     if len(rows) == 1 and not rows[0]["variant"]:
         e = rows[0]["evaluation"]
-        return {"passed": e["passed"], "reason": e["reason"], "chosen": rows[0], "metrics": e["metrics"],
-                "report": e["report"], "serve": serving_list(rows, rows[0] if e["passed"] else None)}
+        return {
+            "passed": e["passed"],
+            "reason": e["reason"],
+            "chosen": rows[0],
+            "metrics": e["metrics"],
+            "report": e["report"],
+            "serve": serving_list(rows, rows[0] if e["passed"] else None),
+        }
     metrics: dict = {}
     for r in rows:
         for key, value in r["evaluation"]["metrics"].items():
@@ -76,17 +89,28 @@ def compare(results: list[dict]) -> dict:
     if best:
         metrics.update(best["evaluation"]["metrics"])  # the served variant's, under the usual names
         passed = sum(r["evaluation"]["passed"] for r in rows)
-        reason = (f"serving variant {best['variant']!r}: lowest eval_loss "
-                  f"{best['evaluation']['metrics']['eval_loss']:.4f} of the {passed} of {len(rows)} variants that "
-                  "passed their gate")
+        reason = (
+            f"serving variant {best['variant']!r}: lowest eval_loss "
+            f"{best['evaluation']['metrics']['eval_loss']:.4f} of the {passed} of {len(rows)} variants that "
+            "passed their gate"
+        )
         if best["settings"].get("deploy_variants") == "all" and passed > 1:
-            reason = (f"serving the {passed} of {len(rows)} variants that passed their gate (deploy_variants=all); "
-                      f"best: {best['variant']!r}, eval_loss {best['evaluation']['metrics']['eval_loss']:.4f}")
+            reason = (
+                f"serving the {passed} of {len(rows)} variants that passed their gate (deploy_variants=all); "
+                f"best: {best['variant']!r}, eval_loss {best['evaluation']['metrics']['eval_loss']:.4f}"
+            )
     else:
-        reason = "no variant passed its gate: " + "; ".join(f"{r['variant']}: {r['evaluation']['reason']}"
-                                                           for r in rows)
-    return {"passed": best is not None, "reason": reason, "chosen": best or rows[0], "metrics": metrics,
-            "report": report(rows, best, reason), "serve": serving_list(rows, best)}
+        reason = "no variant passed its gate: " + "; ".join(
+            f"{r['variant']}: {r['evaluation']['reason']}" for r in rows
+        )
+    return {
+        "passed": best is not None,
+        "reason": reason,
+        "chosen": best or rows[0],
+        "metrics": metrics,
+        "report": report(rows, best, reason),
+        "serve": serving_list(rows, best),
+    }
 
 
 def _cell(text: str) -> str:
@@ -96,25 +120,46 @@ def _cell(text: str) -> str:
 
 def report(rows: list[dict], best: dict | None, reason: str) -> str:
     """The comparison in Markdown: the decision, one table, the loss curves in one picture, the answers."""
-    lines = ["# Variants compared", "", f"**{'PASSED' if best else 'NOT PASSED'}**: {reason}", "",
-             "| variant | base model | base loss | tuned loss | delta | perplexity | gate | settings |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Variants compared",
+        "",
+        f"**{'PASSED' if best else 'NOT PASSED'}**: {reason}",
+        "",
+        "| variant | base model | base loss | tuned loss | delta | perplexity | gate | settings |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         m, e = r["evaluation"]["metrics"], r["evaluation"]
         own = json.dumps(r.get("overrides") or {}, sort_keys=True)
-        lines.append(f"| {r['variant']}{' (served)' if r is best else ''} | `{e['base_model']}` | "
-                     f"{m['base_eval_loss']:.4f} | {m['eval_loss']:.4f} | {m['eval_loss_delta']:+.4f} | "
-                     f"{m['perplexity']:.2f} | {'passed' if e['passed'] else 'not passed'} | {_cell(own)} |")
-    lines += ["", "Every model is scored on the run's held-out split, the same tokens, as the cross-entropy per "
-              "label token (the evaluation step's own numbers).", ""]
+        lines.append(
+            f"| {r['variant']}{' (served)' if r is best else ''} | `{e['base_model']}` | "
+            f"{m['base_eval_loss']:.4f} | {m['eval_loss']:.4f} | {m['eval_loss_delta']:+.4f} | "
+            f"{m['perplexity']:.2f} | {'passed' if e['passed'] else 'not passed'} | {_cell(own)} |"
+        )
+    lines += [
+        "",
+        "Every model is scored on the run's held-out split, the same tokens, as the cross-entropy per "
+        "label token (the evaluation step's own numbers).",
+        "",
+    ]
     png = loss_curves_png(rows)
     if png:
-        lines += ["## Training", "", f"![training loss]({PNG_PREFIX}{base64.b64encode(png).decode()})", "",
-                  "Each variant's train loss (the trainer's log, the mean of each logging window) and its held-out "
-                  "loss at the end (a marker).", ""]
+        lines += [
+            "## Training",
+            "",
+            f"![training loss]({PNG_PREFIX}{base64.b64encode(png).decode()})",
+            "",
+            "Each variant's train loss (the trainer's log, the mean of each logging window) and its held-out "
+            "loss at the end (a marker).",
+            "",
+        ]
     prompts = rows[0]["evaluation"]["prompts"]
-    lines += ["## Answers (greedy)", "", "| # | prompt | base | " + " | ".join(r["variant"] for r in rows) + " |",
-              "|---|---|---|" + "---|" * len(rows)]
+    lines += [
+        "## Answers (greedy)",
+        "",
+        "| # | prompt | base | " + " | ".join(r["variant"] for r in rows) + " |",
+        "|---|---|---|" + "---|" * len(rows),
+    ]
     for i, prompt in enumerate(prompts):
         base = rows[0]["evaluation"]["answers"]["base"][i]
         tuned = " | ".join(_cell(r["evaluation"]["answers"]["tuned"][i]) for r in rows)
@@ -141,6 +186,12 @@ def loss_curves_png(rows: list[dict]) -> bytes | None:
             continue
         steps, losses = zip(*log["train"], strict=True)
         (line,) = ax.plot(steps, losses, marker=".", label=f"{r['variant']} train loss")
-        ax.plot([log["last_step"]], [r["evaluation"]["metrics"]["eval_loss"]], marker="o", color=line.get_color(),
-                linestyle="none", label=f"{r['variant']} held-out {r['evaluation']['metrics']['eval_loss']:.3f}")
+        ax.plot(
+            [log["last_step"]],
+            [r["evaluation"]["metrics"]["eval_loss"]],
+            marker="o",
+            color=line.get_color(),
+            linestyle="none",
+            label=f"{r['variant']} held-out {r['evaluation']['metrics']['eval_loss']:.3f}",
+        )
     return loss_axes_png(fig, ax, "Training loss by variant")

@@ -28,9 +28,9 @@ def list_variants(settings: dict, run_id: str, tuned: dict) -> list:
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def variant_stages(variant: dict) -> NamedTuple("VariantStages", [("stage_1", str), ("stage_2", str),
-                                                                   ("stage_3", str), ("stage_4", str),
-                                                                   ("stage_5", str)]):
+def variant_stages(variant: dict) -> NamedTuple(
+    "VariantStages", [("stage_1", str), ("stage_2", str), ("stage_3", str), ("stage_4", str), ("stage_5", str)]
+):
     """The stage each of the pipeline's stage slots trains for this variant ("" for an unused slot): one output
     per slot, one slot per possible stage (a test holds the count to the settings model's stages).
 
@@ -50,8 +50,7 @@ def variant_stages(variant: dict) -> NamedTuple("VariantStages", [("stage_1", st
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
-def variant_result(variant: str, run_id: str, model_path: str, model_uri: str, settings: dict,
-                   overrides: dict) -> dict:
+def variant_result(variant: str, run_id: str, model_path: str, model_uri: str, settings: dict, overrides: dict) -> dict:
     """One variant's outcome for the comparison after the loop (KFP collects these into one list).
 
     Args:
@@ -64,8 +63,14 @@ def variant_result(variant: str, run_id: str, model_path: str, model_uri: str, s
     Returns:
         The same, as one object.
     """
-    return {"variant": variant, "run_id": run_id, "model_path": model_path, "model_uri": model_uri,
-            "settings": settings, "overrides": overrides}
+    return {
+        "variant": variant,
+        "run_id": run_id,
+        "model_path": model_path,
+        "model_uri": model_uri,
+        "settings": settings,
+        "overrides": overrides,
+    }
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
@@ -73,8 +78,10 @@ def compare_variants(
     results: list,
     metrics: Output[Metrics],
     report: Output[Markdown],
-) -> NamedTuple("CompareOutputs", [("passed", bool), ("reason", str), ("model_path", str), ("model_uri", str),
-                                   ("settings", dict), ("serve", list)]):
+) -> NamedTuple(
+    "CompareOutputs",
+    [("passed", bool), ("reason", str), ("model_path", str), ("model_uri", str), ("settings", dict), ("serve", list)],
+):
     """Compare the variants on the run's held-out tokens and pick the one to serve: the lowest held-out loss among
     those that passed their gate (components/variants/compare.py). A run without variants passes its evaluation on.
 
@@ -104,5 +111,11 @@ def compare_variants(
         f.write(outcome["report"])
     chosen = outcome["chosen"]
     outputs = namedtuple("CompareOutputs", ["passed", "reason", "model_path", "model_uri", "settings", "serve"])
-    return outputs(outcome["passed"], outcome["reason"], chosen["model_path"], chosen["model_uri"],
-                   chosen["settings"], outcome["serve"])
+    return outputs(
+        outcome["passed"],
+        outcome["reason"],
+        chosen["model_path"],
+        chosen["model_uri"],
+        chosen["settings"],
+        outcome["serve"],
+    )

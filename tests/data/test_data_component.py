@@ -14,10 +14,19 @@ def run_component(tmp_path, tokenizer_dir, source, run_id):
     artifacts = tmp_path / f"artifacts-{run_id}"
     artifacts.mkdir()
     dataset, report = Dataset(uri=str(artifacts / "dataset")), Markdown(uri=str(artifacts / "report.md"))
-    settings = {**defaults(), "dataset_source": source, "model_name_or_path": tokenizer_dir, "max_seq_length": 128,
-                "eval_size": 0.2, "seed": 0, "data_pvc": "llm-data", "num_proc": 1}
-    prepare_dataset.python_func(settings=settings, stage="sft", data_root=str(tmp_path / "data"), run_id=run_id,
-                                dataset=dataset, report=report)
+    settings = {
+        **defaults(),
+        "dataset_source": source,
+        "model_name_or_path": tokenizer_dir,
+        "max_seq_length": 128,
+        "eval_size": 0.2,
+        "seed": 0,
+        "data_pvc": "llm-data",
+        "num_proc": 1,
+    }
+    prepare_dataset.python_func(
+        settings=settings, stage="sft", data_root=str(tmp_path / "data"), run_id=run_id, dataset=dataset, report=report
+    )
     return dataset, report
 
 

@@ -14,19 +14,28 @@ def ok(i):
     return json.dumps({"messages": [{"role": "user", "content": f"q{i}"}, {"role": "assistant", "content": f"a{i}"}]})
 
 
-@pytest.mark.parametrize("fmt, lines, message", [
-    ("auto", None, "no such file or folder"),
-    ("auto", [], "the dataset is empty"),
-    ("auto", [OK, "{not json"], "bad.jsonl:2: not valid JSON"),
-    ("messages", ['{"text": "hello"}'],
-     "bad.jsonl:1: format 'messages' needs column(s) ['messages'] but found ['text']"),
-    ("auto", [OK, '{"instruction": "a", "output": "b"}'], "bad.jsonl:2: mixed formats: this row is 'alpaca' but"),
-    ("auto", [OK, '{"foo": 1}'], "bad.jsonl:2: format 'messages' needs column(s) ['messages'] but found ['foo']"),
-    ("auto", ['{"messages": [{"role": "robot", "content": "a"}]}'], "bad.jsonl:1: unknown role 'robot'"),
-    ("auto", ['{"messages": [{"role": "user", "content": "a"}]}'], "every row of"),
-    ("auto", ['{"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "b"}]}'],
-     "filtered out"),
-])
+@pytest.mark.parametrize(
+    "fmt, lines, message",
+    [
+        ("auto", None, "no such file or folder"),
+        ("auto", [], "the dataset is empty"),
+        ("auto", [OK, "{not json"], "bad.jsonl:2: not valid JSON"),
+        (
+            "messages",
+            ['{"text": "hello"}'],
+            "bad.jsonl:1: format 'messages' needs column(s) ['messages'] but found ['text']",
+        ),
+        ("auto", [OK, '{"instruction": "a", "output": "b"}'], "bad.jsonl:2: mixed formats: this row is 'alpaca' but"),
+        ("auto", [OK, '{"foo": 1}'], "bad.jsonl:2: format 'messages' needs column(s) ['messages'] but found ['foo']"),
+        ("auto", ['{"messages": [{"role": "robot", "content": "a"}]}'], "bad.jsonl:1: unknown role 'robot'"),
+        ("auto", ['{"messages": [{"role": "user", "content": "a"}]}'], "every row of"),
+        (
+            "auto",
+            ['{"messages": [{"role": "user", "content": " "}, {"role": "assistant", "content": "b"}]}'],
+            "filtered out",
+        ),
+    ],
+)
 def test_bad_data_is_one_clear_error_and_nothing_is_written(fmt, lines, message, tokenizer_dir, tmp_path):
     src = tmp_path / "bad.jsonl"
     if lines is not None:
@@ -46,8 +55,10 @@ def test_invalid_utf8_names_the_line(tokenizer_dir, tmp_path):
 
 
 def test_unparseable_lines_can_be_skipped_up_to_a_cap(tokenizer_dir, tmp_path):
-    src = write_jsonl(tmp_path / "d.jsonl", [ok(i) for i in range(8)]
-                      + ["{broken", "[1, 2]", '{"messages": [{"role": "bot", "content": "x"}]}'])
+    src = write_jsonl(
+        tmp_path / "d.jsonl",
+        [ok(i) for i in range(8)] + ["{broken", "[1, 2]", '{"messages": [{"role": "bot", "content": "x"}]}'],
+    )
     stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0, max_bad_rows=3)
     assert stats["dropped"] == {"unparseable": 2, "unknown_role": 1, "over_length": 0} and stats["rows_kept"] == 8
     with pytest.raises(DataError, match=r"d.jsonl:11: unknown role 'bot'.*more than max_bad_rows=2 bad rows"):
@@ -100,7 +111,8 @@ def test_tokenizer_without_chat_template_is_rejected(corpus, tokenizer_dir, tmp_
 
 def test_unmounted_claim_and_bad_options(corpus, tokenizer_dir, tmp_path):
     with pytest.raises(DataError, match=r"claim 'other' is not mounted in this step \(mounted: \['data'\]\)"):
-        prepare("pvc://other/x.jsonl", tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 0,
-                pvc_mounts={"data": str(tmp_path)})
+        prepare(
+            "pvc://other/x.jsonl", tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 0, pvc_mounts={"data": str(tmp_path)}
+        )
     with pytest.raises(DataError, match="format 'chatml': use auto or one of.*over_length 'cut': use drop or truncate"):
         prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 0, format="chatml", over_length="cut")

@@ -23,16 +23,27 @@ def train_eval(path) -> dict:
     return {split: sorted(map(tuple, ds[split]["input_ids"])) for split in ds}
 
 
-@pytest.mark.parametrize("fmt, rows", [
-    ("sharegpt", [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]} for q, a in QA]),
-    ("alpaca", [{"instruction": q, "input": "", "output": a} for q, a in QA]),
-    ("prompt_completion", [{"prompt": q, "completion": a} for q, a in QA]),
-])
+@pytest.mark.parametrize(
+    "fmt, rows",
+    [
+        ("sharegpt", [{"conversations": [{"from": "human", "value": q}, {"from": "gpt", "value": a}]} for q, a in QA]),
+        ("alpaca", [{"instruction": q, "input": "", "output": a} for q, a in QA]),
+        ("prompt_completion", [{"prompt": q, "completion": a} for q, a in QA]),
+    ],
+)
 def test_chat_formats_are_detected_and_match_messages(fmt, rows, tokenizer_dir, tmp_path):
-    reference = prepare(str(write_jsonl(tmp_path / "m.jsonl", [as_messages(q, a) for q, a in QA])), tokenizer_dir,
-                        str(tmp_path / "ref"), 64, 3, 0, packing=False)
-    stats = prepare(str(write_jsonl(tmp_path / "x.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 64, 3, 0,
-                    packing=False)
+    reference = prepare(
+        str(write_jsonl(tmp_path / "m.jsonl", [as_messages(q, a) for q, a in QA])),
+        tokenizer_dir,
+        str(tmp_path / "ref"),
+        64,
+        3,
+        0,
+        packing=False,
+    )
+    stats = prepare(
+        str(write_jsonl(tmp_path / "x.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 64, 3, 0, packing=False
+    )
     assert stats["formats"] == {str(tmp_path / "x.jsonl"): fmt} and reference["format"] == stats["format"] == "messages"
     assert train_eval(tmp_path / "out") == train_eval(tmp_path / "ref")
 
@@ -45,8 +56,16 @@ def test_alpaca_input_joins_the_instruction():
 def test_column_mapping_renames_other_names(tokenizer_dir, tmp_path):
     rows = [{"question": q, "answer": a} for q, a in QA]
     src = write_jsonl(tmp_path / "qa.jsonl", rows)
-    stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 64, 3, 0, packing=False,
-                    columns={"prompt": "question", "completion": "answer"})
+    stats = prepare(
+        str(src),
+        tokenizer_dir,
+        str(tmp_path / "o"),
+        64,
+        3,
+        0,
+        packing=False,
+        columns={"prompt": "question", "completion": "answer"},
+    )
     assert stats["formats"] == {str(src): "prompt_completion"} and stats["rows_kept"] == 12
 
 
@@ -78,9 +97,12 @@ def test_parquet_csv_json_arrow_folders_globs_and_pvc_read_the_same(tokenizer_di
     pd.DataFrame({"messages": [json.dumps(r["messages"]) for r in rows[4:8]]}).to_csv(folder / "b.csv", index=False)
     (folder / "c.json").write_text(json.dumps(rows[8:]))
     datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "saved"))
-    for name, source, mounts in [("folder", str(folder), {}), ("glob", str(folder / "*.*"), {}),
-                                 ("saved", str(tmp_path / "saved"), {}),
-                                 ("pvc", "pvc://data/mixed", {"data": str(tmp_path)})]:
+    for name, source, mounts in [
+        ("folder", str(folder), {}),
+        ("glob", str(folder / "*.*"), {}),
+        ("saved", str(tmp_path / "saved"), {}),
+        ("pvc", "pvc://data/mixed", {"data": str(tmp_path)}),
+    ]:
         stats = prepare(source, tokenizer_dir, str(tmp_path / name), 64, 3, 0, pvc_mounts=mounts)
         assert stats["rows_kept"] == 12, name
         assert train_eval(tmp_path / name) == train_eval(tmp_path / "ref"), name
@@ -96,6 +118,10 @@ def test_several_sources_mix(tokenizer_dir, tmp_path):
 
 def test_hub_ids_carry_config_split_and_revision():
     assert resolve("org/name?config=ko&split=test&revision=abc123", {}) == {
-        "hub": "org/name", "config": "ko", "split": "test", "revision": "abc123"}
+        "hub": "org/name",
+        "config": "ko",
+        "split": "test",
+        "revision": "abc123",
+    }
     assert resolve("org/name", {})["split"] == "train"
     assert resolve("hf://datasets/org/name/train.jsonl", {}) == ["hf://datasets/org/name/train.jsonl"]

@@ -19,22 +19,32 @@ HEAVY = ("torch", "transformers", "datasets")
 
 
 def _settings(corpus, tokenizer_dir, **over) -> dict:
-    return {**defaults(), "dataset_source": str(corpus), "model_name_or_path": tokenizer_dir, "max_seq_length": 128,
-            "eval_size": 0.2, "seed": 0, "num_proc": 1, **over}
+    return {
+        **defaults(),
+        "dataset_source": str(corpus),
+        "model_name_or_path": tokenizer_dir,
+        "max_seq_length": 128,
+        "eval_size": 0.2,
+        "seed": 0,
+        "num_proc": 1,
+        **over,
+    }
 
 
 def _data_step(settings: dict, data_root: Path, artifacts: Path) -> Dataset:
     """The KFP step's function for stage sft of run ``run-1``, as the KFP executor calls it."""
     artifacts.mkdir()
     dataset, report = Dataset(uri=str(artifacts / "dataset")), Markdown(uri=str(artifacts / "report.md"))
-    prepare_dataset.python_func(settings=settings, stage="sft", data_root=str(data_root), run_id="run-1",
-                                dataset=dataset, report=report)
+    prepare_dataset.python_func(
+        settings=settings, stage="sft", data_root=str(data_root), run_id="run-1", dataset=dataset, report=report
+    )
     return dataset
 
 
 def _no(what):
     def fail(*args, **kwargs):
         raise AssertionError(f"the stage's data step {what}")
+
     return fail
 
 
@@ -47,8 +57,9 @@ def test_the_sft_stages_data_step_takes_the_runs_sft_data_as_it_is(corpus, token
     monkeypatch.setattr(tokenizing, "load_tokenizer", _no("loaded a tokenizer"))
     again = _data_step(settings, tmp_path / "data", tmp_path / "stage-slot")
     assert again.metadata["path"] == str(folder) and again.metadata["cache_hit"]
-    assert {k: v for k, v in again.metadata.items() if k != "cache_hit"} == \
-        {k: v for k, v in first.metadata.items() if k != "cache_hit"}
+    assert {k: v for k, v in again.metadata.items() if k != "cache_hit"} == {
+        k: v for k, v in first.metadata.items() if k != "cache_hit"
+    }
     assert {p: p.stat().st_mtime_ns for p in folder.rglob("*")} == files  # not rewritten
     assert "| read |" in (tmp_path / "stage-slot" / "report.md").read_text()
 
@@ -57,17 +68,24 @@ def test_the_stage_slot_imports_neither_torch_nor_transformers_nor_datasets(corp
     settings = _settings(corpus, tokenizer_dir)
     _data_step(settings, tmp_path / "data", tmp_path / "run-data-step")
     # The slot's step is a process of its own (kfp.local, a pod): what it imports is what it pays for.
-    code = ("import json, sys\n"
-            "from kfp.dsl import Dataset, Markdown\n"
-            "from components.data.component import prepare_dataset\n"
-            "settings, data_root, artifacts = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
-            "dataset, report = Dataset(uri=artifacts + '/dataset'), Markdown(uri=artifacts + '/report.md')\n"
-            "prepare_dataset.python_func(settings=settings, stage='sft', data_root=data_root, run_id='run-1',\n"
-            "                            dataset=dataset, report=report)\n"
-            f"print(json.dumps([dataset.metadata['cache_hit'], [m for m in {HEAVY!r} if m in sys.modules]]))\n")
+    code = (
+        "import json, sys\n"
+        "from kfp.dsl import Dataset, Markdown\n"
+        "from components.data.component import prepare_dataset\n"
+        "settings, data_root, artifacts = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3]\n"
+        "dataset, report = Dataset(uri=artifacts + '/dataset'), Markdown(uri=artifacts + '/report.md')\n"
+        "prepare_dataset.python_func(settings=settings, stage='sft', data_root=data_root, run_id='run-1',\n"
+        "                            dataset=dataset, report=report)\n"
+        f"print(json.dumps([dataset.metadata['cache_hit'], [m for m in {HEAVY!r} if m in sys.modules]]))\n"
+    )
     (tmp_path / "stage-slot").mkdir()
-    done = subprocess.run([sys.executable, "-c", code, json.dumps(settings), str(tmp_path / "data"),
-                           str(tmp_path / "stage-slot")], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(settings), str(tmp_path / "data"), str(tmp_path / "stage-slot")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert json.loads(done.stdout.splitlines()[-1]) == [True, []]
 

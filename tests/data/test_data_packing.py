@@ -44,7 +44,11 @@ def test_packed_rows_restart_positions_and_pad_the_tail():
     assert rows["input_ids"] == [[6, 7, 8, 9, 10], [1, 2, 3, 4, 5]]
     assert rows["position_ids"] == [[0, 1, 2, 3, 0], [0, 1, 2, 0, 1]]
     assert rows["labels"] == [[-100, 7, 8, 9, -100], [-100, 2, 3, -100, 5]]
-    padded = pa.Table.from_batches(list(packed_batches(ds, np.array([0, 1]), np.array([3, 2]), 7,
-                                                       pad_token_id=0))).to_pydict()
-    assert padded == {"input_ids": [[1, 2, 3, 4, 5, 0, 0]], "labels": [[-100, 2, 3, -100, 5, -100, -100]],
-                      "position_ids": [[0, 1, 2, 0, 1, 0, 1]]}
+    padded = pa.Table.from_batches(
+        list(packed_batches(ds, np.array([0, 1]), np.array([3, 2]), 7, pad_token_id=0))
+    ).to_pydict()
+    assert padded == {
+        "input_ids": [[1, 2, 3, 4, 5, 0, 0]],
+        "labels": [[-100, 2, 3, -100, 5, -100, -100]],
+        "position_ids": [[0, 1, 2, 0, 1, 0, 1]],
+    }

@@ -31,8 +31,12 @@ def examples_of(split) -> list[tuple]:
 
 def test_labels_cover_exactly_the_assistant_turns(corpus):
     tok = build_tokenizer(corpus)
-    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello there."},
-                {"role": "user", "content": "And?"}, {"role": "assistant", "content": "Bye."}]
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello there."},
+        {"role": "user", "content": "And?"},
+        {"role": "assistant", "content": "Bye."},
+    ]
     out = tokenize_batch({"messages": [messages]}, tok, "messages", 128, False, {})
     ids, labels = out["input_ids"][0], out["labels"][0]
     assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False)
@@ -75,7 +79,7 @@ def test_padding_tail_is_unscored_pad_tokens(corpus, tokenizer_dir, tmp_path):
     pad = AutoTokenizer.from_pretrained(tokenizer_dir).pad_token_id
     row = datasets.load_from_disk(str(tmp_path / "o"))["eval"][-1]
     used = max(i for i, label in enumerate(row["labels"]) if label != -100) + 1
-    assert used < 128 and set(row["input_ids"][used + 1:]) == {pad} and set(row["labels"][used:]) == {-100}
+    assert used < 128 and set(row["input_ids"][used + 1 :]) == {pad} and set(row["labels"][used:]) == {-100}
 
 
 def test_split_is_deterministic_and_seeded(corpus, tokenizer_dir, tmp_path):
@@ -89,8 +93,10 @@ def test_split_is_deterministic_and_seeded(corpus, tokenizer_dir, tmp_path):
 
 def test_decomposed_hangul_is_normalised(tokenizer_dir, tmp_path):
     nfd = unicodedata.normalize("NFD", "안녕하세요")
-    rows = [{"messages": [{"role": "user", "content": nfd}, {"role": "assistant", "content": f"{nfd} {i}"}]}
-            for i in range(4)]
+    rows = [
+        {"messages": [{"role": "user", "content": nfd}, {"role": "assistant", "content": f"{nfd} {i}"}]}
+        for i in range(4)
+    ]
     prepare(str(write_jsonl(tmp_path / "nfd.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 128, 1, 0)
     from transformers import AutoTokenizer
 
@@ -101,13 +107,22 @@ def test_decomposed_hangul_is_normalised(tokenizer_dir, tmp_path):
 
 def test_cleaning_counts_every_reason(tokenizer_dir, tmp_path):
     good = [conversation(i) for i in range(10)]
-    nfd_twin = {"messages": [{"role": "user", "content": unicodedata.normalize("NFD", "한국")},
-                             {"role": "assistant", "content": "네"}]}
+    nfd_twin = {
+        "messages": [
+            {"role": "user", "content": unicodedata.normalize("NFD", "한국")},
+            {"role": "assistant", "content": "네"},
+        ]
+    }
     nfc_twin = {"messages": [{"role": "user", "content": "한국"}, {"role": "assistant", "content": "네"}]}
-    rows = good + [good[0], good[3], nfd_twin, nfc_twin,
-                   {"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "x"}]},
-                   {"messages": [{"role": "user", "content": "only a question"}]},
-                   {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]}]
+    rows = good + [
+        good[0],
+        good[3],
+        nfd_twin,
+        nfc_twin,
+        {"messages": [{"role": "user", "content": "  "}, {"role": "assistant", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "only a question"}]},
+        {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]},
+    ]
     stats = prepare(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0)
     assert stats["rows_in"] == 17 and stats["rows_kept"] == 12
     assert stats["dropped"] == {"duplicate": 3, "empty_turn": 1, "no_assistant_turn": 1, "over_length": 1}
@@ -115,8 +130,9 @@ def test_cleaning_counts_every_reason(tokenizer_dir, tmp_path):
 
 
 def test_over_length_can_truncate_instead_of_drop(tokenizer_dir, tmp_path):
-    rows = [conversation(i) for i in range(6)] + [{"messages": [
-        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "long answer " * 200}]}]
+    rows = [conversation(i) for i in range(6)] + [
+        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "long answer " * 200}]}
+    ]
     src = write_jsonl(tmp_path / "d.jsonl", rows)
     dropped = prepare(str(src), tokenizer_dir, str(tmp_path / "a"), 64, 1, 0, over_length="drop")
     cut = prepare(str(src), tokenizer_dir, str(tmp_path / "b"), 64, 1, 0, over_length="truncate")
@@ -159,10 +175,11 @@ def test_report_shows_counts_histogram_and_three_examples(corpus, tokenizer_dir,
 
 def test_report_counts_add_up(tokenizer_dir, tmp_path):
     """Rows read, minus each reason's drops (cleaning, then over-length after tokenizing), are the examples kept."""
-    rows = [conversation(i) for i in range(10)] + [conversation(0),
-                                                   {"messages": [{"role": "user", "content": "only a question"}]},
-                                                   {"messages": [{"role": "user", "content": "long " * 400},
-                                                                 {"role": "assistant", "content": "ok"}]}]
+    rows = [conversation(i) for i in range(10)] + [
+        conversation(0),
+        {"messages": [{"role": "user", "content": "only a question"}]},
+        {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]},
+    ]
     stats = prepare(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0)
     md = markdown(stats)
     read = int(re.search(r"\| read \| (\d+) \|", md).group(1))
@@ -174,24 +191,52 @@ def test_report_counts_add_up(tokenizer_dir, tmp_path):
 
 def test_report_keeps_code_fences_inside_examples():
     example = "<|im_start|>assistant\n```python\nprint('hi')\n```<|im_end|>"
-    stats = {"format": "messages", "rows_in": 1, "dropped": {}, "truncated": 0, "max_seq_length": 64,
-             "train": {"examples": 1, "rows": 1}, "eval": {"examples": 0, "rows": 0}, "examples": [example]}
+    stats = {
+        "format": "messages",
+        "rows_in": 1,
+        "dropped": {},
+        "truncated": 0,
+        "max_seq_length": 64,
+        "train": {"examples": 1, "rows": 1},
+        "eval": {"examples": 0, "rows": 0},
+        "examples": [example],
+    }
     md = markdown(stats)
     assert "````\n" + example + "\n````" in md and "ʼ" not in md  # a longer fence: the example's own shows as is
 
 
 def test_command_line_is_the_same_code(corpus, tokenizer_dir, tmp_path):
     stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "f"), 128, 0.2, 42)
-    ok = run_cli("components.data.prepare", "--source", str(corpus), "--tokenizer", tokenizer_dir,
-                 "--out", str(tmp_path / "o"), "--max-seq-length", "128", "--eval-size", "0.2", "--num-proc", "2")
+    ok = run_cli(
+        "components.data.prepare",
+        "--source",
+        str(corpus),
+        "--tokenizer",
+        tokenizer_dir,
+        "--out",
+        str(tmp_path / "o"),
+        "--max-seq-length",
+        "128",
+        "--eval-size",
+        "0.2",
+        "--num-proc",
+        "2",
+    )
     assert ok.returncode == 0, ok.stderr
     cli = json.loads(ok.stdout)
     assert cli["train"] == stats["train"] and cli["eval"] == stats["eval"]
     a, b = (datasets.load_from_disk(str(tmp_path / r)) for r in ("f", "o"))
     assert a["train"]["input_ids"] == b["train"]["input_ids"]
     assert a["train"]["position_ids"] == b["train"]["position_ids"]
-    bad = run_cli("components.data.prepare", "--source", str(tmp_path / "missing.jsonl"), "--tokenizer", tokenizer_dir,
-                  "--out", str(tmp_path / "o2"))
+    bad = run_cli(
+        "components.data.prepare",
+        "--source",
+        str(tmp_path / "missing.jsonl"),
+        "--tokenizer",
+        tokenizer_dir,
+        "--out",
+        str(tmp_path / "o2"),
+    )
     assert bad.returncode == 2 and bad.stderr.startswith("error: ") and "no such file" in bad.stderr
 
 
@@ -214,9 +259,13 @@ def test_labels_with_qwen3s_real_tokenizer_and_template(tmp_path):
     from benchmarks.data_prep import build_qwen3_tokenizer
 
     tok = AutoTokenizer.from_pretrained(build_qwen3_tokenizer(tmp_path / "qwen3"))
-    messages = [{"role": "system", "content": "Answer briefly."}, {"role": "user", "content": "2+2?"},
-                {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
-                {"role": "user", "content": "한국어로?"}, {"role": "assistant", "content": "사입니다."}]
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd them\n</think>\n\n4"},
+        {"role": "user", "content": "한국어로?"},
+        {"role": "assistant", "content": "사입니다."},
+    ]
     out = tokenize_batch({"messages": [messages]}, tok, "messages", 4096, False, {})
     ids, labels = out["input_ids"][0], out["labels"][0]
     assert ids == tok.apply_chat_template(messages, tokenize=True, return_dict=False)

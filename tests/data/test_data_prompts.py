@@ -17,8 +17,9 @@ from tests.helpers.data import write_jsonl
 def test_prompt_rows_keep_the_prompt_as_turns_and_the_answer_as_text(tokenizer_dir, tmp_path):
     rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(10)]
     rows[0]["answer"] = None  # the reference is optional
-    stats = prepare(str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 2, 0,
-                    format="prompts")
+    stats = prepare(
+        str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 2, 0, format="prompts"
+    )
     ds = datasets.load_from_disk(str(tmp_path / "o"))
     assert stats["format"] == "prompts" and not stats["packing"] and (len(ds["train"]), len(ds["eval"])) == (8, 2)
     assert ds["train"].column_names == ["prompt", "answer"]
@@ -29,17 +30,23 @@ def test_prompt_rows_keep_the_prompt_as_turns_and_the_answer_as_text(tokenizer_d
 
 def test_prompt_rows_are_not_guessed_and_a_file_without_prompts_is_named(tokenizer_dir, tmp_path):
     assert "prompts" not in formats.DETECT_ORDER  # a prompt_completion file without completions is not a prompt set
-    chat = write_jsonl(tmp_path / "chat.jsonl", [{"messages": [{"role": "user", "content": "hi"},
-                                                               {"role": "assistant", "content": "hello"}]}] * 4)
-    with pytest.raises(formats.DataError, match=r"format 'prompts' needs column\(s\) \['prompt'\] but found "
-                                                r"\['messages'\]"):
+    chat = write_jsonl(
+        tmp_path / "chat.jsonl",
+        [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}] * 4,
+    )
+    with pytest.raises(
+        formats.DataError,
+        match=r"format 'prompts' needs column\(s\) \['prompt'\] but found "
+        r"\['messages'\]",
+    ):
         prepare(str(chat), tokenizer_dir, str(tmp_path / "o"), 64, 1, 0, format="prompts")
 
 
 def test_an_empty_prompt_is_dropped_and_counted(tokenizer_dir, tmp_path):
     rows = [{"prompt": f"Question {i}?", "answer": str(i)} for i in range(6)] + [{"prompt": "  ", "answer": "1"}]
-    stats = prepare(str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 1, 0,
-                    format="prompts")
+    stats = prepare(
+        str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 1, 0, format="prompts"
+    )
     assert stats["dropped"] == {"empty_turn": 1} and stats["rows_kept"] == 6
 
 
@@ -74,18 +81,27 @@ def _grpo_component(tmp_path, tokenizer_dir, **settings):
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir(exist_ok=True)
     dataset, report = Dataset(uri=str(artifacts / "dataset")), Markdown(uri=str(artifacts / "report.md"))
-    values = {**defaults(), "model_name_or_path": tokenizer_dir, "eval_size": 0.2, "seed": 0, "num_proc": 1,
-              "stages": ["sft", "grpo"], **settings}
-    prepare_dataset.python_func(settings=values, stage="grpo", data_root=str(tmp_path / "data"), run_id="run-1",
-                                dataset=dataset, report=report)
+    values = {
+        **defaults(),
+        "model_name_or_path": tokenizer_dir,
+        "eval_size": 0.2,
+        "seed": 0,
+        "num_proc": 1,
+        "stages": ["sft", "grpo"],
+        **settings,
+    }
+    prepare_dataset.python_func(
+        settings=values, stage="grpo", data_root=str(tmp_path / "data"), run_id="run-1", dataset=dataset, report=report
+    )
     return dataset
 
 
 def test_the_grpo_data_step_maps_a_question_answer_file_onto_prompt_rows(tokenizer_dir, tmp_path):
     rows = [{"question": f"What is {i} + 2?", "answer": str(i + 2)} for i in range(10)]  # a GSM8K-like file
     source = write_jsonl(tmp_path / "qa.jsonl", rows)
-    md = _grpo_component(tmp_path, tokenizer_dir, grpo_dataset_source=str(source),
-                         grpo_column_mapping={"prompt": "question"}).metadata
+    md = _grpo_component(
+        tmp_path, tokenizer_dir, grpo_dataset_source=str(source), grpo_column_mapping={"prompt": "question"}
+    ).metadata
     assert md["path"].endswith("runs/run-1/dataset-grpo") and md["format"] == "prompts"
     ds = datasets.load_from_disk(md["path"])
     assert (len(ds["train"]), len(ds["eval"])) == (8, 2) and ds["train"].column_names == ["prompt", "answer"]
@@ -94,7 +110,15 @@ def test_the_grpo_data_step_maps_a_question_answer_file_onto_prompt_rows(tokeniz
 def test_the_grpo_data_step_refuses_a_reward_function_that_does_not_import(tokenizer_dir, tmp_path):
     broken = tmp_path / "rewards.py"
     broken.write_text("raise RuntimeError('no GPU here')\n")
-    with pytest.raises(ValueError, match=rf"grpo_reward_function '{broken}:f': importing {broken} failed: "
-                                         r"RuntimeError: no GPU here"):
-        _grpo_component(tmp_path, tokenizer_dir, grpo_dataset_source="builtin:arithmetic",
-                        grpo_rewards={"function": 1.0}, grpo_reward_function=f"{broken}:f")
+    with pytest.raises(
+        ValueError,
+        match=rf"grpo_reward_function '{broken}:f': importing {broken} failed: "
+        r"RuntimeError: no GPU here",
+    ):
+        _grpo_component(
+            tmp_path,
+            tokenizer_dir,
+            grpo_dataset_source="builtin:arithmetic",
+            grpo_rewards={"function": 1.0},
+            grpo_reward_function=f"{broken}:f",
+        )

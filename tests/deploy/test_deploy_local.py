@@ -27,8 +27,12 @@ def test_smoke_client_sends_one_greedy_chat_completion():
         assert chat_completion(server.url + "/openai/v1/", "qwen3-sft", "Hello") == "Hi! How can I help?"
     ((path, body),) = server.requests
     assert path == "/openai/v1/chat/completions"
-    assert body == {"model": "qwen3-sft", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 16,
-                    "temperature": 0}
+    assert body == {
+        "model": "qwen3-sft",
+        "messages": [{"role": "user", "content": "Hello"}],
+        "max_tokens": 16,
+        "temperature": 0,
+    }
 
 
 def test_smoke_client_can_leave_the_temperature_to_the_server():
@@ -44,8 +48,9 @@ def test_replies_show_unfinished_characters_plainly(monkeypatch):
     assert readable_reply("000 \ufffd\ufffd는 GPU") == "000 <?>는 GPU"
     assert readable_reply("Kubeflow 쿠버네티스") == "Kubeflow 쿠버네티스"
     reply = json.dumps({"choices": [{"message": {"role": "assistant", "content": "000 \ufffd는"}}]}).encode()
-    monkeypatch.setattr(smoke.urllib.request, "urlopen",
-                        lambda request, timeout: contextlib.nullcontext(io.BytesIO(reply)))
+    monkeypatch.setattr(
+        smoke.urllib.request, "urlopen", lambda request, timeout: contextlib.nullcontext(io.BytesIO(reply))
+    )
     assert chat_completion("http://127.0.0.1:9/v1", "m", "Hello") == "000 <?>는"
 
 

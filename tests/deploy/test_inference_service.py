@@ -29,14 +29,23 @@ def short_api_outages(monkeypatch):
 
 
 def isvc(runtime="kserve-vllm", **overrides) -> dict:
-    kwargs = dict(name=NAME, namespace=NS, storage_uri=STORAGE, runtime=runtime, gpus=2, max_model_len=8192,
-                  served_model_name="qwen3-sft", node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-                  tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-                  labels={"pipelines.kubeflow.org/run-id": "8b0e3f2a"})
+    kwargs = dict(
+        name=NAME,
+        namespace=NS,
+        storage_uri=STORAGE,
+        runtime=runtime,
+        gpus=2,
+        max_model_len=8192,
+        served_model_name="qwen3-sft",
+        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
+        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+        labels={"pipelines.kubeflow.org/run-id": "8b0e3f2a"},
+    )
     return build_inference_service(**{**kwargs, **overrides})
 
 
 # -- the manifest ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_manifest_matches_the_crd(runtime):
@@ -81,16 +90,24 @@ def test_runtimes_match_kserves_definitions(runtime):
     assert rt.openai_route == ("/v1" if serves_vllm_directly else "/openai/v1")
 
 
-@pytest.mark.parametrize("field,value", [
-    ("name", "Qwen3_SFT"), ("runtime", "triton"), ("gpus", 0), ("max_model_len", 0), ("storage_uri", "/mnt/models/x"),
-    ("served_model_name", ""),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("name", "Qwen3_SFT"),
+        ("runtime", "triton"),
+        ("gpus", 0),
+        ("max_model_len", 0),
+        ("storage_uri", "/mnt/models/x"),
+        ("served_model_name", ""),
+    ],
+)
 def test_bad_input_is_a_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         isvc(**{field: value})
 
 
 # -- the rollout against the fake API server -------------------------------------------------------------
+
 
 def existing_service(api, url, **overrides) -> dict:
     """A Ready service from an earlier run (older model, extra field our spec does not have)."""
@@ -106,8 +123,11 @@ def test_create_then_ready_then_smoke_test(runtime, route):
         api.on_get("inferenceservices", becomes_ready(api, model_server.url, after=2))
         result = deploy_inference_service(isvc(runtime), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/inferenceservices")) == 1
-    assert result == {"endpoint": model_server.url + route, "served_model_name": "qwen3-sft",
-                      "smoke_reply": "Hi! How can I help?"}
+    assert result == {
+        "endpoint": model_server.url + route,
+        "served_model_name": "qwen3-sft",
+        "smoke_reply": "Hi! How can I help?",
+    }
     ((path, body),) = model_server.requests
     assert path == route + "/chat/completions" and body["model"] == "qwen3-sft"
 
@@ -142,8 +162,10 @@ def test_never_ready_times_out_with_the_conditions_reason_and_deletes_the_new_se
     def failing(obj):
         api.set_condition(obj, "PredictorReady", "False", "RevisionFailed", message)
         api.set_condition(obj, "Ready", "False", "RevisionFailed", message)
-        obj["status"]["modelStatus"] = {"transitionStatus": "BlockedByFailedLoad",
-                                        "lastFailureInfo": {"reason": "ModelLoadFailed", "message": "OOMKilled"}}
+        obj["status"]["modelStatus"] = {
+            "transitionStatus": "BlockedByFailedLoad",
+            "lastFailureInfo": {"reason": "ModelLoadFailed", "message": "OOMKilled"},
+        }
 
     with FakeKubeAPI() as api:
         api.on_get("inferenceservices", failing)
@@ -158,8 +180,15 @@ def test_never_ready_times_out_with_the_conditions_reason_and_deletes_the_new_se
 def test_predictor_pod_that_cannot_start_fails_fast():
     def crashing(obj):
         if ("team-llm", "p-0") not in api.pods:
-            api.add_pod(NS, "p-0", {"serving.kserve.io/inferenceservice": NAME}, container="kserve-container",
-                        state="waiting", reason="CrashLoopBackOff", message="back-off 40s restarting failed container")
+            api.add_pod(
+                NS,
+                "p-0",
+                {"serving.kserve.io/inferenceservice": NAME},
+                container="kserve-container",
+                state="waiting",
+                reason="CrashLoopBackOff",
+                message="back-off 40s restarting failed container",
+            )
 
     with FakeKubeAPI() as api:
         api.on_get("inferenceservices", crashing)
@@ -189,6 +218,7 @@ def test_smoke_failure_restores_the_previous_spec():
 
 # -- deployment mode, canary, startup probe ----------------------------------------------------------------
 
+
 @pytest.mark.parametrize("runtime", sorted(RUNTIMES))
 def test_knative_canary_manifest_matches_the_crd(runtime):
     assert crd_errors(isvc(runtime, deployment_mode="Knative", canary_traffic_percent=10), CRD) == []
@@ -211,12 +241,15 @@ def test_canary_splits_traffic_and_tags_the_new_revision():
     assert manifest["metadata"]["annotations"]["serving.kserve.io/enable-tag-routing"] == "true"
 
 
-@pytest.mark.parametrize("overrides,message", [
-    ({"canary_traffic_percent": 10}, "canary_traffic_percent=10 needs deployment_mode='Knative'"),
-    ({"deployment_mode": "Knative", "canary_traffic_percent": 100}, "canary_traffic_percent must be 0"),
-    ({"deployment_mode": "RawDeployment"}, "deployment_mode 'RawDeployment' is not one of .*use 'Standard'"),
-    ({"deployment_mode": "Serverless"}, "use 'Knative'"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"canary_traffic_percent": 10}, "canary_traffic_percent=10 needs deployment_mode='Knative'"),
+        ({"deployment_mode": "Knative", "canary_traffic_percent": 100}, "canary_traffic_percent must be 0"),
+        ({"deployment_mode": "RawDeployment"}, "deployment_mode 'RawDeployment' is not one of .*use 'Standard'"),
+        ({"deployment_mode": "Serverless"}, "use 'Knative'"),
+    ],
+)
 def test_bad_mode_or_canary_is_a_value_error_naming_the_field(overrides, message):
     with pytest.raises(ValueError, match=message):
         isvc(**overrides)
@@ -254,8 +287,12 @@ def test_inference_service_for_run_reads_the_deploy_and_cluster_settings():
 def test_changing_the_mode_of_an_existing_service_is_refused_before_any_change():
     with FakeKubeAPI() as api, OpenAIServer() as model_server:
         existing = isvc(deployment_mode="Knative")
-        existing["status"] = {"observedGeneration": 1, "url": model_server.url, "deploymentMode": "Serverless",
-                              "conditions": [{"type": "Ready", "status": "True"}]}
+        existing["status"] = {
+            "observedGeneration": 1,
+            "url": model_server.url,
+            "deploymentMode": "Serverless",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
         api.put_object(*GVP, existing)
         with pytest.raises(ValueError, match="runs in deployment mode Knative.*pass deployment_mode='Knative'"):
             deploy_inference_service(isvc(), api_client=api.client, **FAST)
@@ -266,18 +303,32 @@ def test_canary_smoke_test_goes_to_the_new_revision():
     """With a canary, the shared address reaches the old revision 90% of the time: test the new one by its tag."""
     with FakeKubeAPI() as api, OpenAIServer() as canary, OpenAIServer(fail=True) as stable:
         before = isvc(deployment_mode="Knative", storage_uri="pvc://llm-models/runs/previous/train/final")
-        before["status"] = {"observedGeneration": 1, "url": stable.url, "deploymentMode": "Knative",
-                            "conditions": [{"type": "Ready", "status": "True"}]}
+        before["status"] = {
+            "observedGeneration": 1,
+            "url": stable.url,
+            "deploymentMode": "Knative",
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
         api.put_object(*GVP, before)
 
         ready = becomes_ready(api, "http://qwen3-30b-a3b-sft.team-llm.example.invalid", address=stable.url)
 
         def rolled_out(obj):
             ready(obj)
-            obj["status"]["components"] = {"predictor": {"traffic": [
-                {"tag": "prev", "percent": 90, "url": stable.url, "revisionName": "p-00001"},
-                {"tag": "latest", "percent": 10, "url": canary.url, "revisionName": "p-00002", "latestRevision": True},
-            ]}}
+            obj["status"]["components"] = {
+                "predictor": {
+                    "traffic": [
+                        {"tag": "prev", "percent": 90, "url": stable.url, "revisionName": "p-00001"},
+                        {
+                            "tag": "latest",
+                            "percent": 10,
+                            "url": canary.url,
+                            "revisionName": "p-00002",
+                            "latestRevision": True,
+                        },
+                    ]
+                }
+            }
 
         api.on_get("inferenceservices", rolled_out)
         manifest = isvc(deployment_mode="Knative", canary_traffic_percent=10)

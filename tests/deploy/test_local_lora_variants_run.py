@@ -24,9 +24,22 @@ def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
     serving_vllm()  # built first where a clean clone has none
     ws = tmp_path / "ws"
     summary_path = tmp_path / "summary.json"
-    result = run_cli("pipelines.run", "--workspace", str(ws), "--summary-json", str(summary_path),
-                     "-p", "method=lora", "-p", "merge_lora=false", "-p", "deploy_variants=all",
-                     "-p", f"variants={VARIANTS}", timeout=1200)
+    result = run_cli(
+        "pipelines.run",
+        "--workspace",
+        str(ws),
+        "--summary-json",
+        str(summary_path),
+        "-p",
+        "method=lora",
+        "-p",
+        "merge_lora=false",
+        "-p",
+        "deploy_variants=all",
+        "-p",
+        f"variants={VARIANTS}",
+        timeout=1200,
+    )
     out = result.stdout + result.stderr
     assert result.returncode == 0, out[-4000:]
     s = json.loads(summary_path.read_text())
@@ -40,7 +53,10 @@ def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
     answered = re.findall(r"(tiny-qwen3-sft-(?:base|r8|r16)) at (http://127\.0\.0\.1:\d+/v1) answered", out)
     assert sorted(name for name, _ in answered) == ["tiny-qwen3-sft-base", "tiny-qwen3-sft-r16", "tiny-qwen3-sft-r8"]
     assert len({url for _, url in answered}) == 1
-    checked = re.findall(r"(tiny-qwen3-sft-r(?:8|16)) serves the evaluated model: mean \|log-probability "
-                         r"difference\| ([0-9.]+) nats", out)
+    checked = re.findall(
+        r"(tiny-qwen3-sft-r(?:8|16)) serves the evaluated model: mean \|log-probability "
+        r"difference\| ([0-9.]+) nats",
+        out,
+    )
     assert sorted(name for name, _ in checked) == ["tiny-qwen3-sft-r16", "tiny-qwen3-sft-r8"]
     assert all(float(diff) <= 0.05 for _, diff in checked), checked

@@ -22,8 +22,9 @@ class _ExitedAtOnce:
 
 def test_the_server_starts_without_asking_pypi_for_updates_and_skips_the_final_collection(tmp_path, monkeypatch):
     started = []
-    monkeypatch.setattr(local_server.subprocess, "Popen", lambda cmd, **kw: started.append(_ExitedAtOnce(cmd, **kw))
-                        or started[-1])
+    monkeypatch.setattr(
+        local_server.subprocess, "Popen", lambda cmd, **kw: started.append(_ExitedAtOnce(cmd, **kw)) or started[-1]
+    )
     monkeypatch.delenv("HF_HUB_DISABLE_UPDATE_CHECK", raising=False)
     with pytest.raises(RuntimeError, match="exited before"):
         local_server.serve_locally("/models/final", str(tmp_path / "serve.log"))

@@ -46,14 +46,16 @@ def test_two_lora_adapters_of_the_tiny_model_answer_under_their_own_names(vllm, 
         final = tmp_path / "runs" / f"run-{variant}" / "sft" / "final"
         final.mkdir(parents=True)
         references[f"{SERVING}-{variant}"] = build_adapter(base, final, seed, rank)
-        serve.append({"variant": variant, "model_path": str(final), "adapter": True,
-                      "served_model_name": f"{SERVING}-{variant}"})
+        serve.append(
+            {"variant": variant, "model_path": str(final), "adapter": True, "served_model_name": f"{SERVING}-{variant}"}
+        )
     (server,) = plan_servers(serve, SERVING)
     assert server.model_path == base and server.max_lora_rank() == 16
 
     started = time.monotonic()
-    result = serve_adapters_locally(server, str(tmp_path / "serve.log"), keep_serving=True, max_model_len=2048,
-                                    serving_references=references)
+    result = serve_adapters_locally(
+        server, str(tmp_path / "serve.log"), keep_serving=True, max_model_len=2048, serving_references=references
+    )
     try:
         assert set(result["replies"]) == {"tiny-sft-base", "tiny-sft-a", "tiny-sft-b"}
         assert all(isinstance(reply, str) for reply in result["replies"].values())
@@ -62,20 +64,27 @@ def test_two_lora_adapters_of_the_tiny_model_answer_under_their_own_names(vllm, 
             assert check["mean_abs_logprob_diff"] <= check["logprob_tolerance"], (name, check)
         # The adapters are applied: the same tokens score differently under each name.
         ids = references["tiny-sft-a"]["examples"][0]["token_ids"]
-        scored = {name: server_logprobs(result["endpoint"], name, ids)[1:]
-                  for name in ("tiny-sft-base", "tiny-sft-a", "tiny-sft-b")}
-        differ = {(x, y): max(abs(p - q) for p, q in zip(scored[x], scored[y], strict=True))
-                  for x, y in (("tiny-sft-base", "tiny-sft-a"), ("tiny-sft-base", "tiny-sft-b"),
-                               ("tiny-sft-a", "tiny-sft-b"))}
+        scored = {
+            name: server_logprobs(result["endpoint"], name, ids)[1:]
+            for name in ("tiny-sft-base", "tiny-sft-a", "tiny-sft-b")
+        }
+        differ = {
+            (x, y): max(abs(p - q) for p, q in zip(scored[x], scored[y], strict=True))
+            for x, y in (("tiny-sft-base", "tiny-sft-a"), ("tiny-sft-base", "tiny-sft-b"), ("tiny-sft-a", "tiny-sft-b"))
+        }
         assert all(d > 0.05 for d in differ.values()), differ
         log = (tmp_path / "serve.log").read_text(errors="replace")
         assert "0.32.0" in log
     finally:
         os.killpg(result["pid"], 15)
     checks = result["serving_checks"]
-    print(f"vLLM CPU server with 2 LoRA modules: healthy after {result['startup_seconds']:.0f}s, "
-          f"{time.monotonic() - started:.0f}s with smoke tests and checks; server vs PEFT: "
-          + "; ".join(f"{n}: mean |diff| {c['mean_abs_logprob_diff']:.4f} max {c['max_abs_logprob_diff']:.4f} over "
-                      f"{c['tokens']} tokens, {c['greedy_tokens_compared']} greedy tokens equal"
-                      for n, c in checks.items())
-          + f"; largest log-probability differences between names {differ}; replies {result['replies']}")
+    print(
+        f"vLLM CPU server with 2 LoRA modules: healthy after {result['startup_seconds']:.0f}s, "
+        f"{time.monotonic() - started:.0f}s with smoke tests and checks; server vs PEFT: "
+        + "; ".join(
+            f"{n}: mean |diff| {c['mean_abs_logprob_diff']:.4f} max {c['max_abs_logprob_diff']:.4f} over "
+            f"{c['tokens']} tokens, {c['greedy_tokens_compared']} greedy tokens equal"
+            for n, c in checks.items()
+        )
+        + f"; largest log-probability differences between names {differ}; replies {result['replies']}"
+    )

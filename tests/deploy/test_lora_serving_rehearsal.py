@@ -53,14 +53,16 @@ def test_one_inference_service_serves_two_adapters_of_one_base_on_the_real_engin
         final = claim / "runs" / f"run-{variant}" / "sft" / "final"
         final.mkdir(parents=True)
         references[f"{SERVING}-{variant}"] = build_adapter(base, final, seed, rank)
-        serve.append({"variant": variant, "model_path": str(final), "adapter": True,
-                      "served_model_name": f"{SERVING}-{variant}"})
+        serve.append(
+            {"variant": variant, "model_path": str(final), "adapter": True, "served_model_name": f"{SERVING}-{variant}"}
+        )
     for path in (claim, *claim.rglob("*")):  # the pod runs as the security context's user, as the claim's files are
         path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
     servers = plan_servers(serve, SERVING)
     deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=SERVING, serving_gpus=1, max_model_len=2048)
-    (manifest,) = inference_services_for_servers(servers, deploy, ClusterSettings(model_pvc=CLAIM), run_id="r1",
-                                                 namespace=NAMESPACE, mount=str(claim))
+    (manifest,) = inference_services_for_servers(
+        servers, deploy, ClusterSettings(model_pvc=CLAIM), run_id="r1", namespace=NAMESPACE, mount=str(claim)
+    )
     runtime = serving_runtime_manifest(NAMESPACE)
     container = serving_image.predictor_container(runtime, manifest)
     assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/dev/shm", "/mnt/adapters"}
@@ -70,9 +72,14 @@ def test_one_inference_service_serves_two_adapters_of_one_base_on_the_real_engin
         kserve = serving_image.KServeController(api, runtime, {CLAIM: claim}, venv, tmp_path / "pods")
         api.on_get("inferenceservices", kserve)
         try:
-            (result,) = deploy_inference_services([manifest], api_client=api.client, poll_seconds=2,
-                                                  timeout_seconds=READY_TIMEOUT_SECONDS, pending_timeout_seconds=60,
-                                                  serving_references=references)
+            (result,) = deploy_inference_services(
+                [manifest],
+                api_client=api.client,
+                poll_seconds=2,
+                timeout_seconds=READY_TIMEOUT_SECONDS,
+                pending_timeout_seconds=60,
+                serving_references=references,
+            )
         except BaseException:
             for pod in kserve.pods.values():
                 print(f"--- {pod.log} ---\n{pod.tail(80)}")
@@ -86,7 +93,12 @@ def test_one_inference_service_serves_two_adapters_of_one_base_on_the_real_engin
     checks = result["serving_checks"]
     assert set(checks) == {"rehearsal-lora-a", "rehearsal-lora-b"}
     assert all(c["mean_abs_logprob_diff"] <= LOGPROB_TOLERANCE for c in checks.values()), checks
-    print(f"LoRA service: engine Ready {pod.ready_after:.0f}s after the pod started, "
-          f"{time.monotonic() - started:.0f}s with the smoke tests and checks; "
-          + "; ".join(f"{n}: mean |diff| {c['mean_abs_logprob_diff']:.4f} over {c['tokens']} tokens, "
-                      f"{c['greedy_tokens_compared']} greedy tokens equal" for n, c in checks.items()))
+    print(
+        f"LoRA service: engine Ready {pod.ready_after:.0f}s after the pod started, "
+        f"{time.monotonic() - started:.0f}s with the smoke tests and checks; "
+        + "; ".join(
+            f"{n}: mean |diff| {c['mean_abs_logprob_diff']:.4f} over {c['tokens']} tokens, "
+            f"{c['greedy_tokens_compared']} greedy tokens equal"
+            for n, c in checks.items()
+        )
+    )

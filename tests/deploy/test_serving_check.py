@@ -44,17 +44,32 @@ def work(tmp_path_factory):
     root = make_workdir(tmp_path_factory.mktemp("serving-check"))
     tok = AutoTokenizer.from_pretrained(root / "base")
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=16, intermediate_size=96, initializer_range=0.2,
-                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                         bos_token_id=None)
+    config = Qwen3Config(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        initializer_range=0.2,
+        tie_word_embeddings=True,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        bos_token_id=None,
+    )
     config.rope_parameters = {"rope_type": "default", "rope_theta": QWEN3_ROPE_THETA}
     model = Qwen3ForCausalLM(config).eval()
     model.save_pretrained(root / "final")
     tok.save_pretrained(root / "final")
     rows = load_from_disk(str(root / "data"))["eval"]
-    return {"root": root, "model": model, "tok": tok, "rows": rows,
-            "reference": transformers_reference(model, tok, rows, PROMPTS)}
+    return {
+        "root": root,
+        "model": model,
+        "tok": tok,
+        "rows": rows,
+        "reference": transformers_reference(model, tok, rows, PROMPTS),
+    }
 
 
 def test_the_reference_holds_the_evaluated_models_per_token_logprobs_and_greedy_answers(work):
@@ -156,16 +171,29 @@ def _ready_at(api, url):
 
 def test_deploy_rolls_back_a_service_that_is_not_the_evaluated_model(work, monkeypatch):
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
-    manifest = build_inference_service(name="qwen3-sft", namespace="team-llm", storage_uri="pvc://models/runs/r/train/final",
-                                       runtime="kserve-vllm", gpus=1, max_model_len=2048, served_model_name="qwen3-sft",
-                                       node_selector={}, tolerations=[])
-    with FakeKubeAPI() as api, VLLMServer(work["root"] / "final", "qwen3-sft",
-                                          read_config=as_transformers4_reads) as server:
+    manifest = build_inference_service(
+        name="qwen3-sft",
+        namespace="team-llm",
+        storage_uri="pvc://models/runs/r/train/final",
+        runtime="kserve-vllm",
+        gpus=1,
+        max_model_len=2048,
+        served_model_name="qwen3-sft",
+        node_selector={},
+        tolerations=[],
+    )
+    with (
+        FakeKubeAPI() as api,
+        VLLMServer(work["root"] / "final", "qwen3-sft", read_config=as_transformers4_reads) as server,
+    ):
         api.on_get("inferenceservices", _ready_at(api, server.url))
-        with pytest.raises(RuntimeError, match="does not serve the evaluated model: .*log-probabilities differ.*"
-                                               "deleted the new InferenceService"):
-            deploy_inference_service(manifest, api_client=api.client, poll_seconds=0.01,
-                                     serving_reference=work["reference"])
+        with pytest.raises(
+            RuntimeError,
+            match="does not serve the evaluated model: .*log-probabilities differ.*deleted the new InferenceService",
+        ):
+            deploy_inference_service(
+                manifest, api_client=api.client, poll_seconds=0.01, serving_reference=work["reference"]
+            )
         assert api.get_object("serving.kserve.io", "v1beta1", "inferenceservices", "team-llm", "qwen3-sft") is None
     # The smoke test passed first: a one-reply check alone would have kept this service.
     assert [path for path, _ in server.requests][0] == "/v1/chat/completions"
@@ -173,13 +201,22 @@ def test_deploy_rolls_back_a_service_that_is_not_the_evaluated_model(work, monke
 
 def test_deploy_keeps_a_service_that_serves_the_evaluated_model(work, monkeypatch):
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
-    manifest = build_inference_service(name="qwen3-sft", namespace="team-llm", storage_uri="pvc://models/runs/r/train/final",
-                                       runtime="kserve-vllm", gpus=1, max_model_len=2048, served_model_name="qwen3-sft",
-                                       node_selector={}, tolerations=[])
+    manifest = build_inference_service(
+        name="qwen3-sft",
+        namespace="team-llm",
+        storage_uri="pvc://models/runs/r/train/final",
+        runtime="kserve-vllm",
+        gpus=1,
+        max_model_len=2048,
+        served_model_name="qwen3-sft",
+        node_selector={},
+        tolerations=[],
+    )
     with FakeKubeAPI() as api, VLLMServer(work["root"] / "final", "qwen3-sft") as server:
         api.on_get("inferenceservices", _ready_at(api, server.url))
-        result = deploy_inference_service(manifest, api_client=api.client, poll_seconds=0.01,
-                                          serving_reference=work["reference"])
+        result = deploy_inference_service(
+            manifest, api_client=api.client, poll_seconds=0.01, serving_reference=work["reference"]
+        )
     assert result["serving_check"]["mean_abs_logprob_diff"] < 1e-4
 
 
@@ -189,8 +226,15 @@ def test_the_evaluate_step_writes_the_reference_the_deploy_step_checks(work, tmp
 
     tuned = work["root"] / "final"
     path = reference_path(str(tuned))
-    result = evaluate(str(work["root"] / "base"), str(tuned), str(work["root"] / "data"), 4, 0.0, max_new_tokens=4,
-                      serving_reference=path)
+    result = evaluate(
+        str(work["root"] / "base"),
+        str(tuned),
+        str(work["root"] / "data"),
+        4,
+        0.0,
+        max_new_tokens=4,
+        serving_reference=path,
+    )
     reference = read_reference(path)
     assert reference["engine"] == "transformers" and reference["tokens"] > 0
     assert "serving_reference" not in json.dumps(result["metrics"])  # the file, not the run's metrics
@@ -199,8 +243,9 @@ def test_the_evaluate_step_writes_the_reference_the_deploy_step_checks(work, tmp
 
 
 @pytest.mark.slow
-def test_transformers_serve_reproduces_the_evaluations_greedy_answers_and_a_mismatch_fails_the_local_deploy(work,
-                                                                                                           tmp_path):
+def test_transformers_serve_reproduces_the_evaluations_greedy_answers_and_a_mismatch_fails_the_local_deploy(
+    work, tmp_path
+):
     """The local backend against the real `transformers serve` (no log-probabilities there: answers only)."""
     from components.deploy.local_server import serve_locally
     from components.evaluate.evaluate import load_causal_lm
@@ -208,8 +253,9 @@ def test_transformers_serve_reproduces_the_evaluations_greedy_answers_and_a_mism
     from components.models.tiny import materialize
 
     model_path = materialize(str(tmp_path / "cache"))
-    reference = transformers_reference(load_causal_lm(model_path), work["tok"].from_pretrained(model_path),
-                                       work["rows"], load_prompts(BUILTIN_PROMPTS))
+    reference = transformers_reference(
+        load_causal_lm(model_path), work["tok"].from_pretrained(model_path), work["rows"], load_prompts(BUILTIN_PROMPTS)
+    )
     assert serve_locally(model_path, str(tmp_path / "serve.log"), serving_reference=reference)["greedy_prompts_checked"]
     reference["greedy"][1]["decisive_text"] = "an answer the model never gives"
     with pytest.raises(RuntimeError, match="greedy answer to evaluation prompt 2 differs"):

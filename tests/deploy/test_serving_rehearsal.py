@@ -57,9 +57,20 @@ ZERO3 = deepspeed_config_path("zero3")
 VARIANTS = {
     "dense-full": ("base", 1, dict(max_steps=20, save_steps=20)),
     "moe-full-zero3": ("moe-base", 2, dict(deepspeed=ZERO3, max_steps=16, save_steps=16)),
-    "lora-merged-zero3": ("base", 2, dict(method="lora", lora_target_modules="q_proj,v_proj,gate_proj", lora_r=8,
-                                          merge_lora=True, deepspeed=ZERO3, max_steps=16, save_steps=16,
-                                          learning_rate=1e-2)),
+    "lora-merged-zero3": (
+        "base",
+        2,
+        dict(
+            method="lora",
+            lora_target_modules="q_proj,v_proj,gate_proj",
+            lora_r=8,
+            merge_lora=True,
+            deepspeed=ZERO3,
+            max_steps=16,
+            save_steps=16,
+            learning_rate=1e-2,
+        ),
+    ),
 }
 
 
@@ -75,9 +86,12 @@ def machine():
 @pytest.fixture(scope="module")
 def venv(machine) -> Path:
     info = serving_image.ensure_venv()
-    print(f"serving image: {serving_image.venv_path()} ({info['bytes'] / 2**30:.1f} GiB, {info['versions']}, "
-          f"built in {info['build_seconds']:.0f}s)" if info["build_seconds"] else
-          f"serving image: {serving_image.venv_path()} reused ({info['versions']})")
+    print(
+        f"serving image: {serving_image.venv_path()} ({info['bytes'] / 2**30:.1f} GiB, {info['versions']}, "
+        f"built in {info['build_seconds']:.0f}s)"
+        if info["build_seconds"]
+        else f"serving image: {serving_image.venv_path()} reused ({info['versions']})"
+    )
     assert info["versions"]["vllm"] == serving_image.VLLM_VERSION
     return serving_image.venv_path()
 
@@ -96,18 +110,33 @@ def claim(machine, tmp_path_factory) -> Path:
     tok = AutoTokenizer.from_pretrained(root / "base")
     torch.manual_seed(0)
     # head_dim 32: vLLM's CPU attention has no kernel for 16 (Qwen3's is 128).
-    moe = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                         num_key_value_heads=2, head_dim=32, intermediate_size=96, num_experts=4, num_experts_per_tok=2,
-                         moe_intermediate_size=32, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                         bos_token_id=None, max_position_embeddings=2048)
+    moe = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=96,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        max_position_embeddings=2048,
+    )
     moe.rope_parameters = {"rope_type": "default", "rope_theta": QWEN3_ROPE_THETA}
     Qwen3MoeForCausalLM(moe).save_pretrained(root / "moe-base")
     tok.save_pretrained(root / "moe-base")
     # Prompts of the fine-tuning task: a few steps make the tiny models decisive there, so greedy tokens are compared
     # (on the bundled prompts nearly every step of a tiny model is a near tie, which the check leaves out).
-    (root / "prompts.jsonl").write_text("".join(
-        json.dumps({"messages": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}]}) + "\n"
-        for i, word in enumerate(("apple", "river"))))
+    (root / "prompts.jsonl").write_text(
+        "".join(
+            json.dumps({"messages": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}]}) + "\n"
+            for i, word in enumerate(("apple", "river"))
+        )
+    )
     return root
 
 
@@ -127,16 +156,25 @@ def test_the_deploy_step_serves_the_evaluated_export_on_the_real_engine(variant,
     trained = time.monotonic()
 
     # The evaluate step's own function writes the reference where the deploy step reads it.
-    evaluate(str(base), str(final), str(claim / "data"), 4, 0.0, eval_prompts=str(claim / "prompts.jsonl"),
-             max_new_tokens=8, serving_reference=reference_path(str(final)))
+    evaluate(
+        str(base),
+        str(final),
+        str(claim / "data"),
+        4,
+        0.0,
+        eval_prompts=str(claim / "prompts.jsonl"),
+        max_new_tokens=8,
+        serving_reference=reference_path(str(final)),
+    )
     reference = read_reference(reference_path(str(final)))
     evaluated = time.monotonic()
 
     # Rendered as the deploy step renders it; one GPU's worth on a CPU: tensor parallel size 1.
     s = Settings()
     deploy = replace(s.deploy, serving_name=f"rehearsal-{variant}", serving_gpus=1, max_model_len=2048)
-    manifest = inference_service_for_run(deploy, s.cluster, run_id=RUN_ID, namespace=NAMESPACE,
-                                         storage_uri=pvc_uri(CLAIM, str(claim), str(final)))
+    manifest = inference_service_for_run(
+        deploy, s.cluster, run_id=RUN_ID, namespace=NAMESPACE, storage_uri=pvc_uri(CLAIM, str(claim), str(final))
+    )
     runtime = serving_runtime_manifest(NAMESPACE)
     assert runtime["spec"]["containers"][0]["image"] == serving_image.IMAGE  # the release the venv is the CPU build of
     container = serving_image.predictor_container(runtime, manifest)
@@ -146,9 +184,14 @@ def test_the_deploy_step_serves_the_evaluated_export_on_the_real_engine(variant,
         kserve = serving_image.KServeController(api, runtime, {CLAIM: claim}, venv, tmp_path)
         api.on_get("inferenceservices", kserve)
         try:
-            result = deploy_inference_service(manifest, api_client=api.client, poll_seconds=2,
-                                              timeout_seconds=READY_TIMEOUT_SECONDS, pending_timeout_seconds=60,
-                                              serving_reference=reference)
+            result = deploy_inference_service(
+                manifest,
+                api_client=api.client,
+                poll_seconds=2,
+                timeout_seconds=READY_TIMEOUT_SECONDS,
+                pending_timeout_seconds=60,
+                serving_reference=reference,
+            )
         except BaseException:
             for pod in kserve.pods.values():
                 print(f"--- {pod.log} ---\n{pod.tail(80)}")
@@ -164,8 +207,10 @@ def test_the_deploy_step_serves_the_evaluated_export_on_the_real_engine(variant,
     check = result["serving_check"]
     assert check["mean_abs_logprob_diff"] <= LOGPROB_TOLERANCE and check["greedy_tokens_compared"] > 0
     assert isinstance(result["smoke_reply"], str)
-    print(f"{variant}: trained in {trained - started:.0f}s, evaluated in {evaluated - trained:.0f}s, engine Ready "
-          f"{pod.ready_after:.0f}s after the pod started; server vs evaluation over {check['tokens']} tokens: mean "
-          f"|difference| {check['mean_abs_logprob_diff']:.4f}, max {check['max_abs_logprob_diff']:.4f} nats, loss "
-          f"{check['server_loss']:.4f} vs {check['eval_loss']:.4f}; {check['greedy_tokens_compared']} greedy tokens "
-          f"equal; smoke reply {result['smoke_reply']!r}; {time.monotonic() - started:.0f}s in all")
+    print(
+        f"{variant}: trained in {trained - started:.0f}s, evaluated in {evaluated - trained:.0f}s, engine Ready "
+        f"{pod.ready_after:.0f}s after the pod started; server vs evaluation over {check['tokens']} tokens: mean "
+        f"|difference| {check['mean_abs_logprob_diff']:.4f}, max {check['max_abs_logprob_diff']:.4f} nats, loss "
+        f"{check['server_loss']:.4f} vs {check['eval_loss']:.4f}; {check['greedy_tokens_compared']} greedy tokens "
+        f"equal; smoke reply {result['smoke_reply']!r}; {time.monotonic() - started:.0f}s in all"
+    )

@@ -35,9 +35,16 @@ def test_inference_service_resolves_to_it():
     """Same name and model format as KServe's runtime: the InferenceService needs no change to use it."""
     runtime = serving_runtime_manifest("team-llm")
     model = build_inference_service(
-        name="qwen3-sft", namespace="team-llm", storage_uri="pvc://llm-models/runs/r/train/final",
-        runtime="kserve-vllm", gpus=4, max_model_len=8192, served_model_name="qwen3-sft", node_selector={},
-        tolerations=[])["spec"]["predictor"]["model"]
+        name="qwen3-sft",
+        namespace="team-llm",
+        storage_uri="pvc://llm-models/runs/r/train/final",
+        runtime="kserve-vllm",
+        gpus=4,
+        max_model_len=8192,
+        served_model_name="qwen3-sft",
+        node_selector={},
+        tolerations=[],
+    )["spec"]["predictor"]["model"]
     assert runtime["metadata"]["name"] == model["runtime"] == RUNTIMES["kserve-vllm"].runtime
     assert model["modelFormat"]["name"] in [f["name"] for f in runtime["spec"]["supportedModelFormats"]]
     (container,) = runtime["spec"]["containers"]
@@ -60,7 +67,8 @@ def test_kustomization_builds_the_runtime():
     kubectl = shutil.which("kubectl")
     if kubectl is None:
         pytest.skip("kubectl not installed: `kubectl kustomize` not checked")
-    built = subprocess.run([kubectl, "kustomize", str(SERVING)], capture_output=True, text=True, timeout=60,
-                           check=True).stdout
+    built = subprocess.run(
+        [kubectl, "kustomize", str(SERVING)], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     (doc,) = list(yaml.safe_load_all(built))
     assert doc["kind"] == "ServingRuntime" and doc["metadata"]["name"] == "kserve-vllmserver"

@@ -38,26 +38,54 @@ def short_api_outages(monkeypatch):
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
 
 
-def adapter(mount: Path, variant: str, rank: int = 8, base: str = "cache/qwen3-8b", hub_id: str = "Qwen/Qwen3-8B",
-            rank_pattern: dict | None = None) -> dict:
+def adapter(
+    mount: Path,
+    variant: str,
+    rank: int = 8,
+    base: str = "cache/qwen3-8b",
+    hub_id: str = "Qwen/Qwen3-8B",
+    rank_pattern: dict | None = None,
+) -> dict:
     """A LoRA variant's final folder as export writes it (adapter_config.json, model.json) and its serve entry."""
     final = mount / "runs" / f"run-{variant}" / "sft" / "final"
     final.mkdir(parents=True)
-    (final / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "base_model_name_or_path": str(mount / base),
-        "target_modules": ["q_proj", "v_proj"], "rank_pattern": rank_pattern or {}}))
-    (final / "model.json").write_text(json.dumps({"base_model": hub_id, "base_model_path": str(mount / base),
-                                                  "method": "lora", "merged": False}))
-    return {"variant": variant, "model_path": str(final), "model_uri": str(final), "adapter": True,
-            "settings": {"method": "lora", "merge_lora": False}, "served_model_name": f"{SERVING}-{variant}"}
+    (final / "adapter_config.json").write_text(
+        json.dumps(
+            {
+                "peft_type": "LORA",
+                "r": rank,
+                "lora_alpha": 2 * rank,
+                "base_model_name_or_path": str(mount / base),
+                "target_modules": ["q_proj", "v_proj"],
+                "rank_pattern": rank_pattern or {},
+            }
+        )
+    )
+    (final / "model.json").write_text(
+        json.dumps({"base_model": hub_id, "base_model_path": str(mount / base), "method": "lora", "merged": False})
+    )
+    return {
+        "variant": variant,
+        "model_path": str(final),
+        "model_uri": str(final),
+        "adapter": True,
+        "settings": {"method": "lora", "merge_lora": False},
+        "served_model_name": f"{SERVING}-{variant}",
+    }
 
 
 def full(mount: Path, variant: str) -> dict:
     final = mount / "runs" / f"run-{variant}" / "sft" / "final"
     final.mkdir(parents=True)
     (final / "config.json").write_text("{}")
-    return {"variant": variant, "model_path": str(final), "model_uri": str(final), "adapter": False,
-            "settings": {"method": "full"}, "served_model_name": f"{SERVING}-{variant}"}
+    return {
+        "variant": variant,
+        "model_path": str(final),
+        "model_uri": str(final),
+        "adapter": False,
+        "settings": {"method": "full"},
+        "served_model_name": f"{SERVING}-{variant}",
+    }
 
 
 def manifests(servers, mount: Path, backend: str = "kserve-vllm") -> list[dict]:
@@ -68,34 +96,63 @@ def manifests(servers, mount: Path, backend: str = "kserve-vllm") -> list[dict]:
 
 # -- what is served ----------------------------------------------------------------------------------------------
 
+
 def evaluated(tmp_path: Path, variant: str, eval_loss: float, passed: bool, **settings) -> dict:
     model = tmp_path / f"run-{variant}" / "sft" / "final"
     model.mkdir(parents=True)
-    (model.parent / "evaluation.json").write_text(json.dumps({
-        "base_model": "b", "passed": passed, "reason": "r", "report": "# r", "prompts": [],
-        "answers": {"base": [], "tuned": []},
-        "metrics": {"eval_loss": eval_loss, "base_eval_loss": 7.0, "eval_loss_delta": eval_loss - 7,
-                    "perplexity": 1.0}}))
-    return {"variant": variant, "run_id": f"run-{variant}", "model_path": str(model), "model_uri": str(model),
-            "settings": {"serving_name": SERVING, **settings}, "overrides": {}}
+    (model.parent / "evaluation.json").write_text(
+        json.dumps(
+            {
+                "base_model": "b",
+                "passed": passed,
+                "reason": "r",
+                "report": "# r",
+                "prompts": [],
+                "answers": {"base": [], "tuned": []},
+                "metrics": {
+                    "eval_loss": eval_loss,
+                    "base_eval_loss": 7.0,
+                    "eval_loss_delta": eval_loss - 7,
+                    "perplexity": 1.0,
+                },
+            }
+        )
+    )
+    return {
+        "variant": variant,
+        "run_id": f"run-{variant}",
+        "model_path": str(model),
+        "model_uri": str(model),
+        "settings": {"serving_name": SERVING, **settings},
+        "overrides": {},
+    }
 
 
 def test_best_serves_one_and_all_serves_every_variant_that_passed(tmp_path):
     lora = {"method": "lora", "merge_lora": False}
-    rows = [evaluated(tmp_path / "best", "a", 5.4, True, **lora), evaluated(tmp_path / "best", "b", 5.0, False),
-            evaluated(tmp_path / "best", "c", 5.2, True, method="lora", merge_lora=True)]
+    rows = [
+        evaluated(tmp_path / "best", "a", 5.4, True, **lora),
+        evaluated(tmp_path / "best", "b", 5.0, False),
+        evaluated(tmp_path / "best", "c", 5.2, True, method="lora", merge_lora=True),
+    ]
     (only,) = compare(rows)["serve"]
     assert (only["variant"], only["served_model_name"], only["adapter"]) == ("c", "qwen3-sft-c", False)
 
-    rows = [evaluated(tmp_path / "all", "a", 5.4, True, deploy_variants="all", **lora),
-            evaluated(tmp_path / "all", "b", 5.0, False, deploy_variants="all"),
-            evaluated(tmp_path / "all", "c", 5.2, True, deploy_variants="all", method="full")]
+    rows = [
+        evaluated(tmp_path / "all", "a", 5.4, True, deploy_variants="all", **lora),
+        evaluated(tmp_path / "all", "b", 5.0, False, deploy_variants="all"),
+        evaluated(tmp_path / "all", "c", 5.2, True, deploy_variants="all", method="full"),
+    ]
     outcome = compare(rows)
     assert [(e["variant"], e["served_model_name"], e["adapter"]) for e in outcome["serve"]] == [
-        ("a", "qwen3-sft-a", True), ("c", "qwen3-sft-c", False)]
+        ("a", "qwen3-sft-a", True),
+        ("c", "qwen3-sft-c", False),
+    ]
     assert outcome["reason"].startswith("serving the 2 of 3 variants that passed their gate (deploy_variants=all)")
-    assert compare([evaluated(tmp_path / "none", "a", 7.5, False), evaluated(tmp_path / "none", "b", 7.6, False)]
-                   )["serve"] == []
+    assert (
+        compare([evaluated(tmp_path / "none", "a", 7.5, False), evaluated(tmp_path / "none", "b", 7.6, False)])["serve"]
+        == []
+    )
 
 
 def test_a_run_without_variants_is_served_as_serving_name(tmp_path):
@@ -104,6 +161,7 @@ def test_a_run_without_variants_is_served_as_serving_name(tmp_path):
 
 
 # -- servers and their InferenceServices -------------------------------------------------------------------------
+
 
 def test_two_adapters_of_one_base_share_one_vllm_service(tmp_path):
     serve = [adapter(tmp_path, "a", rank=8), adapter(tmp_path, "b", rank=16)]
@@ -114,13 +172,19 @@ def test_two_adapters_of_one_base_share_one_vllm_service(tmp_path):
     assert crd_errors(manifest, CRD) == []
     model = manifest["spec"]["predictor"]["model"]
     assert model["storageUri"] == f"pvc://{CLAIM}/cache/qwen3-8b"  # the base, which KServe mounts at /mnt/models
-    assert model["args"][model["args"].index("--enable-lora"):] == [
-        "--enable-lora", "--max-loras=2", "--max-lora-rank=16", "--lora-modules",
-        f"qwen3-sft-a={ADAPTER_MOUNT}/runs/run-a/sft/final", f"qwen3-sft-b={ADAPTER_MOUNT}/runs/run-b/sft/final"]
+    assert model["args"][model["args"].index("--enable-lora") :] == [
+        "--enable-lora",
+        "--max-loras=2",
+        "--max-lora-rank=16",
+        "--lora-modules",
+        f"qwen3-sft-a={ADAPTER_MOUNT}/runs/run-a/sft/final",
+        f"qwen3-sft-b={ADAPTER_MOUNT}/runs/run-b/sft/final",
+    ]
     assert "--served-model-name=qwen3-sft-base" in model["args"]
     # The adapters come from the model claim, mounted read-only into the predictor's pod.
     assert manifest["spec"]["predictor"]["volumes"] == [
-        {"name": "adapters", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}}]
+        {"name": "adapters", "persistentVolumeClaim": {"claimName": CLAIM, "readOnly": True}}
+    ]
     assert model["volumeMounts"] == [{"name": "adapters", "mountPath": ADAPTER_MOUNT, "readOnly": True}]
     assert served_names(manifest) == server.served_names()
 
@@ -138,21 +202,33 @@ def test_two_full_variants_get_two_services(tmp_path):
 
 
 def test_adapters_of_different_bases_get_a_server_each_and_a_hub_base_is_downloaded(tmp_path):
-    serve = [adapter(tmp_path, "a"), full(tmp_path, "f"), adapter(tmp_path / "elsewhere", "b", base="qwen3-4b",
-                                                                  hub_id="Qwen/Qwen3-4B")]
+    serve = [
+        adapter(tmp_path, "a"),
+        full(tmp_path, "f"),
+        adapter(tmp_path / "elsewhere", "b", base="qwen3-4b", hub_id="Qwen/Qwen3-4B"),
+    ]
     servers = plan_servers(serve, SERVING)
     assert [(s.name, s.served_names()) for s in servers] == [
-        ("qwen3-sft-f", ["qwen3-sft-f"]), ("qwen3-sft-1", ["qwen3-sft-1-base", "qwen3-sft-a"]),
-        ("qwen3-sft-2", ["qwen3-sft-2-base", "qwen3-sft-b"])]
+        ("qwen3-sft-f", ["qwen3-sft-f"]),
+        ("qwen3-sft-1", ["qwen3-sft-1-base", "qwen3-sft-a"]),
+        ("qwen3-sft-2", ["qwen3-sft-2-base", "qwen3-sft-b"]),
+    ]
     out = manifests(servers[1:], tmp_path)
     assert [m["spec"]["predictor"]["model"]["storageUri"] for m in out] == [
-        f"pvc://{CLAIM}/cache/qwen3-8b", f"pvc://{CLAIM}/elsewhere/qwen3-4b"]
+        f"pvc://{CLAIM}/cache/qwen3-8b",
+        f"pvc://{CLAIM}/elsewhere/qwen3-4b",
+    ]
     claim_root = tmp_path / "claim"
     moved = plan_servers([adapter(claim_root, "c")], SERVING)
     moved[0].model_path = "/root/.cache/qwen3-8b"  # resolved off the claim: the Hub id it came from
-    (m,) = inference_services_for_servers(moved, DeploySettings(serving_name=SERVING, serving_gpus=1),
-                                          ClusterSettings(model_pvc=CLAIM), run_id="r", namespace=NS,
-                                          mount=str(claim_root))
+    (m,) = inference_services_for_servers(
+        moved,
+        DeploySettings(serving_name=SERVING, serving_gpus=1),
+        ClusterSettings(model_pvc=CLAIM),
+        run_id="r",
+        namespace=NS,
+        mount=str(claim_root),
+    )
     assert m["spec"]["predictor"]["model"]["storageUri"] == "hf://Qwen/Qwen3-8B" and crd_errors(m, CRD) == []
 
 
@@ -179,6 +255,7 @@ def test_a_missing_adapter_config_names_the_folder(tmp_path):
 
 # -- the rollout of several services -----------------------------------------------------------------------------
 
+
 class Servers:
     """KServe's side for several services: each becomes Ready at its own model server's URL."""
 
@@ -198,8 +275,9 @@ def test_every_served_name_of_every_service_is_smoke_tested(tmp_path):
         assert api.get_object(*GVP, NS, "qwen3-sft") and api.get_object(*GVP, NS, "qwen3-sft-f")
     assert [body["model"] for _, body in full_server.requests] == ["qwen3-sft-f"]
     assert [body["model"] for _, body in lora_server.requests] == ["qwen3-sft-base", "qwen3-sft-a", "qwen3-sft-b"]
-    assert results[1]["replies"] == {name: "Hi! How can I help?" for name in
-                                     ("qwen3-sft-base", "qwen3-sft-a", "qwen3-sft-b")}
+    assert results[1]["replies"] == {
+        name: "Hi! How can I help?" for name in ("qwen3-sft-base", "qwen3-sft-a", "qwen3-sft-b")
+    }
     assert results[0]["served_model_name"] == "qwen3-sft-f"
 
 
@@ -208,8 +286,11 @@ def test_one_failing_service_rolls_back_every_service_the_step_deployed(tmp_path
     with FakeKubeAPI() as api, OpenAIServer() as good, OpenAIServer(fail=True) as bad:
         previous = json.loads(json.dumps(out[0]))
         previous["spec"]["predictor"]["model"]["storageUri"] = f"pvc://{CLAIM}/runs/earlier/sft/final"
-        previous["status"] = {"observedGeneration": 1, "url": good.url,
-                              "conditions": [{"type": "Ready", "status": "True"}]}
+        previous["status"] = {
+            "observedGeneration": 1,
+            "url": good.url,
+            "conditions": [{"type": "Ready", "status": "True"}],
+        }
         before = api.put_object(*GVP, previous)
         api.on_get("inferenceservices", Servers(api, {"qwen3-sft-a": good.url, "qwen3-sft-b": bad.url}))
         with pytest.raises(RuntimeError) as err:
@@ -235,6 +316,7 @@ def test_a_failing_adapter_name_fails_its_service_and_names_it(tmp_path):
 
 # -- bad input, before any GPU -----------------------------------------------------------------------------------
 
+
 def errors(variants, **run) -> list[str]:
     return check({**defaults(), **run, "variants": variants})
 
@@ -243,22 +325,38 @@ LORA = {"method": "lora", "merge_lora": False}
 
 
 def test_two_lora_variants_served_together_are_valid():
-    assert errors([{**LORA, "lora_r": 8, "name": "a"}, {**LORA, "lora_r": 16, "name": "b"}],
-                  deploy_variants="all") == []
+    assert (
+        errors([{**LORA, "lora_r": 8, "name": "a"}, {**LORA, "lora_r": 16, "name": "b"}], deploy_variants="all") == []
+    )
 
 
-@pytest.mark.parametrize("variants,run,needle", [
-    ([{**LORA, "lora_r": 600}, {**LORA, "lora_r": 8}], {},
-     "variants[0] ('v1'): lora_r=600 with merge_lora=false: vLLM loads adapters of rank <= 512"),
-    ([LORA, {**LORA, "lora_r": 8}], {"deploy_backend": "kserve-huggingface"},
-     "variants[0] ('v1'): method=lora with merge_lora=false serves the adapter with vLLM's LoRA modules"),
-    ([{**LORA, "name": "base"}, {**LORA, "lora_r": 8}], {"deploy_variants": "all"},
-     "variants[0] ('base'): with LoRA variants and deploy_variants=all the adapters' base is served as "
-     "qwen3-30b-a3b-sft-base"),
-    ([{"learning_rate": 1e-5, "name": "a-very-long-name"}, {"learning_rate": 2e-5}],
-     {"serving_name": "s" * 50}, "variants[0] ('a-very-long-name') is served as"),
-    ([LORA, {**LORA, "lora_r": 8}], {"deploy_variants": "some"}, "deploy_variants"),
-])
+@pytest.mark.parametrize(
+    "variants,run,needle",
+    [
+        (
+            [{**LORA, "lora_r": 600}, {**LORA, "lora_r": 8}],
+            {},
+            "variants[0] ('v1'): lora_r=600 with merge_lora=false: vLLM loads adapters of rank <= 512",
+        ),
+        (
+            [LORA, {**LORA, "lora_r": 8}],
+            {"deploy_backend": "kserve-huggingface"},
+            "variants[0] ('v1'): method=lora with merge_lora=false serves the adapter with vLLM's LoRA modules",
+        ),
+        (
+            [{**LORA, "name": "base"}, {**LORA, "lora_r": 8}],
+            {"deploy_variants": "all"},
+            "variants[0] ('base'): with LoRA variants and deploy_variants=all the adapters' base is served as "
+            "qwen3-30b-a3b-sft-base",
+        ),
+        (
+            [{"learning_rate": 1e-5, "name": "a-very-long-name"}, {"learning_rate": 2e-5}],
+            {"serving_name": "s" * 50},
+            "variants[0] ('a-very-long-name') is served as",
+        ),
+        ([LORA, {**LORA, "lora_r": 8}], {"deploy_variants": "some"}, "deploy_variants"),
+    ],
+)
 def test_bad_serving_input_is_one_error_naming_the_variant_and_the_setting(variants, run, needle):
     found = errors(variants, **run)
     assert any(needle in e for e in found), found
@@ -266,14 +364,19 @@ def test_bad_serving_input_is_one_error_naming_the_variant_and_the_setting(varia
 
 def test_several_local_adapters_without_vllms_cpu_build_say_which_setting(monkeypatch, tmp_path):
     monkeypatch.setenv("SERVING_VENV", str(tmp_path / "no-venv"))
-    found = errors([{**LORA, "name": "a"}, {**LORA, "lora_r": 8, "name": "b"}], deploy_variants="all",
-                   deploy_backend="local", train_backend="local")
+    found = errors(
+        [{**LORA, "name": "a"}, {**LORA, "lora_r": 8, "name": "b"}],
+        deploy_variants="all",
+        deploy_backend="local",
+        train_backend="local",
+    )
     (message,) = [e for e in found if "vLLM's CPU build" in e]
     assert message.startswith("variants ['a', 'b']: deploy_backend=local serves several LoRA adapters")
     assert "merge_lora=true or deploy_variants=best" in message
 
 
 # -- the deploy step ---------------------------------------------------------------------------------------------
+
 
 def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_path, monkeypatch):
     """deploy_model as the pipeline calls it with deploy_variants=all: two LoRA variants and a full one become two
@@ -286,8 +389,9 @@ def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_p
     mount = tmp_path / "models"
     serve = [adapter(mount, "a"), adapter(mount, "b", rank=32), full(mount, "f")]
     for entry in serve:
-        (Path(entry["model_path"]).parent / REFERENCE_FILE).write_text(json.dumps(
-            {"version": FORMAT_VERSION, "variant": entry["variant"], "examples": [], "greedy": []}))
+        (Path(entry["model_path"]).parent / REFERENCE_FILE).write_text(
+            json.dumps({"version": FORMAT_VERSION, "variant": entry["variant"], "examples": [], "greedy": []})
+        )
     checked = []
 
     def check_server(base_url, name, reference, timeout=120.0):
@@ -297,17 +401,27 @@ def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_p
     monkeypatch.setattr(inference_service, "check_server", check_server)
     monkeypatch.setattr(inference_service, "MODEL_MOUNT", str(mount))
     monkeypatch.setattr(kube, "current_namespace", lambda default="default": NS)
-    settings = Settings().flat() | {"serving_name": SERVING, "serving_gpus": 1, "model_pvc": CLAIM,
-                                    "deploy_variants": "all"}
+    settings = Settings().flat() | {
+        "serving_name": SERVING,
+        "serving_gpus": 1,
+        "model_pvc": CLAIM,
+        "deploy_variants": "all",
+    }
     with FakeKubeAPI() as api, OpenAIServer() as lora_server, OpenAIServer() as full_server:
         monkeypatch.setattr(kube, "load_api_client", lambda: api.client)
-        ready = {"qwen3-sft": becomes_ready(api, lora_server.url, after=0),
-                 "qwen3-sft-f": becomes_ready(api, full_server.url, after=0)}
+        ready = {
+            "qwen3-sft": becomes_ready(api, lora_server.url, after=0),
+            "qwen3-sft-f": becomes_ready(api, full_server.url, after=0),
+        }
         api.on_get("inferenceservices", lambda obj: ready[obj["metadata"]["name"]](obj))
         out = deploy_model.python_func(model_path=serve[1]["model_path"], settings=settings, run_id="r1", serve=serve)
         lora = api.get_object(*GVP, NS, "qwen3-sft")
     assert [(e["variant"], e["served_model_name"]) for e in out.served] == [
-        ("f", "qwen3-sft-f"), ("", "qwen3-sft-base"), ("a", "qwen3-sft-a"), ("b", "qwen3-sft-b")]
+        ("f", "qwen3-sft-f"),
+        ("", "qwen3-sft-base"),
+        ("a", "qwen3-sft-a"),
+        ("b", "qwen3-sft-b"),
+    ]
     assert (out.served_model_name, out.endpoint) == ("qwen3-sft-b", lora_server.url + "/v1")  # the best: model_path
     assert sorted(checked) == [("qwen3-sft-a", "a"), ("qwen3-sft-b", "b"), ("qwen3-sft-f", "f")]
     assert "--max-lora-rank=32" in lora["spec"]["predictor"]["model"]["args"]
@@ -315,7 +429,8 @@ def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_p
 
 
 def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_serve_for_a_full_model(
-        tmp_path, monkeypatch):
+    tmp_path, monkeypatch
+):
     """deploy_backend=local: the two adapters of one base go to one vLLM server (serve_adapters_locally, run for
     real by tests/deploy/test_lora_serving_local.py), the full variant to `transformers serve`, each with its own
     evaluation's reference."""
@@ -326,14 +441,20 @@ def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_s
 
     serve = [adapter(tmp_path, "a"), full(tmp_path, "f"), adapter(tmp_path, "b")]
     for entry in serve:
-        (Path(entry["model_path"]).parent / REFERENCE_FILE).write_text(json.dumps(
-            {"version": FORMAT_VERSION, "variant": entry["variant"], "examples": [], "greedy": []}))
+        (Path(entry["model_path"]).parent / REFERENCE_FILE).write_text(
+            json.dumps({"version": FORMAT_VERSION, "variant": entry["variant"], "examples": [], "greedy": []})
+        )
     calls = []
 
     def adapters(server, log_path, keep_serving=False, max_model_len=0, serving_references=None):
         calls.append(("vllm", server.served_names(), sorted((n, r["variant"]) for n, r in serving_references.items())))
-        return {"endpoint": "http://127.0.0.1:1/v1", "served_model_name": server.served_model_name,
-                "smoke_reply": "hi", "replies": {n: f"hi {n}" for n in server.served_names()}, "serving_checks": {}}
+        return {
+            "endpoint": "http://127.0.0.1:1/v1",
+            "served_model_name": server.served_model_name,
+            "smoke_reply": "hi",
+            "replies": {n: f"hi {n}" for n in server.served_names()},
+            "serving_checks": {},
+        }
 
     def single(model_path, log_path, keep_serving=False, serving_reference=None):
         calls.append(("transformers serve", model_path, serving_reference["variant"]))
@@ -341,12 +462,21 @@ def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_s
 
     monkeypatch.setattr(local_server, "serve_adapters_locally", adapters)
     monkeypatch.setattr(local_server, "serve_locally", single)
-    settings = Settings().flat() | {"serving_name": SERVING, "deploy_backend": "local", "train_backend": "local",
-                                    "deploy_variants": "all"}
+    settings = Settings().flat() | {
+        "serving_name": SERVING,
+        "deploy_backend": "local",
+        "train_backend": "local",
+        "deploy_variants": "all",
+    }
     out = deploy_model.python_func(model_path=serve[1]["model_path"], settings=settings, run_id="r1", serve=serve)
-    assert calls == [("transformers serve", serve[1]["model_path"], "f"),
-                     ("vllm", ["qwen3-sft-base", "qwen3-sft-a", "qwen3-sft-b"],
-                      [("qwen3-sft-a", "a"), ("qwen3-sft-b", "b")])]
+    assert calls == [
+        ("transformers serve", serve[1]["model_path"], "f"),
+        ("vllm", ["qwen3-sft-base", "qwen3-sft-a", "qwen3-sft-b"], [("qwen3-sft-a", "a"), ("qwen3-sft-b", "b")]),
+    ]
     assert [(e["variant"], e["served_model_name"]) for e in out.served] == [
-        ("f", serve[1]["model_path"]), ("", "qwen3-sft-base"), ("a", "qwen3-sft-a"), ("b", "qwen3-sft-b")]
+        ("f", serve[1]["model_path"]),
+        ("", "qwen3-sft-base"),
+        ("a", "qwen3-sft-a"),
+        ("b", "qwen3-sft-b"),
+    ]
     assert (out.endpoint, out.smoke_reply) == ("http://127.0.0.1:2/v1", "hello")  # the best: model_path

@@ -52,28 +52,44 @@ def _train_briefly(base: str, dataset: str, out: str, steps: int = 60) -> None:
 def tiny(tmp_path_factory):
     """A tiny base model, a briefly tuned copy, and the same data prepared unpacked and packed."""
     root = tmp_path_factory.mktemp("evaluate")
-    rows = [{"messages": [{"role": "user", "content": f"Repeat {w} twice. (#{i})"},
-                          {"role": "assistant", "content": f"{w} {w}. Done."}]}
-            for i, w in enumerate(WORDS * 12)]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Repeat {w} twice. (#{i})"},
+                {"role": "assistant", "content": f"{w} {w}. Done."},
+            ]
+        }
+        for i, w in enumerate(WORDS * 12)
+    ]
     corpus = root / "chat.jsonl"
     corpus.write_text("\n".join(json.dumps(r) for r in rows))
     tok = build_tokenizer(corpus)
     build_model(tok).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    prepare(str(corpus), str(root / "base"), str(root / "data"), max_seq_length=128, eval_size=16, seed=0,
-            packing=False)
-    prepare(str(corpus), str(root / "base"), str(root / "packed"), max_seq_length=128, eval_size=16, seed=0,
-            packing=True)
+    prepare(
+        str(corpus), str(root / "base"), str(root / "data"), max_seq_length=128, eval_size=16, seed=0, packing=False
+    )
+    prepare(
+        str(corpus), str(root / "base"), str(root / "packed"), max_seq_length=128, eval_size=16, seed=0, packing=True
+    )
     _train_briefly(str(root / "base"), str(root / "data"), str(root / "tuned"))
     prompts = root / "prompts.jsonl"
-    prompts.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": f"Repeat {w} twice."}]})
-                                 for w in WORDS[:3]))
+    prompts.write_text(
+        "\n".join(json.dumps({"messages": [{"role": "user", "content": f"Repeat {w} twice."}]}) for w in WORDS[:3])
+    )
     return root
 
 
 def test_untrained_base_scores_about_uniform_and_tuned_beats_it(tiny):
-    result = evaluate(str(tiny / "base"), str(tiny / "tuned"), str(tiny / "data"), 0, 0.2,
-                      eval_prompts=str(tiny / "prompts.jsonl"), max_new_tokens=8)
+    result = evaluate(
+        str(tiny / "base"),
+        str(tiny / "tuned"),
+        str(tiny / "data"),
+        0,
+        0.2,
+        eval_prompts=str(tiny / "prompts.jsonl"),
+        max_new_tokens=8,
+    )
     m = result["metrics"]
     vocab = len(build_tokenizer(tiny / "chat.jsonl"))
     # A freshly initialised model is close to uniform over its vocabulary: loss ~ ln(V).
@@ -96,8 +112,15 @@ def test_untrained_base_scores_about_uniform_and_tuned_beats_it(tiny):
 
 
 def test_gate_fails_when_the_required_improvement_is_not_reached(tiny):
-    result = evaluate(str(tiny / "base"), str(tiny / "tuned"), str(tiny / "data"), 4, 0.99,
-                      eval_prompts=str(tiny / "prompts.jsonl"), max_new_tokens=2)
+    result = evaluate(
+        str(tiny / "base"),
+        str(tiny / "tuned"),
+        str(tiny / "data"),
+        4,
+        0.99,
+        eval_prompts=str(tiny / "prompts.jsonl"),
+        max_new_tokens=2,
+    )
     assert not result["passed"]
     assert "short of the required 99.0%" in result["reason"] and "**NOT PASSED**" in result["report"]
 
@@ -133,10 +156,21 @@ def test_trainer_scores_the_same_tokens_the_same_way_with_label_nll(tiny, tmp_pa
     collate = pad_collator(model.config.pad_token_id)
     for data, batch_size in (("data", 4), ("packed", 1)):  # padded rows, and packed rows with position_ids
         rows = load_eval_rows(str(tiny / data))
-        args = TrainingArguments(output_dir=str(tmp_path / data), per_device_eval_batch_size=batch_size, use_cpu=True,
-                                 report_to=[], remove_unused_columns=False)
-        trainer = Trainer(model=model, args=args, eval_dataset=rows, data_collator=collate,
-                          preprocess_logits_for_metrics=label_nll, compute_metrics=token_weighted_loss)
+        args = TrainingArguments(
+            output_dir=str(tmp_path / data),
+            per_device_eval_batch_size=batch_size,
+            use_cpu=True,
+            report_to=[],
+            remove_unused_columns=False,
+        )
+        trainer = Trainer(
+            model=model,
+            args=args,
+            eval_dataset=rows,
+            data_collator=collate,
+            preprocess_logits_for_metrics=label_nll,
+            compute_metrics=token_weighted_loss,
+        )
         metrics = trainer.evaluate()
         ours = heldout_loss(str(tiny / "tuned"), str(tiny / data))
         assert metrics["eval_label_tokens"] == ours["tokens"]
@@ -152,15 +186,27 @@ def test_trainer_scores_the_same_tokens_the_same_way_with_label_nll(tiny, tmp_pa
         r["labels"] = [label if i in scored[:3] else -100 for i, label in enumerate(r["labels"])]
     datasets.DatasetDict({"eval": datasets.Dataset.from_list(rows)}).save_to_disk(str(tmp_path / "uneven"))
     uneven = load_eval_rows(str(tmp_path / "uneven"))
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), per_device_eval_batch_size=1, use_cpu=True, report_to=[],
-                             remove_unused_columns=False)
-    metrics = Trainer(model=model, args=args, eval_dataset=uneven, data_collator=collate,
-                      preprocess_logits_for_metrics=label_nll, compute_metrics=token_weighted_loss).evaluate()
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        per_device_eval_batch_size=1,
+        use_cpu=True,
+        report_to=[],
+        remove_unused_columns=False,
+    )
+    metrics = Trainer(
+        model=model,
+        args=args,
+        eval_dataset=uneven,
+        data_collator=collate,
+        preprocess_logits_for_metrics=label_nll,
+        compute_metrics=token_weighted_loss,
+    ).evaluate()
     ours = heldout_loss(str(tiny / "tuned"), str(tmp_path / "uneven"))
     assert metrics["eval_loss_per_token"] == pytest.approx(ours["eval_loss"], rel=1e-5)
     with torch.no_grad():
-        sums = [label_nll(model(**batch).logits, batch["labels"])[0].tolist()
-                for batch in (collate([r]) for r in uneven)]
+        sums = [
+            label_nll(model(**batch).logits, batch["labels"])[0].tolist() for batch in (collate([r]) for r in uneven)
+        ]
     assert metrics["eval_loss"] == pytest.approx(sum(nll / tokens for nll, tokens in sums) / len(sums), rel=1e-5)
     assert abs(metrics["eval_loss"] - ours["eval_loss"]) > 1e-3  # two estimators, the same tokens
 
@@ -172,18 +218,21 @@ def test_report_says_what_the_loss_is_and_draws_the_training_curve(tmp_path):
     checkpoint = train / "checkpoint-20"
     checkpoint.mkdir(parents=True)
     (checkpoint / "COMPLETE").write_text("")
-    history = ([{"step": s, "loss": 7.0 - s / 10, "epoch": s / 20} for s in (5, 10, 15, 20)]
-               + [{"step": 20, "eval_loss": 5.5}])
-    (checkpoint / "trainer_state.json").write_text(json.dumps(
-        {"log_history": history, "logging_steps": 5, "max_steps": 20, "global_step": 20}))
+    history = [{"step": s, "loss": 7.0 - s / 10, "epoch": s / 20} for s in (5, 10, 15, 20)] + [
+        {"step": 20, "eval_loss": 5.5}
+    ]
+    (checkpoint / "trainer_state.json").write_text(
+        json.dumps({"log_history": history, "logging_steps": 5, "max_steps": 20, "global_step": 20})
+    )
     base = {"eval_loss": 7.5, "perplexity": math.exp(7.5), "tokens": 900, "rows": 12, "tasks": {}, "answers": ["a"]}
     tuned = {**base, "eval_loss": 5.4, "perplexity": math.exp(5.4), "answers": ["b"]}
     prompts = [[{"role": "user", "content": "hi"}]]
     report = build_report("base", "tuned", base, tuned, prompts, True, "ok", str(train))
 
     assert "| model | held-out loss (per label token) | perplexity |" in report
-    assert ("cross-entropy summed over all 900 label (assistant) tokens of the 12 held-out rows, divided by 900"
-            in report)
+    assert (
+        "cross-entropy summed over all 900 label (assistant) tokens of the 12 held-out rows, divided by 900" in report
+    )
     assert "mean of per-batch mean losses" in report  # named, so nobody compares it with this table
     png = base64.b64decode(re.search(r"!\[training loss\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", report).group(1))
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
@@ -218,19 +267,31 @@ def test_gate_both_ways_on_perplexity_and_tasks():
     # Lower is better for perplexity-type task metrics: a rise is the regression.
     ppl = {"wikitext": {"metric": "word_perplexity", "score": 17.5, "higher_is_better": False}}
     assert gate(base, tuned, 0.0, base_tasks=ppl, tuned_tasks={"wikitext": {**ppl["wikitext"], "score": 12.0}})[0]
-    assert not gate(base, tuned, 0.0, base_tasks=ppl, tuned_tasks={"wikitext": {**ppl["wikitext"], "score": 19.0}},
-                    max_task_regression=1.0)[0]
+    assert not gate(
+        base,
+        tuned,
+        0.0,
+        base_tasks=ppl,
+        tuned_tasks={"wikitext": {**ppl["wikitext"], "score": 19.0}},
+        max_task_regression=1.0,
+    )[0]
 
 
 # -- input errors, raised before any model is loaded ------------------------------------------------------
 
-@pytest.mark.parametrize("line,message", [
-    ("not json", "prompts.jsonl:2: not a JSON object"),
-    ('{"messages": []}', "prompts.jsonl:2: 'messages' must be a non-empty list"),
-    ('{"messages": [{"role": "robot", "content": "hi"}]}', "prompts.jsonl:2: 'messages' must be"),
-    ('{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}',
-     "prompts.jsonl:2: the last message must be the user's"),
-])
+
+@pytest.mark.parametrize(
+    "line,message",
+    [
+        ("not json", "prompts.jsonl:2: not a JSON object"),
+        ('{"messages": []}', "prompts.jsonl:2: 'messages' must be a non-empty list"),
+        ('{"messages": [{"role": "robot", "content": "hi"}]}', "prompts.jsonl:2: 'messages' must be"),
+        (
+            '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}',
+            "prompts.jsonl:2: the last message must be the user's",
+        ),
+    ],
+)
 def test_bad_prompt_file_names_file_and_line(tmp_path, line, message):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"messages": [{"role": "user", "content": "ok"}]}\n' + line + "\n")
@@ -264,6 +325,7 @@ def test_missing_harness_is_named_with_its_pin(monkeypatch):
 
 # -- lm-evaluation-harness: the empty path and the arguments (tasks cannot be downloaded here) ------------
 
+
 def test_no_tasks_runs_nothing_and_imports_nothing(monkeypatch):
     import sys
 
@@ -276,8 +338,12 @@ def test_no_tasks_runs_nothing_and_imports_nothing(monkeypatch):
 def test_harness_arguments_per_backend():
     hf = harness.harness_arguments("/mnt/models/m", ["arc_easy", "hellaswag"], 100, use_vllm=False, gpus=8)
     assert hf["model"] == "hf" and hf["tasks"] == ["arc_easy", "hellaswag"] and hf["limit"] == 100
-    assert hf["model_args"] == {"pretrained": "/mnt/models/m", "dtype": "bfloat16", "device": "cuda",
-                                "parallelize": True}
+    assert hf["model_args"] == {
+        "pretrained": "/mnt/models/m",
+        "dtype": "bfloat16",
+        "device": "cuda",
+        "parallelize": True,
+    }
     cpu = harness.harness_arguments("m", ["arc_easy"], 0, use_vllm=False, gpus=0)
     assert cpu["limit"] is None and cpu["model_args"]["device"] == "cpu" and "parallelize" not in cpu["model_args"]
     vllm = harness.harness_arguments("m", ["arc_easy"], 0, use_vllm=True, gpus=8)
@@ -295,16 +361,23 @@ def test_harness_arguments_match_the_installed_harness():
         kwargs = harness.harness_arguments("m", ["arc_easy"], 10, use_vllm, gpus)
         assert set(kwargs) <= set(accepted)
     assert set(harness.harness_arguments("m", ["x"], 0, False, 8)["model_args"]) <= set(
-        inspect.signature(HFLM.__init__).parameters)
+        inspect.signature(HFLM.__init__).parameters
+    )
 
 
 def test_task_scores_pick_the_judged_metric():
-    results = {"results": {
-        "arc_easy": {"alias": "arc_easy", "acc,none": 0.61, "acc_stderr,none": 0.01, "acc_norm,none": 0.58},
-        "gsm8k": {"alias": "gsm8k", "exact_match,strict-match": 0.42, "exact_match_stderr,strict-match": 0.02},
-        "wikitext": {"alias": "wikitext", "word_perplexity,none": 17.5, "bits_per_byte,none": 0.6},
-    }, "higher_is_better": {"arc_easy": {"acc": True, "acc_norm": True}, "gsm8k": {"exact_match": True},
-                            "wikitext": {"word_perplexity": False, "bits_per_byte": False}}}
+    results = {
+        "results": {
+            "arc_easy": {"alias": "arc_easy", "acc,none": 0.61, "acc_stderr,none": 0.01, "acc_norm,none": 0.58},
+            "gsm8k": {"alias": "gsm8k", "exact_match,strict-match": 0.42, "exact_match_stderr,strict-match": 0.02},
+            "wikitext": {"alias": "wikitext", "word_perplexity,none": 17.5, "bits_per_byte,none": 0.6},
+        },
+        "higher_is_better": {
+            "arc_easy": {"acc": True, "acc_norm": True},
+            "gsm8k": {"exact_match": True},
+            "wikitext": {"word_perplexity": False, "bits_per_byte": False},
+        },
+    }
     assert harness.task_scores(results) == {
         "arc_easy": {"metric": "acc_norm", "score": 0.58, "higher_is_better": True},
         "gsm8k": {"metric": "exact_match", "score": 0.42, "higher_is_better": True},
@@ -314,11 +387,15 @@ def test_task_scores_pick_the_judged_metric():
 
 # -- the vLLM path's pieces that run without vLLM --------------------------------------------------------
 
+
 def test_packed_rows_split_back_into_their_examples_for_vllm():
     from components.data.packing import split_examples
 
-    packed = {"input_ids": [1, 2, 3, 4, 5, 6, 0, 0], "labels": [-100, 2, 3, -100, -100, 6, -100, -100],
-              "position_ids": [0, 1, 2, 0, 1, 2, 0, 1]}
+    packed = {
+        "input_ids": [1, 2, 3, 4, 5, 6, 0, 0],
+        "labels": [-100, 2, 3, -100, -100, 6, -100, -100],
+        "position_ids": [0, 1, 2, 0, 1, 2, 0, 1],
+    }
     assert split_examples(packed) == [([1, 2, 3], [-100, 2, 3]), ([4, 5, 6], [-100, -100, 6])]
     assert split_examples({"input_ids": [1, 2], "labels": [-100, 2]}) == [([1, 2], [-100, 2])]
 

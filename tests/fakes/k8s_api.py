@@ -45,8 +45,10 @@ from urllib.parse import parse_qs, urlsplit
 from kubernetes import client as k8s
 
 # The kubelet's eviction message (pkg/kubelet/eviction/helpers.go), trailing space included.
-EVICTION_MESSAGE = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
-                    "Container pytorch was using 1890Gi, request is 128Gi, has larger consumption of memory. ")
+EVICTION_MESSAGE = (
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
+    "Container pytorch was using 1890Gi, request is 128Gi, has larger consumption of memory. "
+)
 
 
 @dataclass
@@ -203,12 +205,31 @@ class FakeKubeAPI:
             if cond["type"] == type_:
                 cond.update(status=status, reason=reason, message=message, lastTransitionTime=_now())
                 return
-        conditions.append({"type": type_, "status": status, "reason": reason, "message": message,
-                           "lastTransitionTime": _now(), "lastUpdateTime": _now()})
+        conditions.append(
+            {
+                "type": type_,
+                "status": status,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": _now(),
+                "lastUpdateTime": _now(),
+            }
+        )
 
-    def add_pod(self, namespace: str, name: str, labels: dict, *, container: str = "pytorch",
-                state: str = "running", reason: str = "", message: str = "", unschedulable: str | None = None,
-                owner: dict | None = None, sidecars: tuple = ()) -> None:
+    def add_pod(
+        self,
+        namespace: str,
+        name: str,
+        labels: dict,
+        *,
+        container: str = "pytorch",
+        state: str = "running",
+        reason: str = "",
+        message: str = "",
+        unschedulable: str | None = None,
+        owner: dict | None = None,
+        sidecars: tuple = (),
+    ) -> None:
         """Create or replace a pod (a new uid, an empty log): ``state`` is running, waiting (with
         ``reason``/``message``) or terminated; ``unschedulable`` (the scheduler's message) makes it Pending with
         PodScheduled=False; ``owner`` (a job as stored) makes it the job's controlled dependent, as the
@@ -216,40 +237,82 @@ class FakeKubeAPI:
         metrics collector, say), running beside the first, each with its own log."""
         with self.lock:
             pod = {
-                "apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": namespace, "labels": dict(labels), "uid": str(uuid.uuid4()),
-                             "creationTimestamp": _now()},
-                "spec": {"containers": [{"name": container, "image": "trainer:test"},
-                                        *({"name": c, "image": f"{c}:test"} for c in sidecars)]},
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": namespace,
+                    "labels": dict(labels),
+                    "uid": str(uuid.uuid4()),
+                    "creationTimestamp": _now(),
+                },
+                "spec": {
+                    "containers": [
+                        {"name": container, "image": "trainer:test"},
+                        *({"name": c, "image": f"{c}:test"} for c in sidecars),
+                    ]
+                },
                 "status": {"phase": "Pending"},
             }
             if owner is not None:
-                pod["metadata"]["ownerReferences"] = [{
-                    "apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": owner["metadata"]["name"],
-                    "uid": owner["metadata"]["uid"], "controller": True, "blockOwnerDeletion": True}]
+                pod["metadata"]["ownerReferences"] = [
+                    {
+                        "apiVersion": owner["apiVersion"],
+                        "kind": owner["kind"],
+                        "name": owner["metadata"]["name"],
+                        "uid": owner["metadata"]["uid"],
+                        "controller": True,
+                        "blockOwnerDeletion": True,
+                    }
+                ]
             self.pods[(namespace, name)] = _Pod(pod, sidecars={c: [] for c in sidecars})
             if unschedulable is None:
                 self.schedule_pod(namespace, name, state, reason=reason, message=message)
             else:
-                pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-                                                "message": unschedulable, "lastTransitionTime": _now()}]
+                pod["status"]["conditions"] = [
+                    {
+                        "type": "PodScheduled",
+                        "status": "False",
+                        "reason": "Unschedulable",
+                        "message": unschedulable,
+                        "lastTransitionTime": _now(),
+                    }
+                ]
 
-    def schedule_pod(self, namespace: str, name: str, state: str = "running", *, reason: str = "",
-                     message: str = "") -> None:
+    def schedule_pod(
+        self, namespace: str, name: str, state: str = "running", *, reason: str = "", message: str = ""
+    ) -> None:
         """The scheduler binds the pod (same uid) and its container moves to ``state``."""
         with self.lock:
             pod = self.pods[(namespace, name)].obj
             container, *sidecars = (c["name"] for c in pod["spec"]["containers"])
             pod["status"]["conditions"] = [{"type": "PodScheduled", "status": "True", "lastTransitionTime": _now()}]
-            pod["status"]["containerStatuses"] = [{"name": container, "image": "trainer:test", "imageID": "",
-                                                   "ready": False, "restartCount": 0, "state": {}}]
-            pod["status"]["containerStatuses"] += [{"name": c, "image": f"{c}:test", "imageID": "", "ready": True,
-                                                    "restartCount": 0, "state": {"running": {"startedAt": _now()}}}
-                                                   for c in sidecars]
+            pod["status"]["containerStatuses"] = [
+                {
+                    "name": container,
+                    "image": "trainer:test",
+                    "imageID": "",
+                    "ready": False,
+                    "restartCount": 0,
+                    "state": {},
+                }
+            ]
+            pod["status"]["containerStatuses"] += [
+                {
+                    "name": c,
+                    "image": f"{c}:test",
+                    "imageID": "",
+                    "ready": True,
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": _now()}},
+                }
+                for c in sidecars
+            ]
             self.set_container_state(namespace, name, state, reason=reason, message=message)
 
-    def set_container_state(self, namespace: str, name: str, state: str, *, reason: str = "", message: str = "",
-                            exit_code: int = 0) -> None:
+    def set_container_state(
+        self, namespace: str, name: str, state: str, *, reason: str = "", message: str = "", exit_code: int = 0
+    ) -> None:
         """Move the pod's container to running, waiting or terminated (and the pod's phase with it)."""
         with self.lock:
             pod = self.pods[(namespace, name)].obj
@@ -261,8 +324,14 @@ class FakeKubeAPI:
             elif state == "waiting":
                 cs["state"] = {"waiting": {"reason": reason, "message": message}}
             else:
-                cs["state"] = {"terminated": {"exitCode": exit_code, "reason": reason or "Completed",
-                                              "startedAt": _now(), "finishedAt": _now()}}
+                cs["state"] = {
+                    "terminated": {
+                        "exitCode": exit_code,
+                        "reason": reason or "Completed",
+                        "startedAt": _now(),
+                        "finishedAt": _now(),
+                    }
+                }
                 pod["status"]["phase"] = "Succeeded" if exit_code == 0 else "Failed"
 
     def restart_container(self, namespace: str, name: str) -> None:
@@ -272,12 +341,21 @@ class FakeKubeAPI:
             pod.previous, pod.log = pod.log, []
             cs = pod.obj["status"]["containerStatuses"][0]
             cs["restartCount"] += 1
-            cs["lastState"] = {"terminated": {"exitCode": 1, "reason": "Error", "startedAt": _now(),
-                                              "finishedAt": _now()}}
+            cs["lastState"] = {
+                "terminated": {"exitCode": 1, "reason": "Error", "startedAt": _now(), "finishedAt": _now()}
+            }
             cs["state"] = {"running": {"startedAt": _now()}}
 
-    def disrupt_pod(self, namespace: str, name: str, condition_reason: str | None, message: str, *,
-                    pod_reason: str = "", exit_code: int = 137) -> None:
+    def disrupt_pod(
+        self,
+        namespace: str,
+        name: str,
+        condition_reason: str | None,
+        message: str,
+        *,
+        pod_reason: str = "",
+        exit_code: int = 137,
+    ) -> None:
         """The pod is ended from outside, as Kubernetes records it: phase Failed, a ``DisruptionTarget``
         condition with ``condition_reason`` (None: an older cluster that sets none), ``pod_reason`` and
         ``message`` on the pod status if given, and its container killed (``exit_code``, reason Error)."""
@@ -285,8 +363,15 @@ class FakeKubeAPI:
             status = self.pods[(namespace, name)].obj["status"]
             conditions = [c for c in status.get("conditions", []) if c["type"] not in ("DisruptionTarget", "Ready")]
             if condition_reason is not None:
-                conditions.append({"type": "DisruptionTarget", "status": "True", "reason": condition_reason,
-                                   "message": message, "lastTransitionTime": _now()})
+                conditions.append(
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": condition_reason,
+                        "message": message,
+                        "lastTransitionTime": _now(),
+                    }
+                )
             conditions.append({"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()})
             status["conditions"] = conditions
             if pod_reason:
@@ -303,8 +388,13 @@ class FakeKubeAPI:
         then a graceful delete (deletionTimestamp set; the kubelet marks it Failed after SIGTERM, exit 143).
         ``remove_pod`` finishes the deletion."""
         with self.lock:
-            self.disrupt_pod(namespace, name, "PreemptionByScheduler",
-                             f"{scheduler}: preempting to accommodate a higher priority pod", exit_code=143)
+            self.disrupt_pod(
+                namespace,
+                name,
+                "PreemptionByScheduler",
+                f"{scheduler}: preempting to accommodate a higher priority pod",
+                exit_code=143,
+            )
             self.pods[(namespace, name)].obj["metadata"]["deletionTimestamp"] = _now()
 
     def remove_pod(self, namespace: str, name: str) -> None:
@@ -324,8 +414,14 @@ class FakeKubeAPI:
         """Make ``plural`` discoverable under ``/apis/<group>/<version>``, as an installed CRD is."""
         with self.lock:
             self.crds.setdefault((group, version), []).append(
-                {"name": plural, "singularName": kind.lower(), "namespaced": namespaced, "kind": kind,
-                 "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"]})
+                {
+                    "name": plural,
+                    "singularName": kind.lower(),
+                    "namespaced": namespaced,
+                    "kind": kind,
+                    "verbs": ["delete", "deletecollection", "get", "list", "patch", "create", "update", "watch"],
+                }
+            )
 
     def publish_schema(self, group: str, version: str, kind: str, schema: dict) -> None:
         """Publish ``schema`` (a CRD version's ``openAPIV3Schema``) at ``/openapi/v3/apis/<group>/<version>`` as the
@@ -335,42 +431,74 @@ class FakeKubeAPI:
         with self.lock:
             self.openapi.setdefault((group, version), {})[name] = {
                 **copy.deepcopy(schema),
-                "x-kubernetes-group-version-kind": [{"group": group, "version": version, "kind": kind}]}
+                "x-kubernetes-group-version-kind": [{"group": group, "version": version, "kind": kind}],
+            }
 
     def add_namespace(self, name: str, labels: dict | None = None) -> None:
         """A Namespace with these labels (plus the ``kubernetes.io/metadata.name`` label every namespace has)."""
-        self._put_core("namespaces", "", name, {
-            "apiVersion": "v1", "kind": "Namespace",
-            "metadata": {"labels": {"kubernetes.io/metadata.name": name, **(labels or {})}},
-            "status": {"phase": "Active"}})
+        self._put_core(
+            "namespaces",
+            "",
+            name,
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {"labels": {"kubernetes.io/metadata.name": name, **(labels or {})}},
+                "status": {"phase": "Active"},
+            },
+        )
 
-    def add_pvc(self, namespace: str, name: str, *, phase: str = "Bound", access_modes=("ReadWriteMany",),
-                storage: str = "1Ti") -> None:
+    def add_pvc(
+        self, namespace: str, name: str, *, phase: str = "Bound", access_modes=("ReadWriteMany",), storage: str = "1Ti"
+    ) -> None:
         """A PersistentVolumeClaim in ``phase`` with these access modes."""
-        self._put_core("persistentvolumeclaims", namespace, name, {
-            "apiVersion": "v1", "kind": "PersistentVolumeClaim",
-            "spec": {"accessModes": list(access_modes), "resources": {"requests": {"storage": storage}}},
-            "status": {"phase": phase, **({"accessModes": list(access_modes)} if phase == "Bound" else {})}})
+        self._put_core(
+            "persistentvolumeclaims",
+            namespace,
+            name,
+            {
+                "apiVersion": "v1",
+                "kind": "PersistentVolumeClaim",
+                "spec": {"accessModes": list(access_modes), "resources": {"requests": {"storage": storage}}},
+                "status": {"phase": phase, **({"accessModes": list(access_modes)} if phase == "Bound" else {})},
+            },
+        )
 
     def add_secret(self, namespace: str, name: str, data: dict) -> None:
         """A Secret holding ``data`` (plain values; stored base64-encoded like the real API)."""
         import base64
 
-        self._put_core("secrets", namespace, name, {
-            "apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()}})
+        self._put_core(
+            "secrets",
+            namespace,
+            name,
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "type": "Opaque",
+                "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
+            },
+        )
 
-    def add_node(self, name: str, labels: dict, *, gpus: int = 8, taints: list | None = None,
-                 unschedulable: bool = False) -> None:
+    def add_node(
+        self, name: str, labels: dict, *, gpus: int = 8, taints: list | None = None, unschedulable: bool = False
+    ) -> None:
         """A Node with ``gpus`` allocatable ``nvidia.com/gpu``, these labels and taints."""
         allocatable = {"cpu": "190", "memory": "2000Gi", "pods": "110"}
         if gpus:
             allocatable["nvidia.com/gpu"] = str(gpus)
-        self._put_core("nodes", "", name, {
-            "apiVersion": "v1", "kind": "Node",
-            "metadata": {"labels": dict(labels)},
-            "spec": {"taints": list(taints or []), **({"unschedulable": True} if unschedulable else {})},
-            "status": {"allocatable": allocatable, "capacity": dict(allocatable)}})
+        self._put_core(
+            "nodes",
+            "",
+            name,
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"labels": dict(labels)},
+                "spec": {"taints": list(taints or []), **({"unschedulable": True} if unschedulable else {})},
+                "status": {"allocatable": allocatable, "capacity": dict(allocatable)},
+            },
+        )
 
     def deny(self, verb: str, resource: str, group: str = "", subresource: str = "") -> None:
         """SelfSubjectAccessReviews for this verb on this resource answer allowed: false."""
@@ -434,8 +562,9 @@ class FakeKubeAPI:
                 return self._discovery(parts[1], parts[2])
             if parts[0] == "apis" and len(parts) in (6, 7) and parts[3] == "namespaces":
                 _, group, version, _, namespace, plural, *rest = parts
-                return self._custom(method, (group, version, plural, namespace), rest[0] if rest else None,
-                                    body, content_type)
+                return self._custom(
+                    method, (group, version, plural, namespace), rest[0] if rest else None, body, content_type
+                )
             return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
 
     def _custom(self, method, coll, name, body, content_type):
@@ -447,8 +576,9 @@ class FakeKubeAPI:
             if obj is not None:
                 # The API server's wording when the name is held by an object still being deleted.
                 deleting = "object is being deleted: " if obj["metadata"].get("deletionTimestamp") else ""
-                return _status(409, "AlreadyExists", f'{deleting}{kind_ref} "{key[-1]}" already exists', key[-1],
-                               group, plural)
+                return _status(
+                    409, "AlreadyExists", f'{deleting}{kind_ref} "{key[-1]}" already exists', key[-1], group, plural
+                )
             new = self._stamp(copy.deepcopy(body))
             new["metadata"]["namespace"] = namespace
             new.pop("status", None)
@@ -484,8 +614,14 @@ class FakeKubeAPI:
             if method == "PUT":
                 sent_version = (body.get("metadata") or {}).get("resourceVersion")
                 if sent_version and sent_version != obj["metadata"]["resourceVersion"]:
-                    return _status(409, "Conflict", f'Operation cannot be fulfilled on {kind_ref} "{key[-1]}": '
-                                   "the object has been modified", key[-1], group, plural)
+                    return _status(
+                        409,
+                        "Conflict",
+                        f'Operation cannot be fulfilled on {kind_ref} "{key[-1]}": the object has been modified',
+                        key[-1],
+                        group,
+                        plural,
+                    )
                 new = {**copy.deepcopy(body), "status": obj.get("status", {})}
                 new["metadata"] = {**obj["metadata"], **body.get("metadata", {})}
             elif content_type == "application/json-patch+json":
@@ -493,9 +629,13 @@ class FakeKubeAPI:
             elif content_type == "application/merge-patch+json":
                 new = merge_patch(obj, body)
             else:
-                return _status(415, "UnsupportedMediaType", "the body of the request was in an unknown format - "
-                               "accepted media types include: application/json-patch+json, "
-                               "application/merge-patch+json")
+                return _status(
+                    415,
+                    "UnsupportedMediaType",
+                    "the body of the request was in an unknown format - "
+                    "accepted media types include: application/json-patch+json, "
+                    "application/merge-patch+json",
+                )
             if new.get("spec") != obj.get("spec"):
                 new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
             new["metadata"]["resourceVersion"] = str(time.time_ns())
@@ -507,8 +647,11 @@ class FakeKubeAPI:
         """The object is gone, and (the garbage collector) the pods it controlled with it."""
         uid = self.objects.pop(key)["metadata"]["uid"]
         self._deleting.pop(key, None)
-        for pod_key in [k for k, p in self.pods.items()
-                        if any(ref.get("uid") == uid for ref in p.obj["metadata"].get("ownerReferences", []))]:
+        for pod_key in [
+            k
+            for k, p in self.pods.items()
+            if any(ref.get("uid") == uid for ref in p.obj["metadata"].get("ownerReferences", []))
+        ]:
             del self.pods[pod_key]
 
     def _core_get(self, plural, namespace, name):
@@ -519,11 +662,17 @@ class FakeKubeAPI:
 
     def _core_list(self, plural, query):
         wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
-        items = [copy.deepcopy(o) for (p, _, _), o in sorted(self.core.items()) if p == plural
-                 and all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())]
+        items = [
+            copy.deepcopy(o)
+            for (p, _, _), o in sorted(self.core.items())
+            if p == plural and all(o["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items())
+        ]
         kind = {"nodes": "NodeList"}[plural]
-        return 200, {"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items}, \
-            "application/json"
+        return (
+            200,
+            {"apiVersion": "v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items},
+            "application/json",
+        )
 
     def _access_review(self, body):
         attrs = (body.get("spec") or {}).get("resourceAttributes") or {}
@@ -536,23 +685,42 @@ class FakeKubeAPI:
         resources = self.crds.get((group, version))
         if resources is None:
             return _status(404, "NotFound", "the server could not find the requested resource")
-        return 200, {"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": f"{group}/{version}",
-                     "resources": resources}, "application/json"
+        return (
+            200,
+            {
+                "kind": "APIResourceList",
+                "apiVersion": "v1",
+                "groupVersion": f"{group}/{version}",
+                "resources": resources,
+            },
+            "application/json",
+        )
 
     def _openapi(self, group, version):
         schemas = self.openapi.get((group, version))
         if schemas is None:
             return _status(404, "NotFound", "the server could not find the requested resource")
-        return 200, {"openapi": "3.0.0", "info": {"title": "Kubernetes", "version": "v1.33.0"}, "paths": {},
-                     "components": {"schemas": copy.deepcopy(schemas)}}, "application/json"
+        return (
+            200,
+            {
+                "openapi": "3.0.0",
+                "info": {"title": "Kubernetes", "version": "v1.33.0"},
+                "paths": {},
+                "components": {"schemas": copy.deepcopy(schemas)},
+            },
+            "application/json",
+        )
 
     def _pods(self, method, namespace, rest, query):
         if method != "GET":
             return _status(405, "MethodNotAllowed", f"{method} is not supported on pods here")
         if not rest:
             wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
-            items = [copy.deepcopy(p.obj) for (ns, _), p in sorted(self.pods.items())
-                     if ns == namespace and all(p.obj["metadata"]["labels"].get(k) == v for k, v in wanted.items())]
+            items = [
+                copy.deepcopy(p.obj)
+                for (ns, _), p in sorted(self.pods.items())
+                if ns == namespace and all(p.obj["metadata"]["labels"].get(k) == v for k, v in wanted.items())
+            ]
             pod_list = {"apiVersion": "v1", "kind": "PodList", "metadata": {"resourceVersion": "1"}, "items": items}
             return 200, pod_list, "application/json"
         pod = self.pods.get((namespace, rest[0]))
@@ -563,8 +731,9 @@ class FakeKubeAPI:
         container = query.get("container", [pod.obj["spec"]["containers"][0]["name"]])[0]
         if _go_bool(query.get("previous", ["false"])[0]):
             if pod.previous is None:
-                return _status(400, "BadRequest",
-                               f'previous terminated container "{container}" in pod "{rest[0]}" not found')
+                return _status(
+                    400, "BadRequest", f'previous terminated container "{container}" in pod "{rest[0]}" not found'
+                )
             lines = pod.previous
         elif container in pod.sidecars:
             lines = pod.sidecars[container]
@@ -572,14 +741,15 @@ class FakeKubeAPI:
             state = pod.obj["status"].get("containerStatuses", [{}])[0].get("state", {})
             if "waiting" in state or not state:
                 reason = state.get("waiting", {}).get("reason", "ContainerCreating")
-                return _status(400, "BadRequest",
-                               f'container "{container}" in pod "{rest[0]}" is waiting to start: {reason}')
+                return _status(
+                    400, "BadRequest", f'container "{container}" in pod "{rest[0]}" is waiting to start: {reason}'
+                )
             lines = pod.log
         if "sinceSeconds" in query:
             cutoff = time.time_ns() - int(query["sinceSeconds"][0]) * 1_000_000_000
             lines = [(t, s) for t, s in lines if t >= cutoff]
         if "tailLines" in query:
-            lines = lines[-int(query["tailLines"][0]):]
+            lines = lines[-int(query["tailLines"][0]) :]
         stamped = _go_bool(query.get("timestamps", ["false"])[0])
         text = "".join(f"{rfc3339_nano(t)} {s}\n" if stamped else f"{s}\n" for t, s in lines)
         return 200, text, "text/plain"
@@ -595,8 +765,15 @@ def _go_bool(text: str) -> bool:
 
 
 def _status(code, reason, message, name=None, group=None, kind=None, status="Failure"):
-    payload = {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": status, "message": message,
-               "reason": reason, "code": code}
+    payload = {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": status,
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
     if name is not None:
         payload["details"] = {"name": name, "group": group, "kind": kind}
     return code, payload, "application/json"

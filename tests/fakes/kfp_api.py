@@ -144,8 +144,9 @@ class SwaggerSchemas:
     def _parse_integer(schema: dict[str, Any], value: Any, where: str) -> int | str:
         # protojson accepts numbers and decimal strings for every integer type, and writes 64-bit
         # integers as strings.
-        if isinstance(value, bool) or not (isinstance(value, int) or
-                                           (isinstance(value, str) and re.fullmatch(r"-?\d+", value))):
+        if isinstance(value, bool) or not (
+            isinstance(value, int) or (isinstance(value, str) and re.fullmatch(r"-?\d+", value))
+        ):
             raise _bad(f"{where}: expected an integer, got {json.dumps(value)}")
         number = int(value)
         return str(number) if schema.get("format") in ("int64", "uint64") else number
@@ -212,8 +213,9 @@ class FakeKfpApi:
             gateway); other paths answer 404.
     """
 
-    def __init__(self, spec: dict[str, Any], *, token: str | None = None, multi_user: bool = False,
-                 path_prefix: str = "") -> None:
+    def __init__(
+        self, spec: dict[str, Any], *, token: str | None = None, multi_user: bool = False, path_prefix: str = ""
+    ) -> None:
         self.schemas = SwaggerSchemas(spec)
         self.token = token
         self.multi_user = multi_user
@@ -240,8 +242,7 @@ class FakeKfpApi:
             ("POST", re.compile(rf"{API}/runs"), self._create_run),
             ("GET", re.compile(rf"{API}/runs/(?P<run_id>[^/]+)"), self._get_run),
             ("POST", re.compile(rf"{API}/recurringruns"), self._create_recurring_run),
-            ("GET", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/]+)"),
-             self._get_recurring_run),
+            ("GET", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/]+)"), self._get_recurring_run),
         ]
 
     # ------------------------------------------------------------------------------ test helpers
@@ -256,8 +257,7 @@ class FakeKfpApi:
 
     # ------------------------------------------------------------------------------ dispatching
 
-    def handle(self, method: str, raw_path: str, headers: dict[str, str],
-               body: bytes) -> tuple[int, bytes, str]:
+    def handle(self, method: str, raw_path: str, headers: dict[str, str], body: bytes) -> tuple[int, bytes, str]:
         """Answer one HTTP request.
 
         Returns:
@@ -266,7 +266,7 @@ class FakeKfpApi:
         split = urlsplit(raw_path)
         if not (split.path == self.path_prefix or split.path.startswith(self.path_prefix + "/")):
             return 404, b"404 page not found\n", "text/plain; charset=utf-8"  # Go's NotFound
-        path = split.path[len(self.path_prefix):]
+        path = split.path[len(self.path_prefix) :]
         headers = {name.lower(): value for name, value in headers.items()}
         query = parse_qs(split.query, keep_blank_values=True)
         form, files, payload = self._decode_body(headers.get("content-type", ""), body)
@@ -278,8 +278,15 @@ class FakeKfpApi:
             status, answer = error.status, error.body()
         return status, json.dumps(answer).encode(), "application/json"
 
-    def _answer(self, method: str, path: str, query: dict[str, list[str]], headers: dict[str, str],
-                payload: Any, files: dict[str, Upload]) -> Any:
+    def _answer(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, list[str]],
+        headers: dict[str, str],
+        payload: Any,
+        files: dict[str, Upload],
+    ) -> Any:
         if self.token is not None and headers.get("authorization") != f"Bearer {self.token}":
             raise ApiError(401, "Unauthenticated: missing or invalid bearer token")
         with self._lock:
@@ -289,8 +296,12 @@ class FakeKfpApi:
         for route_method, pattern, handler in self._routes:
             match = pattern.fullmatch(path)
             if match and route_method == method:
-                args = {"query": {k: v[-1] for k, v in query.items()}, "payload": payload,
-                        "files": files, **match.groupdict()}
+                args = {
+                    "query": {k: v[-1] for k, v in query.items()},
+                    "payload": payload,
+                    "files": files,
+                    **match.groupdict(),
+                }
                 with self._lock:
                     return handler(**args)
         raise ApiError(404, "Not Found")  # grpc-gateway's answer for an unknown route
@@ -300,7 +311,8 @@ class FakeKfpApi:
         """Split a request body into (form fields, uploaded files, JSON payload)."""
         if content_type.startswith("multipart/form-data"):
             message = email.parser.BytesParser(policy=email.policy.HTTP).parsebytes(
-                b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body)
+                b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
+            )
             form, files = {}, {}
             for part in message.iter_parts():
                 name = part.get_param("name", header="content-disposition")
@@ -325,8 +337,11 @@ class FakeKfpApi:
 
     def _list_pipelines(self, query: dict[str, str], **_: Any) -> dict[str, Any]:
         namespace = query.get("namespace", "")
-        matches = [p for p in self.pipelines.values()
-                   if p.get("namespace", "") == namespace and _matches(p, query.get("filter"))]
+        matches = [
+            p
+            for p in self.pipelines.values()
+            if p.get("namespace", "") == namespace and _matches(p, query.get("filter"))
+        ]
         return _page("pipelines", matches)
 
     def _get_pipeline(self, pipeline_id: str, **_: Any) -> dict[str, Any]:
@@ -334,28 +349,33 @@ class FakeKfpApi:
 
     def _list_versions(self, pipeline_id: str, query: dict[str, str], **_: Any) -> dict[str, Any]:
         _lookup(self.pipelines, pipeline_id, "Pipeline")
-        matches = [v for v in self.versions.values()
-                   if v["pipeline_id"] == pipeline_id and _matches(v, query.get("filter"))]
+        matches = [
+            v for v in self.versions.values() if v["pipeline_id"] == pipeline_id and _matches(v, query.get("filter"))
+        ]
         return _page("pipeline_versions", matches)
 
-    def _upload_pipeline(self, query: dict[str, str], files: dict[str, Upload],
-                         **_: Any) -> dict[str, Any]:
+    def _upload_pipeline(self, query: dict[str, str], files: dict[str, Upload], **_: Any) -> dict[str, Any]:
         filename, spec = self._uploaded_spec(files)
         name = query.get("name") or query.get("display_name") or filename.rsplit(".", 1)[0]
         namespace = query.get("namespace", "")
         if any(p["name"] == name and p.get("namespace", "") == namespace for p in self.pipelines.values()):
             raise ApiError(409, "Failed to create a pipeline and a pipeline version", upload=True)
-        pipeline = _compact({"pipeline_id": str(uuid.uuid4()), "name": name,
-                             "display_name": query.get("display_name") or name,
-                             "description": query.get("description", ""), "namespace": namespace,
-                             "created_at": _now()})
+        pipeline = _compact(
+            {
+                "pipeline_id": str(uuid.uuid4()),
+                "name": name,
+                "display_name": query.get("display_name") or name,
+                "description": query.get("description", ""),
+                "namespace": namespace,
+                "created_at": _now(),
+            }
+        )
         self.pipelines[pipeline["pipeline_id"]] = pipeline
         # The server names the first version after the pipeline.
         self._add_version(pipeline["pipeline_id"], name, query.get("description", ""), spec)
         return pipeline
 
-    def _upload_version(self, query: dict[str, str], files: dict[str, Upload],
-                        **_: Any) -> dict[str, Any]:
+    def _upload_version(self, query: dict[str, str], files: dict[str, Upload], **_: Any) -> dict[str, Any]:
         filename, spec = self._uploaded_spec(files)
         pipeline_id = query.get("pipelineid", "")
         if pipeline_id not in self.pipelines:
@@ -365,11 +385,18 @@ class FakeKfpApi:
             raise ApiError(409, "Failed to create a pipeline version", upload=True)
         return self._add_version(pipeline_id, name, query.get("description", ""), spec)
 
-    def _add_version(self, pipeline_id: str, name: str, description: str,
-                     spec: dict[str, Any]) -> dict[str, Any]:
-        version = _compact({"pipeline_id": pipeline_id, "pipeline_version_id": str(uuid.uuid4()),
-                            "name": name, "display_name": name, "description": description,
-                            "created_at": _now(), "pipeline_spec": spec})
+    def _add_version(self, pipeline_id: str, name: str, description: str, spec: dict[str, Any]) -> dict[str, Any]:
+        version = _compact(
+            {
+                "pipeline_id": pipeline_id,
+                "pipeline_version_id": str(uuid.uuid4()),
+                "name": name,
+                "display_name": name,
+                "description": description,
+                "created_at": _now(),
+                "pipeline_spec": spec,
+            }
+        )
         self.versions[version["pipeline_version_id"]] = version
         return version
 
@@ -394,8 +421,11 @@ class FakeKfpApi:
         namespace = query.get("namespace", "")
         if self.multi_user and not namespace:
             raise _bad("In multi-user mode, ListExperiment requires filtering by namespace")
-        matches = [e for e in self.experiments.values()
-                   if e.get("namespace", "") == namespace and _matches(e, query.get("filter"))]
+        matches = [
+            e
+            for e in self.experiments.values()
+            if e.get("namespace", "") == namespace and _matches(e, query.get("filter"))
+        ]
         return _page("experiments", matches)
 
     def _create_experiment(self, payload: Any, **_: Any) -> dict[str, Any]:
@@ -403,8 +433,10 @@ class FakeKfpApi:
         namespace = experiment.get("namespace", "")
         if self.multi_user and not namespace:
             raise _bad("In multi-user mode, experiment namespace must be specified")
-        if any(e["display_name"] == experiment["display_name"] and e.get("namespace", "") == namespace
-               for e in self.experiments.values()):
+        if any(
+            e["display_name"] == experiment["display_name"] and e.get("namespace", "") == namespace
+            for e in self.experiments.values()
+        ):
             raise ApiError(409, f"Experiment {experiment['display_name']!r} already exists")
         experiment.update(experiment_id=str(uuid.uuid4()), created_at=_now(), storage_state="AVAILABLE")
         self.experiments[experiment["experiment_id"]] = experiment
@@ -416,8 +448,7 @@ class FakeKfpApi:
     def _create_run(self, payload: Any, **_: Any) -> dict[str, Any]:
         run = self.schemas.parse("v2beta1Run", payload)
         self._check_run_target(run)
-        run.update(run_id=str(uuid.uuid4()), created_at=_now(), state="PENDING",
-                   storage_state="AVAILABLE")
+        run.update(run_id=str(uuid.uuid4()), created_at=_now(), state="PENDING", storage_state="AVAILABLE")
         self.runs[run["run_id"]] = run
         return run
 
@@ -429,12 +460,18 @@ class FakeKfpApi:
         self._check_run_target(recurring)
         _check_trigger(recurring["trigger"])
         if not 1 <= int(recurring["max_concurrency"]) <= 10:
-            raise _bad("Max concurrency of a recurring run must be at least 1 and at most 10. "
-                       f"Received {recurring['max_concurrency']}")
+            raise _bad(
+                "Max concurrency of a recurring run must be at least 1 and at most 10. "
+                f"Received {recurring['max_concurrency']}"
+            )
         experiment = self.experiments[recurring["experiment_id"]]
-        recurring.update(recurring_run_id=str(uuid.uuid4()), created_at=_now(), updated_at=_now(),
-                         status="ENABLED" if recurring["mode"] == "ENABLE" else "DISABLED",
-                         namespace=experiment.get("namespace", ""))
+        recurring.update(
+            recurring_run_id=str(uuid.uuid4()),
+            created_at=_now(),
+            updated_at=_now(),
+            status="ENABLED" if recurring["mode"] == "ENABLE" else "DISABLED",
+            namespace=experiment.get("namespace", ""),
+        )
         self.recurring_runs[recurring["recurring_run_id"]] = _compact(recurring)
         return self.recurring_runs[recurring["recurring_run_id"]]
 
@@ -453,19 +490,20 @@ class FakeKfpApi:
             reference = run["pipeline_version_reference"]
             _lookup(self.pipelines, reference["pipeline_id"], "Pipeline")
             if "pipeline_version_id" not in reference:  # "If unset, the latest pipeline version is used."
-                reference["pipeline_version_id"] = [v for v in self.versions.values()
-                                                    if v["pipeline_id"] == reference["pipeline_id"]
-                                                    ][-1]["pipeline_version_id"]
+                reference["pipeline_version_id"] = [
+                    v for v in self.versions.values() if v["pipeline_id"] == reference["pipeline_id"]
+                ][-1]["pipeline_version_id"]
             version = _lookup(self.versions, reference["pipeline_version_id"], "PipelineVersion")
             if version["pipeline_id"] != reference["pipeline_id"]:
-                raise _bad(f"Pipeline version {version['pipeline_version_id']} does not belong to "
-                           f"pipeline {reference['pipeline_id']}")
+                raise _bad(
+                    f"Pipeline version {version['pipeline_version_id']} does not belong to "
+                    f"pipeline {reference['pipeline_id']}"
+                )
             spec = version["pipeline_spec"]
         declared = spec.get("root", {}).get("inputDefinitions", {}).get("parameters", {})
         for name in run.get("runtime_config", {}).get("parameters", {}):
             if name not in declared:
-                raise _bad(f"Parameter {name!r} is not declared by the pipeline (declared: "
-                           f"{sorted(declared)})")
+                raise _bad(f"Parameter {name!r} is not declared by the pipeline (declared: {sorted(declared)})")
 
 
 def _check_trigger(trigger: dict[str, Any]) -> None:
@@ -475,8 +513,10 @@ def _check_trigger(trigger: dict[str, Any]) -> None:
     if "cron_schedule" in trigger:
         cron = trigger["cron_schedule"].get("cron", "")
         if not _CRON_SHAPE_RE.match(cron):
-            raise _bad("Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). "
-                       f"Error: expected 5 or 6 fields, found: {cron!r}")
+            raise _bad(
+                "Schedule cron is not a supported format(https://godoc.org/github.com/robfig/cron). "
+                f"Error: expected 5 or 6 fields, found: {cron!r}"
+            )
     elif int(trigger["periodic_schedule"].get("interval_second", "0")) < 1:
         raise _bad("Found invalid period schedule interval. Set at interval to least 1 second")
 
@@ -523,7 +563,8 @@ class _RequestHandler(BaseHTTPRequestHandler):
     def _serve(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         status, body, content_type = self.server.api.handle(
-            self.command, self.path, dict(self.headers.items()), self.rfile.read(length))
+            self.command, self.path, dict(self.headers.items()), self.rfile.read(length)
+        )
         self.send_response(status)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -552,8 +593,9 @@ def load_swagger(path: Path = SWAGGER_PATH) -> dict[str, Any]:
 
 
 @contextlib.contextmanager
-def running_fake_kfp(*, token: str | None = None, multi_user: bool = False,
-                     path_prefix: str = "") -> Iterator[FakeKfpApi]:
+def running_fake_kfp(
+    *, token: str | None = None, multi_user: bool = False, path_prefix: str = ""
+) -> Iterator[FakeKfpApi]:
     """Run a fake KFP API server on 127.0.0.1 in a background thread for the duration of the block.
 
     Args:
@@ -569,8 +611,9 @@ def running_fake_kfp(*, token: str | None = None, multi_user: bool = False,
     host, port = server.server_address[:2]
     api.url = f"http://{host}:{port}{api.path_prefix}"
     # A short poll interval makes shutdown() at the end of each test return quickly.
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.02},
-                              name="fake-kfp-api", daemon=True)
+    thread = threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.02}, name="fake-kfp-api", daemon=True
+    )
     thread.start()
     try:
         yield api

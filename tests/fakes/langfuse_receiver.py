@@ -78,8 +78,13 @@ class LangfuseReceiver:
                 except ValueError:
                     pass
             attributes[kv.key] = value
-        return {"name": span.name, "trace_id": span.trace_id.hex(), "span_id": span.span_id.hex(),
-                "parent_span_id": span.parent_span_id.hex(), "attributes": attributes}
+        return {
+            "name": span.name,
+            "trace_id": span.trace_id.hex(),
+            "span_id": span.span_id.hex(),
+            "parent_span_id": span.parent_span_id.hex(),
+            "attributes": attributes,
+        }
 
     def by_type(self, kind: str) -> list[dict]:
         """The spans whose ``langfuse.observation.type`` is ``kind`` (span, generation, event, ...)."""

@@ -21,8 +21,11 @@ class OpenAIServer:
                 outer.requests.append((self.path, body))
                 outer.events.append("smoke")
                 reply = {"index": 0, "message": {"role": "assistant", "content": "Hi! How can I help?"}}
-                status, payload = (500, {"error": "CUDA out of memory"}) if outer.fail else (
-                    200, {"object": "chat.completion", "model": body["model"], "choices": [reply]})
+                status, payload = (
+                    (500, {"error": "CUDA out of memory"})
+                    if outer.fail
+                    else (200, {"object": "chat.completion", "model": body["model"], "choices": [reply]})
+                )
                 data = json.dumps(payload).encode()
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")

@@ -71,6 +71,7 @@ POD_LABEL = "serving.kserve.io/inferenceservice"
 
 # -- the image ---------------------------------------------------------------------------------------------------
 
+
 def venv_path() -> Path:
     return Path(os.environ.get("SERVING_VENV") or ROOT / ".serving-venv")
 
@@ -78,8 +79,9 @@ def venv_path() -> Path:
 def _run(cmd: list[str], **kwargs) -> str:
     proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n"
-                           f"{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{' '.join(map(str, cmd))} exited {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        )
     return proc.stdout
 
 
@@ -103,17 +105,24 @@ def ensure_venv(path: Path | None = None) -> dict:
         for requirement in RECIPE["pip install"]:
             _run([*pip, "install", "-q", requirement], timeout=3600)
         _run([*pip, "uninstall", "-y", *LEFT_OUT])
-        probe = ("import json, torch, transformers, vllm; print(json.dumps({'vllm': vllm.__version__, "
-                 "'torch': torch.__version__, 'transformers': transformers.__version__}))")
+        probe = (
+            "import json, torch, transformers, vllm; print(json.dumps({'vllm': vllm.__version__, "
+            "'torch': torch.__version__, 'transformers': transformers.__version__}))"
+        )
         versions = json.loads(_run([str(path / "bin" / "python"), "-c", probe], cwd=path).strip().splitlines()[-1])
         size = int(_run(["du", "-sb", str(path)]).split()[0])
-        info = {"recipe": RECIPE, "versions": versions, "bytes": size,
-                "build_seconds": round(time.monotonic() - started, 1)}
+        info = {
+            "recipe": RECIPE,
+            "versions": versions,
+            "bytes": size,
+            "build_seconds": round(time.monotonic() - started, 1),
+        }
         record.write_text(json.dumps(info, indent=2))
         return info
 
 
 # -- the pod -----------------------------------------------------------------------------------------------------
+
 
 def predictor_container(runtime: dict, isvc: dict) -> dict:
     """The predictor's container as KServe builds it from the ServingRuntime and the InferenceService."""
@@ -221,51 +230,99 @@ def start_pod(isvc: dict, runtime: dict, claims: dict[str, Path], venv: Path, wo
     pod_dir.mkdir(parents=True, exist_ok=True)
     # The image's software at a path of its own, bound before the pod's /tmp is: the venv may live under the host's
     # /tmp (a clone there, as CI may make), which the pod's own /tmp hides.
-    mounts = [{"kind": "bind", "source": str(venv.resolve()), "target": POD_VENV, "read_only": True},
-              {"kind": "bind", "source": str(_claim_folder(isvc["spec"]["predictor"]["model"]["storageUri"], claims)),
-               "target": MODEL_MOUNT, "read_only": True},
-              {"kind": "tmpfs", "target": "/tmp"}]
+    mounts = [
+        {"kind": "bind", "source": str(venv.resolve()), "target": POD_VENV, "read_only": True},
+        {
+            "kind": "bind",
+            "source": str(_claim_folder(isvc["spec"]["predictor"]["model"]["storageUri"], claims)),
+            "target": MODEL_MOUNT,
+            "read_only": True,
+        },
+        {"kind": "tmpfs", "target": "/tmp"},
+    ]
     # The pod's volumes: the runtime's and the predictor's own (a claim mounted beside storageUri's).
-    volumes = {v["name"]: v for v in [*runtime["spec"].get("volumes", []),
-                                      *isvc["spec"]["predictor"].get("volumes", [])]}
+    volumes = {
+        v["name"]: v for v in [*runtime["spec"].get("volumes", []), *isvc["spec"]["predictor"].get("volumes", [])]
+    }
     for m in container.get("volumeMounts", []):
         volume = volumes[m["name"]]
         if "persistentVolumeClaim" in volume:
             # Bound before the pod's own /tmp hides the host's (where a test's claim folder may live).
             claim = claims[volume["persistentVolumeClaim"]["claimName"]]
-            mounts.insert(mounts.index({"kind": "tmpfs", "target": "/tmp"}),
-                          {"kind": "bind", "source": str(claim), "target": m["mountPath"],
-                           "read_only": bool(m.get("readOnly"))})
+            mounts.insert(
+                mounts.index({"kind": "tmpfs", "target": "/tmp"}),
+                {"kind": "bind", "source": str(claim), "target": m["mountPath"], "read_only": bool(m.get("readOnly"))},
+            )
             continue
         if "emptyDir" not in volume:
             raise ValueError(f"volume {m['name']}: the rehearsal mounts emptyDir and persistentVolumeClaim volumes")
         mounts.append({"kind": "tmpfs", "target": m["mountPath"]})
-    env = {"PATH": f"{POD_VENV}/bin:{SYSTEM_PATH}", **{e["name"]: e["value"] for e in container.get("env", [])},
-           **CPU_ENV}
+    env = {
+        "PATH": f"{POD_VENV}/bin:{SYSTEM_PATH}",
+        **{e["name"]: e["value"] for e in container.get("env", [])},
+        **CPU_ENV,
+    }
     command = list(container["command"])
     security = {**(isvc["spec"]["predictor"].get("securityContext") or {}), **container.get("securityContext", {})}
     if "runAsUser" in security:
-        command = ["setpriv", f"--reuid={security['runAsUser']}", f"--regid={security.get('runAsGroup', 0)}",
-                   "--clear-groups", "--", *command]
+        command = [
+            "setpriv",
+            f"--reuid={security['runAsUser']}",
+            f"--regid={security.get('runAsGroup', 0)}",
+            "--clear-groups",
+            "--",
+            *command,
+        ]
     # An image's /root is its own: the host's is hidden. The interpreter the venv links to (pyenv keeps it under
     # /root, mode 700) and the venv itself, where they live there, are bound back: in the image every user may
     # run its python.
     interpreter = Path(os.path.realpath(venv / "bin" / "python3")).parents[1]
     keep = [str(p) for p in (interpreter, venv.resolve()) if p.is_relative_to("/root")]
-    spec = {"hostname": name, "rootfs_dirs": ["/mnt"], "mounts": mounts, "keep": keep, "hide": ["/root"],
-            "staging": str(pod_dir / "staging"), "working_dir": "/tmp", "command": command,
-            "args": container.get("args", []), "env": env}
+    spec = {
+        "hostname": name,
+        "rootfs_dirs": ["/mnt"],
+        "mounts": mounts,
+        "keep": keep,
+        "hide": ["/root"],
+        "staging": str(pod_dir / "staging"),
+        "working_dir": "/tmp",
+        "command": command,
+        "args": container.get("args", []),
+        "env": env,
+    }
     spec_path = pod_dir / "spec.json"
     spec_path.write_text(json.dumps(spec, indent=2))
     log = pod_dir / "container.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            ["unshare", "--net", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--uts",
-             "--propagation", "private", sys.executable, "-I", "-S", __file__, "pod-init", str(spec_path)],
-            stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+            [
+                "unshare",
+                "--net",
+                "--pid",
+                "--fork",
+                "--kill-child=SIGKILL",
+                "--mount-proc",
+                "--uts",
+                "--propagation",
+                "private",
+                sys.executable,
+                "-I",
+                "-S",
+                __file__,
+                "pod-init",
+                str(spec_path),
+            ],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
     port = next(int(a.split("=", 1)[1]) for a in container["args"] if a.startswith("--port="))
-    relay = subprocess.Popen([sys.executable, "-I", "-S", __file__, "relay", str(proc.pid), str(port)],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    relay = subprocess.Popen(
+        [sys.executable, "-I", "-S", __file__, "relay", str(proc.pid), str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     line = relay.stdout.readline().strip()
     if not line.isdigit():
         proc.terminate()
@@ -294,8 +351,13 @@ class KServeController:
             pod = self.pods[name] = start_pod(obj, self.runtime, self.claims, self.venv, self.workdir)
             self.api.add_pod(namespace, pod.name, {POD_LABEL: name}, container="kserve-container")
         if not pod.alive():
-            self.api.set_container_state(namespace, pod.name, "waiting", reason="CrashLoopBackOff",
-                                         message=f"exit code {pod.proc.returncode}; last lines:\n{pod.tail()}")
+            self.api.set_container_state(
+                namespace,
+                pod.name,
+                "waiting",
+                reason="CrashLoopBackOff",
+                message=f"exit code {pod.proc.returncode}; last lines:\n{pod.tail()}",
+            )
             return
         if pod.ready():
             status.update(observedGeneration=generation, url=pod.url, address={"url": pod.url})
@@ -308,6 +370,7 @@ class KServeController:
 
 
 # -- run as a script: the pod's first process, and the relay -------------------------------------------------------
+
 
 def _loopback_up() -> None:
     """``ip link set lo up`` in the pod's new network namespace (loopback starts down there)."""

@@ -117,7 +117,8 @@ class VLLMServer:
             if token == self.tokenizer.eos_token_id:
                 break
         text = (self.tokenizer.decode(ids) if body.get("echo") else "") + self.tokenizer.decode(
-            answer, skip_special_tokens=True)
+            answer, skip_special_tokens=True
+        )
         choice = {"index": 0, "text": text, "finish_reason": "length"}
         if top_k is not None:
             choice["logprobs"] = {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs}

@@ -25,8 +25,9 @@ class Hook:
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
-                hook.requests.append({"path": self.path, "headers": dict(self.headers), "body": body,
-                                      "at": time.monotonic()})
+                hook.requests.append(
+                    {"path": self.path, "headers": dict(self.headers), "body": body, "at": time.monotonic()}
+                )
                 reply = hook.replies.pop(0) if hook.replies else (200, {}, "ok")
                 if reply == "drop":
                     self.close_connection = True

@@ -8,16 +8,41 @@ NS = "team-llm"
 H100 = {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"}
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}
 PARAMS = {
-    "train_backend": "pytorchjob", "deploy_backend": "kserve-vllm", "data_pvc": "llm-data", "model_pvc": "llm-models",
-    "hf_token_secret": "hf-token", "num_nodes": 2, "gpus_per_node": 8, "node_selector": H100,
-    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}], "tensorboard": True,
-    "hpo_trials": 0, "alert_webhook_secret": "llm-alerts",
+    "train_backend": "pytorchjob",
+    "deploy_backend": "kserve-vllm",
+    "data_pvc": "llm-data",
+    "model_pvc": "llm-models",
+    "hf_token_secret": "hf-token",
+    "num_nodes": 2,
+    "gpus_per_node": 8,
+    "node_selector": H100,
+    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
+    "tensorboard": True,
+    "hpo_trials": 0,
+    "alert_webhook_secret": "llm-alerts",
 }
 # Trainer v2.2's TrainJob schema as the API server publishes it, cut down to the spec fields (what the launcher and
 # preflight read to tell the release apart; tests/train/launcher/test_trainjob_versions.py publishes the whole CRDs).
-TRAINJOB_SCHEMA = {"type": "object", "properties": {"spec": {"type": "object", "properties": {
-    field: {} for field in ("activeDeadlineSeconds", "initializer", "managedBy", "runtimePatches", "runtimeRef",
-                            "suspend", "trainer")}}}}
+TRAINJOB_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "spec": {
+            "type": "object",
+            "properties": {
+                field: {}
+                for field in (
+                    "activeDeadlineSeconds",
+                    "initializer",
+                    "managedBy",
+                    "runtimePatches",
+                    "runtimeRef",
+                    "suspend",
+                    "trainer",
+                )
+            },
+        }
+    },
+}
 
 
 def ready_cluster(api: FakeKubeAPI) -> FakeKubeAPI:

@@ -48,10 +48,21 @@ def build_tiny_fp8_qwen3_moe(folder: Path) -> dict:
 
     tok = build_tokenizer()
     config = Qwen3MoeConfig(
-        vocab_size=len(tok), hidden_size=256, num_hidden_layers=NUM_LAYERS, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=64, intermediate_size=384, num_experts=4, num_experts_per_tok=2,
-        moe_intermediate_size=128, max_position_embeddings=2048, pad_token_id=tok.pad_token_id,
-        eos_token_id=tok.eos_token_id, bos_token_id=None, dtype="bfloat16",
+        vocab_size=len(tok),
+        hidden_size=256,
+        num_hidden_layers=NUM_LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        intermediate_size=384,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=128,
+        max_position_embeddings=2048,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+        dtype="bfloat16",
     )
     torch.manual_seed(0)
     plain = folder.parent / f".{folder.name}-bf16-original"
@@ -81,14 +92,19 @@ def build_tiny_fp8_qwen3_moe(folder: Path) -> dict:
         weight_map[name] = f"model-0000{2 if late else 1}-of-00002.safetensors"
     folder.mkdir(parents=True, exist_ok=True)
     for shard in sorted(set(weight_map.values())):
-        save_file({n: tensors[n] for n, s in weight_map.items() if s == shard}, str(folder / shard),
-                  metadata={"format": "pt"})
+        save_file(
+            {n: tensors[n] for n, s in weight_map.items() if s == shard}, str(folder / shard), metadata={"format": "pt"}
+        )
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (folder / "model.safetensors.index.json").write_text(
-        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2))
+        json.dumps({"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}, indent=2)
+    )
     cfg = json.loads((plain / "config.json").read_text())
     cfg["quantization_config"] = {
-        "activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8", "weight_block_size": BLOCK,
+        "activation_scheme": "dynamic",
+        "fmt": "e4m3",
+        "quant_method": "fp8",
+        "weight_block_size": BLOCK,
         "modules_to_not_convert": ["lm_head", *(f"model.layers.{i}.mlp.gate" for i in range(NUM_LAYERS))],
     }
     (folder / "config.json").write_text(json.dumps(cfg, indent=2))

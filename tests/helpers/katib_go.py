@@ -54,8 +54,11 @@ def go_type_errors(value, go_type: str, path: str, structs: dict, aliases: dict)
     if go_type.startswith("[]"):
         if not isinstance(value, list):
             return [f"{path}: must be a list ({go_type})"]
-        return [e for i, item in enumerate(value)
-                for e in go_type_errors(item, go_type[2:], f"{path}[{i}]", structs, aliases)]
+        return [
+            e
+            for i, item in enumerate(value)
+            for e in go_type_errors(item, go_type[2:], f"{path}[{i}]", structs, aliases)
+        ]
     if go_type == "map[string]string":
         ok = isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str) for k, v in value.items())
         return [] if ok else [f"{path}: must map strings to strings"]
@@ -63,10 +66,17 @@ def go_type_errors(value, go_type: str, path: str, structs: dict, aliases: dict)
     if name in structs:
         if not isinstance(value, dict):
             return [f"{path}: must be an object ({name})"]
-        errors = [f"{path}.{k}: not a field of {name} (Katib would drop it); fields: {sorted(structs[name])}"
-                  for k in value if k not in structs[name]]
-        return errors + [e for k, v in value.items() if k in structs[name]
-                         for e in go_type_errors(v, structs[name][k], f"{path}.{k}", structs, aliases)]
+        errors = [
+            f"{path}.{k}: not a field of {name} (Katib would drop it); fields: {sorted(structs[name])}"
+            for k in value
+            if k not in structs[name]
+        ]
+        return errors + [
+            e
+            for k, v in value.items()
+            if k in structs[name]
+            for e in go_type_errors(v, structs[name][k], f"{path}.{k}", structs, aliases)
+        ]
     kind = aliases.get(name) or _SCALARS.get(name)
     if kind is None:
         return []  # a Kubernetes type (metav1, v1, unstructured): not Katib's to define
@@ -77,17 +87,32 @@ def go_type_errors(value, go_type: str, path: str, structs: dict, aliases: dict)
 
 def experiment_type_errors(exp: dict) -> list[str]:
     structs, aliases = _go_types()
-    unknown = [f"{k}: not a field of Experiment" for k in exp if k not in ("apiVersion", "kind", "metadata", "spec",
-                                                                            "status")]
-    return unknown + go_type_errors(exp.get("spec", {}), "ExperimentSpec", "spec", structs, aliases) + (
-        go_type_errors(exp["status"], "ExperimentStatus", "status", structs, aliases) if "status" in exp else [])
+    unknown = [
+        f"{k}: not a field of Experiment" for k in exp if k not in ("apiVersion", "kind", "metadata", "spec", "status")
+    ]
+    return (
+        unknown
+        + go_type_errors(exp.get("spec", {}), "ExperimentSpec", "spec", structs, aliases)
+        + (go_type_errors(exp["status"], "ExperimentStatus", "status", structs, aliases) if "status" in exp else [])
+    )
 
 
 # -- Katib's admission webhook (katib/validator.go), ported ---------------------------------------------------
 
 # The suggestion algorithms in Katib's default katib-config (GetSuggestionConfigData fails for any other name).
-KATIB_CONFIG_ALGORITHMS = {"random", "tpe", "grid", "hyperband", "bayesianoptimization", "cmaes", "sobol",
-                           "multivariate-tpe", "enas", "darts", "pbt"}
+KATIB_CONFIG_ALGORITHMS = {
+    "random",
+    "tpe",
+    "grid",
+    "hyperband",
+    "bayesianoptimization",
+    "cmaes",
+    "sobol",
+    "multivariate-tpe",
+    "enas",
+    "darts",
+    "pbt",
+}
 PARAM_REPLACE = "${{trialParameters.{}}}"  # consts.TrialTemplateParamReplaceFormat
 PARAM_REPLACE_REGEX = re.compile(r"\$\{trialParameters\..+?\}")  # consts.TrialTemplateParamReplaceFormatRegex
 META_REPLACE_REGEX = re.compile(r"\$\{trialSpec\.(.+?)\}")  # consts.TrialTemplateMetaReplaceFormatRegex
@@ -114,8 +139,9 @@ def katib_webhook_errors(exp: dict) -> list[str]:
     # Go's MatchString finds the pattern anywhere: anchored only at the start, as in Katib.
     if not re.match(r"^[a-z]([-a-z0-9]*[a-z0-9])?", name) or len(name) > 40:
         errors.append("metadata.name: lower case alphanumeric or '-', at most 40 characters")
-    max_trials, parallel, max_failed = (spec.get(k) for k in ("maxTrialCount", "parallelTrialCount",
-                                                              "maxFailedTrialCount"))
+    max_trials, parallel, max_failed = (
+        spec.get(k) for k in ("maxTrialCount", "parallelTrialCount", "maxFailedTrialCount")
+    )
     if max_failed is not None and max_failed < 0:
         errors.append("spec.maxFailedTrialCount: should not be less than 0")
     if max_trials is not None and max_trials <= 0:
@@ -230,8 +256,12 @@ def katib_trial_job(exp: dict, trial_name: str, assignments: dict[str, str]) -> 
         if not meta:
             values[p["name"]] = assignments[p["reference"]]
         else:
-            values[p["name"]] = {"Name": trial_name, "Namespace": exp["metadata"]["namespace"],
-                                 "Kind": spec["kind"], "APIVersion": spec["apiVersion"]}[meta.group(1)]
+            values[p["name"]] = {
+                "Name": trial_name,
+                "Namespace": exp["metadata"]["namespace"],
+                "Kind": spec["kind"],
+                "APIVersion": spec["apiVersion"],
+            }[meta.group(1)]
     assert len(assignments) == len(exp["spec"]["parameters"])  # errParamNotFoundInTrialParameters
     for name, value in values.items():
         text = text.replace(PARAM_REPLACE.format(name), value)

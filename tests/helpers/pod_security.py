@@ -17,18 +17,47 @@ from __future__ import annotations
 LEVELS = ("baseline", "restricted")
 
 # Capabilities (baseline): what may be added, the container runtimes' default set.
-BASELINE_CAPABILITIES = {"AUDIT_WRITE", "CHOWN", "DAC_OVERRIDE", "FOWNER", "FSETID", "KILL", "MKNOD",
-                         "NET_BIND_SERVICE", "SETFCAP", "SETGID", "SETPCAP", "SETUID", "SYS_CHROOT"}
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
 # SELinux (baseline): allowed seLinuxOptions.type values; user and role must be unset.
 SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
 # Sysctls (baseline): the safe, namespaced set.
-SAFE_SYSCTLS = {"kernel.shm_rmid_forced", "net.ipv4.ip_local_port_range", "net.ipv4.ip_unprivileged_port_start",
-                "net.ipv4.tcp_syncookies", "net.ipv4.ping_group_range", "net.ipv4.ip_local_reserved_ports",
-                "net.ipv4.tcp_keepalive_time", "net.ipv4.tcp_fin_timeout", "net.ipv4.tcp_keepalive_intvl",
-                "net.ipv4.tcp_keepalive_probes"}
+SAFE_SYSCTLS = {
+    "kernel.shm_rmid_forced",
+    "net.ipv4.ip_local_port_range",
+    "net.ipv4.ip_unprivileged_port_start",
+    "net.ipv4.tcp_syncookies",
+    "net.ipv4.ping_group_range",
+    "net.ipv4.ip_local_reserved_ports",
+    "net.ipv4.tcp_keepalive_time",
+    "net.ipv4.tcp_fin_timeout",
+    "net.ipv4.tcp_keepalive_intvl",
+    "net.ipv4.tcp_keepalive_probes",
+}
 # Volume Types (restricted): the only volume sources allowed.
-RESTRICTED_VOLUMES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected",
-                      "secret"}
+RESTRICTED_VOLUMES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 SECCOMP_RESTRICTED = {"RuntimeDefault", "Localhost"}
 APPARMOR_TYPES = {"RuntimeDefault", "Localhost"}
 
@@ -80,7 +109,8 @@ def _baseline(metadata: dict, spec: dict) -> list[str]:
     # AppArmor: RuntimeDefault or Localhost (field), runtime/default or localhost/* (annotation), or undefined.
     for key, value in (metadata.get("annotations") or {}).items():
         if key.startswith("container.apparmor.security.beta.kubernetes.io/") and not (
-                value == "runtime/default" or value.startswith("localhost/")):
+            value == "runtime/default" or value.startswith("localhost/")
+        ):
             found.append(f"AppArmor: annotation {key}={value}")
     for who, sc in [("pod", pod_sc), *((f"container {c.get('name')}", _sc(c)) for c in containers(spec))]:
         if sc.get("appArmorProfile") and sc["appArmorProfile"].get("type") not in APPARMOR_TYPES:
@@ -127,7 +157,8 @@ def _restricted(spec: dict) -> list[str]:
         # Seccomp: RuntimeDefault or Localhost, at pod level or in every container.
         seccomp = (sc.get("seccompProfile") or {}).get("type")
         if (seccomp is not None and seccomp not in SECCOMP_RESTRICTED) or (
-                seccomp is None and pod_seccomp not in SECCOMP_RESTRICTED):
+            seccomp is None and pod_seccomp not in SECCOMP_RESTRICTED
+        ):
             found.append(f"Seccomp: pod or container {name} must set seccompProfile.type RuntimeDefault or Localhost")
         # Capabilities: drop ALL; add nothing but NET_BIND_SERVICE.
         caps = sc.get("capabilities") or {}

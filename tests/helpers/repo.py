@@ -28,8 +28,10 @@ def require_reference(*parts: str) -> Path:
     reason, except in CI, where it fails: a skipped check against the real specs would pass unseen there."""
     needed = REFERENCE.joinpath(*parts)
     if not needed.exists():
-        why = (f"reference specs not found at {needed} (they live beside the project, in shared/reference; "
-               "REFERENCE_DIR names another folder)")
+        why = (
+            f"reference specs not found at {needed} (they live beside the project, in shared/reference; "
+            "REFERENCE_DIR names another folder)"
+        )
         if in_ci():
             pytest.fail(f"{why}; CI runs every check against them", pytrace=False)
         pytest.skip(why)
@@ -38,8 +40,9 @@ def require_reference(*parts: str) -> Path:
 
 def run_cli(*args: str, timeout: float = 120, env=None) -> subprocess.CompletedProcess:
     """Run ``python -m <args>`` in the repo root the way a user does; return the CompletedProcess."""
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env
+    )
 
 
 def run_module(*args: str) -> subprocess.CompletedProcess:

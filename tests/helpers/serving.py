@@ -23,8 +23,11 @@ def rehearsal_unavailable() -> str | None:
     for tool in ("unshare", "setpriv"):
         if shutil.which(tool) is None:
             return f"the serving rehearsal needs util-linux `{tool}`"
-    probe = subprocess.run(["unshare", "--net", "--mount", "--pid", "--fork", "--uts", "--propagation", "private",
-                            "true"], capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "--net", "--mount", "--pid", "--fork", "--uts", "--propagation", "private", "true"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         return f"`unshare` cannot create network/mount/PID/UTS namespaces here: {probe.stderr.strip()}"
     return None
@@ -34,12 +37,19 @@ def rows(tokenizer) -> list[dict]:
     """Two held-out rows as the data step packs them: the chat template applied, the answer's tokens scored."""
     out = []
     for word in ("apple", "river"):
-        conv = [{"role": "user", "content": f"Repeat {word} twice."},
-                {"role": "assistant", "content": f"{word} {word}. Done."}]
+        conv = [
+            {"role": "user", "content": f"Repeat {word} twice."},
+            {"role": "assistant", "content": f"{word} {word}. Done."},
+        ]
         prompt = tokenizer.apply_chat_template(conv[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
         ids = tokenizer.apply_chat_template(conv, tokenize=True, return_dict=False)
-        out.append({"input_ids": ids, "labels": [-100] * len(prompt) + ids[len(prompt):],
-                    "position_ids": list(range(len(ids)))})
+        out.append(
+            {
+                "input_ids": ids,
+                "labels": [-100] * len(prompt) + ids[len(prompt) :],
+                "position_ids": list(range(len(ids))),
+            }
+        )
     return out
 
 
@@ -53,8 +63,13 @@ def build_adapter(base: str, final: Path, seed: int, rank: int) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(base)
     model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
     torch.manual_seed(seed)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj", "gate_proj"],
-                        init_lora_weights=False, task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "v_proj", "gate_proj"],
+        init_lora_weights=False,
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     with torch.no_grad():  # a visible change: PEFT's random init without training is small on a tiny model
         for name, p in peft_model.named_parameters():
@@ -62,8 +77,9 @@ def build_adapter(base: str, final: Path, seed: int, rank: int) -> dict:
                 p.mul_(20)
     peft_model.save_pretrained(final)
     tokenizer.save_pretrained(final)
-    (final / "model.json").write_text(json.dumps({"base_model": "builtin:tiny-qwen3", "base_model_path": base,
-                                                  "method": "lora", "merged": False}))
+    (final / "model.json").write_text(
+        json.dumps({"base_model": "builtin:tiny-qwen3", "base_model_path": base, "method": "lora", "merged": False})
+    )
     peft_model.eval()
     return transformers_reference(peft_model, tokenizer, rows(tokenizer), PROMPTS)
 

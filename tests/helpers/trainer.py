@@ -16,8 +16,10 @@ def make_workdir(root: Path, rows: int = 96, max_seq_length: int = 128) -> Path:
     """``root/base`` (model + tokenizer) and ``root/data`` (packed train/eval splits); returns ``root``."""
     from datasets import Dataset, DatasetDict
 
-    convs = [[{"role": "user", "content": f"Repeat {w} twice. (#{i})"},
-              {"role": "assistant", "content": f"{w} {w}. Done."}] for i, w in enumerate(WORDS * (rows // len(WORDS)))]
+    convs = [
+        [{"role": "user", "content": f"Repeat {w} twice. (#{i})"}, {"role": "assistant", "content": f"{w} {w}. Done."}]
+        for i, w in enumerate(WORDS * (rows // len(WORDS)))
+    ]
     corpus = root / "chat.jsonl"
     corpus.write_text("\n".join(json.dumps({"messages": c}) for c in convs))
     tok = build_tokenizer(corpus)
@@ -27,7 +29,7 @@ def make_workdir(root: Path, rows: int = 96, max_seq_length: int = 128) -> Path:
     def example(conv):
         prompt = tok.apply_chat_template(conv[:1], tokenize=True, add_generation_prompt=True, return_dict=False)
         full = tok.apply_chat_template(conv, tokenize=True, return_dict=False)
-        return full, [-100] * len(prompt) + full[len(prompt):]
+        return full, [-100] * len(prompt) + full[len(prompt) :]
 
     def pack(examples):
         packed, row = [], {"input_ids": [], "labels": [], "position_ids": []}
@@ -60,11 +62,24 @@ CPU_TEST_SETTINGS: dict[str, Any] = dict(logging_steps=5, activation_checkpointi
 def trainer_config(root: Path, name: str, **over) -> str:
     """Write a CPU trainer config for ``root``'s model and data (output in ``root/<name>``); return its path."""
     cfg = build_trainer_config(
-        TrainSettings(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
-                      per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=3e-3,
-                      num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
-                      **CPU_TEST_SETTINGS),
-        dataset_path=str(root / "data"), output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
+        TrainSettings(
+            model_name_or_path=str(root / "base"),
+            method="full",
+            max_seq_length=128,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=1,
+            learning_rate=3e-3,
+            num_train_epochs=4,
+            max_steps=-1,
+            warmup_ratio=0.05,
+            seed=0,
+            deepspeed_config="none",
+            **CPU_TEST_SETTINGS,
+        ),
+        dataset_path=str(root / "data"),
+        output_dir=str(root / name),
+        use_cpu=True,
+        model_cache_dir=str(root / "cache"),
     )
     cfg.update(over)
     return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))

@@ -23,11 +23,20 @@ def short_api_outages(monkeypatch):
 
 def test_a_failed_search_deletes_its_experiment_and_with_it_the_trials_still_running():
     with KatibAPI() as api:
-        api.on_get("experiments", api.steps(
-            katib_runs(api, trial(T1, "1e-05", "Running"), trial(T2, "9e-05", "Running")),
-            katib_ends(api, "Failed", "ExperimentFailed", "Experiment has failed because max failed count has "
-                       "reached", trial(T1, "1e-05", "Failed", message="Trial has failed"),
-                       trial(T2, "9e-05", "Running"))))  # still holding its GPUs
+        api.on_get(
+            "experiments",
+            api.steps(
+                katib_runs(api, trial(T1, "1e-05", "Running"), trial(T2, "9e-05", "Running")),
+                katib_ends(
+                    api,
+                    "Failed",
+                    "ExperimentFailed",
+                    "Experiment has failed because max failed count has reached",
+                    trial(T1, "1e-05", "Failed", message="Trial has failed"),
+                    trial(T2, "9e-05", "Running"),
+                ),
+            ),
+        )  # still holding its GPUs
         with pytest.raises(RuntimeError, match=f"{WHAT} failed: ExperimentFailed"):
             run_experiment(experiment(), api_client=api.client, **FAST)
         assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
@@ -37,12 +46,17 @@ def test_a_failed_search_deletes_its_experiment_and_with_it_the_trials_still_run
 def test_a_retried_step_replaces_a_failed_experiment_and_searches_again(capsys):
     with KatibAPI() as api:
         failed = experiment()
-        api.set_condition(failed, "Failed", reason="ExperimentFailed",
-                          message="Experiment has failed because max failed count has reached")
+        api.set_condition(
+            failed,
+            "Failed",
+            reason="ExperimentFailed",
+            message="Experiment has failed because max failed count has reached",
+        )
         old = api.put_object(*GVP, failed)  # what the first attempt of the step left
         katib_steps = api.steps(*succeeds(api))
-        api.on_get("experiments", lambda exp: katib_steps(exp) if exp["metadata"]["uid"] != old["metadata"]["uid"]
-                   else None)  # Katib leaves a finished Experiment alone
+        api.on_get(
+            "experiments", lambda exp: katib_steps(exp) if exp["metadata"]["uid"] != old["metadata"]["uid"] else None
+        )  # Katib leaves a finished Experiment alone
         exp, trials = run_experiment(experiment(), api_client=api.client, **FAST)
         posts = api.requests_for("POST", "/experiments")
         deletes = api.requests_for("DELETE", f"/experiments/{NAME}")

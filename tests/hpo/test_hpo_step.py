@@ -59,13 +59,15 @@ def trial_folders(root, *names):
 
 # -- following the Experiment ---------------------------------------------------------------------------------
 
+
 def test_a_search_that_succeeds_returns_the_best_trial_and_every_trial(tmp_path, capsys):
     trials_dir = trial_folders(tmp_path / "hpo", T1, T2, T3)
     with KatibAPI() as api:
         api.on_get("experiments", api.steps(*succeeds(api)))
         created = []
-        exp, trials = run_experiment(experiment(), trials_dir=str(trials_dir), api_client=api.client,
-                                     on_created=created.append, **FAST)
+        exp, trials = run_experiment(
+            experiment(), trials_dir=str(trials_dir), api_client=api.client, on_created=created.append, **FAST
+        )
         assert len(api.requests_for("POST", "/experiments")) == 1
         assert api.requests_for("GET", "/trials")[0].query["labelSelector"] == [f"{katib.EXPERIMENT_LABEL}={NAME}"]
     assert [c["metadata"]["name"] for c in created] == [NAME]
@@ -73,8 +75,11 @@ def test_a_search_that_succeeds_returns_the_best_trial_and_every_trial(tmp_path,
     assert sorted(t["metadata"]["name"] for t in trials) == [T1, T2, T3]
     report = katib.trials_markdown(exp, trials)
     assert f"**Best:** `{T2}`: eval_loss 1.7500 with learning_rate=8.1e-05." in report
-    assert [line.split(" | ")[0] for line in report.splitlines() if line.startswith("| `")] == \
-        [f"| `{T2}`", f"| `{T1}`", f"| `{T3}`"]
+    assert [line.split(" | ")[0] for line in report.splitlines() if line.startswith("| `")] == [
+        f"| `{T2}`",
+        f"| `{T1}`",
+        f"| `{T3}`",
+    ]
     # The exports are gone, the small files stay (the run's Tensorboard shows the trials' curves).
     assert not list(trials_dir.glob("*/final")) and len(list(trials_dir.glob("*/metrics.json"))) == 3
     out = capsys.readouterr().out
@@ -91,34 +96,63 @@ def test_an_ended_trials_export_is_deleted_while_the_others_run(tmp_path):
         seen.append(sorted(p.parent.name for p in trials_dir.glob("*/final")))
 
     with KatibAPI() as api:
-        api.on_get("experiments", api.steps(
-            katib_runs(api, trial(T1, "3e-05", "Running"), trial(T2, "8.1e-05", "Running")),
-            katib_runs(api, trial(T1, "3e-05", "Failed", message="Trial has failed. Job message: OOMKilled"),
-                       trial(T2, "8.1e-05", "Running")),
-            look,
-            katib_ends(api, "Succeeded", "ExperimentMaxTrialsReached", "done",
-                       trial(T1, "3e-05", "Failed"), trial(T2, "8.1e-05", "Succeeded", "1.9"))))
+        api.on_get(
+            "experiments",
+            api.steps(
+                katib_runs(api, trial(T1, "3e-05", "Running"), trial(T2, "8.1e-05", "Running")),
+                katib_runs(
+                    api,
+                    trial(T1, "3e-05", "Failed", message="Trial has failed. Job message: OOMKilled"),
+                    trial(T2, "8.1e-05", "Running"),
+                ),
+                look,
+                katib_ends(
+                    api,
+                    "Succeeded",
+                    "ExperimentMaxTrialsReached",
+                    "done",
+                    trial(T1, "3e-05", "Failed"),
+                    trial(T2, "8.1e-05", "Succeeded", "1.9"),
+                ),
+            ),
+        )
         run_experiment(experiment(), trials_dir=str(trials_dir), api_client=api.client, **FAST)
     assert seen == [[T2]]  # T1 ended: its export went at the next poll; T2 was still running
 
 
 def test_a_failed_search_fails_at_once_with_katibs_reason_and_the_failed_trials(tmp_path):
-    failed = [trial(T1, "1e-05", "Failed", message="Trial has failed. Job message: PyTorchJob is failed because 1 "
-                    "Master replica(s) failed."),
-              trial(T2, "9e-05", "Failed", message="Trial has failed. Job message: OOMKilled")]
+    failed = [
+        trial(
+            T1,
+            "1e-05",
+            "Failed",
+            message="Trial has failed. Job message: PyTorchJob is failed because 1 Master replica(s) failed.",
+        ),
+        trial(T2, "9e-05", "Failed", message="Trial has failed. Job message: OOMKilled"),
+    ]
     trials_dir = trial_folders(tmp_path / "hpo", T1, T2)
     with KatibAPI() as api:
-        api.on_get("experiments", api.steps(
-            katib_runs(api, trial(T1, "1e-05", "Running"), trial(T2, "9e-05", "Running")),
-            katib_ends(api, "Failed", "ExperimentFailed", "Experiment has failed because max failed count has "
-                       "reached", *failed)))
+        api.on_get(
+            "experiments",
+            api.steps(
+                katib_runs(api, trial(T1, "1e-05", "Running"), trial(T2, "9e-05", "Running")),
+                katib_ends(
+                    api,
+                    "Failed",
+                    "ExperimentFailed",
+                    "Experiment has failed because max failed count has reached",
+                    *failed,
+                ),
+            ),
+        )
         with pytest.raises(RuntimeError) as error:
             run_experiment(experiment(), trials_dir=str(trials_dir), api_client=api.client, **FAST)
         # Deleted: Katib never stops a finished Experiment's running trials (tests/hpo/test_hpo_cleanup.py).
         assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
     message = str(error.value)
-    assert message.startswith(f"{WHAT} failed: ExperimentFailed: Experiment has failed because max failed count "
-                              "has reached")
+    assert message.startswith(
+        f"{WHAT} failed: ExperimentFailed: Experiment has failed because max failed count has reached"
+    )
     assert f"trial {T1} (learning_rate=1e-05): Failed: Trial has failed. Job message: PyTorchJob is failed" in message
     assert f"trial {T2} (learning_rate=9e-05): Failed: Trial has failed. Job message: OOMKilled" in message
     assert not list(trials_dir.glob("*/final"))
@@ -126,8 +160,10 @@ def test_a_failed_search_fails_at_once_with_katibs_reason_and_the_failed_trials(
 
 def one_experiment_followed_then_deleted(api) -> bool:
     """The search ran on one Experiment, which the step deleted at its end (tests/hpo/test_hpo_trial_logs.py)."""
-    return (len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
-            and [k for k in api.objects if k[2] == katib.PLURAL] == [])
+    return (
+        len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
+        and [k for k in api.objects if k[2] == katib.PLURAL] == []
+    )
 
 
 def test_a_retried_step_re_attaches_to_its_experiment_with_exactly_one_create():
@@ -221,17 +257,32 @@ def test_a_sigterm_whose_exception_a_finalizer_swallowed_still_cancels(monkeypat
 
 def test_a_trial_pod_that_cannot_start_deletes_the_experiment_and_names_the_pod():
     with KatibAPI() as api:
+
         def image_missing(exp):
             katib_runs(api, trial(T1, "3e-05", "Running"))(exp)
-            api.add_pod(NS, f"{T1}-master-0", {RUN_ID_LABEL: RUN_ID, "training.kubeflow.org/job-name": T1},
-                        state="waiting", reason="ImagePullBackOff", message='Back-off pulling image "trainer:typo"')
+            api.add_pod(
+                NS,
+                f"{T1}-master-0",
+                {RUN_ID_LABEL: RUN_ID, "training.kubeflow.org/job-name": T1},
+                state="waiting",
+                reason="ImagePullBackOff",
+                message='Back-off pulling image "trainer:typo"',
+            )
             # The run's other pods (not a trial's) are none of the search's business.
-            api.add_pod(NS, "sft-other-master-0", {RUN_ID_LABEL: RUN_ID, "training.kubeflow.org/job-name": "sft-x"},
-                        state="waiting", reason="ErrImagePull")
+            api.add_pod(
+                NS,
+                "sft-other-master-0",
+                {RUN_ID_LABEL: RUN_ID, "training.kubeflow.org/job-name": "sft-x"},
+                state="waiting",
+                reason="ErrImagePull",
+            )
 
         api.on_get("experiments", image_missing)
-        with pytest.raises(RuntimeError, match=rf"{WHAT}: a trial cannot start: pod {T1}-master-0: container "
-                                               "pytorch is ImagePullBackOff: Back-off pulling image"):
+        with pytest.raises(
+            RuntimeError,
+            match=rf"{WHAT}: a trial cannot start: pod {T1}-master-0: container "
+            "pytorch is ImagePullBackOff: Back-off pulling image",
+        ):
             run_experiment(experiment(), api_client=api.client, **FAST)
         assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
 
@@ -254,6 +305,7 @@ def test_the_deadline_deletes_the_experiment():
 
 def test_an_experiment_deleted_while_it_runs_fails_the_step():
     with KatibAPI() as api:
+
         def deleted_by_someone(exp):
             api.objects.pop((katib.GROUP, katib.VERSION, katib.PLURAL, NS, NAME))
 
@@ -271,20 +323,35 @@ def test_a_manifest_that_is_not_an_experiment_is_refused_before_any_request():
 
 # -- the KFP step ------------------------------------------------------------------------------------------------
 
+
 def step_settings(**over) -> dict:
-    return {**defaults(), "hpo_trials": 3, "hpo_parallel_trials": 2, "hpo_search_space": SPACE,
-            "hpo_trial_steps": 20, **over}
+    return {
+        **defaults(),
+        "hpo_trials": 3,
+        "hpo_parallel_trials": 2,
+        "hpo_search_space": SPACE,
+        "hpo_trial_steps": 20,
+        **over,
+    }
 
 
 def run_step(tmp_path, settings: dict):
     """search_hyperparameters as the KFP executor calls it, with the volumes under ``tmp_path``."""
     data_root, model_root = tmp_path / "data", tmp_path / "models"
-    dataset = Dataset(uri=str(tmp_path / "artifacts" / "dataset"),
-                      metadata={"path": str(data_root / "runs" / RUN_ID / "dataset"), "packing": True})
+    dataset = Dataset(
+        uri=str(tmp_path / "artifacts" / "dataset"),
+        metadata={"path": str(data_root / "runs" / RUN_ID / "dataset"), "packing": True},
+    )
     report = Markdown(uri=str(tmp_path / "artifacts" / "report.md"))
     (tmp_path / "artifacts").mkdir(exist_ok=True)
-    best = search_hyperparameters.python_func(dataset=dataset, settings=settings, data_root=str(data_root),
-                                              model_root=str(model_root), run_id=RUN_ID, report=report)
+    best = search_hyperparameters.python_func(
+        dataset=dataset,
+        settings=settings,
+        data_root=str(data_root),
+        model_root=str(model_root),
+        run_id=RUN_ID,
+        report=report,
+    )
     return best, (tmp_path / "artifacts" / "report.md").read_text(), model_root / "runs" / RUN_ID / "hpo"
 
 
@@ -293,8 +360,9 @@ def cluster(monkeypatch):
     """The fake API server as the step's cluster: its client, its namespace, fast polls."""
     with KatibAPI() as api:
         monkeypatch.setattr(kube, "current_namespace", lambda default="default": NS)
-        monkeypatch.setattr(follow, "run_experiment",
-                            functools.partial(follow.run_experiment, api_client=api.client, **FAST))
+        monkeypatch.setattr(
+            follow, "run_experiment", functools.partial(follow.run_experiment, api_client=api.client, **FAST)
+        )
         yield api
 
 
@@ -311,8 +379,12 @@ def test_the_step_runs_the_search_as_the_runs_training_job_and_returns_typed_set
     assert spec["algorithm"]["algorithmSettings"] == [{"name": "random_state", "value": "42"}]
     job = spec["trialTemplate"]["trialSpec"]
     args = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"]
-    assert args[:4] == ["--base-config", f"/mnt/models/runs/{RUN_ID}/hpo/train_config.json",
-                        "--trial-dir", f"/mnt/models/runs/{RUN_ID}/hpo/${{trialParameters.trialName}}"]
+    assert args[:4] == [
+        "--base-config",
+        f"/mnt/models/runs/{RUN_ID}/hpo/train_config.json",
+        "--trial-dir",
+        f"/mnt/models/runs/{RUN_ID}/hpo/${{trialParameters.trialName}}",
+    ]
     assert args[4:8] == ["--max_steps", "20", "--save_strategy", "no"]
 
     # The trials' base: the run's sft training from its base model, paths as the pods see them.
@@ -326,8 +398,11 @@ def test_the_step_runs_the_search_as_the_runs_training_job_and_returns_typed_set
 
 def test_the_step_gives_up_after_the_trials_rounds_of_the_job_deadline(tmp_path, cluster, monkeypatch):
     seen = {}
-    monkeypatch.setattr(follow, "run_experiment", lambda manifest, **kw: seen.update(kw) or (_ for _ in ()).throw(
-        TimeoutError("stop here")))
+    monkeypatch.setattr(
+        follow,
+        "run_experiment",
+        lambda manifest, **kw: seen.update(kw) or (_ for _ in ()).throw(TimeoutError("stop here")),
+    )
     with pytest.raises(TimeoutError):
         run_step(tmp_path, step_settings(hpo_trials=5, active_deadline_seconds=3600, pending_timeout_seconds=600))
     assert seen["timeout_seconds"] == 3 * (3600 + 600)  # ceil(5 / 2) rounds
@@ -336,11 +411,14 @@ def test_the_step_gives_up_after_the_trials_rounds_of_the_job_deadline(tmp_path,
 
 def test_bad_search_settings_fail_the_step_before_anything_is_created(tmp_path, cluster):
     with pytest.raises(ValueError) as error:
-        run_step(tmp_path, step_settings(hpo_search_space={"learning_rate": {"min": 1e-3, "max": 1e-4}},
-                                         hpo_parallel_trials=4))
+        run_step(
+            tmp_path,
+            step_settings(hpo_search_space={"learning_rate": {"min": 1e-3, "max": 1e-4}}, hpo_parallel_trials=4),
+        )
     assert str(error.value).splitlines() == [
         "hpo_search_space.learning_rate: min (0.001) must be below max (0.0001)",
-        "hpo_parallel_trials (4) is more than hpo_trials (3); lower hpo_parallel_trials or raise hpo_trials"]
+        "hpo_parallel_trials (4) is more than hpo_trials (3); lower hpo_parallel_trials or raise hpo_trials",
+    ]
     # Nothing but the step's own failure record, which the run's exit handler reads (components/observe/outcome.py).
     left = [p for p in (tmp_path / "models").rglob("*") if p.is_file()]
     assert cluster.requests == [] and [p.name for p in left] == ["search_hyperparameters.json"]
@@ -355,11 +433,19 @@ def test_with_hpo_off_the_step_returns_no_settings(tmp_path, cluster):
 
 def test_integer_settings_come_back_from_kfps_struct_doubles():
     """KFP hands a dict parameter over as a protobuf Struct: every number a double."""
-    space = {"lora_r": {"values": [8.0, 16.0]}, "gradient_accumulation_steps": {"min": 1.0, "max": 8.0, "step": 2.0},
-             "learning_rate": {"values": [1.0e-4, 2.0e-4]}, "lora_alpha": {"values": [8.5, 16.0]}}
+    space = {
+        "lora_r": {"values": [8.0, 16.0]},
+        "gradient_accumulation_steps": {"min": 1.0, "max": 8.0, "step": 2.0},
+        "learning_rate": {"values": [1.0e-4, 2.0e-4]},
+        "lora_alpha": {"values": [8.5, 16.0]},
+    }
     typed = katib.typed_search_space(space)
-    assert typed == {"lora_r": {"values": [8, 16]}, "gradient_accumulation_steps": {"min": 1, "max": 8, "step": 2},
-                     "learning_rate": {"values": [1e-4, 2e-4]}, "lora_alpha": {"values": [8.5, 16]}}
+    assert typed == {
+        "lora_r": {"values": [8, 16]},
+        "gradient_accumulation_steps": {"min": 1, "max": 8, "step": 2},
+        "learning_rate": {"values": [1e-4, 2e-4]},
+        "lora_alpha": {"values": [8.5, 16]},
+    }
     assert [type(v) for v in typed["lora_r"]["values"]] == [int, int]
     errors = katib.check_search(typed, trials=3, parallel_trials=1, max_failed_trials=0, algorithm="tpe", method="lora")
     assert errors == ["hpo_search_space.lora_alpha.values must all be integers; [8.5] are not"]

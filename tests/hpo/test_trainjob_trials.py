@@ -53,12 +53,33 @@ def runtime_replicated_jobs() -> list[str]:
 
 
 def trainjob_experiment(run_id: str, num_nodes: int, **over) -> dict:
-    job = trainjob_for_run(run_id=run_id, namespace=NS, config_path=f"/mnt/models/runs/{run_id}/hpo/c.json",
-                           trainer_image="t:1", num_nodes=num_nodes, gpus_per_node=8, data_pvc="d", model_pvc="m",
-                           hf_token_secret="hf", node_selector={}, tolerations=[])
-    args = dict(name=katib.experiment_name_for(run_id), namespace=NS, training_job=job,
-                trials_dir=katib.trials_dir_for(run_id), search_space=SPACE, trials=3, parallel_trials=1,
-                max_failed_trials=1, algorithm="tpe", trial_steps=20, method="full", seed=42)
+    job = trainjob_for_run(
+        run_id=run_id,
+        namespace=NS,
+        config_path=f"/mnt/models/runs/{run_id}/hpo/c.json",
+        trainer_image="t:1",
+        num_nodes=num_nodes,
+        gpus_per_node=8,
+        data_pvc="d",
+        model_pvc="m",
+        hf_token_secret="hf",
+        node_selector={},
+        tolerations=[],
+    )
+    args = dict(
+        name=katib.experiment_name_for(run_id),
+        namespace=NS,
+        training_job=job,
+        trials_dir=katib.trials_dir_for(run_id),
+        search_space=SPACE,
+        trials=3,
+        parallel_trials=1,
+        max_failed_trials=1,
+        algorithm="tpe",
+        trial_steps=20,
+        method="full",
+        seed=42,
+    )
     return katib.experiment_manifest(**{**args, **over})
 
 
@@ -71,8 +92,9 @@ def test_every_trials_pods_fit_jobsets_name_limit_with_a_kfp_run_id(num_nodes):
     # The Trainer: the JobSet is named after the TrainJob; one replica of "node", one pod per node.
     longest = jobset_longest_pod_name(run["metadata"]["name"], replicated_job, 1, run["spec"]["trainer"]["numNodes"])
     assert len(longest) <= 63, longest
-    assert exp["metadata"]["name"].startswith("hpo-4d2c9b1e") and exp["metadata"]["name"] == \
-        katib.experiment_name_for(UUID)
+    assert exp["metadata"]["name"].startswith("hpo-4d2c9b1e") and exp["metadata"]["name"] == katib.experiment_name_for(
+        UUID
+    )
 
 
 def test_a_name_whose_trials_pods_would_not_fit_is_refused_naming_the_fix():
@@ -80,7 +102,8 @@ def test_a_name_whose_trials_pods_would_not_fit_is_refused_naming_the_fix():
         trainjob_experiment(UUID, 2, name=f"hpo-{UUID}")  # 40 characters: within Katib's own limit, not JobSet's
     assert str(error.value) == (
         f"name 'hpo-{UUID}' leaves no room for its trials' pod names: a trial's TrainJob pod would be named like "
-        f"'hpo-{UUID}-x7k2p9qd-node-0-1-abcde' (64 characters, at most 63); use experiment_name_for(run_id)")
+        f"'hpo-{UUID}-x7k2p9qd-node-0-1-abcde' (64 characters, at most 63); use experiment_name_for(run_id)"
+    )
 
 
 def test_a_trial_that_never_gets_a_pod_fails_the_search_naming_it_and_where_to_look(capsys):
@@ -102,7 +125,8 @@ def test_a_trial_that_never_gets_a_pod_fails_the_search_naming_it_and_where_to_l
     assert str(error.value) == (
         f"Experiment {NS}/{name}: trial {t1} has had no pod for 0s: its TrainJob could not create them "
         f"(kubectl -n {NS} describe trainjob {t1}: the Trainer reports a JobSet it cannot create as a "
-        "TrainJobResourcesCreationFailed event)")
+        "TrainJobResourcesCreationFailed event)"
+    )
 
 
 def test_a_trial_held_in_a_queue_is_waited_for():
@@ -119,8 +143,9 @@ def test_a_trial_held_in_a_queue_is_waited_for():
         if len(polls) < 20:
             katib_runs(api, trial(t1, "3e-05", "Running"))(e)
         else:
-            katib_ends(api, "Succeeded", "ExperimentMaxTrialsReached", "done", trial(t1, "3e-05", "Succeeded",
-                                                                                    "2.0"))(e)
+            katib_ends(api, "Succeeded", "ExperimentMaxTrialsReached", "done", trial(t1, "3e-05", "Succeeded", "2.0"))(
+                e
+            )
 
     with KatibAPI() as api:
         api.on_get("experiments", queued_then_done)
@@ -136,10 +161,19 @@ def test_a_trial_whose_pods_exist_is_not_podless():
     def running_then_done(e):
         polls.append(1)
         if (NS, f"{t1}-node-0-0-abcde") not in api.pods:
-            api.add_pod(NS, f"{t1}-node-0-0-abcde", {RUN_ID_LABEL: UUID, trainjob.POD_SELECTOR_LABEL: t1},
-                        container=trainjob.NODE)
-        step = katib_runs(api, trial(t1, "3e-05", "Running")) if len(polls) < 20 else katib_ends(
-            api, "Succeeded", "ExperimentMaxTrialsReached", "done", trial(t1, "3e-05", "Succeeded", "2.0"))
+            api.add_pod(
+                NS,
+                f"{t1}-node-0-0-abcde",
+                {RUN_ID_LABEL: UUID, trainjob.POD_SELECTOR_LABEL: t1},
+                container=trainjob.NODE,
+            )
+        step = (
+            katib_runs(api, trial(t1, "3e-05", "Running"))
+            if len(polls) < 20
+            else katib_ends(
+                api, "Succeeded", "ExperimentMaxTrialsReached", "done", trial(t1, "3e-05", "Succeeded", "2.0")
+            )
+        )
         step(e)
 
     with KatibAPI() as api:

@@ -74,9 +74,24 @@ def _two_ranks(hub: Path, how: str, out: Path) -> dict:
     env = {**os.environ, **offline_hub_env(hub / "hf"), "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-         how, TINY_FP8_REPO, str(hub / "cache"), str(out)],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            str(script),
+            how,
+            TINY_FP8_REPO,
+            str(hub / "cache"),
+            str(out),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}

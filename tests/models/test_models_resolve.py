@@ -144,8 +144,7 @@ def _fake_hub(answer):
             status, info, headers = answer(self.path)
             body = json.dumps(info).encode()
             self.send_response(status)
-            for key, value in {**headers, "Content-Type": "application/json",
-                               "Content-Length": str(len(body))}.items():
+            for key, value in {**headers, "Content-Type": "application/json", "Content-Length": str(len(body))}.items():
                 self.send_header(key, value)
             self.end_headers()
             self.wfile.write(body)
@@ -167,8 +166,9 @@ def _fake_hub(answer):
 def newer_commit_hub():
     """A Hub whose main has moved on to a commit that is not in the cache: its address and the requests it got."""
     # repo_info names the new commit; its file listing (the tree) is empty.
-    with _fake_hub(lambda path: (200, [] if "/tree/" in path else
-                                 {"id": TINY_FP8_REPO, "sha": "f" * 40, "siblings": []}, {})) as hub_and_requests:
+    with _fake_hub(
+        lambda path: (200, [] if "/tree/" in path else {"id": TINY_FP8_REPO, "sha": "f" * 40, "siblings": []}, {})
+    ) as hub_and_requests:
         yield hub_and_requests
 
 
@@ -210,14 +210,16 @@ def test_other_ranks_take_rank_0s_recorded_folder_without_any_hub_request(offlin
     rank0 = threading.Timer(0.5, os.replace, args=(attempt, record))  # the record lands as rank 0 renames it
     rank0.start()
     try:
-        assert hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=60) \
-            == folder
+        assert (
+            hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=60) == folder
+        )
     finally:
         rank0.join()
 
 
 def test_a_rerun_reuses_the_recorded_copy_even_when_the_hub_has_a_newer_commit(
-        offline, tmp_path, monkeypatch, newer_commit_hub):
+    offline, tmp_path, monkeypatch, newer_commit_hub
+):
     # A copy of the HF cache: following the Hub below moves its refs/main.
     shutil.copytree(offline["root"] / "hf", tmp_path / "hf", symlinks=True)
     use_offline_hub(monkeypatch, tmp_path / "hf")
@@ -269,9 +271,12 @@ def test_a_missing_record_times_out_with_a_clear_message_and_rank_1_builds_nothi
     record = tmp_path / "train" / hub.BASE_MODEL_RECORD
     monkeypatch.setenv("RANK", "1")
     monkeypatch.setattr(hub, "resolve_model", _no_resolving)
-    with pytest.raises(TimeoutError, match=rf"rank 1 waited \d+ s for {re.escape(str(record))}, the base model "
-                                           rf"{re.escape(TINY_FP8_REPO)} global rank 0 resolves.*rank 0's log.*same "
-                                           r"volumes at the same paths"):
+    with pytest.raises(
+        TimeoutError,
+        match=rf"rank 1 waited \d+ s for {re.escape(str(record))}, the base model "
+        rf"{re.escape(TINY_FP8_REPO)} global rank 0 resolves.*rank 0's log.*same "
+        r"volumes at the same paths",
+    ):
         hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=0.5)
     assert os.listdir(tmp_path / "cache" / "models") == [partial.name] and not record.exists()
 
@@ -287,10 +292,15 @@ def test_an_fp8_folder_resolves_to_its_bf16_copy_and_a_bf16_hub_id_to_its_snapsh
 
 
 def test_an_uncached_hub_id_offline_is_one_clear_error(offline, tmp_path):
-    for call in (lambda: resolve_model("tiny-org/Not-Cached", str(tmp_path)),
-                 lambda: load_model_config("tiny-org/Not-Cached")):
-        with pytest.raises(ValueError, match=r"model_name_or_path 'tiny-org/Not-Cached' is not .*in the Hugging "
-                                             r"Face cache .*HF_HUB_OFFLINE=1.*download it into that cache"):
+    for call in (
+        lambda: resolve_model("tiny-org/Not-Cached", str(tmp_path)),
+        lambda: load_model_config("tiny-org/Not-Cached"),
+    ):
+        with pytest.raises(
+            ValueError,
+            match=r"model_name_or_path 'tiny-org/Not-Cached' is not .*in the Hugging "
+            r"Face cache .*HF_HUB_OFFLINE=1.*download it into that cache",
+        ):
             call()
 
 
@@ -298,10 +308,14 @@ def test_a_hub_id_the_hub_does_not_have_is_one_clear_error(offline, tmp_path, mo
     # The Hub's answer for a repository that does not exist (or that the token cannot see).
     with _fake_hub(lambda path: (404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})) as (url, _):
         _point_hub_at(monkeypatch, url)
-        for call in (lambda: resolve_model("tiny-org/No-Such-Model", str(tmp_path)),
-                     lambda: load_model_config("tiny-org/No-Such-Model")):
-            with pytest.raises(ValueError, match="model_name_or_path 'tiny-org/No-Such-Model' was not found on the "
-                                                 "Hugging Face Hub.*check the id"):
+        for call in (
+            lambda: resolve_model("tiny-org/No-Such-Model", str(tmp_path)),
+            lambda: load_model_config("tiny-org/No-Such-Model"),
+        ):
+            with pytest.raises(
+                ValueError,
+                match="model_name_or_path 'tiny-org/No-Such-Model' was not found on the Hugging Face Hub.*check the id",
+            ):
                 call()
 
 

@@ -16,8 +16,9 @@ def test_a_waiting_rank_takes_rank_0s_record_within_a_fraction_of_a_second(tmp_p
     folder.mkdir(parents=True)
     record = tmp_path / "train" / hub.BASE_MODEL_RECORD
     record.parent.mkdir()
-    rank0 = threading.Timer(0.3, hub._write_record,
-                            args=(str(record), {"model_name_or_path": "builtin:tiny-qwen3", "path": str(folder)}))
+    rank0 = threading.Timer(
+        0.3, hub._write_record, args=(str(record), {"model_name_or_path": "builtin:tiny-qwen3", "path": str(folder)})
+    )
     started = time.monotonic()
     rank0.start()
     try:

@@ -91,8 +91,17 @@ def start_prometheus(tmp_path):
             (work / name).write_text(text)
         (work / "prometheus.yml").write_text(yaml.safe_dump(config))
         port = free_port()
-        server = Server([binary, f"--config.file={work / 'prometheus.yml'}", f"--storage.tsdb.path={work / 'data'}",
-                         f"--web.listen-address=127.0.0.1:{port}"], port, "/-/ready", work)
+        server = Server(
+            [
+                binary,
+                f"--config.file={work / 'prometheus.yml'}",
+                f"--storage.tsdb.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+            ],
+            port,
+            "/-/ready",
+            work,
+        )
         started.append(server)
         return server
 
@@ -112,9 +121,18 @@ def start_alertmanager(tmp_path):
         work.mkdir()
         (work / "alertmanager.yml").write_text(config)
         port = free_port()
-        server = Server([binary, f"--config.file={work / 'alertmanager.yml'}", f"--storage.path={work / 'data'}",
-                         f"--web.listen-address=127.0.0.1:{port}", "--cluster.listen-address="], port, "/-/ready",
-                        work)
+        server = Server(
+            [
+                binary,
+                f"--config.file={work / 'alertmanager.yml'}",
+                f"--storage.path={work / 'data'}",
+                f"--web.listen-address=127.0.0.1:{port}",
+                "--cluster.listen-address=",
+            ],
+            port,
+            "/-/ready",
+            work,
+        )
         started.append(server)
         return server
 

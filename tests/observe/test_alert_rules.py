@@ -36,8 +36,9 @@ def test_promtool_checks_and_unit_tests_every_rule(promtool, tmp_path):
     check = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True, text=True)
     assert check.returncode == 0, check.stdout + check.stderr
     assert "SUCCESS: 4 rules found" in check.stdout
-    tested = subprocess.run([promtool, "test", "rules", "rules_test.yaml"], cwd=tmp_path, capture_output=True,
-                            text=True)
+    tested = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert tested.returncode == 0, tested.stdout + tested.stderr
     # Every rule has a firing case and a silent one.
     cases = [c for t in yaml.safe_load(RULES_TEST.read_text())["tests"] for c in t["alert_rule_test"]]
@@ -51,8 +52,9 @@ def test_promtool_test_fails_when_a_rule_is_changed(promtool, tmp_path):
     # The unit tests can fail: with the idle threshold at 20% the 25%-busy pod no longer alerts.
     (tmp_path / "rules.yaml").write_text(rules_file().replace("< 50", "< 20"))
     shutil.copy(RULES_TEST, tmp_path / "rules_test.yaml")
-    tested = subprocess.run([promtool, "test", "rules", "rules_test.yaml"], cwd=tmp_path, capture_output=True,
-                            text=True)
+    tested = subprocess.run(
+        [promtool, "test", "rules", "rules_test.yaml"], cwd=tmp_path, capture_output=True, text=True
+    )
     assert tested.returncode != 0 and "LLMTrainingGPUIdle" in tested.stdout + tested.stderr
 
 
@@ -82,8 +84,11 @@ def state(step: int):
 
 
 def prometheus_config(target: str, **extra) -> dict:
-    return {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
-            "scrape_configs": [{"job_name": "llm-trainer", "static_configs": [{"targets": [target]}]}], **extra}
+    return {
+        "global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+        "scrape_configs": [{"job_name": "llm-trainer", "static_configs": [{"targets": [target]}]}],
+        **extra,
+    }
 
 
 def test_prometheus_scrapes_the_trainer_and_answers_through_its_api(start_prometheus, trainer_endpoint):
@@ -91,8 +96,9 @@ def test_prometheus_scrapes_the_trainer_and_answers_through_its_api(start_promet
     callback.on_train_begin(None, state(0), None)
     for step in range(1, 4):
         callback.on_step_end(None, state(step), None)
-    callback.on_log(None, state(3), None, logs={"loss": 1.75, "learning_rate": 2e-5,
-                                                "tokens_per_second_per_device": 900.0})
+    callback.on_log(
+        None, state(3), None, logs={"loss": 1.75, "learning_rate": 2e-5, "tokens_per_second_per_device": 900.0}
+    )
     prometheus = start_prometheus(prometheus_config(metrics.url.split("/")[2]))
 
     def query(q: str) -> list:
@@ -103,9 +109,15 @@ def test_prometheus_scrapes_the_trainer_and_answers_through_its_api(start_promet
     result = until(lambda: query("llm_train_loss"))
     assert result, f"no llm_train_loss scraped; targets: {prometheus.api('/api/v1/targets')}"
     (series,) = result
-    assert series["metric"] == {"__name__": "llm_train_loss", "instance": metrics.url.split("/")[2],
-                                "job": "llm-trainer", "run_id": "run-7", "stage": "sft", "job_name": "sft-run-7",
-                                "node_rank": "0"}
+    assert series["metric"] == {
+        "__name__": "llm_train_loss",
+        "instance": metrics.url.split("/")[2],
+        "job": "llm-trainer",
+        "run_id": "run-7",
+        "stage": "sft",
+        "job_name": "sft-run-7",
+        "node_rank": "0",
+    }
     assert float(series["value"][1]) == 1.75
     callback.on_step_end(None, state(4), None)
     assert until(lambda: [s for s in query("llm_train_step") if s["value"][1] == "4"])
@@ -113,7 +125,8 @@ def test_prometheus_scrapes_the_trainer_and_answers_through_its_api(start_promet
 
 
 def test_a_nan_loss_scraped_by_prometheus_reaches_the_webhook_through_alertmanager(
-        start_prometheus, start_alertmanager, trainer_endpoint, tmp_path):
+    start_prometheus, start_alertmanager, trainer_endpoint, tmp_path
+):
     metrics, callback = trainer_endpoint
     callback.on_train_begin(None, state(0), None)
     with Hook() as hook:
@@ -125,24 +138,29 @@ def test_a_nan_loss_scraped_by_prometheus_reaches_the_webhook_through_alertmanag
         assert WEBHOOK_FILE in config
         config = config.replace(WEBHOOK_FILE, str(url_file)).replace("group_wait: 30s", "group_wait: 1s")
         alertmanager = start_alertmanager(config)
-        prometheus = start_prometheus(prometheus_config(
-            metrics.url.split("/")[2], rule_files=["rules.yaml"],
-            alerting={"alertmanagers": [{"static_configs": [{"targets": [alertmanager.url.split("/")[2]]}]}]}),
-            files={"rules.yaml": rules_file()})
+        prometheus = start_prometheus(
+            prometheus_config(
+                metrics.url.split("/")[2],
+                rule_files=["rules.yaml"],
+                alerting={"alertmanagers": [{"static_configs": [{"targets": [alertmanager.url.split("/")[2]]}]}]},
+            ),
+            files={"rules.yaml": rules_file()},
+        )
         callback.on_log(None, state(2), None, logs={"loss": float("nan")})
         assert until(lambda: hook.requests, timeout=60), (
             f"nothing posted; Prometheus alerts: {prometheus.api('/api/v1/alerts')}; "
-            f"Alertmanager log: {alertmanager.log.read_text()[-2000:]}")
+            f"Alertmanager log: {alertmanager.log.read_text()[-2000:]}"
+        )
     post = hook.requests[0]
     assert post["path"] == TOKEN_PATH
     assert post["headers"]["Content-Type"].startswith("application/json")
     body = json.loads(post["body"])
     # Slack's incoming-webhook format, as Alertmanager's slack notifier sends it: attachments with title and text.
     (attachment,) = body["attachments"]
-    assert attachment["title"] == (":rotating_light: LLMTrainingLossNaN: Run run-7 (stage sft) has a NaN training "
-                                   "loss")
-    assert attachment["text"].strip() == ("Job sft-run-7 logged a NaN or infinite loss; every later step is wasted "
-                                          "GPU time.")
+    assert attachment["title"] == (":rotating_light: LLMTrainingLossNaN: Run run-7 (stage sft) has a NaN training loss")
+    assert attachment["text"].strip() == (
+        "Job sft-run-7 logged a NaN or infinite loss; every later step is wasted GPU time."
+    )
     assert attachment["color"] == "danger"
 
 
@@ -159,5 +177,9 @@ def test_every_dashboard_query_parses_in_prometheus(start_prometheus, trainer_en
         answer = prometheus.api("/api/v1/query?query=" + urllib.parse.quote(filled))
         assert answer["status"] == "success", (query, answer)
     # The trainer's own panels have data once it is scraped.
-    assert until(lambda: prometheus.api("/api/v1/query?query=" + urllib.parse.quote(
-        'max(llm_train_step{run_id="run-7"}) / max(llm_train_max_steps{run_id="run-7"})'))["data"]["result"])
+    assert until(
+        lambda: prometheus.api(
+            "/api/v1/query?query="
+            + urllib.parse.quote('max(llm_train_step{run_id="run-7"}) / max(llm_train_max_steps{run_id="run-7"})')
+        )["data"]["result"]
+    )

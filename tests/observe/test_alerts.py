@@ -15,18 +15,24 @@ from tests.fakes.webhook import TOKEN_PATH, Hook
 # A "hang" reply (Hook's default 2.5 s) outlasts timeout_seconds.
 FAST = dict(backoff_seconds=0.05, max_wait_seconds=5.0, timeout_seconds=2.0)
 
-FAILED = RunOutcome(pipeline="llm-finetune", run_id="8346555", status="FAILED", failed_step="train-model",
-                    reason="pod sft-8346555-master-0: container pytorch was OOMKilled (exit code 137)\n"
-                           "last lines: <rank0> CUDA out of memory & more",
-                    metrics={"eval_loss": 5.376312255859375, "global_step": 102},
-                    model_uri="pvc://llm-models/runs/8346555/train/final",
-                    run_url="https://kubeflow.example.com/pipeline/#/runs/details/8346555")
+FAILED = RunOutcome(
+    pipeline="llm-finetune",
+    run_id="8346555",
+    status="FAILED",
+    failed_step="train-model",
+    reason="pod sft-8346555-master-0: container pytorch was OOMKilled (exit code 137)\n"
+    "last lines: <rank0> CUDA out of memory & more",
+    metrics={"eval_loss": 5.376312255859375, "global_step": 102},
+    model_uri="pvc://llm-models/runs/8346555/train/final",
+    run_url="https://kubeflow.example.com/pipeline/#/runs/details/8346555",
+)
 
 
 @pytest.fixture
 def webhook_env(monkeypatch):
     def use(url: str):
         monkeypatch.setenv(alerts.WEBHOOK_URL_ENV, url)
+
     return use
 
 
@@ -55,8 +61,9 @@ def test_a_hook_that_keeps_failing_is_given_up_with_one_clear_line(webhook_env, 
             assert post_alert(alert_message(FAILED), attempts=3, **FAST) is False
     assert len(hook.requests) == 3
     assert caplog.records[-1].levelname == "WARNING"
-    assert caplog.messages[-1] == ("alert not sent: gave up on 127.0.0.1 after 3 attempts; last: "
-                                   "HTTP 503 service_unavailable")
+    assert caplog.messages[-1] == (
+        "alert not sent: gave up on 127.0.0.1 after 3 attempts; last: HTTP 503 service_unavailable"
+    )
 
 
 def test_a_request_that_times_out_is_retried(webhook_env, caplog):
@@ -68,16 +75,19 @@ def test_a_request_that_times_out_is_retried(webhook_env, caplog):
     assert any("timed out" in m for m in caplog.messages)
 
 
-@pytest.mark.parametrize("status, body", [(400, "invalid_payload"), (403, "invalid_token"), (404, "no_service"),
-                                          (410, "channel_is_archived")])
+@pytest.mark.parametrize(
+    "status, body",
+    [(400, "invalid_payload"), (403, "invalid_token"), (404, "no_service"), (410, "channel_is_archived")],
+)
 def test_a_refusal_is_final(webhook_env, caplog, status, body):
     with Hook((status, {}, body)) as hook:
         webhook_env(hook.url)
         with caplog.at_level(logging.INFO, logger="alerts"):
             assert post_alert({"text": "hi"}, **FAST) is False
     assert len(hook.requests) == 1
-    assert caplog.messages[-1] == (f"alert not sent: 127.0.0.1 refused it with HTTP {status} {body}; not retried "
-                                   "(check the hook and the message)")
+    assert caplog.messages[-1] == (
+        f"alert not sent: 127.0.0.1 refused it with HTTP {status} {body}; not retried (check the hook and the message)"
+    )
 
 
 def test_a_long_retry_after_is_capped(webhook_env):
@@ -93,7 +103,8 @@ def test_no_url_no_request_and_never_an_exception(monkeypatch, caplog):
     with caplog.at_level(logging.INFO, logger="alerts"):
         assert notify_run_outcome(FAILED) is False
     assert caplog.messages == [
-        "alert not sent: ALERT_WEBHOOK_URL is not set (set it from a Secret with key ALERT_WEBHOOK_URL)"]
+        "alert not sent: ALERT_WEBHOOK_URL is not set (set it from a Secret with key ALERT_WEBHOOK_URL)"
+    ]
 
 
 @pytest.mark.parametrize("url", ["hooks.slack.com/services/T/B/secret", "ftp://example.com/secret", "https://"])
@@ -122,6 +133,7 @@ def test_a_message_that_cannot_be_built_or_sent_fails_quietly(webhook_env, caplo
 
 # -- the message --------------------------------------------------------------------------------------------------
 
+
 def _texts(message: dict) -> list[str]:
     out = []
     for block in message["blocks"]:
@@ -133,22 +145,34 @@ def _texts(message: dict) -> list[str]:
 
 def test_a_failure_names_the_step_the_reason_the_metrics_and_the_model():
     message = alert_message(FAILED)
-    assert message["text"].startswith("llm-finetune failed (run 8346555) at train-model: pod sft-8346555-master-0: "
-                                      "container pytorch was OOMKilled (exit code 137) last lines: &lt;rank0&gt; CUDA")
+    assert message["text"].startswith(
+        "llm-finetune failed (run 8346555) at train-model: pod sft-8346555-master-0: "
+        "container pytorch was OOMKilled (exit code 137) last lines: &lt;rank0&gt; CUDA"
+    )
     header, fields, reason, metrics = message["blocks"]
-    assert header == {"type": "header",
-                      "text": {"type": "plain_text", "text": ":x: llm-finetune failed", "emoji": True}}
+    assert header == {
+        "type": "header",
+        "text": {"type": "plain_text", "text": ":x: llm-finetune failed", "emoji": True},
+    }
     assert [f["text"] for f in fields["fields"]] == [
-        "*Run*\n<https://kubeflow.example.com/pipeline/#/runs/details/8346555|8346555>", "*Status*\nfailed",
-        "*Failed step*\n`train-model`", "*Model*\n`pvc://llm-models/runs/8346555/train/final`"]
-    assert reason["text"]["text"] == ("*Reason*\n```pod sft-8346555-master-0: container pytorch was OOMKilled "
-                                      "(exit code 137)\nlast lines: &lt;rank0&gt; CUDA out of memory &amp; more```")
+        "*Run*\n<https://kubeflow.example.com/pipeline/#/runs/details/8346555|8346555>",
+        "*Status*\nfailed",
+        "*Failed step*\n`train-model`",
+        "*Model*\n`pvc://llm-models/runs/8346555/train/final`",
+    ]
+    assert reason["text"]["text"] == (
+        "*Reason*\n```pod sft-8346555-master-0: container pytorch was OOMKilled "
+        "(exit code 137)\nlast lines: &lt;rank0&gt; CUDA out of memory &amp; more```"
+    )
     assert metrics["text"]["text"] == "*Metrics*\neval_loss 5.376 · global_step 102"
 
 
 def test_a_success_has_no_failure_fields():
-    message = alert_message(RunOutcome("llm-finetune", "r1", "SUCCEEDED", metrics={"eval_loss": 1.5},
-                                       model_uri="pvc://m/runs/r1/train/final"))
+    message = alert_message(
+        RunOutcome(
+            "llm-finetune", "r1", "SUCCEEDED", metrics={"eval_loss": 1.5}, model_uri="pvc://m/runs/r1/train/final"
+        )
+    )
     assert message["text"] == "llm-finetune succeeded (run r1)"
     assert message["blocks"][0]["text"]["text"] == ":white_check_mark: llm-finetune succeeded"
     assert not any("Failed step" in t or "Reason" in t for t in _texts(message))
@@ -157,8 +181,14 @@ def test_a_success_has_no_failure_fields():
 
 
 def test_long_text_is_cut_to_slacks_limits():
-    outcome = RunOutcome("p" * 200, "r1", "FAILED", failed_step="s" * 3000, reason="x" * 10_000,
-                         metrics={f"m{i}": float(i) for i in range(500)})
+    outcome = RunOutcome(
+        "p" * 200,
+        "r1",
+        "FAILED",
+        failed_step="s" * 3000,
+        reason="x" * 10_000,
+        metrics={f"m{i}": float(i) for i in range(500)},
+    )
     message = alert_message(outcome)
     header = message["blocks"][0]["text"]["text"]
     assert len(header) <= alerts.HEADER_LIMIT and header.endswith("…")

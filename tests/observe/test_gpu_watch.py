@@ -65,14 +65,20 @@ def until(check, timeout: float = 30.0):
 @pytest.fixture
 def prometheus(start_prometheus, dcgm):
     target, set_job = dcgm
-    server = start_prometheus({"global": {"scrape_interval": "1s"},
-                               "scrape_configs": [{"job_name": "dcgm", "static_configs": [{"targets": [target]}]}]})
+    server = start_prometheus(
+        {
+            "global": {"scrape_interval": "1s"},
+            "scrape_configs": [{"job_name": "dcgm", "static_configs": [{"targets": [target]}]}],
+        }
+    )
 
     def sees(value: float) -> bool:
         """Wait until Prometheus's latest scrape has the job's GPUs at ``value``."""
+
         def seen():
             result = query_prometheus(server.url, utilisation_query(NS, PODS))
             return len(result) == 4 and all(float(s["value"][1]) == value for s in result)
+
         return bool(until(seen))
 
     assert sees(20)
@@ -84,8 +90,9 @@ def test_utilisation_is_logged_and_each_low_episode_posts_once(prometheus, monke
     clock, lines = Clock(), []
     with Hook() as hook:
         monkeypatch.setenv(alerts.WEBHOOK_URL_ENV, hook.url)
-        watch = GpuWatch(server.url, NS, NAME, threshold=50, window_seconds=600, query_seconds=60, clock=clock,
-                         out=lines.append)
+        watch = GpuWatch(
+            server.url, NS, NAME, threshold=50, window_seconds=600, query_seconds=60, clock=clock, out=lines.append
+        )
         watch(PODS)
         assert lines == ["GPU utilisation: 20% average over 4 GPUs (2 pods)"]  # the idle notebook is not the job's
         clock.now = 30
@@ -124,8 +131,9 @@ def free_port() -> int:
 
 def test_an_unreachable_prometheus_is_one_warning_and_never_raises(caplog):
     clock, lines, posts = Clock(), [], []
-    watch = GpuWatch(f"http://127.0.0.1:{free_port()}", NS, NAME, query_seconds=0, clock=clock, out=lines.append,
-                     post=posts.append)
+    watch = GpuWatch(
+        f"http://127.0.0.1:{free_port()}", NS, NAME, query_seconds=0, clock=clock, out=lines.append, post=posts.append
+    )
     with caplog.at_level(logging.WARNING, logger="gpu_watch"):
         for clock.now in range(0, 2000, 100):
             watch(PODS)
@@ -152,21 +160,38 @@ def test_pod_names_become_a_regex_prometheus_accepts_and_matches_exactly(prometh
 
 def test_the_settings_make_the_watch_and_an_empty_url_makes_none():
     assert gpu_watch_for(ClusterSettings(), NS, NAME) is None
-    watch = gpu_watch_for(ClusterSettings(prometheus_url="http://prom:9090", gpu_util_threshold=30,
-                                          gpu_util_window_seconds=120), NS, NAME)
+    watch = gpu_watch_for(
+        ClusterSettings(prometheus_url="http://prom:9090", gpu_util_threshold=30, gpu_util_window_seconds=120), NS, NAME
+    )
     assert watch is not None and (watch.url, watch.threshold, watch.window, watch.every) == (
-        "http://prom:9090", 30, 120, 30)
+        "http://prom:9090",
+        30,
+        120,
+        30,
+    )
 
 
 def test_the_launcher_logs_utilisation_beside_the_progress_and_an_unreachable_prometheus_fails_nothing(
-        prometheus, monkeypatch, capsys):
+    prometheus, monkeypatch, capsys
+):
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
     server, _, _ = prometheus
     master = PODS[0]
     labels = {"training.kubeflow.org/job-name": NAME}
-    job = build_pytorchjob(name=NAME, namespace=NS, image="trainer:1", config_path="/mnt/models/c.json", num_nodes=1,
-                           gpus_per_node=2, data_pvc="d", model_pvc="m", hf_token_secret="hf-token",
-                           node_selector={}, tolerations=[], labels={"pipelines.kubeflow.org/run-id": "run-5"})
+    job = build_pytorchjob(
+        name=NAME,
+        namespace=NS,
+        image="trainer:1",
+        config_path="/mnt/models/c.json",
+        num_nodes=1,
+        gpus_per_node=2,
+        data_pvc="d",
+        model_pvc="m",
+        hf_token_secret="hf-token",
+        node_selector={},
+        tolerations=[],
+        labels={"pipelines.kubeflow.org/run-id": "run-5"},
+    )
 
     def running(job):
         api.add_pod(NS, master, labels)
@@ -178,11 +203,15 @@ def test_the_launcher_logs_utilisation_beside_the_progress_and_an_unreachable_pr
         api.set_container_state(NS, master, "terminated", exit_code=0)
         api.set_condition(job, "Succeeded", reason="PyTorchJobSucceeded", message="done")
 
-    for url, expect in ((server.url, "GPU utilisation: 20% average over 2 GPUs (1 pods)"),
-                        (f"http://127.0.0.1:{free_port()}", None)):
+    for url, expect in (
+        (server.url, "GPU utilisation: 20% average over 2 GPUs (1 pods)"),
+        (f"http://127.0.0.1:{free_port()}", None),
+    ):
         with FakeKubeAPI() as api:
-            api.on_get("pytorchjobs", api.steps(lambda job: api.set_condition(job, "Created"), running,
-                                                lambda job: None, succeeded))
+            api.on_get(
+                "pytorchjobs",
+                api.steps(lambda job: api.set_condition(job, "Created"), running, lambda job: None, succeeded),
+            )
             watch = GpuWatch(url, NS, NAME, query_seconds=0)
             result = run_training_job(job, api_client=api.client, poll_seconds=0.01, watch=watch)
         assert result["state"] == "Succeeded"

@@ -38,20 +38,32 @@ def attrs(span: dict) -> dict:
 
 def test_the_evaluation_is_one_trace_with_a_generation_per_prompt_and_model(langfuse):
     prompts = ["What is Kubeflow?", "쿠버네티스란?"]
-    answers = {"base": ["A tool.", "모릅니다."],
-               "tuned": ["A platform for ML on Kubernetes.", "컨테이너 오케스트레이션."]}
-    assert trace_evaluation(run_id="run-1", base_model="/mnt/data/cache/base",
-                            tuned_model="/mnt/models/runs/run-1/sft/final", prompts=prompts, answers=answers,
-                            metrics={"eval_loss": 1.25}, passed=True, reason="eval_loss 1.5 -> 1.25",
-                            max_new_tokens=64)
+    answers = {
+        "base": ["A tool.", "모릅니다."],
+        "tuned": ["A platform for ML on Kubernetes.", "컨테이너 오케스트레이션."],
+    }
+    assert trace_evaluation(
+        run_id="run-1",
+        base_model="/mnt/data/cache/base",
+        tuned_model="/mnt/models/runs/run-1/sft/final",
+        prompts=prompts,
+        answers=answers,
+        metrics={"eval_loss": 1.25},
+        passed=True,
+        reason="eval_loss 1.5 -> 1.25",
+        max_new_tokens=64,
+    )
     assert langfuse.paths and set(langfuse.paths) == {TRACES_PATH}
     assert set(langfuse.auth) == {(langfuse.public_key, SECRET)}
     (root,) = langfuse.by_type("span")
     assert root["name"] == "evaluate run-1"
     assert attrs(root)["session.id"] == "run-1"  # the run's traces are one Langfuse session
     assert attrs(root)["langfuse.trace.name"] == "evaluate run-1"
-    assert attrs(root)["langfuse.observation.output"] == {"metrics": {"eval_loss": 1.25}, "passed": True,
-                                                          "reason": "eval_loss 1.5 -> 1.25"}
+    assert attrs(root)["langfuse.observation.output"] == {
+        "metrics": {"eval_loss": 1.25},
+        "passed": True,
+        "reason": "eval_loss 1.5 -> 1.25",
+    }
     generations = {g["name"]: g for g in langfuse.by_type("generation")}
     assert sorted(generations) == ["prompt 1 base", "prompt 1 tuned", "prompt 2 base", "prompt 2 tuned"]
     for g in generations.values():
@@ -65,9 +77,14 @@ def test_the_evaluation_is_one_trace_with_a_generation_per_prompt_and_model(lang
 
 
 def test_the_smoke_test_is_traced_with_the_served_models_identity(langfuse):
-    assert trace_smoke_test(run_id="run-2", model_path="/mnt/models/runs/run-2/sft/final",
-                            served_model_name="qwen3-sft", endpoint="http://qwen3-sft.team.svc/openai/v1",
-                            prompt="Hello", reply="Hi there")
+    assert trace_smoke_test(
+        run_id="run-2",
+        model_path="/mnt/models/runs/run-2/sft/final",
+        served_model_name="qwen3-sft",
+        endpoint="http://qwen3-sft.team.svc/openai/v1",
+        prompt="Hello",
+        reply="Hi there",
+    )
     (generation,) = langfuse.by_type("generation")
     assert generation["name"] == "smoke test"
     assert attrs(generation)["langfuse.observation.model.name"] == "qwen3-sft"
@@ -81,8 +98,13 @@ def test_the_smoke_test_is_traced_with_the_served_models_identity(langfuse):
 def test_the_training_run_records_settings_checkpoints_and_final_metrics(langfuse, tmp_path, monkeypatch):
     monkeypatch.setenv("TRAINER_RUN_ID", "run-3")
     monkeypatch.setattr(trainer_metrics, "_langfuse", None)
-    args = SFTConfig(output_dir=str(tmp_path / "sft"), stage="sft", learning_rate=3e-5, use_cpu=True,
-                     model_name_or_path="builtin:tiny-qwen3")
+    args = SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        stage="sft",
+        learning_rate=3e-5,
+        use_cpu=True,
+        model_name_or_path="builtin:tiny-qwen3",
+    )
     callback = LangfuseRunCallback()
     monkeypatch.setattr(trainer_metrics, "_langfuse", callback)
     callback.on_train_begin(args, SimpleNamespace(is_world_process_zero=True, global_step=0), None)
@@ -97,7 +119,11 @@ def test_the_training_run_records_settings_checkpoints_and_final_metrics(langfus
     checkpoint = spans["checkpoint-10"]
     assert checkpoint["parent_span_id"] == root["span_id"]
     assert attrs(checkpoint)["langfuse.observation.output"] == {
-        "path": str(tmp_path / "sft" / "checkpoint-10"), "step": 10, "max_steps": 20, "loss": 2.5}
+        "path": str(tmp_path / "sft" / "checkpoint-10"),
+        "step": 10,
+        "max_steps": 20,
+        "loss": 2.5,
+    }
 
 
 def test_other_ranks_record_nothing(langfuse):
@@ -112,8 +138,9 @@ def test_without_all_three_keys_nothing_is_traced(monkeypatch, caplog):
     monkeypatch.setenv("LANGFUSE_PUBLIC_KEY", next(KEYS))
     assert not configured()
     with caplog.at_level(logging.INFO, logger="langfuse"):
-        assert not trace_smoke_test(run_id="r", model_path="m", served_model_name="s", endpoint="e", prompt="p",
-                                    reply="r")
+        assert not trace_smoke_test(
+            run_id="r", model_path="m", served_model_name="s", endpoint="e", prompt="p", reply="r"
+        )
     assert "not traced" in caplog.text
 
 

@@ -37,6 +37,7 @@ def test_a_langfuse_secret_needs_all_three_keys_and_an_absent_one_warns(caplog):
         assert check(api, langfuse_secret="half") == [
             "langfuse_secret='half' has no key LANGFUSE_SECRET_KEY, LANGFUSE_HOST (it has: LANGFUSE_PUBLIC_KEY, "
             "host); the pods read Langfuse's keys and address from LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY, "
-            "LANGFUSE_HOST"]
+            "LANGFUSE_HOST"
+        ]
         assert check(api, langfuse_secret="blank") == ["langfuse_secret='blank': key LANGFUSE_SECRET_KEY is empty"]
         assert check(api, langfuse_secret="complete") == []

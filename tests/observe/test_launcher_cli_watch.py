@@ -7,9 +7,24 @@ import yaml
 
 from tests.helpers.repo import run_module
 
-ARGS = ["components.train.launcher", "--run-id", "run-1", "--config-path", "/mnt/models/runs/run-1/train/c.json",
-        "--num-nodes", "2", "--gpus-per-node", "8", "--data-pvc", "d", "--model-pvc", "m", "--namespace", "team",
-        "--dry-run"]
+ARGS = [
+    "components.train.launcher",
+    "--run-id",
+    "run-1",
+    "--config-path",
+    "/mnt/models/runs/run-1/train/c.json",
+    "--num-nodes",
+    "2",
+    "--gpus-per-node",
+    "8",
+    "--data-pvc",
+    "d",
+    "--model-pvc",
+    "m",
+    "--namespace",
+    "team",
+    "--dry-run",
+]
 
 
 def test_dry_run_renders_the_metrics_port_and_langfuse_references():
@@ -26,7 +41,9 @@ def test_dry_run_renders_the_metrics_port_and_langfuse_references():
 
 def test_defaults_serve_on_9410_and_help_names_the_watch():
     job = yaml.safe_load(run_module(*ARGS).stdout)
-    assert job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"][
-        "prometheus.io/port"] == "9410"
+    assert (
+        job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["metadata"]["annotations"]["prometheus.io/port"]
+        == "9410"
+    )
     help_text = run_module("components.train.launcher", "--help").stdout
     assert "--prometheus-url" in help_text and "--gpu-util-threshold" in help_text

@@ -30,9 +30,31 @@ CRDS = Path(__file__).resolve().parent / "crds"  # prometheus-operator v0.93 (cr
 DCGM = {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED"}
 KUBE_STATE_METRICS = {"kube_pod_status_phase", "kube_pod_labels", "kube_pod_container_status_restarts_total"}
 KNOWN = set(METRIC_NAMES) | DCGM | KUBE_STATE_METRICS
-PROMQL_WORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "group_left", "group_right", "offset",
-                "bool", "sum", "avg", "min", "max", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile",
-                "count_values"}
+PROMQL_WORDS = {
+    "and",
+    "or",
+    "unless",
+    "by",
+    "without",
+    "on",
+    "ignoring",
+    "group_left",
+    "group_right",
+    "offset",
+    "bool",
+    "sum",
+    "avg",
+    "min",
+    "max",
+    "count",
+    "group",
+    "stddev",
+    "stdvar",
+    "topk",
+    "bottomk",
+    "quantile",
+    "count_values",
+}
 
 
 def metric_names(expr: str) -> set[str]:
@@ -45,7 +67,7 @@ def metric_names(expr: str) -> set[str]:
     expr = re.sub(r"\$\w+", "", expr)
     names = set()
     for match in re.finditer(r"[A-Za-z_:][A-Za-z0-9_:]*", expr):
-        following = expr[match.end():].lstrip()[:1]
+        following = expr[match.end() :].lstrip()[:1]
         if following == "(" or match.group() in PROMQL_WORDS:
             continue  # a function or an aggregation, a keyword
         names.add(match.group())
@@ -69,8 +91,9 @@ def rule_expressions() -> list[str]:
 
 
 def test_metric_name_extraction_finds_each_name_and_nothing_else():
-    assert metric_names('avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (run_id) '
-                        'llm_train_info{run_id="$run_id"})') == {"DCGM_FI_DEV_GPU_UTIL", "llm_train_info"}
+    assert metric_names(
+        'avg by (pod) (DCGM_FI_DEV_GPU_UTIL * on (namespace, pod) group_left (run_id) llm_train_info{run_id="$run_id"})'
+    ) == {"DCGM_FI_DEV_GPU_UTIL", "llm_train_info"}
     assert metric_names("time() - llm_train_x > 15 * 60 and rate(foo_total[5m]) > 0") == {"llm_train_x", "foo_total"}
     assert metric_names("label_values(llm_train_info, run_id)") == {"llm_train_info", "run_id"}
 
@@ -84,8 +107,15 @@ def test_dashboard_queries_read_only_metrics_that_are_exported():
         assert names <= KNOWN, f"{query}: {sorted(names - KNOWN)} exported by neither the trainer, DCGM nor KSM"
     read = set().union(*(metric_names(q) for q in queries))
     # The panels: DCGM's GPU utilisation and memory, loss, tokens/s, MFU, ETA, restarts.
-    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_FB_USED", "llm_train_loss", "llm_train_tokens_per_second_per_device",
-            "llm_train_mfu", "llm_train_eta_seconds", "kube_pod_container_status_restarts_total"} <= read
+    assert {
+        "DCGM_FI_DEV_GPU_UTIL",
+        "DCGM_FI_DEV_FB_USED",
+        "llm_train_loss",
+        "llm_train_tokens_per_second_per_device",
+        "llm_train_mfu",
+        "llm_train_eta_seconds",
+        "kube_pod_container_status_restarts_total",
+    } <= read
 
 
 def test_alert_rules_read_only_metrics_that_are_exported():
@@ -118,8 +148,11 @@ def kustomize(path: Path) -> list[dict]:
 
 def test_kustomization_builds_the_monitors_rules_and_dashboard_in_one_namespace():
     built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(MONITORING)}
-    assert set(built) == {("PodMonitor", "llm-trainer"), ("PrometheusRule", "llm-training"),
-                          ("ConfigMap", "llm-training-dashboard")}
+    assert set(built) == {
+        ("PodMonitor", "llm-trainer"),
+        ("PrometheusRule", "llm-training"),
+        ("ConfigMap", "llm-training-dashboard"),
+    }
     assert len({d["metadata"]["namespace"] for d in built.values()}) == 1
     dashboard = built[("ConfigMap", "llm-training-dashboard")]
     assert dashboard["metadata"]["labels"] == {"grafana_dashboard": "1"}  # the Grafana sidecar's label
@@ -128,10 +161,21 @@ def test_kustomization_builds_the_monitors_rules_and_dashboard_in_one_namespace(
 
 # -- the training pods ------------------------------------------------------------------------------------------
 
-JOB = dict(run_id="run-1", namespace="team", config_path="/mnt/models/runs/run-1/train/train_config.json",
-           trainer_image="trainer:1", num_nodes=2, gpus_per_node=8, data_pvc="d", model_pvc="m",
-           hf_token_secret="hf-token", node_selector={}, tolerations=[], metrics_port=9410,
-           langfuse_secret="llm-langfuse")
+JOB = dict(
+    run_id="run-1",
+    namespace="team",
+    config_path="/mnt/models/runs/run-1/train/train_config.json",
+    trainer_image="trainer:1",
+    num_nodes=2,
+    gpus_per_node=8,
+    data_pvc="d",
+    model_pvc="m",
+    hf_token_secret="hf-token",
+    node_selector={},
+    tolerations=[],
+    metrics_port=9410,
+    langfuse_secret="llm-langfuse",
+)
 ANNOTATIONS = {"prometheus.io/scrape": "true", "prometheus.io/port": "9410", "prometheus.io/path": "/metrics"}
 
 

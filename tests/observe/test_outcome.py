@@ -22,15 +22,25 @@ RUN = "0b6f2c1e-5a3d-4c8e-9f10-2a4b6c8d0e12"  # a KFP run id: a 36-character UUI
 
 def _backend_status(state: str) -> PipelineTaskFinalStatus:
     """What the KFP v2 backend hands an exit handler: the group's state, the group's name, no error."""
-    return PipelineTaskFinalStatus(state=state, pipeline_job_resource_name=f"runs/{RUN}",
-                                   pipeline_task_name="exit-handler-1", error_code=None, error_message="")
+    return PipelineTaskFinalStatus(
+        state=state,
+        pipeline_job_resource_name=f"runs/{RUN}",
+        pipeline_task_name="exit-handler-1",
+        error_code=None,
+        error_message="",
+    )
 
 
 def _post(tmp_path, monkeypatch, state: str) -> dict:
     with Hook() as hook:
         monkeypatch.setenv(alerts.WEBHOOK_URL_ENV, hook.url)
-        notify_run.python_func(status=_backend_status(state), run_id=RUN, model_root=str(tmp_path / "models"),
-                               model_pvc="llm-models", data_root=str(tmp_path / "data"))
+        notify_run.python_func(
+            status=_backend_status(state),
+            run_id=RUN,
+            model_root=str(tmp_path / "models"),
+            model_pvc="llm-models",
+            data_root=str(tmp_path / "data"),
+        )
     (request,) = hook.requests
     return json.loads(request["body"])
 
@@ -80,8 +90,11 @@ def test_a_running_state_with_a_recorded_failure_is_a_failure(tmp_path):
 def test_kfp_local_states_keep_their_task_and_error():
     # kfp.local reports SUCCEEDED/FAILED with the failed task's own name and error.
     assert run_outcome("SUCCEEDED", "", "", []) == ("SUCCEEDED", "", "")
-    assert run_outcome("FAILED", "evaluate-model", "worse than base", []) == ("FAILED", "evaluate-model",
-                                                                               "worse than base")
+    assert run_outcome("FAILED", "evaluate-model", "worse than base", []) == (
+        "FAILED",
+        "evaluate-model",
+        "worse than base",
+    )
 
 
 def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads_it(tmp_path):
@@ -91,11 +104,21 @@ def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads
     from components.observe.outcome import read_records
     from components.settings import defaults
 
-    settings = {**defaults(), "dataset_source": str(tmp_path / "no-such-file.jsonl"),
-                "model_name_or_path": "builtin:tiny-qwen3", "num_proc": 1}
+    settings = {
+        **defaults(),
+        "dataset_source": str(tmp_path / "no-such-file.jsonl"),
+        "model_name_or_path": "builtin:tiny-qwen3",
+        "num_proc": 1,
+    }
     with pytest.raises(Exception) as err:
-        prepare_dataset.python_func(settings=settings, stage="sft", data_root=str(tmp_path / "data"), run_id=RUN,
-                                    dataset=Dataset(uri=str(tmp_path / "d")), report=Markdown(uri=str(tmp_path / "r")))
+        prepare_dataset.python_func(
+            settings=settings,
+            stage="sft",
+            data_root=str(tmp_path / "data"),
+            run_id=RUN,
+            dataset=Dataset(uri=str(tmp_path / "d")),
+            report=Markdown(uri=str(tmp_path / "r")),
+        )
     (record,) = read_records([str(tmp_path / "data")], RUN)
     assert record["step"] == "prepare_dataset[sft]" and record["state"] == "FAILED"
     assert str(err.value)[:60] in record["error"]

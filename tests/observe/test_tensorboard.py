@@ -15,8 +15,11 @@ RUN_ID = "9c1f4e2a-5b7d-4c3e-8f1a-2d6b0e9a7c35"
 def test_the_tensorboard_conforms_to_the_crd():
     manifest = tensorboard_manifest(job_name_for(RUN_ID, "tb"), "team-a", "llm-models", RUN_ID)
     assert crd_errors(manifest, "tensorboard.kubeflow.org_tensorboards.yaml") == []
-    assert manifest["metadata"] == {"name": job_name_for(RUN_ID, "tb"), "namespace": "team-a",
-                                    "labels": {"pipelines.kubeflow.org/run-id": RUN_ID}}
+    assert manifest["metadata"] == {
+        "name": job_name_for(RUN_ID, "tb"),
+        "namespace": "team-a",
+        "labels": {"pipelines.kubeflow.org/run-id": RUN_ID},
+    }
 
 
 def test_logspath_is_the_folder_the_trainer_writes_its_events_to():
@@ -27,8 +30,9 @@ def test_logspath_is_the_folder_the_trainer_writes_its_events_to():
     from components.train.stages import STAGES, stage_folder
 
     for stage in STAGES:
-        events = pvc_uri("llm-models", MODEL_MOUNT,
-                         f"{run_dir(MODEL_MOUNT, 'run-1')}/{stage_folder(stage)}/tensorboard")
+        events = pvc_uri(
+            "llm-models", MODEL_MOUNT, f"{run_dir(MODEL_MOUNT, 'run-1')}/{stage_folder(stage)}/tensorboard"
+        )
         assert events.startswith(logs_path("llm-models", "run-1") + "/")
 
 
@@ -39,14 +43,17 @@ def test_the_controller_finds_the_claim_and_the_subpath():
     assert claim == "llm-models" and sub_path == f"runs/{RUN_ID}"
 
 
-@pytest.mark.parametrize("name, pvc, run_id, message", [
-    ("TB_1", "llm-models", "run-1", "name 'TB_1' must be a DNS-1035 label"),
-    ("1tb", "llm-models", "run-1", "name '1tb' must be a DNS-1035 label"),
-    ("t" * 64, "llm-models", "run-1", "at most 63 characters"),
-    ("tb-1", "LLM models", "run-1", "model_pvc 'LLM models' is not a valid claim name"),
-    ("tb-1", "llm-models", "", "run_id '' is not a valid folder name"),
-    ("tb-1", "llm-models", "a/b", "run_id 'a/b' is not a valid folder name"),
-])
+@pytest.mark.parametrize(
+    "name, pvc, run_id, message",
+    [
+        ("TB_1", "llm-models", "run-1", "name 'TB_1' must be a DNS-1035 label"),
+        ("1tb", "llm-models", "run-1", "name '1tb' must be a DNS-1035 label"),
+        ("t" * 64, "llm-models", "run-1", "at most 63 characters"),
+        ("tb-1", "LLM models", "run-1", "model_pvc 'LLM models' is not a valid claim name"),
+        ("tb-1", "llm-models", "", "run_id '' is not a valid folder name"),
+        ("tb-1", "llm-models", "a/b", "run_id 'a/b' is not a valid folder name"),
+    ],
+)
 def test_bad_names_are_refused_naming_the_argument(name, pvc, run_id, message):
     with pytest.raises(ValueError, match=message):
         tensorboard_manifest(name, "team-a", pvc, run_id)

@@ -40,8 +40,12 @@ def test_every_series_is_served_with_the_runs_labels(served):
     cb.on_train_begin(None, state(0), None)
     for step in (1, 2):
         cb.on_step_end(None, state(step), None)
-    cb.on_log(None, state(2), None, logs={"loss": 2.5, "learning_rate": 1e-5, "tokens_per_second_per_device": 812.5,
-                                          "mfu": 0.31})
+    cb.on_log(
+        None,
+        state(2),
+        None,
+        logs={"loss": 2.5, "learning_rate": 1e-5, "tokens_per_second_per_device": 812.5, "mfu": 0.31},
+    )
     samples = scrape(url)
     assert set(METRIC_NAMES) <= set(samples)
     for name in METRIC_NAMES:
@@ -86,8 +90,14 @@ def test_a_taken_port_is_an_error_naming_the_setting():
 @pytest.fixture
 def fresh(monkeypatch):
     monkeypatch.setattr(trainer_metrics, "_current", None)
-    for var in ("TRAINER_METRICS_PORT", "LOCAL_RANK", "GROUP_RANK", "PET_NODE_RANK", "TRAINER_RUN_ID",
-                "TRAINER_JOB_NAME"):
+    for var in (
+        "TRAINER_METRICS_PORT",
+        "LOCAL_RANK",
+        "GROUP_RANK",
+        "PET_NODE_RANK",
+        "TRAINER_RUN_ID",
+        "TRAINER_JOB_NAME",
+    ):
         monkeypatch.delenv(var, raising=False)
     yield monkeypatch
     if trainer_metrics._current is not None:

@@ -21,8 +21,17 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
 # The trainer under torchrun, one CPU process, as the local backend runs it (components/train/launcher/local.py).
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-            "-m", "components.train.trainer.sft", "--config"]
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc_per_node",
+    "1",
+    "-m",
+    "components.train.trainer.sft",
+    "--config",
+]
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +47,28 @@ def free_port() -> int:
 
 def trainer_env(port: int, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("LANGFUSE_", "TRAINER_"))}
-    return {**env, "TRAINER_METRICS_PORT": str(port), "TRAINER_RUN_ID": "run-obs", "TRAINER_JOB_NAME": "sft-run-obs",
-            **extra}
+    return {
+        **env,
+        "TRAINER_METRICS_PORT": str(port),
+        "TRAINER_RUN_ID": "run-obs",
+        "TRAINER_JOB_NAME": "sft-run-obs",
+        **extra,
+    }
 
 
 def test_prometheus_scrapes_a_training_run_and_langfuse_receives_its_record(workdir, start_prometheus):
     port = free_port()
     config = trainer_config(workdir, "observed", max_steps=24, save_steps=6, logging_steps=2)
-    prometheus = start_prometheus({"global": {"scrape_interval": "100ms"}, "scrape_configs": [
-        {"job_name": "llm-trainer", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}]})
+    prometheus = start_prometheus(
+        {
+            "global": {"scrape_interval": "100ms"},
+            "scrape_configs": [{"job_name": "llm-trainer", "static_configs": [{"targets": [f"127.0.0.1:{port}"]}]}],
+        }
+    )
     with LangfuseReceiver() as langfuse:
-        env = trainer_env(port, LANGFUSE_PUBLIC_KEY="pk-lf-run", LANGFUSE_SECRET_KEY="sk-lf-run",
-                          LANGFUSE_HOST=langfuse.url)
+        env = trainer_env(
+            port, LANGFUSE_PUBLIC_KEY="pk-lf-run", LANGFUSE_SECRET_KEY="sk-lf-run", LANGFUSE_HOST=langfuse.url
+        )
         run = subprocess.run([*TORCHRUN, config], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
         assert run.returncode == 0, run.stderr[-3000:]
     assert f"metrics at http://localhost:{port}/metrics" in run.stderr  # the run's log names its endpoint
@@ -60,8 +79,14 @@ def test_prometheus_scrapes_a_training_run_and_langfuse_receives_its_record(work
         return answer["data"]["result"]
 
     (step,) = query('max_over_time(llm_train_step{run_id="run-obs"}[10m])')
-    assert step["metric"] == {"instance": f"127.0.0.1:{port}", "job": "llm-trainer", "run_id": "run-obs",
-                              "stage": "sft", "job_name": "sft-run-obs", "node_rank": "0"}
+    assert step["metric"] == {
+        "instance": f"127.0.0.1:{port}",
+        "job": "llm-trainer",
+        "run_id": "run-obs",
+        "stage": "sft",
+        "job_name": "sft-run-obs",
+        "node_rank": "0",
+    }
     # Scraped while it trained (the last steps may end between two scrapes: the process exits soon after them).
     assert 1 <= float(step["value"][1]) <= 24
     (loss,) = query('max_over_time(llm_train_loss{run_id="run-obs"}[10m])')
@@ -85,8 +110,9 @@ def test_a_taken_metrics_port_stops_the_trainer_at_once_with_one_error_line(work
         holder.bind(("0.0.0.0", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        run = subprocess.run([*TORCHRUN, config], cwd=ROOT, env=trainer_env(port), capture_output=True, text=True,
-                             timeout=120)
+        run = subprocess.run(
+            [*TORCHRUN, config], cwd=ROOT, env=trainer_env(port), capture_output=True, text=True, timeout=120
+        )
     assert run.returncode != 0
     assert "exitcode  : 2" in run.stderr  # torchrun's report of the rank's exit status
     (line,) = [line for line in run.stderr.splitlines() if line.startswith("error:")]

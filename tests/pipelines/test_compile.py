@@ -56,8 +56,14 @@ def _tasks(pipeline):
 def test_every_task_has_a_display_name_and_side_effect_steps_do_not_cache(docs):
     pipeline, _ = docs
     tasks = _tasks(pipeline)
-    assert {"validate-inputs", "prepare-dataset", "train-model", "evaluate-model", "deploy-model",
-            "skip-deployment"} <= set(tasks)
+    assert {
+        "validate-inputs",
+        "prepare-dataset",
+        "train-model",
+        "evaluate-model",
+        "deploy-model",
+        "skip-deployment",
+    } <= set(tasks)
     for name, task in tasks.items():
         if not name.startswith("condition"):
             assert task["taskInfo"]["name"][0].isupper(), f"{name} has no display name"
@@ -71,10 +77,15 @@ def test_deploy_is_gated_on_the_evaluation_output(docs):
     pipeline, _ = docs
     tasks = _tasks(pipeline)
     passed = "inputs.parameter_values['pipelinechannel--compare-variants-passed'] == true"
-    gates = {t["taskInfo"]["name"]: (t["componentRef"]["name"], t["triggerPolicy"]["condition"])
-             for t in tasks.values() if "compare-variants-passed" in t.get("triggerPolicy", {}).get("condition", "")}
+    gates = {
+        t["taskInfo"]["name"]: (t["componentRef"]["name"], t["triggerPolicy"]["condition"])
+        for t in tasks.values()
+        if "compare-variants-passed" in t.get("triggerPolicy", {}).get("condition", "")
+    }
     assert {name: condition for name, (_, condition) in gates.items()} == {
-        "evaluation-passed": passed, "evaluation-not-passed": f"!({passed})"}
+        "evaluation-passed": passed,
+        "evaluation-not-passed": f"!({passed})",
+    }
     # the branches hold the deploy and the skip step respectively
     comps = pipeline["components"]
     assert set(comps[gates["evaluation-passed"][0]]["dag"]["tasks"]) == {"deploy-model"}
@@ -84,11 +95,13 @@ def test_deploy_is_gated_on_the_evaluation_output(docs):
 def test_volumes_secret_gpus_and_placement(docs):
     _, platform = docs
     ex = platform["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
+
     def param(ref):  # inside a condition or the exit handler, a pipeline parameter arrives as a channel
         return ref["componentInputParameter"].removeprefix("pipelinechannel--")
 
-    mounts = {name: {m["mountPath"]: param(m["pvcNameParameter"]) for m in e.get("pvcMount", [])}
-              for name, e in ex.items()}
+    mounts = {
+        name: {m["mountPath"]: param(m["pvcNameParameter"]) for m in e.get("pvcMount", [])} for name, e in ex.items()
+    }
     prepares = [name for name in ex if name.startswith("exec-prepare-dataset")]
     trains = [name for name in ex if name.startswith("exec-train-model")]
     # the sft data for evaluation, then a slot per stage
@@ -110,8 +123,9 @@ def test_volumes_secret_gpus_and_placement(docs):
         assert secret["keyToEnv"] == [{"envVar": "HF_TOKEN", "secretKey": "HF_TOKEN"}]
         assert secret["optional"] is True
     ev = ex["exec-evaluate-model"]
-    assert ev["emptyDirMounts"] == [{"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "64Gi",
-                                     "volumeName": "dshm"}]
+    assert ev["emptyDirMounts"] == [
+        {"medium": "Memory", "mountPath": "/dev/shm", "sizeLimit": "64Gi", "volumeName": "dshm"}
+    ]
     assert param(ev["nodeSelector"]["nodeSelectorJson"]) == "node_selector"
     assert param(ev["tolerations"][0]["tolerationJson"]) == "tolerations"
 
@@ -134,7 +148,8 @@ def test_paths_are_run_scoped(docs):
     for name in ("prepare-dataset-2", "train-model"):
         assert tasks[name]["inputs"]["parameters"]["run_id"] == {
             "componentInputParameter": "pipelinechannel--list-variants-Output-loop-item",
-            "parameterExpressionSelector": 'parseJson(string_value)["run_id"]'}
+            "parameterExpressionSelector": 'parseJson(string_value)["run_id"]',
+        }
 
 
 def test_no_secret_values_and_no_shell(docs):

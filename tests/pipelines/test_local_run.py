@@ -32,8 +32,9 @@ LOSS_REL = 0.02
 @pytest.mark.slow
 def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     summary_path = tmp_path / "summary.json"
-    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path),
-                     timeout=600)
+    result = run_cli(
+        "pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path), timeout=600
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     first = result.stdout.splitlines()[0]
     assert first.startswith("Running pipeline llm-finetune locally") and str(tmp_path / "ws") in first
@@ -70,9 +71,11 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     run_dir = Path(s["run_dir"])
     assert run_dir == tmp_path / "ws" / "runs" / s["run_id"] and s["model_uri"].split("/")[-3] == s["run_id"]
     reports = {name: Path(path) for name, path in s["reports"].items()}
-    assert reports == {"prepare_dataset": run_dir / "reports" / "prepare_dataset.md",
-                       "evaluation": run_dir / "reports" / "evaluation.md",
-                       "training_loss": run_dir / "reports" / "training_loss.png"}
+    assert reports == {
+        "prepare_dataset": run_dir / "reports" / "prepare_dataset.md",
+        "evaluation": run_dir / "reports" / "evaluation.md",
+        "training_loss": run_dir / "reports" / "training_loss.png",
+    }
     assert reports["training_loss"].read_bytes().startswith(b"\x89PNG")
     assert "| **kept** (train + eval examples) |" in reports["prepare_dataset"].read_text()
     assert "held-out loss (per label token)" in reports["evaluation"].read_text()
@@ -91,8 +94,19 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
 @pytest.mark.slow
 def test_gate_not_passed_skips_deployment(tmp_path):
     summary_path = tmp_path / "summary.json"
-    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path),
-                     "-p", "max_steps=2", "-p", "min_loss_improvement=0.5", "--verbose", timeout=600)
+    result = run_cli(
+        "pipelines.run",
+        "--workspace",
+        str(tmp_path / "ws"),
+        "--summary-json",
+        str(summary_path),
+        "-p",
+        "max_steps=2",
+        "-p",
+        "min_loss_improvement=0.5",
+        "--verbose",
+        timeout=600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     s = json.loads(summary_path.read_text())
     assert s["status"] == "succeeded" and s["passed"] is False
@@ -107,8 +121,16 @@ def test_gate_not_passed_skips_deployment(tmp_path):
 def test_failed_step_gives_exit_1_and_a_failed_summary(tmp_path):
     summary_path = tmp_path / "summary.json"
     missing = tmp_path / "missing.jsonl"
-    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path),
-                     "-p", f"dataset_source={missing}", timeout=300)
+    result = run_cli(
+        "pipelines.run",
+        "--workspace",
+        str(tmp_path / "ws"),
+        "--summary-json",
+        str(summary_path),
+        "-p",
+        f"dataset_source={missing}",
+        timeout=300,
+    )
     assert result.returncode == 1
     s = json.loads(summary_path.read_text())
     assert s["status"] == "failed" and "prepare-dataset" in s["error"]
@@ -160,10 +182,14 @@ def test_kfp_local_task_records_become_one_line_per_step(capsys):
     log.propagate = False
     steps = StepLines()
     log.addFilter(steps)
-    for message in ["Running pipeline: \x1b[95m'llm-finetune'\x1b[0m", "Executing task \x1b[96m'train-model'\x1b[0m",
-                    "Streamed logs:\n", "Task \x1b[96m'train-model'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
-                    "Task \x1b[96m'train-model'\x1b[0m outputs:\n    model_uri: '/ws/final'",
-                    "Executing task \x1b[96m'evaluate-model'\x1b[0m"]:
+    for message in [
+        "Running pipeline: \x1b[95m'llm-finetune'\x1b[0m",
+        "Executing task \x1b[96m'train-model'\x1b[0m",
+        "Streamed logs:\n",
+        "Task \x1b[96m'train-model'\x1b[0m finished with status \x1b[92mSUCCESS\x1b[0m",
+        "Task \x1b[96m'train-model'\x1b[0m outputs:\n    model_uri: '/ws/final'",
+        "Executing task \x1b[96m'evaluate-model'\x1b[0m",
+    ]:
         log.warning(message)
     steps.failed()
     lines = [line.split(" ", 1)[1] for line in capsys.readouterr().out.splitlines()]  # after the time of day
@@ -176,14 +202,24 @@ def test_kfp_local_task_records_become_one_line_per_step(capsys):
 def test_three_stages_run_locally_and_preference_tuning_moves_the_preference(tmp_path):
     """cpt -> sft -> dpo on the bundled samples, for real, under five minutes on a 2-core laptop."""
     summary_path = tmp_path / "summary.json"
-    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path),
-                     "-p", 'stages=["cpt","sft","dpo"]', timeout=900)
+    result = run_cli(
+        "pipelines.run",
+        "--workspace",
+        str(tmp_path / "ws"),
+        "--summary-json",
+        str(summary_path),
+        "-p",
+        'stages=["cpt","sft","dpo"]',
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     s = json.loads(summary_path.read_text())
     assert s["status"] == "succeeded" and s["wall_seconds"] < 360, s["wall_seconds"]  # measured: see README
     models = tmp_path / "ws" / "models" / "runs" / s["run_id"]
-    stages = {stage: json.loads((models / folder / "metrics.json").read_text())
-              for stage, folder in (("cpt", "cpt"), ("sft", "train"), ("dpo", "dpo"))}
+    stages = {
+        stage: json.loads((models / folder / "metrics.json").read_text())
+        for stage, folder in (("cpt", "cpt"), ("sft", "train"), ("dpo", "dpo"))
+    }
     assert [m["stage"] for m in stages.values()] == ["cpt", "sft", "dpo"]
     # Each stage started from the one before it.
     for stage, before in (("sft", "cpt"), ("dpo", "train")):

@@ -24,8 +24,9 @@ MIN_REWARD_GAIN = 0.2
 def _run(tmp_path, *params: str) -> tuple[dict, str]:
     summary_path = tmp_path / "summary.json"
     args = [a for p in params for a in ("-p", p)]
-    result = run_cli("pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path), *args,
-                     timeout=900)
+    result = run_cli(
+        "pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path), *args, timeout=900
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return json.loads(summary_path.read_text()), result.stdout + result.stderr
 
@@ -68,9 +69,21 @@ def test_a_reward_model_trained_in_the_run_scores_grpo(tmp_path):
 def test_render_writes_the_rm_and_grpo_stages_and_grpo_trains_the_policy_not_the_reward_model(tmp_path):
     import yaml
 
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", 'stages=["sft","rm","grpo"]',
-                     "-p", "dpo_dataset_source=my-org/pairs", "-p", "grpo_dataset_source=my-org/prompts",
-                     "-p", 'grpo_rewards={"answer": 1.0, "model": 0.5}', "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run",
+        "--preset",
+        "qwen3-30b-a3b-full",
+        "-p",
+        'stages=["sft","rm","grpo"]',
+        "-p",
+        "dpo_dataset_source=my-org/pairs",
+        "-p",
+        "grpo_dataset_source=my-org/prompts",
+        "-p",
+        'grpo_rewards={"answer": 1.0, "model": 0.5}',
+        "--render",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     rm, grpo = (json.loads((tmp_path / f"train_config-{stage}.json").read_text()) for stage in ("rm", "grpo"))
     assert (rm["stage"], grpo["stage"]) == ("rm", "grpo")
@@ -78,8 +91,10 @@ def test_render_writes_the_rm_and_grpo_stages_and_grpo_trains_the_policy_not_the
     assert rm["method"] == "full" and rm["learning_rate"] == 1e-4 and grpo["learning_rate"] == 1e-6  # stage defaults
     assert grpo["dataset_path"] == "/mnt/data/runs/render-preview/dataset-grpo"
     assert grpo["grpo_rewards"] == {"answer": 1.0, "model": 0.5} and grpo["train_sampling_strategy"] == "random"
-    names = [yaml.safe_load((tmp_path / f"pytorchjob-{stage}.yaml").read_text())["metadata"]["name"]
-             for stage in ("rm", "grpo")]
+    names = [
+        yaml.safe_load((tmp_path / f"pytorchjob-{stage}.yaml").read_text())["metadata"]["name"]
+        for stage in ("rm", "grpo")
+    ]
     assert names == ["rm-render-preview", "grpo-render-preview"]
 
 

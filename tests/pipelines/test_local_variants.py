@@ -16,8 +16,16 @@ VARIANTS = '[{"learning_rate": 0.006}, {"learning_rate": 0.002, "name": "low-lr"
 def test_two_variants_train_are_compared_and_the_better_is_served(tmp_path):
     ws = tmp_path / "ws"
     summary_path = tmp_path / "summary.json"
-    result = run_cli("pipelines.run", "--workspace", str(ws), "--summary-json", str(summary_path),
-                     "-p", f"variants={VARIANTS}", timeout=900)
+    result = run_cli(
+        "pipelines.run",
+        "--workspace",
+        str(ws),
+        "--summary-json",
+        str(summary_path),
+        "-p",
+        f"variants={VARIANTS}",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     s = json.loads(summary_path.read_text())
     m = s["metrics"]

@@ -9,10 +9,21 @@ def test_render_writes_the_tensorboard_and_the_experiment(tmp_path, reference):
     from tests.helpers.crd_schema import crd_errors
     from tests.helpers.katib_go import experiment_type_errors, katib_webhook_errors
 
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "-p", "hpo_trials=6",
-                     "-p", "hpo_parallel_trials=2",
-                     "-p", 'hpo_search_space={"learning_rate": {"min": 1e-5, "max": 1e-4, "scale": "log"}}',
-                     "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run",
+        "--preset",
+        "qwen3-30b-a3b-full",
+        "--namespace",
+        "team-a",
+        "-p",
+        "hpo_trials=6",
+        "-p",
+        "hpo_parallel_trials=2",
+        "-p",
+        'hpo_search_space={"learning_rate": {"min": 1e-5, "max": 1e-4, "scale": "log"}}',
+        "--render",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     board = yaml.safe_load((tmp_path / "tensorboard.yaml").read_text())
     assert crd_errors(board, "tensorboard.kubeflow.org_tensorboards.yaml") == []
@@ -30,15 +41,27 @@ def test_render_writes_the_tensorboard_and_the_experiment(tmp_path, reference):
 
 
 def test_no_search_no_experiment_and_no_tensorboard_when_turned_off(tmp_path):
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "tensorboard=false",
-                     "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "tensorboard=false", "--render", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "experiment.yaml").exists() and not (tmp_path / "tensorboard.yaml").exists()
 
 
 def test_a_bad_search_fails_before_anything_naming_the_setting(tmp_path):
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "hpo_trials=2",
-                     "-p", "hpo_parallel_trials=3", "-p", "hpo_algorithm=magic", "--render", str(tmp_path / "r"))
+    result = run_cli(
+        "pipelines.run",
+        "--preset",
+        "qwen3-30b-a3b-full",
+        "-p",
+        "hpo_trials=2",
+        "-p",
+        "hpo_parallel_trials=3",
+        "-p",
+        "hpo_algorithm=magic",
+        "--render",
+        str(tmp_path / "r"),
+    )
     assert result.returncode == 2 and "hpo_algorithm='magic' is not one of" in result.stderr
     assert "hpo_parallel_trials (3) is more than hpo_trials (2)" in result.stderr
     assert not (tmp_path / "r").exists()

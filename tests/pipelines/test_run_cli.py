@@ -18,8 +18,18 @@ def _closed_port() -> int:
 def test_help_works_without_cluster_or_gpu():
     result = run_cli("pipelines.run", "--help", timeout=30)
     assert result.returncode == 0
-    for flag in ("--host", "--preset", "--params", "-p KEY=VALUE", "--schedule", "--experiment", "--namespace",
-                 "--render", "--summary-json", "--verbose"):
+    for flag in (
+        "--host",
+        "--preset",
+        "--params",
+        "-p KEY=VALUE",
+        "--schedule",
+        "--experiment",
+        "--namespace",
+        "--render",
+        "--summary-json",
+        "--verbose",
+    ):
         assert flag in result.stdout
     assert "(default: ./workspace)" in result.stdout and "``" not in result.stdout  # no RST markup
 
@@ -52,16 +62,29 @@ def test_help_imports_no_ml_or_kubernetes_library():
 
     from tests.helpers.repo import ROOT
 
-    probe = ("import sys\nfrom pipelines import run\ntry:\n    run.main(['--help'])\nexcept SystemExit:\n    pass\n"
-             "print(sorted(m for m in ('kfp', 'torch', 'transformers', 'kubernetes', 'datasets') if m in sys.modules))")
+    probe = (
+        "import sys\nfrom pipelines import run\ntry:\n    run.main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print(sorted(m for m in ('kfp', 'torch', 'transformers', 'kubernetes', 'datasets') if m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.stdout.splitlines()[-1] == "[]", result.stdout[-500:] + result.stderr
 
 
 def test_every_setting_reaches_the_rendered_configs_from_the_command_line(tmp_path):
     """-p reaches a setting whether it is a pipeline parameter of its own or inside advanced_settings."""
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-lora", "-p", "lora_r=32", "-p", "learning_rate=2e-4",
-                     "-p", "weight_decay=0.1", "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run",
+        "--preset",
+        "qwen3-30b-a3b-lora",
+        "-p",
+        "lora_r=32",
+        "-p",
+        "learning_rate=2e-4",
+        "-p",
+        "weight_decay=0.1",
+        "--render",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     trainer = json.loads((tmp_path / "train_config.json").read_text())
     assert (trainer["lora_r"], trainer["learning_rate"], trainer["weight_decay"]) == (32, 2e-4, 0.1)
@@ -69,8 +92,9 @@ def test_every_setting_reaches_the_rendered_configs_from_the_command_line(tmp_pa
 
 
 def test_render_writes_compiled_pipeline_and_resolved_params(tmp_path):
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "learning_rate=1e-5",
-                     "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "learning_rate=1e-5", "--render", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     params = yaml.safe_load((tmp_path / "params.yaml").read_text())
     assert params["learning_rate"] == 1e-5 and params["num_nodes"] == 2
@@ -109,8 +133,9 @@ def test_unreachable_host_is_one_clear_line():
 def test_render_includes_the_manifests_the_run_would_create(tmp_path, reference):
     from tests.helpers.crd_schema import crd_errors
 
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "--render",
-                     str(tmp_path))
+    result = run_cli(
+        "pipelines.run", "--preset", "qwen3-30b-a3b-full", "--namespace", "team-a", "--render", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
     isvc_text = (tmp_path / "inferenceservice.yaml").read_text()
@@ -124,8 +149,11 @@ def test_render_includes_the_manifests_the_run_would_create(tmp_path, reference)
     trainer = json.loads((tmp_path / "train_config.json").read_text())
     # The setting's name: the trainer image resolves it in its own install (the launcher's path is not there).
     assert trainer["deepspeed"] == "zero3" and trainer["bf16"] is True
-    assert all(v.startswith(("/mnt/data/", "/mnt/models/")) for v in trainer.values()
-               if isinstance(v, str) and v.startswith("/")), trainer
+    assert all(
+        v.startswith(("/mnt/data/", "/mnt/models/"))
+        for v in trainer.values()
+        if isinstance(v, str) and v.startswith("/")
+    ), trainer
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == "pvc://llm-models/runs/render-preview/train/final"
     assert "&id" not in isvc_text  # plain YAML, no anchors
     runtime = yaml.safe_load((tmp_path / "servingruntime.yaml").read_text())
@@ -142,8 +170,9 @@ def test_render_of_the_local_preset_has_no_cluster_manifests(tmp_path):
 def test_render_with_trainjob_backend_writes_a_valid_trainjob(tmp_path, reference):
     from tests.helpers.crd_schema import crd_errors
 
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "train_backend=trainjob",
-                     "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", "train_backend=trainjob", "--render", str(tmp_path)
+    )
     assert result.returncode == 0, result.stderr
     assert not (tmp_path / "pytorchjob.yaml").exists()
     job = yaml.safe_load((tmp_path / "trainjob.yaml").read_text())

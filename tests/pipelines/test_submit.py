@@ -49,8 +49,13 @@ def package(tmp_path_factory: pytest.TempPathFactory) -> str:
 @pytest.fixture(autouse=True)
 def isolated_kfp_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Keep the developer's KFP settings out: they would change which requests kfp.Client makes."""
-    for name in ("KF_PIPELINES_SA_TOKEN_PATH", "KF_PIPELINES_UI_ENDPOINT", "KF_PIPELINES_ENDPOINT",
-                 "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME", "KF_PIPELINES_OVERRIDE_EXPERIMENT_NAME"):
+    for name in (
+        "KF_PIPELINES_SA_TOKEN_PATH",
+        "KF_PIPELINES_UI_ENDPOINT",
+        "KF_PIPELINES_ENDPOINT",
+        "KF_PIPELINES_DEFAULT_EXPERIMENT_NAME",
+        "KF_PIPELINES_OVERRIDE_EXPERIMENT_NAME",
+    ):
         monkeypatch.delenv(name, raising=False)
     # kfp.Client reads a default namespace from ~/.config/kfp/context.json (path fixed at import).
     monkeypatch.setattr(kfp.client.client.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "context.json"))
@@ -70,12 +75,19 @@ def kfp_api(start_fake):
 
 
 def _submit(host: str, package: str, **overrides) -> Submission:
-    arguments = dict(host=host, package_path=package, pipeline_name="submit-test", params=PARAMS,
-                     experiment="nightly", run_name="run-1")
+    arguments = dict(
+        host=host,
+        package_path=package,
+        pipeline_name="submit-test",
+        params=PARAMS,
+        experiment="nightly",
+        run_name="run-1",
+    )
     return submit(**{**arguments, **overrides})
 
 
 # --------------------------------------------------------------------------------------- runs
+
 
 def test_first_submit_creates_pipeline_version_experiment_and_run(kfp_api, package):
     sub = _submit(kfp_api.url, package)
@@ -90,7 +102,9 @@ def test_first_submit_creates_pipeline_version_experiment_and_run(kfp_api, packa
     assert create_experiment.json["display_name"] == "nightly"
     [create_run] = kfp_api.requests_to("POST", f"{API}/runs")
     assert create_run.json["pipeline_version_reference"] == {
-        "pipeline_id": sub.pipeline_id, "pipeline_version_id": sub.version_id}
+        "pipeline_id": sub.pipeline_id,
+        "pipeline_version_id": sub.version_id,
+    }
     assert "pipeline_spec" not in create_run.json  # bound to the uploaded version, not an inline copy
     assert create_run.json["runtime_config"] == {"parameters": PARAMS}
     assert create_run.json["experiment_id"] == sub.experiment_id
@@ -136,8 +150,7 @@ def test_schedule_creates_an_enabled_recurring_run_of_the_new_version(kfp_api, p
     [create] = kfp_api.requests_to("POST", f"{API}/recurringruns")
     body = create.json
     assert body["trigger"] == {"cron_schedule": {"cron": "0 0 3 * * 0"}}
-    assert body["pipeline_version_reference"] == {
-        "pipeline_id": sub.pipeline_id, "pipeline_version_id": sub.version_id}
+    assert body["pipeline_version_reference"] == {"pipeline_id": sub.pipeline_id, "pipeline_version_id": sub.version_id}
     assert body["runtime_config"] == {"parameters": PARAMS}
     assert (body["mode"], int(body["max_concurrency"]), body["no_catchup"]) == ("ENABLE", 1, True)
     assert body["experiment_id"] == sub.experiment_id and body["description"] == "weekly retrain"
@@ -177,6 +190,7 @@ def test_path_prefix_of_the_kubeflow_gateway_is_kept(start_fake, package):
 
 # ----------------------------------------------------------------------------------- failures
 
+
 def test_missing_path_prefix_names_the_prefix(start_fake, package):
     kfp_api = start_fake(path_prefix="/pipeline")
     root = kfp_api.url.removesuffix("/pipeline")
@@ -211,11 +225,14 @@ def test_host_that_accepts_but_never_answers_times_out_in_seconds(package):
         assert time.monotonic() - started < 10
 
 
-@pytest.mark.parametrize("status, message", [
-    (302, "redirected the API request.*authentication required"),
-    (403, r"authentication failed \(HTTP 403\)"),
-    (503, r"unhealthy \(HTTP 503 on /apis/v2beta1/healthz\)"),
-])
+@pytest.mark.parametrize(
+    "status, message",
+    [
+        (302, "redirected the API request.*authentication required"),
+        (403, r"authentication failed \(HTTP 403\)"),
+        (503, r"unhealthy \(HTTP 503 on /apis/v2beta1/healthz\)"),
+    ],
+)
 def test_healthz_answer_is_explained(kfp_api, package, status, message):
     kfp_api.fail_once(f"{API}/healthz", status=status)
 
@@ -298,48 +315,64 @@ def test_parameter_the_pipeline_does_not_declare_is_rejected_by_the_server(kfp_a
 
 # --------------------------------------------------------------------------------------- cron
 
-@pytest.mark.parametrize("expression", [
-    "0 0 3 * * 0",
-    "0 0 9 ? * MON-FRI",
-    "*/15 0-30/5 1,2,3 1-31/2 JAN-DEC SUN-SAT",
-    "5/10 * * * * *",
-    "0 30 2 1 */2 ?",
-    "0 0 3 * * sun",
-    "  0 0 3 * * 0  ",
-    "@every 1h30m",
-    "@every 90s",
-    "@hourly", "@daily", "@midnight", "@weekly", "@monthly", "@yearly", "@annually",
-])
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "0 0 3 * * 0",
+        "0 0 9 ? * MON-FRI",
+        "*/15 0-30/5 1,2,3 1-31/2 JAN-DEC SUN-SAT",
+        "5/10 * * * * *",
+        "0 30 2 1 */2 ?",
+        "0 0 3 * * sun",
+        "  0 0 3 * * 0  ",
+        "@every 1h30m",
+        "@every 90s",
+        "@hourly",
+        "@daily",
+        "@midnight",
+        "@weekly",
+        "@monthly",
+        "@yearly",
+        "@annually",
+    ],
+)
 def test_valid_cron_is_accepted(expression):
     validate_cron(expression)
 
 
-@pytest.mark.parametrize("expression, message", [
-    ("0 3 * * 0", 'has 5 fields.*prepend a seconds field, e.g. "0 0 3 \\* \\* 0"'),
-    ("60 0 3 * * 0", 'second field "60" has 60 outside 0-59'),
-    ("0 */0 3 * * 0", 'minute field "\\*/0" has step "/0"'),
-    ("0 0 24 * * 0", 'hour field "24" has 24 outside 0-23'),
-    ("0 0 5-3 * * 0", 'hour field "5-3" has range 5-3 whose start is after its end'),
-    ("0 0 3 0 * 0", 'day-of-month field "0" has 0 outside 1-31'),
-    ("0 0 3 * FOO 0", 'month field "FOO" has "FOO" where 1-12 or JAN-DEC is expected'),
-    ("0 0 3 * * 7", 'day-of-week field "7" has 7 outside 0-6 \\(0 is Sunday\\)'),
-    ("0 0 3 * * MON,", 'day-of-week field "MON," has an empty list item'),
-    ("garbage", "has 1 field but KFP cron has 6 fields"),
-    ("every sunday at three", "has 4 fields but KFP cron has 6 fields"),
-    ("", "schedule is empty"),
-    ("@fortnightly", "not a known descriptor"),
-])
+@pytest.mark.parametrize(
+    "expression, message",
+    [
+        ("0 3 * * 0", 'has 5 fields.*prepend a seconds field, e.g. "0 0 3 \\* \\* 0"'),
+        ("60 0 3 * * 0", 'second field "60" has 60 outside 0-59'),
+        ("0 */0 3 * * 0", 'minute field "\\*/0" has step "/0"'),
+        ("0 0 24 * * 0", 'hour field "24" has 24 outside 0-23'),
+        ("0 0 5-3 * * 0", 'hour field "5-3" has range 5-3 whose start is after its end'),
+        ("0 0 3 0 * 0", 'day-of-month field "0" has 0 outside 1-31'),
+        ("0 0 3 * FOO 0", 'month field "FOO" has "FOO" where 1-12 or JAN-DEC is expected'),
+        ("0 0 3 * * 7", 'day-of-week field "7" has 7 outside 0-6 \\(0 is Sunday\\)'),
+        ("0 0 3 * * MON,", 'day-of-week field "MON," has an empty list item'),
+        ("garbage", "has 1 field but KFP cron has 6 fields"),
+        ("every sunday at three", "has 4 fields but KFP cron has 6 fields"),
+        ("", "schedule is empty"),
+        ("@fortnightly", "not a known descriptor"),
+    ],
+)
 def test_invalid_cron_names_the_field_and_shows_the_six_field_form(expression, message):
     with pytest.raises(UsageError, match=message) as error:
         validate_cron(expression)
     assert SIX_FIELD_FORM in str(error.value)
 
 
-@pytest.mark.parametrize("expression, message", [
-    ("@every 1 hour", 'not a Go duration; write e.g. "@every 1h30m"'),
-    ("@every 500ms", "at least 1s"),
-    ("@every -1h", "at least 1s"),
-])
+@pytest.mark.parametrize(
+    "expression, message",
+    [
+        ("@every 1 hour", 'not a Go duration; write e.g. "@every 1h30m"'),
+        ("@every 500ms", "at least 1s"),
+        ("@every -1h", "at least 1s"),
+    ],
+)
 def test_invalid_every_interval_shows_a_go_duration(expression, message):
     with pytest.raises(UsageError, match=message):
         validate_cron(expression)
@@ -354,9 +387,9 @@ def test_invalid_schedule_is_rejected_before_any_request(kfp_api, package, sched
 
 # ------------------------------------------------------------------------------- the fake itself
 
+
 def _post(url: str, path: str, body: dict) -> tuple[int, dict]:
-    response = urllib3.request("POST", url + path, body=json.dumps(body),
-                               headers={"Content-Type": "application/json"})
+    response = urllib3.request("POST", url + path, body=json.dumps(body), headers={"Content-Type": "application/json"})
     return response.status, response.json()
 
 
@@ -375,15 +408,24 @@ def test_fake_requires_the_fields_the_spec_marks_required(kfp_api):
 
 def test_fake_checks_the_recurring_run_trigger(kfp_api):
     _, experiment = _post(kfp_api.url, f"{API}/experiments", {"display_name": "e"})
-    recurring_run = {"display_name": "r", "experiment_id": experiment["experiment_id"], "mode": "ENABLE",
-                     "max_concurrency": "1", "pipeline_spec": {"root": {}}, "runtime_config": {}}
+    recurring_run = {
+        "display_name": "r",
+        "experiment_id": experiment["experiment_id"],
+        "mode": "ENABLE",
+        "max_concurrency": "1",
+        "pipeline_spec": {"root": {}},
+        "runtime_config": {},
+    }
 
-    status, answer = _post(kfp_api.url, f"{API}/recurringruns",
-                           {**recurring_run, "trigger": {"cron_schedule": {"cron": "daily"}}})
+    status, answer = _post(
+        kfp_api.url, f"{API}/recurringruns", {**recurring_run, "trigger": {"cron_schedule": {"cron": "daily"}}}
+    )
     assert status == 400 and "Schedule cron is not a supported format" in answer["message"]
     status, answer = _post(kfp_api.url, f"{API}/recurringruns", {**recurring_run, "trigger": {}})
     assert status == 400 and "exactly one of cron_schedule or periodic_schedule" in answer["message"]
-    status, answer = _post(kfp_api.url, f"{API}/recurringruns",
-                           {**recurring_run, "trigger": {"cron_schedule": {"cron": "0 0 3 * * 0"}},
-                            "max_concurrency": 11})
+    status, answer = _post(
+        kfp_api.url,
+        f"{API}/recurringruns",
+        {**recurring_run, "trigger": {"cron_schedule": {"cron": "0 0 3 * * 0"}}, "max_concurrency": 11},
+    )
     assert status == 400 and "at most 10" in answer["message"]

@@ -82,8 +82,10 @@ CONTAINER = Path(__file__).with_name("container.py")
 PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs")
 TRAINJOB = ("trainer.kubeflow.org", "v1alpha1", "trainjobs")
 # The kubelet's eviction message (pkg/kubelet/eviction/helpers.go).
-EVICTION_MESSAGE = ("The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
-                    "Container {container} was using 1890Gi, request is 128Gi, has larger consumption of memory. ")
+EVICTION_MESSAGE = (
+    "The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
+    "Container {container} was using 1890Gi, request is 128Gi, has larger consumption of memory. "
+)
 # ClusterTrainingRuntime torch-distributed, as the Trainer chart installs it (reference/runtimes).
 TORCH_DISTRIBUTED = {
     "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
@@ -246,8 +248,17 @@ class FakeCluster:
         node_env: variables the node adds to every container, before the container's own env.
     """
 
-    def __init__(self, api: FakeKubeAPI, *, workdir: Path, claims: dict, image: TrainerImage, hosts: HostsFile,
-                 hide: list, node_env: dict):
+    def __init__(
+        self,
+        api: FakeKubeAPI,
+        *,
+        workdir: Path,
+        claims: dict,
+        image: TrainerImage,
+        hosts: HostsFile,
+        hide: list,
+        node_env: dict,
+    ):
         self.api, self.workdir, self.claims, self.image = api, workdir, claims, image
         self.hosts, self.hide, self.node_env = hosts, [str(p) for p in hide], dict(node_env)
         # This Trainer takes runtimePatches (v2.2 and later): its API server publishes that TrainJob schema, which
@@ -295,8 +306,11 @@ class FakeCluster:
     # -- operators -----------------------------------------------------------------------------------------
     def _reconcile(self) -> None:
         with self.api.lock:
-            stored = {obj["metadata"]["uid"]: ((g, v, p), ns, name, copy.deepcopy(obj))
-                      for (g, v, p, ns, name), obj in self.api.objects.items() if (g, v, p) in (PYTORCHJOB, TRAINJOB)}
+            stored = {
+                obj["metadata"]["uid"]: ((g, v, p), ns, name, copy.deepcopy(obj))
+                for (g, v, p, ns, name), obj in self.api.objects.items()
+                if (g, v, p) in (PYTORCHJOB, TRAINJOB)
+            }
         live = {uid for uid, (*_, obj) in stored.items() if not obj["metadata"].get("deletionTimestamp")}
         # The garbage collector: pods whose job is gone or being deleted are deleted.
         for pod in list(self.pods.values()):
@@ -311,8 +325,9 @@ class FakeCluster:
             for plan in job.plans:
                 if plan.name in job.created:
                     continue
-                if any(p.name == plan.name and p.namespace == namespace and not p.done.is_set()
-                       for p in self.pods.values()):
+                if any(
+                    p.name == plan.name and p.namespace == namespace and not p.done.is_set() for p in self.pods.values()
+                ):
                     continue  # the old pod of that name is still terminating
                 job.created.add(plan.name)
                 self._create_pod(job, plan)
@@ -324,8 +339,9 @@ class FakeCluster:
             if obj is None or obj["metadata"]["uid"] != job.uid:
                 return
             for type_, reason, message in conditions:
-                current = next((c for c in (obj.get("status") or {}).get("conditions") or []
-                                if c["type"] == type_), None)
+                current = next(
+                    (c for c in (obj.get("status") or {}).get("conditions") or [] if c["type"] == type_), None
+                )
                 if current is None or current["status"] != "True":
                     FakeKubeAPI.set_condition(obj, type_, "True", reason=reason, message=message)
                     self.note(f"{job.kind} {job.name}: {type_} ({message})")
@@ -344,8 +360,9 @@ class FakeCluster:
             self._set_conditions(job, ("Created", "PyTorchJobCreated", f"PyTorchJob {name} is created."))
             if obj["spec"].get("elasticPolicy"):
                 job.finished = True
-                self._set_conditions(job, ("Failed", "RehearsalUnsupported",
-                                           "the rehearsal does not model elastic PyTorchJobs"))
+                self._set_conditions(
+                    job, ("Failed", "RehearsalUnsupported", "the rehearsal does not model elastic PyTorchJobs")
+                )
                 return job
             job.plans = self._pytorchjob_pods(name, obj, port)
         else:
@@ -354,8 +371,14 @@ class FakeCluster:
             runtime = obj["spec"].get("runtimeRef", {}).get("name")
             if runtime != "torch-distributed":
                 job.finished = True
-                self._set_conditions(job, ("Failed", "TrainingRuntimeNotSupported",
-                                           f"the rehearsal models only the torch-distributed runtime, not {runtime!r}"))
+                self._set_conditions(
+                    job,
+                    (
+                        "Failed",
+                        "TrainingRuntimeNotSupported",
+                        f"the rehearsal models only the torch-distributed runtime, not {runtime!r}",
+                    ),
+                )
                 return job
             job.plans = self._trainjob_pods(name, obj, port)
         self.note(f"{job.kind} {name} (uid {uid[:8]}) admitted: pods {[p.name for p in job.plans]}, port {port}")
@@ -374,29 +397,49 @@ class FakeCluster:
                 rank = index + (1 if rtype == "Worker" else 0)
                 template = copy.deepcopy(spec["template"])
                 container = _by_name(template["spec"]["containers"], "pytorch")
-                injected = [("PYTHONUNBUFFERED", "1"), ("MASTER_PORT", str(port)), ("PET_MASTER_PORT", str(port)),
-                            ("MASTER_ADDR", master), ("PET_MASTER_ADDR", master), ("WORLD_SIZE", str(world)),
-                            ("RANK", str(rank)), ("PET_NODE_RANK", str(rank))]
+                injected = [
+                    ("PYTHONUNBUFFERED", "1"),
+                    ("MASTER_PORT", str(port)),
+                    ("PET_MASTER_PORT", str(port)),
+                    ("MASTER_ADDR", master),
+                    ("PET_MASTER_ADDR", master),
+                    ("WORLD_SIZE", str(world)),
+                    ("RANK", str(rank)),
+                    ("PET_NODE_RANK", str(rank)),
+                ]
                 if nproc is not None:
                     injected.append(("PET_NPROC_PER_NODE", str(nproc)))
                 injected.append(("PET_NNODES", str(total)))
                 for c in template["spec"]["containers"]:  # setPodEnv: every container of the template
                     c["env"] = c.get("env", []) + [{"name": k, "value": v} for k, v in injected]
                 container.setdefault("ports", []).append(
-                    {"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"})
+                    {"name": "pytorchjob-port", "containerPort": port, "protocol": "TCP"}
+                )
                 pod_name = f"{name}-{rtype.lower()}-{index}"
-                labels = {**template.get("metadata", {}).get("labels", {}),
-                          "training.kubeflow.org/job-name": name,
-                          "training.kubeflow.org/operator-name": "pytorchjob-controller",
-                          "training.kubeflow.org/replica-type": rtype.lower(),
-                          "training.kubeflow.org/replica-index": str(index)}
+                labels = {
+                    **template.get("metadata", {}).get("labels", {}),
+                    "training.kubeflow.org/job-name": name,
+                    "training.kubeflow.org/operator-name": "pytorchjob-controller",
+                    "training.kubeflow.org/replica-type": rtype.lower(),
+                    "training.kubeflow.org/replica-index": str(index),
+                }
                 if rtype == "Master":
                     labels["training.kubeflow.org/job-role"] = "master"
                 pod_spec = {k: v for k, v in template["spec"].items() if k != "containers"}
                 pod_spec["restartPolicy"] = spec.get("restartPolicy", "Never")
-                plans.append(PodPlan(pod_name, pod_name, None, labels,
-                                     template.get("metadata", {}).get("annotations", {}), container, pod_spec,
-                                     rtype.lower(), index))
+                plans.append(
+                    PodPlan(
+                        pod_name,
+                        pod_name,
+                        None,
+                        labels,
+                        template.get("metadata", {}).get("annotations", {}),
+                        container,
+                        pod_spec,
+                        rtype.lower(),
+                        index,
+                    )
+                )
                 self.hosts.add(pod_name, f"{pod_name}.{obj['metadata']['namespace']}.svc.cluster.local")
         return plans
 
@@ -419,31 +462,57 @@ class FakeCluster:
         container = _by_name(template["spec"]["containers"], "node")
         num_nodes = int(trainer.get("numNodes", 1))
         master = f"{name}-node-0-0.{name}"
-        container["env"] = _upsert(container.get("env", []), [
-            {"name": "PET_NNODES", "value": str(num_nodes)},
-            {"name": "PET_NPROC_PER_NODE", "value": str(trainer.get("numProcPerNode", "auto"))},
-            {"name": "PET_NODE_RANK", "valueFrom": {"fieldRef": {
-                "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}},
-            {"name": "PET_MASTER_ADDR", "value": master},
-            {"name": "PET_MASTER_PORT", "value": str(port)},
-        ])
+        container["env"] = _upsert(
+            container.get("env", []),
+            [
+                {"name": "PET_NNODES", "value": str(num_nodes)},
+                {"name": "PET_NPROC_PER_NODE", "value": str(trainer.get("numProcPerNode", "auto"))},
+                {
+                    "name": "PET_NODE_RANK",
+                    "valueFrom": {
+                        "fieldRef": {"fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}
+                    },
+                },
+                {"name": "PET_MASTER_ADDR", "value": master},
+                {"name": "PET_MASTER_PORT", "value": str(port)},
+            ],
+        )
         container["ports"] = _upsert(container.get("ports", []), [{"containerPort": port}], key="containerPort")
         plans = []
         for index in range(num_nodes):
             hostname = f"{name}-node-0-{index}"
             suffix = "".join(random.choices(string.ascii_lowercase + string.digits, k=5))
-            labels = {**template.get("metadata", {}).get("labels", {}),
-                      "jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": "node",
-                      "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-name": f"{name}-node-0",
-                      "job-name": f"{name}-node-0", "batch.kubernetes.io/job-completion-index": str(index)}
-            annotations = {**template.get("metadata", {}).get("annotations", {}),
-                           "batch.kubernetes.io/job-completion-index": str(index)}
+            labels = {
+                **template.get("metadata", {}).get("labels", {}),
+                "jobset.sigs.k8s.io/jobset-name": name,
+                "jobset.sigs.k8s.io/replicatedjob-name": "node",
+                "jobset.sigs.k8s.io/job-index": "0",
+                "batch.kubernetes.io/job-name": f"{name}-node-0",
+                "job-name": f"{name}-node-0",
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
+            annotations = {
+                **template.get("metadata", {}).get("annotations", {}),
+                "batch.kubernetes.io/job-completion-index": str(index),
+            }
             pod_spec = {k: v for k, v in template["spec"].items() if k != "containers"}
             pod_spec["restartPolicy"] = "Never"  # the Job's in-place retries are not modelled
-            plans.append(PodPlan(f"{hostname}-{suffix}", hostname, name, labels, annotations,
-                                 copy.deepcopy(container), pod_spec, "node", index))
-            self.hosts.add(hostname, f"{hostname}.{name}",
-                           f"{hostname}.{name}.{obj['metadata']['namespace']}.svc.cluster.local")
+            plans.append(
+                PodPlan(
+                    f"{hostname}-{suffix}",
+                    hostname,
+                    name,
+                    labels,
+                    annotations,
+                    copy.deepcopy(container),
+                    pod_spec,
+                    "node",
+                    index,
+                )
+            )
+            self.hosts.add(
+                hostname, f"{hostname}.{name}", f"{hostname}.{name}.{obj['metadata']['namespace']}.svc.cluster.local"
+            )
         return plans
 
     def _pod_phases(self, job: JobRecord) -> dict:
@@ -471,21 +540,39 @@ class FakeCluster:
                 self._set_conditions(job, ("Running", "PyTorchJobRunning", f"PyTorchJob {job.name} is running."))
             if counts["master"]["succeeded"] == replicas["master"]:
                 job.finished = True
-                self._set_conditions(job, ("Succeeded", "PyTorchJobSucceeded",
-                                           f"PyTorchJob {job.name} is successfully completed."))
+                self._set_conditions(
+                    job, ("Succeeded", "PyTorchJobSucceeded", f"PyTorchJob {job.name} is successfully completed.")
+                )
                 return
             for role, c in counts.items():
                 if c["failed"] > 0 and replicas[role] > c["succeeded"] + c["active"]:
                     job.finished = True
-                    self._set_conditions(job, ("Failed", "PyTorchJobFailed",
-                                               f"PyTorchJob {job.name} is failed because {c['failed']} "
-                                               f"{role.capitalize()} replica(s) failed."))
+                    self._set_conditions(
+                        job,
+                        (
+                            "Failed",
+                            "PyTorchJobFailed",
+                            f"PyTorchJob {job.name} is failed because {c['failed']} "
+                            f"{role.capitalize()} replica(s) failed.",
+                        ),
+                    )
                     self._clean_pods(job)
                     return
         else:
             c = counts["node"]
-            self._set_status(job, jobsStatus=[{"name": "node", "active": c["active"], "ready": c["active"],
-                                               "succeeded": c["succeeded"], "failed": c["failed"], "suspended": 0}])
+            self._set_status(
+                job,
+                jobsStatus=[
+                    {
+                        "name": "node",
+                        "active": c["active"],
+                        "ready": c["active"],
+                        "succeeded": c["succeeded"],
+                        "failed": c["failed"],
+                        "suspended": 0,
+                    }
+                ],
+            )
             if c["succeeded"] == len(job.plans):
                 job.finished = True
                 self._set_conditions(job, ("Complete", "AllJobsCompleted", "jobset completed successfully"))
@@ -519,8 +606,11 @@ class FakeCluster:
                 if value is None:
                     if ref.get("optional"):
                         continue
-                    missing = f'secret "{ref["name"]}" not found' if secret is None else \
-                        f'couldn\'t find key {ref["key"]} in Secret {namespace}/{ref["name"]}'
+                    missing = (
+                        f'secret "{ref["name"]}" not found'
+                        if secret is None
+                        else f"couldn't find key {ref['key']} in Secret {namespace}/{ref['name']}"
+                    )
                     return None, missing
                 env[var["name"]] = base64.b64decode(value).decode()
             elif "fieldRef" in source:
@@ -534,9 +624,14 @@ class FakeCluster:
         meta = pod["metadata"]
         if m := re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path):
             return meta.get(m.group(1), {}).get(m.group(2), "")
-        simple = {"metadata.name": meta["name"], "metadata.namespace": meta["namespace"], "metadata.uid": meta["uid"],
-                  "spec.nodeName": pod["spec"].get("nodeName", ""), "status.podIP": "127.0.0.1",
-                  "status.hostIP": "127.0.0.1"}
+        simple = {
+            "metadata.name": meta["name"],
+            "metadata.namespace": meta["namespace"],
+            "metadata.uid": meta["uid"],
+            "spec.nodeName": pod["spec"].get("nodeName", ""),
+            "status.podIP": "127.0.0.1",
+            "status.hostIP": "127.0.0.1",
+        }
         return simple[path]
 
     def _mounts(self, pod_spec: dict, container: dict, folder: Path) -> list:
@@ -564,24 +659,44 @@ class FakeCluster:
     def _create_pod(self, job: JobRecord, plan: PodPlan) -> None:
         api, ns = self.api, job.namespace
         container = copy.deepcopy(plan.container)
-        api.add_pod(ns, plan.name, plan.labels, container=container["name"], state="waiting",
-                    reason="ContainerCreating")
+        api.add_pod(
+            ns, plan.name, plan.labels, container=container["name"], state="waiting", reason="ContainerCreating"
+        )
         with api.lock:
             obj = api.pods[(ns, plan.name)].obj
             obj["metadata"]["annotations"] = dict(plan.annotations)
-            obj["metadata"]["ownerReferences"] = [{
-                "apiVersion": "/".join(job.ref[:2]), "kind": job.kind, "name": job.name, "uid": job.uid,
-                "controller": True, "blockOwnerDeletion": True}]
-            obj["spec"] = {**copy.deepcopy(plan.pod_spec), "containers": [container], "nodeName": "rehearsal-node",
-                           "hostname": plan.hostname, **({"subdomain": plan.subdomain} if plan.subdomain else {})}
+            obj["metadata"]["ownerReferences"] = [
+                {
+                    "apiVersion": "/".join(job.ref[:2]),
+                    "kind": job.kind,
+                    "name": job.name,
+                    "uid": job.uid,
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ]
+            obj["spec"] = {
+                **copy.deepcopy(plan.pod_spec),
+                "containers": [container],
+                "nodeName": "rehearsal-node",
+                "hostname": plan.hostname,
+                **({"subdomain": plan.subdomain} if plan.subdomain else {}),
+            }
             obj["status"].update(hostIP="127.0.0.1", podIP="127.0.0.1")
             pod_obj = copy.deepcopy(obj)
         uid = pod_obj["metadata"]["uid"]
         folder = self.workdir / "pods" / f"{plan.name}-{uid[:8]}"
         for sub in ("home", "workspace", "staging"):
             (folder / sub).mkdir(parents=True, exist_ok=True)
-        pod = PodRecord(ns, plan.name, uid, job.uid, plan.role, folder,
-                        grace_seconds=pod_obj["spec"].get("terminationGracePeriodSeconds", 30))
+        pod = PodRecord(
+            ns,
+            plan.name,
+            uid,
+            job.uid,
+            plan.role,
+            folder,
+            grace_seconds=pod_obj["spec"].get("terminationGracePeriodSeconds", 30),
+        )
         self.pods[uid] = pod
         env, why = self._resolve_env(ns, pod_obj, container)
         if env is None:
@@ -605,10 +720,30 @@ class FakeCluster:
         }
         (folder / "spec.json").write_text(json.dumps(spec, indent=2))
         (folder / "pod.json").write_text(json.dumps(pod_obj, indent=2))
-        cmd = [*orphan_guard(), "unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--uts",
-               "--propagation", "private", sys.executable, "-I", "-S", str(CONTAINER), str(folder / "spec.json")]
-        pod.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}, start_new_session=True)
+        cmd = [
+            *orphan_guard(),
+            "unshare",
+            "--pid",
+            "--fork",
+            "--kill-child=SIGKILL",
+            "--mount-proc",
+            "--uts",
+            "--propagation",
+            "private",
+            sys.executable,
+            "-I",
+            "-S",
+            str(CONTAINER),
+            str(folder / "spec.json"),
+        ]
+        pod.proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            start_new_session=True,
+        )
         pod.started = time.monotonic()
         api.set_container_state(ns, plan.name, "running")
         self.note(f"pod {plan.name} (uid {uid[:8]}) running: {' '.join(spec['command'] + spec['args'])}")
@@ -636,18 +771,28 @@ class FakeCluster:
             current = stored is not None and stored.obj["metadata"]["uid"] == pod.uid
             if current and pod.evicted:
                 status = stored.obj["status"]
-                self.api.set_container_state(pod.namespace, pod.name, "terminated", reason="Error",
-                                             exit_code=pod.exit_code)
+                self.api.set_container_state(
+                    pod.namespace, pod.name, "terminated", reason="Error", exit_code=pod.exit_code
+                )
                 status.update(phase="Failed", reason="Evicted", message=pod.evicted)
                 status["conditions"] = [c for c in status.get("conditions", []) if c["type"] != "Ready"] + [
-                    {"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()}]
+                    {"type": "Ready", "status": "False", "reason": "PodFailed", "lastTransitionTime": _now()}
+                ]
             elif current:
-                self.api.set_container_state(pod.namespace, pod.name, "terminated", exit_code=pod.exit_code,
-                                             reason="Completed" if pod.exit_code == 0 else "Error")
+                self.api.set_container_state(
+                    pod.namespace,
+                    pod.name,
+                    "terminated",
+                    exit_code=pod.exit_code,
+                    reason="Completed" if pod.exit_code == 0 else "Error",
+                )
             if current and pod.deleting:
                 del self.api.pods[(pod.namespace, pod.name)]
-        self.note(f"pod {pod.name} (uid {pod.uid[:8]}) exited {pod.exit_code}"
-                  + (" (evicted)" if pod.evicted else "") + (" (deleted)" if pod.deleting else ""))
+        self.note(
+            f"pod {pod.name} (uid {pod.uid[:8]}) exited {pod.exit_code}"
+            + (" (evicted)" if pod.evicted else "")
+            + (" (deleted)" if pod.deleting else "")
+        )
         pod.done.set()
 
     def _kill(self, pod: PodRecord, sig: int) -> None:
@@ -689,12 +834,19 @@ class FakeCluster:
         with self.api.lock:
             stored = self.api.pods.get((pod.namespace, pod.name))
             if stored is not None and stored.obj["metadata"]["uid"] == pod.uid:
-                stored.obj["status"].setdefault("conditions", []).append({
-                    "type": "DisruptionTarget", "status": "True", "reason": "TerminationByKubelet",
-                    "message": message, "lastTransitionTime": _now()})
+                stored.obj["status"].setdefault("conditions", []).append(
+                    {
+                        "type": "DisruptionTarget",
+                        "status": "True",
+                        "reason": "TerminationByKubelet",
+                        "message": message,
+                        "lastTransitionTime": _now(),
+                    }
+                )
         pod.evicted = message
-        self.note(f"evicting pod {pod.name} (uid {pod.uid[:8]}){' gracefully' if graceful else ''}"
-                  f"{': ' + why if why else ''}")
+        self.note(
+            f"evicting pod {pod.name} (uid {pod.uid[:8]}){' gracefully' if graceful else ''}{': ' + why if why else ''}"
+        )
         if not graceful:
             self._kill(pod, signal.SIGKILL)
             return
@@ -710,19 +862,26 @@ class FakeCluster:
 
     def evict_when(self, pattern: str, role: str, *, graceful: bool = False) -> None:
         """Once a file matching ``pattern`` (a host path glob) exists, evict the running ``role`` pod (once)."""
+
         def watch():
             while not self._stop.is_set():
                 found = sorted(glob.glob(pattern))
                 if found:
-                    running = [p for p in self.pods.values() if p.role == role and p.proc is not None
-                               and not p.done.is_set() and not p.deleting]
+                    running = [
+                        p
+                        for p in self.pods.values()
+                        if p.role == role and p.proc is not None and not p.done.is_set() and not p.deleting
+                    ]
                     if running:
                         pod = running[0]
-                        present = sorted(os.path.basename(p) for p in glob.glob(
-                            os.path.join(os.path.dirname(os.path.dirname(found[0])), "checkpoint-*")))
+                        present = sorted(
+                            os.path.basename(p)
+                            for p in glob.glob(os.path.join(os.path.dirname(os.path.dirname(found[0])), "checkpoint-*"))
+                        )
                         self.evict(pod, f"{found[0]} appeared", graceful=graceful)
-                        self.evictions.append({"pod": pod.name, "uid": pod.uid, "trigger": found[0],
-                                               "checkpoints": present})
+                        self.evictions.append(
+                            {"pod": pod.name, "uid": pod.uid, "trigger": found[0], "checkpoints": present}
+                        )
                         return
                 time.sleep(0.02)
 
@@ -733,9 +892,19 @@ class FakeCluster:
     # -- reporting -----------------------------------------------------------------------------------------
     def pod_report(self) -> list:
         """Every pod the kubelet ran: name, uid, role, exit code, eviction, log file."""
-        return [{"name": p.name, "uid": p.uid, "owner_uid": p.owner_uid, "role": p.role, "exit_code": p.exit_code,
-                 "evicted": bool(p.evicted), "deleted": p.deleting, "log": str(p.log_path)}
-                for p in self.pods.values()]
+        return [
+            {
+                "name": p.name,
+                "uid": p.uid,
+                "owner_uid": p.owner_uid,
+                "role": p.role,
+                "exit_code": p.exit_code,
+                "evicted": bool(p.evicted),
+                "deleted": p.deleting,
+                "log": str(p.log_path),
+            }
+            for p in self.pods.values()
+        ]
 
 
 def _children(pid: int) -> list:

@@ -123,10 +123,12 @@ def build(repo: Path, dest: Path) -> TrainerImage:
 def check(image: TrainerImage, cwd: Path) -> None:
     """What the Dockerfile's smoke test checks (and builds), plus: ``components`` comes from the image, not the
     dev install."""
-    probe = ("import json, components, components.train.trainer.sft, deepspeed, peft, tensorboard; "
-             "from importlib.metadata import distribution as d; "
-             "from deepspeed.comm.torch import build_shm_op; build_shm_op(); "
-             "print(json.dumps([components.__file__, str(d('kubeflow-llm-post-training')._path)]))")
+    probe = (
+        "import json, components, components.train.trainer.sft, deepspeed, peft, tensorboard; "
+        "from importlib.metadata import distribution as d; "
+        "from deepspeed.comm.torch import build_shm_op; build_shm_op(); "
+        "print(json.dumps([components.__file__, str(d('kubeflow-llm-post-training')._path)]))"
+    )
     env = {**image.env(), "HOME": str(cwd)}
     out = _run([str(image.bin / "python"), "-c", probe], cwd=cwd, env=env, timeout=900).strip().splitlines()[-1]
     import json
@@ -134,8 +136,10 @@ def check(image: TrainerImage, cwd: Path) -> None:
     module, dist = json.loads(out)
     for what, path in (("components", module), ("the distribution", dist)):
         if not Path(path).resolve().is_relative_to(image.site_packages.resolve()):
-            raise RuntimeError(f"trainer image: {what} is imported from {path}, not from the image's "
-                               f"{image.site_packages} (the dev install leaks into the image)")
+            raise RuntimeError(
+                f"trainer image: {what} is imported from {path}, not from the image's "
+                f"{image.site_packages} (the dev install leaks into the image)"
+            )
     shebang = (image.bin / "torchrun").read_text().splitlines()[0]
     found = shutil.which("torchrun", path=env["PATH"])
     if shebang != f"#!{image.bin / 'python'}" or found != str(image.bin / "torchrun"):

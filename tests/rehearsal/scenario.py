@@ -58,8 +58,15 @@ def mount(*args: str) -> None:
 
 # What the rehearsal sets; every other setting is the pipeline's default (components/settings.py).
 REHEARSAL_PARAMETERS = dict(
-    model_name_or_path=MODEL_ID, method="full", max_seq_length=128, num_nodes=2, gpus_per_node=1,
-    per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=3e-3, deepspeed_config="zero3",
+    model_name_or_path=MODEL_ID,
+    method="full",
+    max_seq_length=128,
+    num_nodes=2,
+    gpus_per_node=1,
+    per_device_train_batch_size=2,
+    gradient_accumulation_steps=1,
+    learning_rate=3e-3,
+    deepspeed_config="zero3",
     save_total_limit=2,
     # A logged train loss is the mean since the previous log; a resumed run restarts that window at its checkpoint.
     # Logging at every checkpoint step keeps the windows of a resumed and an uninterrupted run the same.
@@ -77,17 +84,30 @@ def train_step_arguments(cfg: dict, dataset, model) -> dict:
     from components.settings import defaults
     from components.validate.rules import check
 
-    settings = {**defaults(), **REHEARSAL_PARAMETERS, "max_steps": cfg["max_steps"], "save_steps": cfg["save_steps"],
-                "train_backend": cfg["backend"]}
+    settings = {
+        **defaults(),
+        **REHEARSAL_PARAMETERS,
+        "max_steps": cfg["max_steps"],
+        "save_steps": cfg["save_steps"],
+        "train_backend": cfg["backend"],
+    }
     # What validate_inputs hands the step: settings it has checked (the memory fit of a Hub id it has no
     # architecture for is skipped, as on the cluster).
     errors = check(settings)
     if errors:
         raise ValueError(f"the rehearsal's settings are invalid: {errors}")
     # What the pipeline's base_model step hands the first stage: the base model by name.
-    return {"settings": settings, "stage": "sft", "tuned": {}, "dataset": dataset, "base_model_path": MODEL_ID,
-            "model": model,
-            "data_root": DATA_MOUNT, "model_root": MODEL_MOUNT, "run_id": cfg["run_id"]}
+    return {
+        "settings": settings,
+        "stage": "sft",
+        "tuned": {},
+        "dataset": dataset,
+        "base_model_path": MODEL_ID,
+        "model": model,
+        "data_root": DATA_MOUNT,
+        "model_root": MODEL_MOUNT,
+        "run_id": cfg["run_id"],
+    }
 
 
 def call_train_step(arguments: dict):
@@ -115,8 +135,10 @@ def patch_for_this_machine() -> None:
     def run_polling_faster(manifest, **kwargs):
         return run(manifest, **{"poll_seconds": POLL_SECONDS, **kwargs})
 
-    for module, name, new in ((config, "build_trainer_config", build_on_cpu),
-                              (launch, "run_training_job", run_polling_faster)):
+    for module, name, new in (
+        (config, "build_trainer_config", build_on_cpu),
+        (launch, "run_training_job", run_polling_faster),
+    ):
         setattr(module, name, new)
         if hasattr(component, name):  # should the step ever import it at module level
             setattr(component, name, new)
@@ -130,14 +152,29 @@ def probe(spec_path: Path, repo: str) -> dict:
     spec.update(command=["python", "-c", f"REPO = {repo!r}\n" + PROBE], args=[])
     path = spec_path.with_name("probe.json")
     path.write_text(json.dumps(spec))
-    cmd = [*cluster_mod.orphan_guard(), "unshare", "--pid", "--fork", "--kill-child=SIGKILL", "--mount-proc", "--uts",
-           "--propagation", "private", sys.executable, "-I", "-S", str(cluster_mod.CONTAINER), str(path)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120,
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    cmd = [
+        *cluster_mod.orphan_guard(),
+        "unshare",
+        "--pid",
+        "--fork",
+        "--kill-child=SIGKILL",
+        "--mount-proc",
+        "--uts",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-I",
+        "-S",
+        str(cluster_mod.CONTAINER),
+        str(path),
+    ]
+    proc = subprocess.run(
+        cmd, capture_output=True, text=True, timeout=120, env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
+    )
     line = next((x for x in proc.stdout.splitlines() if x.startswith("PROBE ")), None)
     if line is None:
         return {"error": f"probe exited {proc.returncode}: {proc.stdout[-2000:]} {proc.stderr[-2000:]}"}
-    return json.loads(line[len("PROBE "):])
+    return json.loads(line[len("PROBE ") :])
 
 
 def read_json(path: Path):
@@ -206,20 +243,48 @@ def main(config_path: str) -> int:
 
     from tests.fakes.k8s_api import FakeKubeAPI
 
-    image = TrainerImage(venv=Path(cfg["image"]["venv"]), site_packages=Path(cfg["image"]["site_packages"]),
-                         wheel=Path(cfg["image"]["wheel"]), deps=tuple(cfg["image"]["deps"]))
-    state = {"scenario": cfg["name"], "outcome": None, "error": None, "outputs": None, "probe": None,
-             "started": time.monotonic()}
+    image = TrainerImage(
+        venv=Path(cfg["image"]["venv"]),
+        site_packages=Path(cfg["image"]["site_packages"]),
+        wheel=Path(cfg["image"]["wheel"]),
+        deps=tuple(cfg["image"]["deps"]),
+    )
+    state = {
+        "scenario": cfg["name"],
+        "outcome": None,
+        "error": None,
+        "outputs": None,
+        "probe": None,
+        "started": time.monotonic(),
+    }
     result_path = Path(cfg["result"])
     with FakeKubeAPI() as api:
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "rehearsal",
-            "clusters": [{"name": "rehearsal", "cluster": {"server": api.client.configuration.host}}],
-            "users": [{"name": "rehearsal", "user": {}}],
-            "contexts": [{"name": "rehearsal", "context": {"cluster": "rehearsal", "user": "rehearsal",
-                                                           "namespace": NAMESPACE}}]}))
-        cluster = FakeCluster(api, workdir=workdir, claims=claims, image=image, hosts=hosts,
-                              hide=[cfg["repo"], workdir / "claims"], node_env={"HF_HUB_OFFLINE": "1"}).start()
+        kubeconfig.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "rehearsal",
+                    "clusters": [{"name": "rehearsal", "cluster": {"server": api.client.configuration.host}}],
+                    "users": [{"name": "rehearsal", "user": {}}],
+                    "contexts": [
+                        {
+                            "name": "rehearsal",
+                            "context": {"cluster": "rehearsal", "user": "rehearsal", "namespace": NAMESPACE},
+                        }
+                    ],
+                }
+            )
+        )
+        cluster = FakeCluster(
+            api,
+            workdir=workdir,
+            claims=claims,
+            image=image,
+            hosts=hosts,
+            hide=[cfg["repo"], workdir / "claims"],
+            node_env={"HF_HUB_OFFLINE": "1"},
+        ).start()
         if cfg.get("evict_worker_after_first_checkpoint"):
             first_checkpoint = claims["llm-models"] / "runs" / cfg["run_id"] / "train" / "checkpoint-*" / "COMPLETE"
             cluster.evict_when(str(first_checkpoint), role="worker", graceful=bool(cfg.get("graceful_eviction")))
@@ -237,15 +302,27 @@ def main(config_path: str) -> int:
         from kfp.dsl import Dataset, Model
 
         artifacts = workdir / "artifacts"
-        dataset = Dataset(name="dataset", uri=str(artifacts / "dataset"),
-                          metadata={"path": f"{DATA_MOUNT}/runs/{cfg['run_id']}/dataset",
-                                    "pvc": "llm-data", "uri": f"pvc://llm-data/runs/{cfg['run_id']}/dataset"})
+        dataset = Dataset(
+            name="dataset",
+            uri=str(artifacts / "dataset"),
+            metadata={
+                "path": f"{DATA_MOUNT}/runs/{cfg['run_id']}/dataset",
+                "pvc": "llm-data",
+                "uri": f"pvc://llm-data/runs/{cfg['run_id']}/dataset",
+            },
+        )
         model = Model(name="model", uri=str(artifacts / "model"))
         patch_for_this_machine()
         try:
             outputs = call_train_step(train_step_arguments(cfg, dataset, model))
-            state.update(outcome="succeeded", outputs={"model_uri": outputs.model_uri, "job_name": outputs.job_name,
-                                                       "metadata": dict(model.metadata)})
+            state.update(
+                outcome="succeeded",
+                outputs={
+                    "model_uri": outputs.model_uri,
+                    "job_name": outputs.job_name,
+                    "metadata": dict(model.metadata),
+                },
+            )
         except BaseException as exc:  # SystemExit too: the launcher exits 143 on SIGTERM
             traceback.print_exc()
             state.update(outcome="raised", error=f"{type(exc).__name__}: {exc}")

@@ -10,10 +10,21 @@ from pipelines import params as P
 
 FULL = "qwen3-30b-a3b-full"
 # benchmarks/netns_bytes.py's tiny Qwen3-MoE: its fp32 copy fits any pod.
-TINY_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 687, "hidden_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "tie_word_embeddings": False}
+TINY_MOE = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 687,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "tie_word_embeddings": False,
+}
 
 
 def _errors(preset=FULL, **over) -> list[str]:
@@ -31,7 +42,8 @@ def tiny_moe(tmp_path):
 def test_hsdp_replaces_deepspeed_and_says_which_setting_to_change():
     assert _errors(parallelism="hsdp") == [
         "parallelism=hsdp shards the model with FSDP2 (transformers' DistributedConfig) in place of DeepSpeed: set "
-        "deepspeed_config=none (it is zero3), or parallelism=deepspeed"]
+        "deepspeed_config=none (it is zero3), or parallelism=deepspeed"
+    ]
 
 
 def test_hsdp_trains_full_fine_tuning_only():
@@ -43,8 +55,9 @@ def test_hsdp_is_refused_where_the_final_exports_fp32_gather_passes_the_pods_mem
     """Qwen3-30B-A3B: 30.5B x 4 bytes = 114 GiB on rank 0's host at the export, with 8 ranks' processes 142 GiB,
     over the pod's 128 GiB (transformers' gather_full_state_dict; ZeRO-3's export gathers a layer at a time)."""
     (error,) = _errors(parallelism="hsdp", deepspeed_config="none")
-    assert error.startswith("parallelism=hsdp: the final export gathers the whole fp32 model (114 GiB) on rank 0's "
-                            "host") and error.endswith("use parallelism=deepspeed (ZeRO-3 exports one layer at a time)")
+    assert error.startswith(
+        "parallelism=hsdp: the final export gathers the whole fp32 model (114 GiB) on rank 0's host"
+    ) and error.endswith("use parallelism=deepspeed (ZeRO-3 exports one layer at a time)")
 
 
 def test_expert_parallelism_needs_experts_that_divide_over_a_node(tiny_moe):
@@ -53,8 +66,10 @@ def test_expert_parallelism_needs_experts_that_divide_over_a_node(tiny_moe):
     # The tiny MoE's 4 experts over 8 GPUs per node: refused; over 4 or 2: accepted.
     assert _errors(model_name_or_path=tiny_moe, parallelism="hsdp_ep", deepspeed_config="none")
     for gpus in (4, 2):
-        assert _errors(model_name_or_path=tiny_moe, parallelism="hsdp_ep", deepspeed_config="none",
-                       gpus_per_node=gpus) == []
+        assert (
+            _errors(model_name_or_path=tiny_moe, parallelism="hsdp_ep", deepspeed_config="none", gpus_per_node=gpus)
+            == []
+        )
 
 
 def test_a_model_that_fits_runs_under_hsdp(tiny_moe):
@@ -71,8 +86,14 @@ def test_hsdp_checks_the_plans_memory_per_gpu(tiny_moe):
 
     est = hsdp_memory_gib(model_shape(TINY_MOE), False, 8, 4096, 1)
     values = P.resolve(FULL)
-    values.update(model_name_or_path=tiny_moe, parallelism="hsdp", deepspeed_config="none",
-                  gpu_memory_gib=round(est["total"] - 0.5, 1))
+    values.update(
+        model_name_or_path=tiny_moe,
+        parallelism="hsdp",
+        deepspeed_config="none",
+        gpu_memory_gib=round(est["total"] - 0.5, 1),
+    )
     (error,) = [e for e in check(values) if "parallelism" in e]
-    assert error.startswith(f"parallelism=hsdp keeps a copy of the model states per node, sharded over its 8 GPUs: "
-                            f"it needs about {est['total']:.1f} GiB per GPU")
+    assert error.startswith(
+        f"parallelism=hsdp keeps a copy of the model states per node, sharded over its 8 GPUs: "
+        f"it needs about {est['total']:.1f} GiB per GPU"
+    )

@@ -13,21 +13,30 @@ from pipelines import params as P
 from pipelines.errors import UsageError
 from tests.helpers.repo import run_cli
 
-ALL = {"stages": ["cpt", "sft", "dpo"], "cpt_dataset_source": "builtin:domain-text",
-       "dpo_dataset_source": "builtin:preference"}
+ALL = {
+    "stages": ["cpt", "sft", "dpo"],
+    "cpt_dataset_source": "builtin:domain-text",
+    "dpo_dataset_source": "builtin:preference",
+}
 
 
-@pytest.mark.parametrize("override, message", [
-    ({"stages": ["sft", "rl"]}, "stages=['sft', 'rl']: each entry is one of cpt, sft, dpo"),
-    ({"stages": []}, "stages is empty"),
-    ({"stages": ["sft", "sft"]}, "stages lists 'sft' 2 times"),
-    ({"stages": ["cpt", "sft"]}, "stages includes 'cpt' but cpt_dataset_source is empty"),
-    ({"stages": ["sft", "dpo"]}, "stages includes 'dpo' but dpo_dataset_source is empty"),
-    ({**ALL, "stage_settings": {"dpo": {"learning_rate": 2.0}}}, "stage_settings.dpo: learning_rate=2.0 must be > 0"),
-    ({**ALL, "stage_settings": {"dpo": {"lr": 1e-6}}}, "stage_settings.dpo: ['lr'] are not training settings"),
-    ({**ALL, "stage_settings": {"ppo": {}}}, "stage_settings: 'ppo' must be a stage"),
-    ({**ALL, "stage_settings": {"dpo": {"method": "qlora"}}}, "stage dpo: method 'qlora' cannot run under ZeRO-3"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ({"stages": ["sft", "rl"]}, "stages=['sft', 'rl']: each entry is one of cpt, sft, dpo"),
+        ({"stages": []}, "stages is empty"),
+        ({"stages": ["sft", "sft"]}, "stages lists 'sft' 2 times"),
+        ({"stages": ["cpt", "sft"]}, "stages includes 'cpt' but cpt_dataset_source is empty"),
+        ({"stages": ["sft", "dpo"]}, "stages includes 'dpo' but dpo_dataset_source is empty"),
+        (
+            {**ALL, "stage_settings": {"dpo": {"learning_rate": 2.0}}},
+            "stage_settings.dpo: learning_rate=2.0 must be > 0",
+        ),
+        ({**ALL, "stage_settings": {"dpo": {"lr": 1e-6}}}, "stage_settings.dpo: ['lr'] are not training settings"),
+        ({**ALL, "stage_settings": {"ppo": {}}}, "stage_settings: 'ppo' must be a stage"),
+        ({**ALL, "stage_settings": {"dpo": {"method": "qlora"}}}, "stage dpo: method 'qlora' cannot run under ZeRO-3"),
+    ],
+)
 def test_bad_stages_are_refused_before_any_gpu_naming_the_setting(override, message):
     errors = check({**defaults(), **override})
     assert any(message in e for e in errors), errors
@@ -40,8 +49,9 @@ def test_dpo_before_sft_is_allowed_with_a_warning():
 
 
 def test_the_cli_prints_the_warning_and_refuses_a_stage_without_data(tmp_path):
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", 'stages=["sft","dpo"]',
-                     "--render", str(tmp_path / "r"))
+    result = run_cli(
+        "pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", 'stages=["sft","dpo"]', "--render", str(tmp_path / "r")
+    )
     assert result.returncode == 2 and "dpo_dataset_source is empty" in result.stderr
     with pytest.raises(UsageError, match=r"stages=\['ppo'\]: each entry is one of cpt, sft, dpo"):
         P.check(P.resolve("local-tiny", overrides=['stages=["ppo"]']))
@@ -56,20 +66,38 @@ def test_each_stage_gets_its_defaults_then_the_runs_overrides_and_the_previous_m
 
 
 def test_render_writes_a_trainer_config_and_a_job_per_stage(tmp_path):
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", 'stages=["cpt","sft","dpo"]',
-                     "-p", "cpt_dataset_source=my-org/domain", "-p", "dpo_dataset_source=my-org/pairs",
-                     "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run",
+        "--preset",
+        "qwen3-30b-a3b-full",
+        "-p",
+        'stages=["cpt","sft","dpo"]',
+        "-p",
+        "cpt_dataset_source=my-org/domain",
+        "-p",
+        "dpo_dataset_source=my-org/pairs",
+        "--render",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
-    configs = {stage: json.loads((tmp_path / name).read_text()) for stage, name in
-               (("cpt", "train_config-cpt.json"), ("sft", "train_config.json"), ("dpo", "train_config-dpo.json"))}
+    configs = {
+        stage: json.loads((tmp_path / name).read_text())
+        for stage, name in (
+            ("cpt", "train_config-cpt.json"),
+            ("sft", "train_config.json"),
+            ("dpo", "train_config-dpo.json"),
+        )
+    }
     assert [c["stage"] for c in configs.values()] == ["cpt", "sft", "dpo"]
     # Each stage starts from the one before it, writes its own folder and is its own job.
     assert configs["cpt"]["model_name_or_path"] == "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"
     assert configs["sft"]["model_name_or_path"] == "/mnt/models/runs/render-preview/cpt/final"
     assert configs["dpo"]["model_name_or_path"] == "/mnt/models/runs/render-preview/train/final"
     assert configs["dpo"]["dataset_path"] == "/mnt/data/runs/render-preview/dataset-dpo"
-    names = [yaml.safe_load((tmp_path / f).read_text())["metadata"]["name"]
-             for f in ("pytorchjob-cpt.yaml", "pytorchjob.yaml", "pytorchjob-dpo.yaml")]
+    names = [
+        yaml.safe_load((tmp_path / f).read_text())["metadata"]["name"]
+        for f in ("pytorchjob-cpt.yaml", "pytorchjob.yaml", "pytorchjob-dpo.yaml")
+    ]
     assert names == ["cpt-render-preview", "sft-render-preview", "dpo-render-preview"]
     isvc = yaml.safe_load((tmp_path / "inferenceservice.yaml").read_text())
     assert isvc["spec"]["predictor"]["model"]["storageUri"].endswith("/runs/render-preview/dpo/final")

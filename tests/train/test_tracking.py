@@ -16,8 +16,17 @@ from tests.helpers.repo import run_cli
 def test_the_jobs_pods_read_the_trackers_keys_from_the_secret_by_reference(tmp_path, reference):
     from tests.helpers.crd_schema import crd_errors
 
-    result = run_cli("pipelines.run", "--preset", "qwen3-30b-a3b-full", "-p", 'report_to=["tensorboard","mlflow"]',
-                     "-p", "tracking_secret=team-mlflow", "--render", str(tmp_path))
+    result = run_cli(
+        "pipelines.run",
+        "--preset",
+        "qwen3-30b-a3b-full",
+        "-p",
+        'report_to=["tensorboard","mlflow"]',
+        "-p",
+        "tracking_secret=team-mlflow",
+        "--render",
+        str(tmp_path),
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads((tmp_path / "train_config.json").read_text())["report_to"] == ["tensorboard", "mlflow"]
     job = yaml.safe_load((tmp_path / "pytorchjob.yaml").read_text())
@@ -43,10 +52,17 @@ def test_a_local_run_with_mlflow_writes_its_metrics_to_a_file_store(tmp_path):
 
     root = make_workdir(tmp_path)
     store = tmp_path / "mlruns"
-    env = {**__import__("os").environ, "MLFLOW_TRACKING_URI": f"file:{store}", "MLFLOW_EXPERIMENT_NAME": "llm-finetune",
-           "MLFLOW_ALLOW_FILE_STORE": "true"}  # as the local train step sets them
-    run_torchrun(trainer_config(root, "mlflow", report_to=["tensorboard", "mlflow"], max_steps=6, save_steps=6),
-                 nproc_per_node=2, env=env)
+    env = {
+        **__import__("os").environ,
+        "MLFLOW_TRACKING_URI": f"file:{store}",
+        "MLFLOW_EXPERIMENT_NAME": "llm-finetune",
+        "MLFLOW_ALLOW_FILE_STORE": "true",
+    }  # as the local train step sets them
+    run_torchrun(
+        trainer_config(root, "mlflow", report_to=["tensorboard", "mlflow"], max_steps=6, save_steps=6),
+        nproc_per_node=2,
+        env=env,
+    )
     losses = list(store.glob("*/*/metrics/loss")) + list(store.glob("*/*/*/metrics/loss"))
     assert losses, sorted(str(p.relative_to(store)) for p in store.rglob("*"))[:40]
     assert len(Path(losses[0]).read_text().splitlines()) >= 1

@@ -20,9 +20,15 @@ from tests.helpers.trainer import CPU_TEST_SETTINGS
 def workdir(tmp_path_factory):
     """A tiny base model and a prepared dataset where the answer is predictable from the question."""
     root = tmp_path_factory.mktemp("train")
-    rows = [{"messages": [{"role": "user", "content": f"Repeat {w} twice."},
-                          {"role": "assistant", "content": f"{w} {w}. Done."}]}
-            for w in ["apple", "river", "cloud", "stone", "music", "green", "paper", "light"] * 12]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": f"Repeat {w} twice."},
+                {"role": "assistant", "content": f"{w} {w}. Done."},
+            ]
+        }
+        for w in ["apple", "river", "cloud", "stone", "music", "green", "paper", "light"] * 12
+    ]
     for i, r in enumerate(rows):  # make each conversation unique
         r["messages"][0]["content"] += f" (#{i})"
     corpus = root / "chat.jsonl"
@@ -37,11 +43,23 @@ def workdir(tmp_path_factory):
 
 def _config(workdir, **over):
     cfg = build_trainer_config(
-        TrainSettings(model_name_or_path=str(workdir / "base"), method="full", max_seq_length=128,
-                      per_device_train_batch_size=8, gradient_accumulation_steps=1, learning_rate=3e-3,
-                      num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
-                      **CPU_TEST_SETTINGS),
-        dataset_path=str(workdir / "data"), output_dir=str(workdir / "out"), use_cpu=True,
+        TrainSettings(
+            model_name_or_path=str(workdir / "base"),
+            method="full",
+            max_seq_length=128,
+            per_device_train_batch_size=8,
+            gradient_accumulation_steps=1,
+            learning_rate=3e-3,
+            num_train_epochs=4,
+            max_steps=-1,
+            warmup_ratio=0.05,
+            seed=0,
+            deepspeed_config="none",
+            **CPU_TEST_SETTINGS,
+        ),
+        dataset_path=str(workdir / "data"),
+        output_dir=str(workdir / "out"),
+        use_cpu=True,
         model_cache_dir=str(workdir / "cache"),
     )
     cfg.update(over)

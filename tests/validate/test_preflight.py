@@ -32,14 +32,26 @@ def test_a_local_run_asks_nothing_of_a_cluster():
     assert preflight({**PARAMS, "train_backend": "local", "deploy_backend": "local"}, api_client=object()) == []
 
 
-@pytest.mark.parametrize("backend,missing,needle", [
-    ("pytorchjob", ("kubeflow.org", "v1"), "pytorchjobs.kubeflow.org/v1 is not served by this cluster: install the "
-                                            "Kubeflow Training Operator"),
-    ("trainjob", ("trainer.kubeflow.org", "v1alpha1"), "trainjobs.trainer.kubeflow.org/v1alpha1 is not served by this "
-                                                        "cluster: install Kubeflow Trainer"),
-    ("pytorchjob", ("serving.kserve.io", "v1beta1"), "inferenceservices.serving.kserve.io/v1beta1 is not served by "
-                                                      "this cluster: install KServe"),
-])
+@pytest.mark.parametrize(
+    "backend,missing,needle",
+    [
+        (
+            "pytorchjob",
+            ("kubeflow.org", "v1"),
+            "pytorchjobs.kubeflow.org/v1 is not served by this cluster: install the Kubeflow Training Operator",
+        ),
+        (
+            "trainjob",
+            ("trainer.kubeflow.org", "v1alpha1"),
+            "trainjobs.trainer.kubeflow.org/v1alpha1 is not served by this cluster: install Kubeflow Trainer",
+        ),
+        (
+            "pytorchjob",
+            ("serving.kserve.io", "v1beta1"),
+            "inferenceservices.serving.kserve.io/v1beta1 is not served by this cluster: install KServe",
+        ),
+    ],
+)
 def test_missing_apis_are_named(backend, missing, needle):
     with FakeKubeAPI() as api:
         del ready_cluster(api).crds[missing]
@@ -70,7 +82,8 @@ def test_absent_token_secret_is_a_warning_and_a_wrong_key_a_failure(caplog):
         api.add_secret(NS, "wrong-key", {"token": "hf_abc"})
         api.add_secret(NS, "empty", {"HF_TOKEN": " "})
         assert check(api, hf_token_secret="wrong-key") == [
-            "hf_token_secret='wrong-key' has no key HF_TOKEN (it has: token); the pods read the token from that key"]
+            "hf_token_secret='wrong-key' has no key HF_TOKEN (it has: token); the pods read the token from that key"
+        ]
         assert check(api, hf_token_secret="empty") == ["hf_token_secret='empty': key HF_TOKEN is empty"]
 
 
@@ -81,8 +94,10 @@ def test_an_alert_secret_without_its_key_fails_and_an_absent_one_warns(caplog):
             assert check(api, alert_webhook_secret="llm-alerts") == []  # absent: runs end without an alert
         assert "alert_webhook_secret='llm-alerts': Secret not found" in caplog.text
         api.add_secret(NS, "llm-alerts", {"url": "https://hooks.example.com/T/B/x"})
-        assert check(api) == ["alert_webhook_secret='llm-alerts' has no key ALERT_WEBHOOK_URL (it has: url); "
-                              "the pods read the webhook URL from that key"]
+        assert check(api) == [
+            "alert_webhook_secret='llm-alerts' has no key ALERT_WEBHOOK_URL (it has: url); "
+            "the pods read the webhook URL from that key"
+        ]
         api.add_secret(NS, "llm-alerts-ok", {"ALERT_WEBHOOK_URL": "https://hooks.example.com/T/B/x"})
         assert check(api, alert_webhook_secret="llm-alerts-ok") == []
 
@@ -119,21 +134,33 @@ def test_reviews_ask_about_the_runs_namespace_and_the_backends_resources():
         reviews = [r.body["spec"]["resourceAttributes"] for r in api.requests_for("POST", "selfsubjectaccessreviews")]
     assert {r["namespace"] for r in reviews} == {NS}
     assert {(r["verb"], r["resource"], r.get("subresource", "")) for r in reviews} == {
-        ("create", "trainjobs", ""), ("get", "trainjobs", ""), ("delete", "trainjobs", ""),
-        ("list", "pods", ""), ("get", "pods", "log"), ("create", "tensorboards", "")}
+        ("create", "trainjobs", ""),
+        ("get", "trainjobs", ""),
+        ("delete", "trainjobs", ""),
+        ("list", "pods", ""),
+        ("get", "pods", "log"),
+        ("create", "tensorboards", ""),
+    }
     with FakeKubeAPI() as api:  # without the run's Tensorboard, the step does not need to create one
         check(ready_cluster(api), train_backend="trainjob", deploy_backend="local", tensorboard=False)
         reviews = [r.body["spec"]["resourceAttributes"] for r in api.requests_for("POST", "selfsubjectaccessreviews")]
     assert "tensorboards" not in {r["resource"] for r in reviews}
 
 
-@pytest.mark.parametrize("change,expect", [
-    (lambda api: api.add_node("gpu-1", H100, gpus=4, taints=[GPU_TAINT]), "only 1 of 2 nodes"),
-    (lambda api: api.add_node("gpu-1", H100, gpus=8, taints=[GPU_TAINT], unschedulable=True), "only 1 of 2 nodes"),
-    (lambda api: api.add_node("gpu-1", H100, gpus=8, taints=[{"key": "dedicated", "value": "infer",
-                                                              "effect": "NoSchedule"}]), "only 1 of 2 nodes"),
-    (lambda api: api.add_node("gpu-1", {"nvidia.com/gpu.product": "NVIDIA-A100"}, gpus=8), "only 1 of 1 nodes"),
-])
+@pytest.mark.parametrize(
+    "change,expect",
+    [
+        (lambda api: api.add_node("gpu-1", H100, gpus=4, taints=[GPU_TAINT]), "only 1 of 2 nodes"),
+        (lambda api: api.add_node("gpu-1", H100, gpus=8, taints=[GPU_TAINT], unschedulable=True), "only 1 of 2 nodes"),
+        (
+            lambda api: api.add_node(
+                "gpu-1", H100, gpus=8, taints=[{"key": "dedicated", "value": "infer", "effect": "NoSchedule"}]
+            ),
+            "only 1 of 2 nodes",
+        ),
+        (lambda api: api.add_node("gpu-1", {"nvidia.com/gpu.product": "NVIDIA-A100"}, gpus=8), "only 1 of 1 nodes"),
+    ],
+)
 def test_too_few_matching_gpu_nodes_fail_with_the_counts(change, expect):
     with FakeKubeAPI() as api:
         change(ready_cluster(api))
@@ -144,8 +171,9 @@ def test_too_few_matching_gpu_nodes_fail_with_the_counts(change, expect):
 
 def test_a_prefer_no_schedule_taint_does_not_block():
     with FakeKubeAPI() as api:
-        ready_cluster(api).add_node("gpu-1", H100, gpus=8,
-                                    taints=[GPU_TAINT, {"key": "x", "effect": "PreferNoSchedule"}])
+        ready_cluster(api).add_node(
+            "gpu-1", H100, gpus=8, taints=[GPU_TAINT, {"key": "x", "effect": "PreferNoSchedule"}]
+        )
         assert check(api) == []
 
 

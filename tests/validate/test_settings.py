@@ -27,8 +27,10 @@ def test_the_pipeline_signature_is_the_plain_settings_then_advanced_settings():
     params = inspect.signature(func).parameters
     plain = [name for name, spec in specs().items() if spec.plain]
     assert list(params) == [*plain, ADVANCED]
-    assert all(params[name].default == specs()[name].default and params[name].annotation is specs()[name].type
-               for name in plain)
+    assert all(
+        params[name].default == specs()[name].default and params[name].annotation is specs()[name].type
+        for name in plain
+    )
 
 
 def test_the_compiled_pipeline_describes_every_parameter():
@@ -60,10 +62,13 @@ def test_split_and_merge_are_inverse_and_advanced_holds_only_what_differs():
     assert merge_arguments(args) == values
 
 
-@pytest.mark.parametrize("advanced, message", [
-    ({"lora_rank": 8}, "unknown setting 'lora_rank'; did you mean 'lora_r'?"),
-    ({"num_nodes": 4}, "'num_nodes' is a pipeline parameter of its own"),
-])
+@pytest.mark.parametrize(
+    "advanced, message",
+    [
+        ({"lora_rank": 8}, "unknown setting 'lora_rank'; did you mean 'lora_r'?"),
+        ({"num_nodes": 4}, "'num_nodes' is a pipeline parameter of its own"),
+    ],
+)
 def test_advanced_settings_name_only_non_plain_settings(advanced, message):
     with pytest.raises(ValueError, match=message):
         merge_arguments({ADVANCED: advanced})
@@ -78,19 +83,32 @@ def test_bounds_and_types_name_the_setting():
 def test_choices_name_the_setting_and_the_values_it_takes():
     assert check({**defaults(), "method": "dpo"}) == ["method='dpo' is not one of full, lora, qlora"]
     assert check({**defaults(), "report_to": ["tensorboard", "neptune"]}) == [
-        "report_to=['tensorboard', 'neptune']: each entry is one of tensorboard, mlflow, wandb"]
+        "report_to=['tensorboard', 'neptune']: each entry is one of tensorboard, mlflow, wandb"
+    ]
     shipped = ", ".join(choices("deepspeed_config"))
     assert check({**defaults(), "deepspeed_config": "zero4"}) == [
-        f"deepspeed_config='zero4' is not one of {shipped} or a .json path"]
+        f"deepspeed_config='zero4' is not one of {shipped} or a .json path"
+    ]
     assert check({**defaults(), "deepspeed_config": "/mnt/data/ds.json"}) == []  # the trainer reads it
 
 
 def test_every_choice_is_declared_beside_its_help():
     # What the help says a setting takes is what the checks allow: --help, the KFP UI and the README show the help.
     declared = {name: spec.choices for name, spec in specs().items() if spec.choices}
-    assert {"method", "deepspeed_config", "lr_scheduler_type", "report_to", "stages", "hpo_algorithm",
-            "dataset_format", "over_length", "train_backend", "job_cleanup", "deploy_backend",
-            "deployment_mode"} <= set(declared)
+    assert {
+        "method",
+        "deepspeed_config",
+        "lr_scheduler_type",
+        "report_to",
+        "stages",
+        "hpo_algorithm",
+        "dataset_format",
+        "over_length",
+        "train_backend",
+        "job_cleanup",
+        "deploy_backend",
+        "deployment_mode",
+    } <= set(declared)
     for name, values in declared.items():
         assert len(set(values)) == len(values), name
         assert all(isinstance(v, str) for v in values), name
@@ -109,7 +127,8 @@ def test_the_settings_model_is_a_leaf():
 
     tree = ast.parse(Path(components.settings.__file__).read_text())
     imported = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)} | {
-        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+        alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
     assert {m for m in imported if m and m.split(".")[0] == "components"} == {"components.version"}
     assert imported <= {"__future__", "dataclasses", "difflib", "typing", "components.version"}, imported
 

@@ -33,8 +33,18 @@ def test_advanced_settings_are_checked_by_name_and_type():
     with pytest.raises(ValueError, match="invalid settings: lora_r must be a int, got '8'"):
         validate_inputs.python_func(**{**args, "advanced_settings": {"lora_r": "8"}})
     # KFP carries a dict parameter as a protobuf Struct: every number arrives as a double.
-    assert validate_inputs.python_func(**{**args, "train_backend": "local", "num_nodes": 1, "deploy_backend": "local",
-                                          "advanced_settings": {"lora_r": 8.0}}).settings["lora_r"] == 8
+    assert (
+        validate_inputs.python_func(
+            **{
+                **args,
+                "train_backend": "local",
+                "num_nodes": 1,
+                "deploy_backend": "local",
+                "advanced_settings": {"lora_r": 8.0},
+            }
+        ).settings["lora_r"]
+        == 8
+    )
 
 
 def test_a_stages_integer_settings_survive_kfps_doubles():
@@ -67,15 +77,19 @@ def test_invalid_parameters_fail_before_the_cluster_is_asked(cluster):
 
 def test_trainjob_refuses_knobs_that_belong_to_its_runtime():
     params = P.resolve("qwen3-30b-a3b-full", overrides=["train_backend=trainjob", "priority_class=high"])
-    with pytest.raises(Exception,
-                       match="priority_class with train_backend=trainjob: set it in the ClusterTrainingRuntime"):
+    with pytest.raises(
+        Exception, match="priority_class with train_backend=trainjob: set it in the ClusterTrainingRuntime"
+    ):
         P.check(params)
 
 
-@pytest.mark.parametrize("override, message", [
-    ("job_restarts=-1", "job_restarts=-1 must be >= 0 (Re-runs of a job that failed for a retriable cause"),
-    ("pending_timeout_seconds=10", "pending_timeout_seconds=10 must be >= 60"),
-])
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("job_restarts=-1", "job_restarts=-1 must be >= 0 (Re-runs of a job that failed for a retriable cause"),
+        ("pending_timeout_seconds=10", "pending_timeout_seconds=10 must be >= 60"),
+    ],
+)
 def test_restart_and_pending_limits_are_checked(override, message):
     params = P.resolve("qwen3-30b-a3b-full", overrides=[override])
     with pytest.raises(Exception, match=message.replace("(", r"\(").replace(")", r"\)")):

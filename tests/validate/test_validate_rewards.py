@@ -16,85 +16,117 @@ def _errors(**over) -> list[str]:
 
 def test_the_bundled_grpo_and_rm_runs_are_valid():
     assert _errors(**GRPO) == []
-    assert _errors(stages=["sft", "rm", "grpo"], grpo_dataset_source="builtin:arithmetic",
-                   dpo_dataset_source="builtin:preference", grpo_rewards={"answer": 1.0, "model": 0.5}) == []
+    assert (
+        _errors(
+            stages=["sft", "rm", "grpo"],
+            grpo_dataset_source="builtin:arithmetic",
+            dpo_dataset_source="builtin:preference",
+            grpo_rewards={"answer": 1.0, "model": 0.5},
+        )
+        == []
+    )
 
 
 def test_grpo_without_prompts_names_its_source():
     errors = _errors(stages=["sft", "grpo"])
-    assert errors == ["stages includes 'grpo' but grpo_dataset_source is empty; give the stage its data, prompts (a "
-                      "prompt column and an optional answer column) (e.g. builtin:arithmetic to try it)"]
+    assert errors == [
+        "stages includes 'grpo' but grpo_dataset_source is empty; give the stage its data, prompts (a "
+        "prompt column and an optional answer column) (e.g. builtin:arithmetic to try it)"
+    ]
 
 
 def test_rm_without_preference_pairs_names_the_pairs_setting():
     errors = _errors(stages=["sft", "rm", "grpo"], grpo_dataset_source="builtin:arithmetic")
-    assert errors == ["stages includes 'rm' but dpo_dataset_source is empty; give the stage its data, preference pairs "
-                      "(prompt, chosen, rejected) (e.g. builtin:preference to try it)"]
+    assert errors == [
+        "stages includes 'rm' but dpo_dataset_source is empty; give the stage its data, preference pairs "
+        "(prompt, chosen, rejected) (e.g. builtin:preference to try it)"
+    ]
 
 
 @pytest.mark.parametrize("rewards", [{}, {"answer": 0, "format": 0.0}])
 def test_grpo_without_a_reward_source_is_refused(rewards):
     errors = _errors(**GRPO, grpo_rewards=rewards)
     assert len(errors) == 1 and errors[0].startswith(
-        "stages includes 'grpo' but grpo_rewards gives no reward a non-zero weight; set at least one, e.g. "), errors
+        "stages includes 'grpo' but grpo_rewards gives no reward a non-zero weight; set at least one, e.g. "
+    ), errors
 
 
 def test_an_unknown_builtin_reward_is_named_with_the_closest_one():
     errors = _errors(**GRPO, grpo_rewards={"anwser": 1.0})
-    assert errors == ["grpo_rewards: 'anwser' is not a reward; use answer, format, length (built-in), model (a reward "
-                      "model) or function (grpo_reward_function); did you mean 'answer'?"]
+    assert errors == [
+        "grpo_rewards: 'anwser' is not a reward; use answer, format, length (built-in), model (a reward "
+        "model) or function (grpo_reward_function); did you mean 'answer'?"
+    ]
 
 
 def test_a_weight_that_is_not_a_number_is_named():
     assert _errors(**GRPO, grpo_rewards={"answer": "high"}) == [
-        "grpo_rewards.answer must be a number (the reward's weight), got 'high'"]
+        "grpo_rewards.answer must be a number (the reward's weight), got 'high'"
+    ]
 
 
 def test_the_model_reward_needs_an_rm_stage_before_grpo_or_a_reward_model():
     errors = _errors(**GRPO, grpo_rewards={"model": 1.0})
-    assert len(errors) == 1 and errors[0].startswith("grpo_rewards uses model but there is no reward model: add \"rm\" "
-                                                     "before \"grpo\" in stages"), errors
+    assert len(errors) == 1 and errors[0].startswith(
+        'grpo_rewards uses model but there is no reward model: add "rm" before "grpo" in stages'
+    ), errors
     assert _errors(**GRPO, grpo_rewards={"model": 1.0}, grpo_reward_model="my-org/rm") == []
 
 
 def test_the_function_reward_needs_a_function():
     errors = _errors(**GRPO, grpo_rewards={"function": 1.0})
-    assert errors == ["grpo_rewards uses function but grpo_reward_function is empty; set it to FILE.py:NAME (a file on "
-                      "a mounted volume) or package.module:NAME"]
+    assert errors == [
+        "grpo_rewards uses function but grpo_reward_function is empty; set it to FILE.py:NAME (a file on "
+        "a mounted volume) or package.module:NAME"
+    ]
 
 
 def test_a_reward_function_that_does_not_import_is_named_with_its_error(tmp_path):
     broken = tmp_path / "broken.py"
     broken.write_text("import not_a_module_anywhere\n\ndef reward(prompts, completions, **kwargs):\n    return []\n")
     errors = _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=f"{broken}:reward")
-    assert errors == [f"grpo_reward_function '{broken}:reward': importing {broken} failed: ModuleNotFoundError: No "
-                      "module named 'not_a_module_anywhere'"]
+    assert errors == [
+        f"grpo_reward_function '{broken}:reward': importing {broken} failed: ModuleNotFoundError: No "
+        "module named 'not_a_module_anywhere'"
+    ]
     missing = tmp_path / "missing.py"
     errors = _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=f"{missing}:reward")
-    assert errors == [f"grpo_reward_function '{missing}:reward': {missing} is not a file; put the file on a mounted "
-                      "volume (e.g. /mnt/data/rewards.py) and give its path"]
+    assert errors == [
+        f"grpo_reward_function '{missing}:reward': {missing} is not a file; put the file on a mounted "
+        "volume (e.g. /mnt/data/rewards.py) and give its path"
+    ]
 
 
 def test_a_reward_function_the_file_lacks_lists_what_it_has(tmp_path):
     path = tmp_path / "mine.py"
     path.write_text("def score(prompts, completions, **kwargs):\n    return [0.0] * len(completions)\n")
     errors = _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=f"{path}:reward")
-    assert errors == [f"grpo_reward_function '{path}:reward': {path} has no function 'reward' (its functions: "
-                      "['score'])"]
+    assert errors == [
+        f"grpo_reward_function '{path}:reward': {path} has no function 'reward' (its functions: ['score'])"
+    ]
 
 
-@pytest.mark.parametrize("source, why", [
-    ("def reward(text):\n    return []\n", "does not take completions and requires ['text']"),
-    ("def reward(prompts, completions, /):\n    return []\n", "takes ['prompts', 'completions'] by position only"),
-    ("def reward(completions, scale, **kwargs):\n    return []\n", "requires ['scale']"),
-])
+@pytest.mark.parametrize(
+    "source, why",
+    [
+        ("def reward(text):\n    return []\n", "does not take completions and requires ['text']"),
+        ("def reward(prompts, completions, /):\n    return []\n", "takes ['prompts', 'completions'] by position only"),
+        ("def reward(completions, scale, **kwargs):\n    return []\n", "requires ['scale']"),
+    ],
+)
 def test_a_reward_function_with_the_wrong_signature_is_refused(tmp_path, source, why):
     path = tmp_path / "mine.py"
     path.write_text(source)
     errors = _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=f"{path}:reward")
-    assert len(errors) == 1 and errors[0].startswith(f"grpo_reward_function '{path}:reward': reward(") and why in \
-        errors[0] and errors[0].endswith("define it as def NAME(prompts, completions, **kwargs) -> list[float] (one "
-                                         "reward per completion; dataset columns such as answer arrive as keywords)")
+    assert (
+        len(errors) == 1
+        and errors[0].startswith(f"grpo_reward_function '{path}:reward': reward(")
+        and why in errors[0]
+        and errors[0].endswith(
+            "define it as def NAME(prompts, completions, **kwargs) -> list[float] (one "
+            "reward per completion; dataset columns such as answer arrive as keywords)"
+        )
+    )
 
 
 def test_a_good_reward_function_passes(tmp_path):
@@ -102,22 +134,31 @@ def test_a_good_reward_function_passes(tmp_path):
     path.write_text("def reward(completions, answer, **kwargs):\n    return [0.0] * len(completions)\n")
     assert _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=f"{path}:reward") == []
     # a module on the path works too
-    assert _errors(**GRPO, grpo_rewards={"function": 1.0},
-                   grpo_reward_function="components.train.trainer.rewards:completion_text") != []  # no completions kw
+    assert (
+        _errors(
+            **GRPO,
+            grpo_rewards={"function": 1.0},
+            grpo_reward_function="components.train.trainer.rewards:completion_text",
+        )
+        != []
+    )  # no completions kw
 
 
 def test_a_bad_answer_pattern_is_refused():
     errors = _errors(**GRPO, grpo_answer_pattern="Answer: (\\d+")
-    assert len(errors) == 1 and errors[0].startswith("grpo_answer_pattern 'Answer: (\\\\d+' is not a valid regular "
-                                                     "expression"), errors
+    assert len(errors) == 1 and errors[0].startswith(
+        "grpo_answer_pattern 'Answer: (\\\\d+' is not a valid regular expression"
+    ), errors
 
 
 def test_groups_of_completions_must_fit_the_batch():
     # The reference job: 1 x 4 x 16 GPUs = 64 completions per step; 48 does not divide it.
     errors = _errors(**GRPO, grpo_num_generations=48)
-    assert errors == ["grpo_num_generations=48 must divide the completions of one optimizer step, "
-                      "per_device_train_batch_size x gradient_accumulation_steps x GPUs = 1 x 4 x 16 = 64; change "
-                      "grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"]
+    assert errors == [
+        "grpo_num_generations=48 must divide the completions of one optimizer step, "
+        "per_device_train_batch_size x gradient_accumulation_steps x GPUs = 1 x 4 x 16 = 64; change "
+        "grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
+    ]
     assert _errors(**GRPO, grpo_num_generations=48, stage_settings={"grpo": {"gradient_accumulation_steps": 3}}) == []
 
 
@@ -135,18 +176,24 @@ def test_warnings_for_an_unused_reward_model_and_function(tmp_path):
 
 
 def test_the_reward_model_trains_in_full():
-    values = dict(stages=["sft", "rm", "grpo"], grpo_dataset_source="builtin:arithmetic",
-                  dpo_dataset_source="builtin:preference", grpo_rewards={"model": 1.0})
+    values = dict(
+        stages=["sft", "rm", "grpo"],
+        grpo_dataset_source="builtin:arithmetic",
+        dpo_dataset_source="builtin:preference",
+        grpo_rewards={"model": 1.0},
+    )
     assert _errors(**values, method="lora") == []  # the rm stage's own default is full
     assert _errors(**values, stage_settings={"rm": {"method": "lora"}}) == [
         "stage rm: method 'lora': the reward model trains its new head and the whole model (method full); remove "
-        "method from stage_settings.rm"]
+        "method from stage_settings.rm"
+    ]
 
 
 def test_prompt_rows_are_the_grpo_stages_data_not_sfts():
     assert _errors(dataset_format="prompts") == [
         "dataset_format=prompts: prompts with reference answers are the grpo stage's data; put them in "
-        "grpo_dataset_source and add \"grpo\" to stages (dataset_source is the sft stage's chat data)"]
+        'grpo_dataset_source and add "grpo" to stages (dataset_source is the sft stage\'s chat data)'
+    ]
 
 
 def test_the_memory_fit_counts_grpos_reference_model_and_generations():
@@ -156,19 +203,35 @@ def test_the_memory_fit_counts_grpos_reference_model_and_generations():
     shape = model_shape(load_architecture("Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"))
     zero3 = {"stage": 3}
     # Full fine-tuning: TRL's frozen bf16 reference, partitioned like the policy under ZeRO-3, plus vLLM's 30% share.
-    extra = grpo_extra_bytes(shape, "full", zero3, 16, beta=0.04, completions=4, sequence_tokens=4096,
-                             gpu_memory_gib=80.0, colocate=True)
+    extra = grpo_extra_bytes(
+        shape, "full", zero3, 16, beta=0.04, completions=4, sequence_tokens=4096, gpu_memory_gib=80.0, colocate=True
+    )
     assert extra == int(2 * shape.total / 16) + int(0.3 * 80 * GIB)
     # No reference with beta 0 or LoRA (the adapter off); transformers' generate holds the KV cache instead.
     kv = 2 * 2 * shape.layers * shape.kv_dim * 4096 * 4
     for method, beta in (("full", 0.0), ("lora", 0.04)):
-        assert grpo_extra_bytes(shape, method, zero3, 16, beta=beta, completions=4, sequence_tokens=4096,
-                                gpu_memory_gib=80.0, colocate=False) == kv
+        assert (
+            grpo_extra_bytes(
+                shape,
+                method,
+                zero3,
+                16,
+                beta=beta,
+                completions=4,
+                sequence_tokens=4096,
+                gpu_memory_gib=80.0,
+                colocate=False,
+            )
+            == kv
+        )
     # The reference job fits with the grpo stage at 80 GiB; at 60 GiB the grpo stage alone does not, and says why.
     assert _errors(**GRPO) == []
     errors = _errors(**GRPO, gpu_memory_gib=60.0)
-    assert len(errors) == 1 and errors[0].startswith("stage grpo: full fine-tuning of ") and \
-        "grpo's reference model and generations) but a GPU has 60 GiB" in errors[0], errors
+    assert (
+        len(errors) == 1
+        and errors[0].startswith("stage grpo: full fine-tuning of ")
+        and "grpo's reference model and generations) but a GPU has 60 GiB" in errors[0]
+    ), errors
 
 
 def test_the_grpo_data_step_imports_a_function_on_the_data_volume_that_validate_could_not(tmp_path):
@@ -178,11 +241,12 @@ def test_the_grpo_data_step_imports_a_function_on_the_data_volume_that_validate_
     # On a cluster validate_inputs does not mount the data volume: a file there is left to the grpo data step.
     on_volume = "/mnt/data/rewards/missing.py:reward"
     assert _errors(**GRPO, grpo_rewards={"function": 1.0}, grpo_reward_function=on_volume) == []
-    s = Settings.from_flat({**defaults(), **GRPO, "grpo_rewards": {"function": 1.0},
-                            "grpo_reward_function": on_volume})
-    assert grpo_function_error(s) == ("grpo_reward_function '/mnt/data/rewards/missing.py:reward': "
-                                      "/mnt/data/rewards/missing.py is not a file; put the file on a mounted volume "
-                                      "(e.g. /mnt/data/rewards.py) and give its path")
+    s = Settings.from_flat({**defaults(), **GRPO, "grpo_rewards": {"function": 1.0}, "grpo_reward_function": on_volume})
+    assert grpo_function_error(s) == (
+        "grpo_reward_function '/mnt/data/rewards/missing.py:reward': "
+        "/mnt/data/rewards/missing.py is not a file; put the file on a mounted volume "
+        "(e.g. /mnt/data/rewards.py) and give its path"
+    )
     assert grpo_function_error(Settings.from_flat({**defaults(), **GRPO})) is None  # no function reward
 
 
@@ -190,7 +254,8 @@ def test_a_grpo_column_mapping_names_prompt_or_answer():
     assert _errors(**GRPO, grpo_column_mapping={"prompt": "question", "answer": "solution"}) == []
     assert _errors(**GRPO, grpo_column_mapping={"question": "prompt"}) == [
         "grpo_column_mapping: 'question' -> 'prompt': map prompt or answer to your column's name, e.g. "
-        "{\"prompt\": \"question\"}"]
+        '{"prompt": "question"}'
+    ]
 
 
 def test_grpo_before_sft_runs_with_a_warning():

@@ -49,11 +49,21 @@ def test_every_declared_schedule_is_one_the_trainer_builds_from_the_settings_alo
         get_scheduler(name, optimizer, num_warmup_steps=1, num_training_steps=10)  # no lr_scheduler_kwargs needed
 
 
-@pytest.mark.parametrize("choice, value", [
-    ("method", "dpo"), ("train_backend", "slurm"), ("job_cleanup", "never"), ("deploy_backend", "triton"),
-    ("deployment_mode", "Serverless"), ("dataset_format", "csv"), ("over_length", "split"),
-    ("deepspeed_config", "zero4"), ("hpo_algorithm", "magic"), ("lr_scheduler_type", "cosine_with_min_lr"),
-])
+@pytest.mark.parametrize(
+    "choice, value",
+    [
+        ("method", "dpo"),
+        ("train_backend", "slurm"),
+        ("job_cleanup", "never"),
+        ("deploy_backend", "triton"),
+        ("deployment_mode", "Serverless"),
+        ("dataset_format", "csv"),
+        ("over_length", "split"),
+        ("deepspeed_config", "zero4"),
+        ("hpo_algorithm", "magic"),
+        ("lr_scheduler_type", "cosine_with_min_lr"),
+    ],
+)
 def test_every_choice_is_checked_naming_the_setting(choice, value):
     params = P.resolve("local-tiny", overrides=[f"{choice}={value}"])
     with pytest.raises(UsageError, match=f"{choice}='{value}' is not one of"):
@@ -63,16 +73,19 @@ def test_every_choice_is_checked_naming_the_setting(choice, value):
 def test_a_bad_algorithm_is_named_once_with_a_search_on():
     errors = check({**defaults(), "hpo_trials": 4, "hpo_algorithm": "magic"})
     assert [e for e in errors if "magic" in e] == [
-        "hpo_algorithm='magic' is not one of random, tpe, multivariate-tpe, bayesianoptimization, grid, cmaes, sobol"]
+        "hpo_algorithm='magic' is not one of random, tpe, multivariate-tpe, bayesianoptimization, grid, cmaes, sobol"
+    ]
 
 
 def test_a_search_over_schedules_the_trainer_cannot_build_is_refused_before_any_trial():
     # cosine_with_min_lr needs lr_scheduler_kwargs, which no setting gives: every trial drawing it would fail.
     space_ = {"lr_scheduler_type": {"values": ["cosine", "cosine_with_min_lr"]}}
     errors = check({**defaults(), "hpo_trials": 4, "hpo_search_space": space_})
-    assert errors == ["hpo_search_space.lr_scheduler_type.values: ['cosine_with_min_lr'] are not among "
-                      "lr_scheduler_type's choices (cosine, linear, cosine_with_restarts, polynomial, constant, "
-                      "constant_with_warmup, inverse_sqrt)"]
+    assert errors == [
+        "hpo_search_space.lr_scheduler_type.values: ['cosine_with_min_lr'] are not among "
+        "lr_scheduler_type's choices (cosine, linear, cosine_with_restarts, polynomial, constant, "
+        "constant_with_warmup, inverse_sqrt)"
+    ]
 
 
 def test_a_stages_own_settings_are_checked_like_the_runs():
@@ -98,9 +111,11 @@ def test_a_users_deepspeed_json_on_a_volume_passes_validation_for_a_cluster_run(
 def test_the_checks_import_no_kubernetes_or_ml_library():
     # validate_inputs checks settings before it asks a cluster (preflight is what imports the client), and
     # pipelines.run checks them before it submits.
-    probe = ("import sys\nfrom components.settings import defaults\nfrom components.validate.rules import check\n"
-             "assert check({**defaults(), 'hpo_trials': 4}) == []\n"
-             "print(sorted(m for m in ('kubernetes', 'kubeflow', 'torch', 'transformers', 'kfp') if m in sys.modules))")
+    probe = (
+        "import sys\nfrom components.settings import defaults\nfrom components.validate.rules import check\n"
+        "assert check({**defaults(), 'hpo_trials': 4}) == []\n"
+        "print(sorted(m for m in ('kubernetes', 'kubeflow', 'torch', 'transformers', 'kfp') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
@@ -123,8 +138,9 @@ def test_qlora_under_zero3_is_refused_before_the_job_and_by_the_trainer_alike(de
     assert check_combination({"method": "qlora", "deepspeed": deepspeed_config, "bf16": True}) == [rule]
 
 
-@pytest.mark.parametrize("method, deepspeed_config", [("qlora", "zero2"), ("qlora", "none"), ("lora", "zero3"),
-                                                      ("full", "zero3_offload")])
+@pytest.mark.parametrize(
+    "method, deepspeed_config", [("qlora", "zero2"), ("qlora", "none"), ("lora", "zero3"), ("full", "zero3_offload")]
+)
 def test_the_combinations_that_work_pass_both(method, deepspeed_config):
     assert check_method_deepspeed(method, deepspeed_config) is None
     assert check_combination({"method": method, "deepspeed": deepspeed_config, "bf16": True}) == []

@@ -25,27 +25,47 @@ def test_two_distinct_variants_are_valid_and_named():
     assert variant_names(TWO) == ["v1", "hi-lr"]
 
 
-@pytest.mark.parametrize("variants,needle", [
-    ([{"learning_rate": 1e-5}], "variants has 1 entry; give two or more"),
-    ([{"learning_rate": 1e-5}, "lr=5e-5"], "variants must be a list of JSON objects"),
-    ([{"learning_rate": 1e-5}, {"learning_rate": 1e-5}],
-     "variants[1] ('v2'): the same settings as variants[0] ('v1')"),
-    ([{"learning_rate": 1e-5, "name": "a"}, {"learning_rate": 2e-5, "name": "a"}],
-     "variants[1] ('a'): the name 'a' is also variants[0]'s"),
-    ([{"learning_rate": 1e-5, "name": "Big_Model"}, {"learning_rate": 2e-5}],
-     "variants[0] ('Big_Model'): name must be lowercase letters"),
-    ([{"learning_rate": 1e-5}, {"learning_rat": 2e-5}], "variants[1] ('v2'): 'learning_rat' is not a setting; did you "
-                                                         "mean 'learning_rate'?"),
-    ([{"learning_rate": 1e-5}, {"eval_size": 10}], "variants[1] ('v2'): eval_size cannot vary per variant: it draws "
-                                                    "the held-out split"),
-    ([{"learning_rate": 1e-5}, {"seed": 7}], "variants[1] ('v2'): seed cannot vary per variant"),
-    ([{"learning_rate": 1e-5}, {"serving_name": "x"}], "variants[1] ('v2'): serving_name cannot vary per variant: "
-                                                        "the run serves its variants together"),
-    ([{"learning_rate": 1e-5}, {"data_pvc": "other"}], "variants[1] ('v2'): data_pvc cannot vary per variant"),
-    ([{"learning_rate": 1e-5}, {"learning_rate": 3.0}], "variants[1] ('v2'): learning_rate=3.0 must be > 0 and < 1"),
-    ([{"learning_rate": 1e-5}, {"per_device_train_batch_size": 64}],
-     "variants[1] ('v2'): full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8 needs about"),
-])
+@pytest.mark.parametrize(
+    "variants,needle",
+    [
+        ([{"learning_rate": 1e-5}], "variants has 1 entry; give two or more"),
+        ([{"learning_rate": 1e-5}, "lr=5e-5"], "variants must be a list of JSON objects"),
+        (
+            [{"learning_rate": 1e-5}, {"learning_rate": 1e-5}],
+            "variants[1] ('v2'): the same settings as variants[0] ('v1')",
+        ),
+        (
+            [{"learning_rate": 1e-5, "name": "a"}, {"learning_rate": 2e-5, "name": "a"}],
+            "variants[1] ('a'): the name 'a' is also variants[0]'s",
+        ),
+        (
+            [{"learning_rate": 1e-5, "name": "Big_Model"}, {"learning_rate": 2e-5}],
+            "variants[0] ('Big_Model'): name must be lowercase letters",
+        ),
+        (
+            [{"learning_rate": 1e-5}, {"learning_rat": 2e-5}],
+            "variants[1] ('v2'): 'learning_rat' is not a setting; did you mean 'learning_rate'?",
+        ),
+        (
+            [{"learning_rate": 1e-5}, {"eval_size": 10}],
+            "variants[1] ('v2'): eval_size cannot vary per variant: it draws the held-out split",
+        ),
+        ([{"learning_rate": 1e-5}, {"seed": 7}], "variants[1] ('v2'): seed cannot vary per variant"),
+        (
+            [{"learning_rate": 1e-5}, {"serving_name": "x"}],
+            "variants[1] ('v2'): serving_name cannot vary per variant: the run serves its variants together",
+        ),
+        ([{"learning_rate": 1e-5}, {"data_pvc": "other"}], "variants[1] ('v2'): data_pvc cannot vary per variant"),
+        (
+            [{"learning_rate": 1e-5}, {"learning_rate": 3.0}],
+            "variants[1] ('v2'): learning_rate=3.0 must be > 0 and < 1",
+        ),
+        (
+            [{"learning_rate": 1e-5}, {"per_device_train_batch_size": 64}],
+            "variants[1] ('v2'): full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8 needs about",
+        ),
+    ],
+)
 def test_each_bad_list_is_one_error_naming_the_variant_and_the_setting(variants, needle):
     (error,) = errors(variants)
     assert error.startswith(needle), error
@@ -62,10 +82,31 @@ def test_more_parallel_variants_than_variants_is_refused():
 
 
 def test_what_may_vary_shapes_training_and_what_may_not_is_the_runs():
-    assert {"learning_rate", "method", "lora_r", "model_name_or_path", "stage_settings", "num_nodes",
-            "gpus_per_node", "dataset_source"} <= VARIABLE
-    assert not {"stages", "seed", "eval_size", "eval_source", "serving_name", "data_pvc", "train_backend", "hpo_trials",
-                "variants", "min_loss_improvement"} & VARIABLE
+    assert {
+        "learning_rate",
+        "method",
+        "lora_r",
+        "model_name_or_path",
+        "stage_settings",
+        "num_nodes",
+        "gpus_per_node",
+        "dataset_source",
+    } <= VARIABLE
+    assert (
+        not {
+            "stages",
+            "seed",
+            "eval_size",
+            "eval_source",
+            "serving_name",
+            "data_pvc",
+            "train_backend",
+            "hpo_trials",
+            "variants",
+            "min_loss_improvement",
+        }
+        & VARIABLE
+    )
 
 
 def test_a_variant_on_other_data_is_warned_that_it_is_scored_on_the_runs_split():
@@ -101,9 +142,11 @@ def test_variants_that_fit_one_at_a_time_pass_and_together_are_named_with_their_
         ready_cluster(api)
         assert preflight_problems(api, variants=big, variants_parallel=1) == []
         (problem,) = preflight_problems(api, variants=big, variants_parallel=2)
-    assert problem == ("variants_parallel=2 trains up to 2 variants at once, and 'big' (16), 'small' (8) hold 24 "
-                       "nvidia.com/gpu together; the nodes they may use have 16 allocatable: lower variants_parallel, "
-                       "or num_nodes / gpus_per_node of the largest variants")
+    assert problem == (
+        "variants_parallel=2 trains up to 2 variants at once, and 'big' (16), 'small' (8) hold 24 "
+        "nvidia.com/gpu together; the nodes they may use have 16 allocatable: lower variants_parallel, "
+        "or num_nodes / gpus_per_node of the largest variants"
+    )
 
 
 def test_a_variant_larger_than_the_cluster_is_named():

@@ -21,27 +21,53 @@ def evaluated(tmp_path: Path, variant: str, eval_loss: float, passed: bool, answ
     checkpoint = model.parent / f"checkpoint-{steps[-1]}"
     checkpoint.mkdir()
     (checkpoint / "COMPLETE").write_text("")
-    (checkpoint / "trainer_state.json").write_text(json.dumps({
-        "log_history": [{"step": s, "loss": eval_loss + 1 + i} for i, s in enumerate(reversed(steps))],
-        "logging_steps": 10, "global_step": steps[-1]}))
-    record = {"base_model": "/cache/tiny", "tuned_model": str(model), "passed": passed,
-              "reason": f"{variant} {'passed' if passed else 'did not pass'}", "report": f"# Evaluation of {variant}",
-              "metrics": {"eval_loss": eval_loss, "base_eval_loss": 7.6, "eval_loss_delta": eval_loss - 7.6,
-                          "perplexity": 2.718 ** eval_loss},
-              "prompts": ["What is a DaemonSet?"], "answers": {"base": ["?"], "tuned": list(answers)}}
+    (checkpoint / "trainer_state.json").write_text(
+        json.dumps(
+            {
+                "log_history": [{"step": s, "loss": eval_loss + 1 + i} for i, s in enumerate(reversed(steps))],
+                "logging_steps": 10,
+                "global_step": steps[-1],
+            }
+        )
+    )
+    record = {
+        "base_model": "/cache/tiny",
+        "tuned_model": str(model),
+        "passed": passed,
+        "reason": f"{variant} {'passed' if passed else 'did not pass'}",
+        "report": f"# Evaluation of {variant}",
+        "metrics": {
+            "eval_loss": eval_loss,
+            "base_eval_loss": 7.6,
+            "eval_loss_delta": eval_loss - 7.6,
+            "perplexity": 2.718**eval_loss,
+        },
+        "prompts": ["What is a DaemonSet?"],
+        "answers": {"base": ["?"], "tuned": list(answers)},
+    }
     Path(evaluation_path(str(model))).write_text(json.dumps(record))
-    return {"variant": variant, "run_id": f"run-{variant}", "model_path": str(model), "model_uri": str(model),
-            "settings": {"learning_rate": eval_loss / 1000}, "overrides": {"learning_rate": eval_loss / 1000}}
+    return {
+        "variant": variant,
+        "run_id": f"run-{variant}",
+        "model_path": str(model),
+        "model_uri": str(model),
+        "settings": {"learning_rate": eval_loss / 1000},
+        "overrides": {"learning_rate": eval_loss / 1000},
+    }
 
 
 def test_the_served_variant_is_the_lowest_loss_among_those_that_passed(tmp_path):
-    results = [evaluated(tmp_path, "v1", 5.4, True, answers=["one | two"]),
-               evaluated(tmp_path, "best-but-failed", 5.0, False),
-               evaluated(tmp_path, "v3", 5.2, True, answers=["three"])]
+    results = [
+        evaluated(tmp_path, "v1", 5.4, True, answers=["one | two"]),
+        evaluated(tmp_path, "best-but-failed", 5.0, False),
+        evaluated(tmp_path, "v3", 5.2, True, answers=["three"]),
+    ]
     outcome = compare(results)
     assert outcome["passed"] and outcome["chosen"]["variant"] == "v3"
-    assert outcome["reason"] == "serving variant 'v3': lowest eval_loss 5.2000 of the 2 of 3 variants that passed " \
-                                "their gate"
+    assert (
+        outcome["reason"] == "serving variant 'v3': lowest eval_loss 5.2000 of the 2 of 3 variants that passed "
+        "their gate"
+    )
     # Every variant's numbers under its name, and the served one's under the usual names.
     assert outcome["metrics"]["v1_eval_loss"] == 5.4 and outcome["metrics"]["best-but-failed_eval_loss"] == 5.0
     assert outcome["metrics"]["eval_loss"] == 5.2

@@ -40,12 +40,20 @@ from components.kube import FATAL_WAITING_REASONS
 FAILURE_TAIL_LINES = 20
 
 NODE_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown", "NodeLost"})
-DISRUPTION_REASONS = frozenset({"PreemptionByScheduler", "DeletionByTaintManager", "EvictionByEvictionAPI",
-                                "DeletionByPodGC", "TerminationByKubelet"})
+DISRUPTION_REASONS = frozenset(
+    {
+        "PreemptionByScheduler",
+        "DeletionByTaintManager",
+        "EvictionByEvictionAPI",
+        "DeletionByPodGC",
+        "TerminationByKubelet",
+    }
+)
 # Static rendezvous fails with DistStoreError/DistNetworkError, dynamic with the Rendezvous* errors.
 COMMUNICATION_ERRORS = re.compile(
     r"RendezvousTimeoutError|RendezvousClosedError|DistNetworkError|DistStoreError|NCCL error|ncclRemoteError|"
-    r"ncclSystemError|Watchdog caught collective operation timeout|c10d.*Connection reset by peer")
+    r"ncclSystemError|Watchdog caught collective operation timeout|c10d.*Connection reset by peer"
+)
 _PAST_DEADLINE = re.compile(r"DeadlineExceeded|active longer than specified deadline")
 # torchrun's own lines on SIGTERM (torch 2.x), after which it exits 1, not 143.
 _STOPPED_BY_SIGTERM = re.compile(r"Received (Signals\.)?SIGTERM death signal|got signal: 15\b")
@@ -55,8 +63,10 @@ _TORCHRUN_EXIT_2 = re.compile(r"^\s*exitcode\s*:\s*2\b")
 # The classes, most telling first (the module docstring): the first class any pod shows decides.
 _DETERMINISTIC, _INFRASTRUCTURE, _UNEXPLAINED, _COMMUNICATION = range(4)
 _RETRIABLE = {_INFRASTRUCTURE, _COMMUNICATION}
-_NOT_RE_RUN = {_DETERMINISTIC: "a re-run would fail the same way",
-               _UNEXPLAINED: "no pod shows a retriable cause (eviction, preemption, lost node, rendezvous/NCCL)"}
+_NOT_RE_RUN = {
+    _DETERMINISTIC: "a re-run would fail the same way",
+    _UNEXPLAINED: "no pod shows a retriable cause (eviction, preemption, lost node, rendezvous/NCCL)",
+}
 
 
 @dataclass(frozen=True)
@@ -88,8 +98,7 @@ def _pod_failure(pod, container: str, lines: list[str]) -> tuple[int, str] | Non
     """The class and one-line cause of one pod's failure, or None if the pod did not fail."""
     name, status = pod.metadata.name, pod.status
     ended = _terminated(pod, container)
-    waiting = next((c.state.waiting for c in status.container_statuses or [] if c.name == container and c.state),
-                   None)
+    waiting = next((c.state.waiting for c in status.container_statuses or [] if c.name == container and c.state), None)
     failed = status.phase == "Failed" or bool(ended and ended.exit_code)
     if ended and ended.reason == "OOMKilled":
         return _DETERMINISTIC, f"pod {name}: container {container} was OOMKilled (exit code {ended.exit_code})"
@@ -101,8 +110,14 @@ def _pod_failure(pod, container: str, lines: list[str]) -> tuple[int, str] | Non
         return _DETERMINISTIC, f"pod {name}: container {container} is {waiting.reason}: {waiting.message or ''}"
     if status.reason in NODE_REASONS:
         return _INFRASTRUCTURE, f"pod {name} was {status.reason}: {(status.message or '').strip()}"
-    disruption = next((c for c in status.conditions or [] if c.type == "DisruptionTarget" and c.status == "True"
-                       and c.reason in DISRUPTION_REASONS), None)
+    disruption = next(
+        (
+            c
+            for c in status.conditions or []
+            if c.type == "DisruptionTarget" and c.status == "True" and c.reason in DISRUPTION_REASONS
+        ),
+        None,
+    )
     if disruption is not None:
         return _INFRASTRUCTURE, f"pod {name} was disrupted ({disruption.reason}): {(disruption.message or '').strip()}"
     if not failed:
@@ -124,25 +139,43 @@ def classify_failure(condition: dict, pods: list, container: str, last_lines) ->
         last_lines: ``last_lines(pod_name)`` gives the end of a pod's log.
     """
     if _PAST_DEADLINE.search(f"{condition.get('reason', '')} {condition.get('message', '')}"):
-        return Failure(None, False, "the job ran longer than its activeDeadlineSeconds",
-                       not_re_run="the deadline bounds the job's whole run")
-    found = [(verdict, pod) for pod in pods
-             if (verdict := _pod_failure(pod, container, last_lines(pod.metadata.name))) is not None]
+        return Failure(
+            None,
+            False,
+            "the job ran longer than its activeDeadlineSeconds",
+            not_re_run="the deadline bounds the job's whole run",
+        )
+    found = [
+        (verdict, pod)
+        for pod in pods
+        if (verdict := _pod_failure(pod, container, last_lines(pod.metadata.name))) is not None
+    ]
     if not found:
         return Failure(None, False, "no pod shows why", not_re_run=_NOT_RE_RUN[_UNEXPLAINED])
     (klass, cause), pod = min(found, key=lambda f: f[0][0])  # min keeps the first pod of the first class
-    return Failure(pod.metadata.name, klass in _RETRIABLE, cause, ended=_ended(pod, container),
-                   not_re_run=_NOT_RE_RUN.get(klass, ""))
+    return Failure(
+        pod.metadata.name,
+        klass in _RETRIABLE,
+        cause,
+        ended=_ended(pod, container),
+        not_re_run=_NOT_RE_RUN.get(klass, ""),
+    )
 
 
-def failure_report(what: str, failed: dict, failure: Failure, rank0: str | None, last_lines, used: int,
-                   job_restarts: int) -> str:
+def failure_report(
+    what: str, failed: dict, failure: Failure, rank0: str | None, last_lines, used: int, job_restarts: int
+) -> str:
     """The error for a failed job that is not re-run: the job's reason, the cause, the pod's last lines."""
     cause = failure.cause + (f"; {failure.ended}" if failure.ended and failure.ended not in failure.cause else "")
-    final = (f"a retriable cause, but the job was already re-run {used} times (job_restarts={job_restarts})"
-             if failure.retriable else failure.not_re_run)
+    final = (
+        f"a retriable cause, but the job was already re-run {used} times (job_restarts={job_restarts})"
+        if failure.retriable
+        else failure.not_re_run
+    )
     culprit = failure.pod or rank0  # no pod to blame (a deadline): rank 0's log tells how far it got
     tail = "\n".join(last_lines(culprit)[-FAILURE_TAIL_LINES:]) if culprit else ""
-    return (f"{what} failed: {failed.get('reason', '')}: {failed.get('message', '')}\n"
-            f"cause: {cause}\nnot re-run: {final}"
-            + (f"\nlast {FAILURE_TAIL_LINES} lines of {culprit}:\n{tail}" if tail else ""))
+    return (
+        f"{what} failed: {failed.get('reason', '')}: {failed.get('message', '')}\n"
+        f"cause: {cause}\nnot re-run: {final}"
+        + (f"\nlast {FAILURE_TAIL_LINES} lines of {culprit}:\n{tail}" if tail else "")
+    )

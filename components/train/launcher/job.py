@@ -51,9 +51,18 @@ def _restarts(job: dict) -> int:
     return int(value) if value.isdigit() else 0
 
 
-def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seconds: float | None = None,
-                     pending_timeout_seconds: float = 900.0, cleanup: str = "keep", job_restarts: int = 2,
-                     on_created=None, api_client=None, watch=None) -> dict:
+def run_training_job(
+    manifest: dict,
+    *,
+    poll_seconds: float = 10.0,
+    timeout_seconds: float | None = None,
+    pending_timeout_seconds: float = 900.0,
+    cleanup: str = "keep",
+    job_restarts: int = 2,
+    on_created=None,
+    api_client=None,
+    watch=None,
+) -> dict:
     """Create the PyTorchJob or TrainJob in ``manifest`` (or re-attach to it), follow it to the end and report;
     re-run it when it fails for a retriable cause.
 
@@ -94,24 +103,37 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
         raise ValueError(f"job_restarts must be >= 0, got {job_restarts}")
     if pending_timeout_seconds < 0:
         raise ValueError(f"pending_timeout_seconds must be >= 0, got {pending_timeout_seconds}")
-    runner = CustomResourceRunner(manifest, kind.plural, api_client=api_client, poll_seconds=poll_seconds,
-                                  timeout_seconds=timeout_seconds, deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
-                                  controller="the training operator")
+    runner = CustomResourceRunner(
+        manifest,
+        kind.plural,
+        api_client=api_client,
+        poll_seconds=poll_seconds,
+        timeout_seconds=timeout_seconds,
+        deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
+        controller="the training operator",
+    )
     core = k8s.CoreV1Api(runner.api_client)
     name, namespace, what = runner.name, runner.namespace, runner.what
-    logs = PodLogFollower(core, namespace, kind.container, out=lambda s: print(s, flush=True),
-                          retry_delay=runner.retry_delay)
+    logs = PodLogFollower(
+        core, namespace, kind.container, out=lambda s: print(s, flush=True), retry_delay=runner.retry_delay
+    )
 
     def list_pods() -> list:
-        return call_api(core.list_namespaced_pod, namespace, label_selector=f"{kind.pod_label}={name}",
-                        retry_delay=runner.retry_delay).items
+        return call_api(
+            core.list_namespaced_pod,
+            namespace,
+            label_selector=f"{kind.pod_label}={name}",
+            retry_delay=runner.retry_delay,
+        ).items
 
     def create(restarts: int) -> None:
         def body(gone: dict | None) -> dict:
             # A job found being deleted carries its count over: its failure was counted when its re-run was decided.
             job = copy.deepcopy(manifest)
-            job["metadata"]["annotations"] = {**(job["metadata"].get("annotations") or {}),
-                                              RESTARTS_ANNOTATION: str(_restarts(gone) if gone else restarts)}
+            job["metadata"]["annotations"] = {
+                **(job["metadata"].get("annotations") or {}),
+                RESTARTS_ANNOTATION: str(_restarts(gone) if gone else restarts),
+            }
             return job
 
         def describe(job: dict) -> str:
@@ -147,8 +169,14 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
         if done := true_condition(job, kind.succeeded):
             if cleanup != "keep":
                 runner.delete(f"it succeeded (cleanup={cleanup})")
-            return {"name": name, "namespace": namespace, "kind": kind.kind, "state": kind.succeeded,
-                    "reason": done.get("reason", ""), "message": done.get("message", "")}
+            return {
+                "name": name,
+                "namespace": namespace,
+                "kind": kind.kind,
+                "state": kind.succeeded,
+                "reason": done.get("reason", ""),
+                "message": done.get("message", ""),
+            }
         if failed := true_condition(job, kind.failed):
             # Drain: one more poll, so the last lines of pods that ended meanwhile are printed too.
             pods = sorted(list_pods(), key=order)
@@ -176,8 +204,9 @@ def run_training_job(manifest: dict, *, poll_seconds: float = 10.0, timeout_seco
         return runner.follow(poll)
 
 
-def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft",
-                         trainer_version: str | None = None) -> dict:
+def training_job_for_run(
+    cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft", trainer_version: str | None = None
+) -> dict:
     """The PyTorchJob or TrainJob of one run from its cluster settings (``components.settings.ClusterSettings``;
     the train step and ``--render`` call this).
 
@@ -190,16 +219,33 @@ def training_job_for_run(cluster, *, run_id: str, namespace: str, config_path: s
 
     c = cluster
     common: dict[str, Any] = dict(
-        run_id=run_id, namespace=namespace, config_path=config_path, trainer_image=c.trainer_image,
-        num_nodes=c.num_nodes, gpus_per_node=c.gpus_per_node, data_pvc=c.data_pvc, model_pvc=c.model_pvc,
-        hf_token_secret=c.hf_token_secret, node_selector=c.node_selector, tolerations=c.tolerations,
-        affinity=c.affinity or None, active_deadline_seconds=c.active_deadline_seconds or None,
-        queue_name=c.queue_name, stage=stage, tracking_secret=c.tracking_secret,
-        metrics_port=c.metrics_port, langfuse_secret=c.langfuse_secret,
+        run_id=run_id,
+        namespace=namespace,
+        config_path=config_path,
+        trainer_image=c.trainer_image,
+        num_nodes=c.num_nodes,
+        gpus_per_node=c.gpus_per_node,
+        data_pvc=c.data_pvc,
+        model_pvc=c.model_pvc,
+        hf_token_secret=c.hf_token_secret,
+        node_selector=c.node_selector,
+        tolerations=c.tolerations,
+        affinity=c.affinity or None,
+        active_deadline_seconds=c.active_deadline_seconds or None,
+        queue_name=c.queue_name,
+        stage=stage,
+        tracking_secret=c.tracking_secret,
+        metrics_port=c.metrics_port,
+        langfuse_secret=c.langfuse_secret,
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
         version: dict[str, Any] = {"trainer_version": trainer_version} if trainer_version else {}
         return trainjob_for_run(**common, **version)
-    return pytorchjob_for_run(**common, priority_class=c.priority_class, gang_scheduling=c.gang_scheduling,
-                              min_nodes=c.min_nodes or None, max_restarts=c.max_restarts)
+    return pytorchjob_for_run(
+        **common,
+        priority_class=c.priority_class,
+        gang_scheduling=c.gang_scheduling,
+        min_nodes=c.min_nodes or None,
+        max_restarts=c.max_restarts,
+    )

@@ -47,8 +47,9 @@ class JobKind:
             worker = f"{name}-{kfc.REPLICA_TYPE_WORKER.lower()}-0"
             return worker if worker in names and master not in names else master
         # JobSet pods have generated names; the node rank is the Job completion index.
-        return next((p.metadata.name for p in pods
-                     if (p.metadata.labels or {}).get(trainjob.NODE_RANK_LABEL) == "0"), None)
+        return next(
+            (p.metadata.name for p in pods if (p.metadata.labels or {}).get(trainjob.NODE_RANK_LABEL) == "0"), None
+        )
 
     def suspended(self, job: dict) -> bool:
         """Whether the job is held back on purpose (Kueue suspends a job until its queue admits it): no pods yet."""
@@ -57,11 +58,26 @@ class JobKind:
 
 
 JOB_KINDS = {
-    kfc.PYTORCHJOB_KIND: JobKind(kfc.PYTORCHJOB_KIND, kfc.GROUP, kfc.VERSION, kfc.PYTORCHJOB_PLURAL,
-                                 kfc.PYTORCHJOB_CONTAINER, kfc.JOB_CONDITION_SUCCEEDED, kfc.JOB_CONDITION_FAILED,
-                                 kfc.JOB_NAME_LABEL),
-    trainjob.KIND: JobKind(trainjob.KIND, trainjob.GROUP, trainjob.VERSION, trainjob.PLURAL, trainjob.NODE,
-                           "Complete", "Failed", trainjob.POD_SELECTOR_LABEL),
+    kfc.PYTORCHJOB_KIND: JobKind(
+        kfc.PYTORCHJOB_KIND,
+        kfc.GROUP,
+        kfc.VERSION,
+        kfc.PYTORCHJOB_PLURAL,
+        kfc.PYTORCHJOB_CONTAINER,
+        kfc.JOB_CONDITION_SUCCEEDED,
+        kfc.JOB_CONDITION_FAILED,
+        kfc.JOB_NAME_LABEL,
+    ),
+    trainjob.KIND: JobKind(
+        trainjob.KIND,
+        trainjob.GROUP,
+        trainjob.VERSION,
+        trainjob.PLURAL,
+        trainjob.NODE,
+        "Complete",
+        "Failed",
+        trainjob.POD_SELECTOR_LABEL,
+    ),
 }
 
 

@@ -38,8 +38,12 @@ def run_torchrun(config_path: str, nproc_per_node: int, env: dict | None = None)
     cmd = quick_exit.command(
         "torch.distributed.run",
         "--standalone",  # single node, free rendezvous port: concurrent local runs do not collide
-        "--nproc_per_node", str(nproc_per_node),
-        "-m", "components.train.trainer.sft", "--config", config_path,
+        "--nproc_per_node",
+        str(nproc_per_node),
+        "-m",
+        "components.train.trainer.sft",
+        "--config",
+        config_path,
     )
     # torchrun sets OMP_NUM_THREADS=1 with a three-line banner when it is unset; say it ourselves, sized so
     # the processes share the cores instead of each taking one.
@@ -74,6 +78,6 @@ def metrics_port_here(port: int) -> int:
         free.bind(("", 0))
         chosen = free.getsockname()[1]
     logging.getLogger("train_model").warning(
-        "metrics_port %d is taken on this machine (another local run?): this run's metrics are on port %d", port,
-        chosen)
+        "metrics_port %d is taken on this machine (another local run?): this run's metrics are on port %d", port, chosen
+    )
     return chosen

@@ -116,8 +116,9 @@ def model_states_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, 
     raise ValueError(f"method {method!r} is not one of full, lora, qlora")
 
 
-def activation_bytes(shape: ModelShape, max_seq_length: int, per_device_train_batch_size: int,
-                     expert_lora_bytes_per_param: int = 0) -> int:
+def activation_bytes(
+    shape: ModelShape, max_seq_length: int, per_device_train_batch_size: int, expert_lora_bytes_per_param: int = 0
+) -> int:
     """Activation memory per GPU for one micro-batch with gradient checkpointing (module docstring).
 
     ``expert_lora_bytes_per_param``: 0 without LoRA on expert tensors, else the experts' bytes per parameter
@@ -131,8 +132,16 @@ def activation_bytes(shape: ModelShape, max_seq_length: int, per_device_train_ba
     return checkpoints + one_layer + logits + 2 * expert_lora_bytes_per_param * layer_experts
 
 
-def estimate_gib(shape: ModelShape, method: str, zero: dict, n_gpus: int, max_seq_length: int,
-                 per_device_train_batch_size: int, lora_params: int = 0, expert_lora: bool = False) -> dict:
+def estimate_gib(
+    shape: ModelShape,
+    method: str,
+    zero: dict,
+    n_gpus: int,
+    max_seq_length: int,
+    per_device_train_batch_size: int,
+    lora_params: int = 0,
+    expert_lora: bool = False,
+) -> dict:
     """The per-GPU estimate in GiB: ``model_states``, ``activations``, ``overhead`` and ``total``.
 
     ``expert_lora``: LoRA adapters on the fused expert tensors (lora.py's ``experts.*`` targets).
@@ -144,8 +153,9 @@ def estimate_gib(shape: ModelShape, method: str, zero: dict, n_gpus: int, max_se
     return {"model_states": states, "activations": acts, "overhead": overhead, "total": states + acts + overhead}
 
 
-def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int,
-                       lora_params: int = 0) -> dict:
+def host_bytes_per_pod(
+    shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int, lora_params: int = 0
+) -> dict:
     """Host memory of one trainer pod in bytes: ``processes``, ``shm``, ``model`` and ``total`` (module docstring).
 
     ``model`` is what the ranks hold of the model in host memory: while loading it, and offloaded states.
@@ -173,8 +183,18 @@ def host_bytes_per_pod(shape: ModelShape, method: str, zero: dict, num_nodes: in
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
 
 
-def grpo_extra_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, *, beta: float, completions: int,
-                     sequence_tokens: int, gpu_memory_gib: float, colocate: bool) -> int:
+def grpo_extra_bytes(
+    shape: ModelShape,
+    method: str,
+    zero: dict,
+    n_gpus: int,
+    *,
+    beta: float,
+    completions: int,
+    sequence_tokens: int,
+    gpu_memory_gib: float,
+    colocate: bool,
+) -> int:
     """What the grpo stage holds per GPU beyond the policy's training (module docstring): the reference model and
     the generations (``completions`` sequences of ``sequence_tokens`` a rank generates at once; ``colocate``: vLLM's
     reserved share of the GPU instead)."""
@@ -188,20 +208,34 @@ def grpo_extra_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, *,
     return reference + generations
 
 
-def _gpu_error(method: str, zero: dict, est: dict, shape: ModelShape, num_nodes: int,
-               per_device_train_batch_size: int, max_seq_length: int, gpu_memory_gib: float) -> str:
+def _gpu_error(
+    method: str,
+    zero: dict,
+    est: dict,
+    shape: ModelShape,
+    num_nodes: int,
+    per_device_train_batch_size: int,
+    max_seq_length: int,
+    gpu_memory_gib: float,
+) -> str:
     rl = f" + {est['grpo']:.1f} grpo's reference model and generations" if "grpo" in est else ""
-    summary = (f"needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} model states + "
-               f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead{rl}) but a GPU has "
-               f"{gpu_memory_gib:g} GiB")
+    summary = (
+        f"needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} model states + "
+        f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead{rl}) but a GPU has "
+        f"{gpu_memory_gib:g} GiB"
+    )
     if est["model_states"] + est["overhead"] + est.get("grpo", 0) <= gpu_memory_gib:
-        fix = (f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "
-               f"(now {max_seq_length}) and raise gradient_accumulation_steps to keep the global batch")
+        fix = (
+            f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "
+            f"(now {max_seq_length}) and raise gradient_accumulation_steps to keep the global batch"
+        )
     elif method == "qlora" and shape.is_moe:
-        fix = (f"bitsandbytes quantises only nn.Linear layers, so the {shape.expert_params / 1e9:.1f}B parameters of "
-               "the fused expert tensors stay unquantised and PEFT's k-bit preparation casts them to fp32; use method "
-               f"'lora' with deepspeed_config 'zero3' (preset {LORA_PRESET}), which shards the bf16 base and trains "
-               "the experts through adapters")
+        fix = (
+            f"bitsandbytes quantises only nn.Linear layers, so the {shape.expert_params / 1e9:.1f}B parameters of "
+            "the fused expert tensors stay unquantised and PEFT's k-bit preparation casts them to fp32; use method "
+            f"'lora' with deepspeed_config 'zero3' (preset {LORA_PRESET}), which shards the bf16 base and trains "
+            "the experts through adapters"
+        )
     elif method == "full" and zero.get("stage", 0) != 3:
         fix = "set deepspeed_config to 'zero3' (shards weights, gradients and optimizer states over all GPUs)"
     elif method == "full" or (method == "lora" and zero.get("stage", 0) == 3):
@@ -214,16 +248,22 @@ def _gpu_error(method: str, zero: dict, est: dict, shape: ModelShape, num_nodes:
 
 
 def _host_error(method: str, zero: dict, host: dict, num_nodes: int, gpus_per_node: int, pod_memory_gib: float) -> str:
-    summary = (f"needs about {host['total'] / GIB:.0f} GiB of host memory per pod ({gpus_per_node} ranks: "
-               f"{host['processes'] / GIB:.0f} processes + {host['shm'] / GIB:.0f} /dev/shm + "
-               f"{host['model'] / GIB:.0f} model) but a pod has {pod_memory_gib:g} GiB")
+    summary = (
+        f"needs about {host['total'] / GIB:.0f} GiB of host memory per pod ({gpus_per_node} ranks: "
+        f"{host['processes'] / GIB:.0f} processes + {host['shm'] / GIB:.0f} /dev/shm + "
+        f"{host['model'] / GIB:.0f} model) but a pod has {pod_memory_gib:g} GiB"
+    )
     offload = any(zero.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
     if offload:
-        fix = (f"raise num_nodes (now {num_nodes}; each pod holds 1/num_nodes of the offloaded states) or set "
-               "deepspeed_config to 'zero3' (states stay on the GPUs)")
+        fix = (
+            f"raise num_nodes (now {num_nodes}; each pod holds 1/num_nodes of the offloaded states) or set "
+            "deepspeed_config to 'zero3' (states stay on the GPUs)"
+        )
     elif zero.get("stage", 0) != 3 and method != "qlora":
-        fix = ("set deepspeed_config to 'zero3' (every rank otherwise holds its own converted copy of the weights "
-               "in host memory until they move to its GPU)")
+        fix = (
+            "set deepspeed_config to 'zero3' (every rank otherwise holds its own converted copy of the weights "
+            "in host memory until they move to its GPU)"
+        )
     else:
         fix = f"lower gpus_per_node (now {gpus_per_node}) so fewer ranks share a pod, and raise num_nodes"
     return f"{summary}: {fix}"
@@ -270,8 +310,9 @@ def check_memory_fit(
     host = host_bytes_per_pod(shape, method, zero, num_nodes, gpus_per_node, lora)
     problems = []
     if est["total"] > gpu_memory_gib:
-        problems.append(_gpu_error(method, zero, est, shape, num_nodes, per_device_train_batch_size, max_seq_length,
-                                   gpu_memory_gib))
+        problems.append(
+            _gpu_error(method, zero, est, shape, num_nodes, per_device_train_batch_size, max_seq_length, gpu_memory_gib)
+        )
     if host["total"] / GIB > pod_memory_gib:
         problems.append(_host_error(method, zero, host, num_nodes, gpus_per_node, pod_memory_gib))
     if not problems:

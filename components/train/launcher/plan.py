@@ -244,13 +244,20 @@ class Plan:
 
     def summary(self) -> dict:
         """The headline figures, JSON-ready."""
-        return {"layout": self.layout, "step_s": round(self.step_s, 3),
-                "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu), "bottleneck": self.bottleneck,
-                "compute_s_per_micro_step": round(self.compute_s, 3),
-                "gb_per_gpu_per_micro_step": round(self.bytes_per_gpu(per="micro-step") / GB, 1),
-                "network_gb_per_gpu_per_step": round(self.bytes_per_gpu(INTER) / GB, 2),
-                "memory_gib_per_gpu": round(self.memory_gib["total"], 1), "fits": self.fits, "steps": self.steps,
-                "wall_hours": round(self.wall_s / 3600, 2), "gpu_hours": round(self.gpu_hours, 1)}
+        return {
+            "layout": self.layout,
+            "step_s": round(self.step_s, 3),
+            "tokens_per_s_per_gpu": round(self.tokens_per_s_per_gpu),
+            "bottleneck": self.bottleneck,
+            "compute_s_per_micro_step": round(self.compute_s, 3),
+            "gb_per_gpu_per_micro_step": round(self.bytes_per_gpu(per="micro-step") / GB, 1),
+            "network_gb_per_gpu_per_step": round(self.bytes_per_gpu(INTER) / GB, 2),
+            "memory_gib_per_gpu": round(self.memory_gib["total"], 1),
+            "fits": self.fits,
+            "steps": self.steps,
+            "wall_hours": round(self.wall_s / 3600, 2),
+            "gpu_hours": round(self.gpu_hours, 1),
+        }
 
 
 def architecture(model_name_or_path: str) -> dict:
@@ -260,8 +267,10 @@ def architecture(model_name_or_path: str) -> dict:
     if config is not None:
         return config
     if model_name_or_path.startswith("builtin:"):
-        raise ValueError(f"model_name_or_path={model_name_or_path!r} is the laptop model of a local CPU run: the plan "
-                         "is for GPU jobs; pass a cluster preset (e.g. --preset qwen3-30b-a3b-full)")
+        raise ValueError(
+            f"model_name_or_path={model_name_or_path!r} is the laptop model of a local CPU run: the plan "
+            "is for GPU jobs; pass a cluster preset (e.g. --preset qwen3-30b-a3b-full)"
+        )
     if not Path(model_name_or_path).is_absolute() and model_name_or_path.count("/") == 1:
         from huggingface_hub import try_to_load_from_cache
 
@@ -272,7 +281,8 @@ def architecture(model_name_or_path: str) -> dict:
     raise ValueError(
         f"model_name_or_path={model_name_or_path!r}: its config.json is neither shipped with the package (shipped: "
         f"{shipped} and their variants) nor a local folder's nor in the Hugging Face cache; fetch just the config "
-        f"(hf download {model_name_or_path} config.json) or set model_name_or_path to a folder holding config.json")
+        f"(hf download {model_name_or_path} config.json) or set model_name_or_path to a folder holding config.json"
+    )
 
 
 def zero_config(deepspeed_config: str) -> dict:
@@ -282,8 +292,10 @@ def zero_config(deepspeed_config: str) -> dict:
     return load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
 
 
-HSDP_LAYOUTS = {"hsdp": "HSDP (FSDP2: sharded in a node, replicated over nodes)",
-                "hsdp_ep": "HSDP + EP (FSDP2, experts parallel in a node)"}
+HSDP_LAYOUTS = {
+    "hsdp": "HSDP (FSDP2: sharded in a node, replicated over nodes)",
+    "hsdp_ep": "HSDP + EP (FSDP2, experts parallel in a node)",
+}
 GRAD_REDUCE_BYTES = 4  # FSDP2's fsdp_mixed_precision reduces gradients in fp32
 
 
@@ -297,9 +309,17 @@ def layout_name(zero: dict, parallelism: str = "deepspeed") -> str:
     return f"ZeRO-{stage}" if stage else "DDP"
 
 
-def collectives(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int,
-                trainable: int, parallelism: str = "deepspeed", tokens: int = 0,
-                recompute: bool = False) -> list[Collective]:
+def collectives(
+    shape: ModelShape,
+    method: str,
+    zero: dict,
+    num_nodes: int,
+    gpus_per_node: int,
+    trainable: int,
+    parallelism: str = "deepspeed",
+    tokens: int = 0,
+    recompute: bool = False,
+) -> list[Collective]:
     """Every collective of one optimizer step (module docstring's table). ``tokens`` per micro-step and GPU and
     ``recompute`` matter only to expert parallelism's all-to-alls."""
     n, m, g = num_nodes * gpus_per_node, num_nodes, gpus_per_node
@@ -312,22 +332,40 @@ def collectives(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus
         return hsdp_collectives(shape, m, g, trainable, parallelism == "hsdp_ep", tokens, recompute)
     if stage == 3:
         hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
-        out.append(Collective("parameters, forward", "all-gather", params, n, m, g, "forward",
-                              "first" if hpz > 1 else "every"))
+        out.append(
+            Collective("parameters, forward", "all-gather", params, n, m, g, "forward", "first" if hpz > 1 else "every")
+        )
         if hpz > 1:
             h_nodes = max(1, math.ceil(hpz / g))
             inner = (hpz, h_nodes, min(hpz, g))
             if method == "full":
-                out.append(Collective("parameters, later forwards (secondary partition)", "all-gather", params,
-                                      *inner, "forward", "later"))
+                out.append(
+                    Collective(
+                        "parameters, later forwards (secondary partition)",
+                        "all-gather",
+                        params,
+                        *inner,
+                        "forward",
+                        "later",
+                    )
+                )
             else:
                 # The frozen base keeps its secondary partition for the whole run (module docstring); the adapters'
                 # weights are gathered over all ranks after each step.
-                out[-1] = Collective("frozen base, forward (from the secondary partition after the run's first "
-                                     "step)", "all-gather", params, *inner, "forward", "every")
+                out[-1] = Collective(
+                    "frozen base, forward (from the secondary partition after the run's first step)",
+                    "all-gather",
+                    params,
+                    *inner,
+                    "forward",
+                    "every",
+                )
                 out.append(Collective("adapters, forward", "all-gather", grads, n, m, g, "forward", "first"))
-            out.append(Collective("parameters, backward (secondary partition)", "all-gather", params, *inner,
-                                  "backward", "every"))
+            out.append(
+                Collective(
+                    "parameters, backward (secondary partition)", "all-gather", params, *inner, "backward", "every"
+                )
+            )
         else:
             out.append(Collective("parameters, backward", "all-gather", params, n, m, g, "backward", "every"))
         out.append(Collective("gradients", "reduce-scatter", grads, n, m, g, "backward", "every"))
@@ -342,8 +380,9 @@ def collectives(shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus
     return out
 
 
-def hsdp_collectives(shape: ModelShape, num_nodes: int, gpus_per_node: int, trainable: int, ep: bool,
-                     tokens: int, recompute: bool) -> list[Collective]:
+def hsdp_collectives(
+    shape: ModelShape, num_nodes: int, gpus_per_node: int, trainable: int, ep: bool, tokens: int, recompute: bool
+) -> list[Collective]:
     """HSDP's collectives per optimizer step, with expert parallelism within the node when ``ep`` (module
     docstring)."""
     m, g = num_nodes, gpus_per_node
@@ -351,20 +390,52 @@ def hsdp_collectives(shape: ModelShape, num_nodes: int, gpus_per_node: int, trai
     out: list[Collective] = []
     if g > 1:
         what = "dense parameters" if ep else "parameters"
-        out += [Collective(f"{what}, forward", "all-gather", PARAM_BYTES * gathered, g, 1, g, "forward", "every"),
-                Collective(f"{what}, backward", "all-gather", PARAM_BYTES * gathered, g, 1, g, "backward", "every"),
-                Collective("gradients (fp32)", "reduce-scatter", GRAD_REDUCE_BYTES * gathered, g, 1, g, "backward",
-                           "every", GRAD_REDUCE_BYTES)]
+        out += [
+            Collective(f"{what}, forward", "all-gather", PARAM_BYTES * gathered, g, 1, g, "forward", "every"),
+            Collective(f"{what}, backward", "all-gather", PARAM_BYTES * gathered, g, 1, g, "backward", "every"),
+            Collective(
+                "gradients (fp32)",
+                "reduce-scatter",
+                GRAD_REDUCE_BYTES * gathered,
+                g,
+                1,
+                g,
+                "backward",
+                "every",
+                GRAD_REDUCE_BYTES,
+            ),
+        ]
         if ep and shape.is_moe:
             k = shape.intermediate // max(1, shape.moe_intermediate)
             per_pass = 2 * shape.sparse_layers * tokens * k * shape.hidden * PARAM_BYTES  # to the experts and back
             out.append(Collective("routed tokens, forward", "all-to-all", per_pass, g, 1, g, "forward", "every"))
-            out.append(Collective("routed tokens, backward" + (" and recomputed forward" if recompute else ""),
-                                  "all-to-all", per_pass * (2 if recompute else 1), g, 1, g, "backward", "every"))
+            out.append(
+                Collective(
+                    "routed tokens, backward" + (" and recomputed forward" if recompute else ""),
+                    "all-to-all",
+                    per_pass * (2 if recompute else 1),
+                    g,
+                    1,
+                    g,
+                    "backward",
+                    "every",
+                )
+            )
     if m > 1:
         shard = GRAD_REDUCE_BYTES * trainable / g
-        out.append(Collective("gradient shards across nodes (fp32, once per step)", "all-reduce", shard, m, m, 1,
-                              "backward", "last", GRAD_REDUCE_BYTES))
+        out.append(
+            Collective(
+                "gradient shards across nodes (fp32, once per step)",
+                "all-reduce",
+                shard,
+                m,
+                m,
+                1,
+                "backward",
+                "last",
+                GRAD_REDUCE_BYTES,
+            )
+        )
     return out
 
 
@@ -386,14 +457,20 @@ def hsdp_memory_gib(shape: ModelShape, ep: bool, gpus_per_node: int, max_seq_len
     dense_layer = (shape.total - shape.expert_params - 2 * embed) // max(1, shape.layers)
     block = max(embed, dense_layer) if ep else max(shape.largest_block, embed)
     states = (16 * shape.total / gpus_per_node + 10 * block) / GIB
-    return {"model_states": states, "activations": est["activations"], "overhead": est["overhead"],
-            "total": states + est["activations"] + est["overhead"]}
+    return {
+        "model_states": states,
+        "activations": est["activations"],
+        "overhead": est["overhead"],
+        "total": states + est["activations"] + est["overhead"],
+    }
 
 
 def _link_seconds(items: list[Collective], intra: float, inter: float) -> dict:
     """Seconds each link is busy with ``items`` (bandwidths in bytes/s)."""
-    return {INTRA: sum(c.nvlink_bytes_per_gpu for c in items) / intra,
-            INTER: sum(c.network_bytes_per_gpu for c in items) / inter}
+    return {
+        INTRA: sum(c.nvlink_bytes_per_gpu for c in items) / intra,
+        INTER: sum(c.network_bytes_per_gpu for c in items) / inter,
+    }
 
 
 def attention_from_stats(stats: dict, max_seq_length: int) -> float | None:
@@ -469,22 +546,30 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     if hsdp:
         if method != "full":
             notes.append(f"parallelism {parallelism} trains method full only: validate_inputs refuses {method}")
-        notes.append("no periodic checkpoints under HSDP: transformers 5.23's Trainer cannot resume a model sharded "
-                     "at load time, so a re-run trains from the start (components/train/trainer/parallelism.py)")
+        notes.append(
+            "no periodic checkpoints under HSDP: transformers 5.23's Trainer cannot resume a model sharded "
+            "at load time, so a re-run trains from the start (components/train/trainer/parallelism.py)"
+        )
         from components.train.launcher.memory import POD_MEMORY_GIB
 
         host = hsdp_export_host_gib(shape, g)
         if host > POD_MEMORY_GIB:
-            blocked = (f"the final export gathers the whole fp32 model on rank 0's host: {host:.0f} GiB with its "
-                       f"pod's {g} processes, over the pod's {POD_MEMORY_GIB:g} GiB")
+            blocked = (
+                f"the final export gathers the whole fp32 model on rank 0's host: {host:.0f} GiB with its "
+                f"pod's {g} processes, over the pod's {POD_MEMORY_GIB:g} GiB"
+            )
             notes.append(f"does not run: {blocked}")
     if zero_stage == 3 and hpz > 1 and hpz != g:
-        notes.append(f"zero_hpz_partition_size is {hpz} but a node has {g} GPUs: the secondary partition "
-                     + ("spans nodes, so its gathers cross the network" if hpz > g else "is smaller than a node")
-                     + f"; set it to gpus_per_node ({g})")
+        notes.append(
+            f"zero_hpz_partition_size is {hpz} but a node has {g} GPUs: the secondary partition "
+            + ("spans nodes, so its gathers cross the network" if hpz > g else "is smaller than a node")
+            + f"; set it to gpus_per_node ({g})"
+        )
     if any(zero.get(key, {}).get("device", "none") != "none" for key in ("offload_optimizer", "offload_param")):
-        notes.append("offload: the optimizer steps on the host CPUs and states cross PCIe; neither is in this plan, "
-                     "so its step time is a lower bound")
+        notes.append(
+            "offload: the optimizer steps on the host CPUs and states cross PCIe; neither is in this plan, "
+            "so its step time is a lower bound"
+        )
     if zero_stage == 3 and hpz > 1 and n % hpz:
         notes.append(f"zero_hpz_partition_size {hpz} does not divide the {n} GPUs: DeepSpeed refuses it")
     embed = PARAM_BYTES * shape.vocab * shape.hidden
@@ -516,8 +601,11 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     tokens_per_s = tokens * real * k / step_s
 
     # Memory per GPU: memory.py's estimate, the one validate_inputs checks (hpZ's secondary partition included).
-    est = (hsdp_memory_gib(shape, parallelism == "hsdp_ep", g, s, rows) if hsdp
-           else estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora))
+    est = (
+        hsdp_memory_gib(shape, parallelism == "hsdp_ep", g, s, rows)
+        if hsdp
+        else estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora)
+    )
 
     # The run.
     epochs = float(v["num_train_epochs"])
@@ -536,18 +624,51 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
         steps = max(1, math.ceil(train_rows * epochs / (b * k * n)))
     wall = steps * step_s
     return Plan(
-        model=v["model_name_or_path"], method=method, layout=layout_name(zero, parallelism), num_nodes=m,
-        gpus_per_node=g, parallelism=parallelism, blocked=blocked,
-        micro_batch=b, accumulation=k, max_seq_length=s, tokens_per_micro_step=tokens, real_token_fraction=real,
-        attention_length=t_att, attention_source=att_source, active_params=shape.active, total_params=shape.total,
-        trainable_params=trainable, flops_per_token_dense=dense, flops_per_token_attention=attention,
-        flops_per_micro_step=fwd_flops + bwd_flops, compute_s=fwd_s + bwd_s, forward_compute_s=fwd_s,
-        backward_compute_s=bwd_s, collectives=steps_collectives, intra_gb_per_s=intra / GB,
-        inter_gb_per_s=inter / GB, achieved_tflops=speed / 1e12, recompute=recompute, micro_step_s=micro,
-        exposed_s=exposed_total, after_step_s=after_s, step_s=step_s, tokens_per_s_per_gpu=tokens_per_s,
-        bottleneck=bottleneck, comm_s=busy, memory_gib=est, gpu_memory_gib=float(v["gpu_memory_gib"]),
-        dataset_tokens=dataset_tokens, dataset_source=source, steps=steps, epochs=epochs, wall_s=wall,
-        gpu_hours=wall * n / 3600, notes=notes)
+        model=v["model_name_or_path"],
+        method=method,
+        layout=layout_name(zero, parallelism),
+        num_nodes=m,
+        gpus_per_node=g,
+        parallelism=parallelism,
+        blocked=blocked,
+        micro_batch=b,
+        accumulation=k,
+        max_seq_length=s,
+        tokens_per_micro_step=tokens,
+        real_token_fraction=real,
+        attention_length=t_att,
+        attention_source=att_source,
+        active_params=shape.active,
+        total_params=shape.total,
+        trainable_params=trainable,
+        flops_per_token_dense=dense,
+        flops_per_token_attention=attention,
+        flops_per_micro_step=fwd_flops + bwd_flops,
+        compute_s=fwd_s + bwd_s,
+        forward_compute_s=fwd_s,
+        backward_compute_s=bwd_s,
+        collectives=steps_collectives,
+        intra_gb_per_s=intra / GB,
+        inter_gb_per_s=inter / GB,
+        achieved_tflops=speed / 1e12,
+        recompute=recompute,
+        micro_step_s=micro,
+        exposed_s=exposed_total,
+        after_step_s=after_s,
+        step_s=step_s,
+        tokens_per_s_per_gpu=tokens_per_s,
+        bottleneck=bottleneck,
+        comm_s=busy,
+        memory_gib=est,
+        gpu_memory_gib=float(v["gpu_memory_gib"]),
+        dataset_tokens=dataset_tokens,
+        dataset_source=source,
+        steps=steps,
+        epochs=epochs,
+        wall_s=wall,
+        gpu_hours=wall * n / 3600,
+        notes=notes,
+    )
 
 
 # The ZeRO-3 layouts ``alternatives`` weighs against each other: shipped DeepSpeed configs.
@@ -590,8 +711,9 @@ def alternatives(settings: Settings | dict, config: dict, stats: dict | None = N
     return out
 
 
-def faster_layout(settings: Settings | dict, config: dict, stats: dict | None = None,
-                  margin: float = 1.1) -> tuple[dict, Plan] | None:
+def faster_layout(
+    settings: Settings | dict, config: dict, stats: dict | None = None, margin: float = 1.1
+) -> tuple[dict, Plan] | None:
     """The fastest alternative (``alternatives``) that fits in memory and beats the run's own plan by ``margin``,
     or None. Of alternatives equally fast (to the token per second), the one that needs the least memory."""
     options = alternatives(settings, config, stats)
@@ -632,13 +754,17 @@ def format_plan(p: Plan) -> str:
         lines.append("  collectives per optimizer step (bytes per GPU: all / over the network):")
         for c in p.collectives:
             times = c.times_per_step(k)
-            lines.append(f"    {c.kind} of {c.name}: {_gb(c.size)} over {c.ranks} GPUs on {c.nodes} node"
-                         f"{'s' if c.nodes > 1 else ''}, {times}x ({c.phase}): {_gb(c.bytes_per_gpu * times)} / "
-                         f"{_gb(c.network_bytes_per_gpu * times)} ({c.link})")
-        lines.append(f"  per micro-step each GPU moves {_gb(p.bytes_per_gpu(per='micro-step'))}, "
-                     f"{_gb(p.bytes_per_gpu(INTER, per='micro-step'))} of it over the network; links busy per step: "
-                     f"NVLink {p.comm_s[INTRA]:.2f} s, network {p.comm_s[INTER]:.2f} s, against "
-                     f"{p.compute_s * k:.2f} s of compute")
+            lines.append(
+                f"    {c.kind} of {c.name}: {_gb(c.size)} over {c.ranks} GPUs on {c.nodes} node"
+                f"{'s' if c.nodes > 1 else ''}, {times}x ({c.phase}): {_gb(c.bytes_per_gpu * times)} / "
+                f"{_gb(c.network_bytes_per_gpu * times)} ({c.link})"
+            )
+        lines.append(
+            f"  per micro-step each GPU moves {_gb(p.bytes_per_gpu(per='micro-step'))}, "
+            f"{_gb(p.bytes_per_gpu(INTER, per='micro-step'))} of it over the network; links busy per step: "
+            f"NVLink {p.comm_s[INTRA]:.2f} s, network {p.comm_s[INTER]:.2f} s, against "
+            f"{p.compute_s * k:.2f} s of compute"
+        )
     else:
         lines.append("  collectives: none (one GPU)")
     lines += [
@@ -654,9 +780,12 @@ def format_plan(p: Plan) -> str:
         f"{p.dataset_source}): {_duration(p.wall_s)} wall, {p.gpu_hours:,.0f} GPU-hours",
     ]
     if p.parallelism in HSDP_LAYOUTS:
-        lines.insert(1, f"  layout:   parallelism={p.parallelism}: FSDP2 over the {p.gpus_per_node} GPUs of a node, "
-                        f"replicated over {p.num_nodes} nodes" + (", experts parallel within the node"
-                                                                  if p.parallelism == "hsdp_ep" else ""))
+        lines.insert(
+            1,
+            f"  layout:   parallelism={p.parallelism}: FSDP2 over the {p.gpus_per_node} GPUs of a node, "
+            f"replicated over {p.num_nodes} nodes"
+            + (", experts parallel within the node" if p.parallelism == "hsdp_ep" else ""),
+        )
     lines += [f"  note:     {note}" for note in p.notes]
     return "\n".join(lines)
 
@@ -673,10 +802,17 @@ def read_stats(path: str) -> dict:
     if isinstance(data, dict) and isinstance(data.get("train"), dict) and data["train"].get("rows"):
         return data
     if isinstance(data, dict) and data.get("train_rows"):
-        return {"train": {"rows": data["train_rows"], "tokens": data.get("train_tokens"),
-                          "packing_efficiency": data.get("packing_efficiency")}}
-    raise ValueError(f"--plan {path}: no training split's row count (train.rows in stats.json, or train_rows); pass "
-                     "prepare_dataset's stats.json")
+        return {
+            "train": {
+                "rows": data["train_rows"],
+                "tokens": data.get("train_tokens"),
+                "packing_efficiency": data.get("packing_efficiency"),
+            }
+        }
+    raise ValueError(
+        f"--plan {path}: no training split's row count (train.rows in stats.json, or train_rows); pass "
+        "prepare_dataset's stats.json"
+    )
 
 
 def plan_text(values: dict, stats_path: str | None = None) -> str:
@@ -685,8 +821,10 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
     ValueError names the setting when the model's config cannot be found without a download."""
     s = Settings.from_flat(values)
     if s.cluster.train_backend == "local":
-        return ("plan: this run trains on this machine's CPUs (train_backend=local); the plan is for GPU jobs: "
-                "pass a cluster preset, e.g. --preset qwen3-30b-a3b-full --plan")
+        return (
+            "plan: this run trains on this machine's CPUs (train_backend=local); the plan is for GPU jobs: "
+            "pass a cluster preset, e.g. --preset qwen3-30b-a3b-full --plan"
+        )
     config = architecture(s.train.model_name_or_path)
     stats = read_stats(stats_path) if stats_path else None
     text = format_plan(plan(s, config, stats))
@@ -695,7 +833,9 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
         over, p = better
         own = plan(s, config, stats)
         args = " ".join(f"-p {key}={value}" for key, value in over.items())
-        text += (f"\n  faster:   {args}: {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
-                 f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), bottleneck {p.bottleneck}, "
-                 f"{p.memory_gib['total']:.1f} GiB per GPU")
+        text += (
+            f"\n  faster:   {args}: {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
+            f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), bottleneck {p.bottleneck}, "
+            f"{p.memory_gib['total']:.1f} GiB per GPU"
+        )
     return text

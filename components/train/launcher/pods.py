@@ -38,16 +38,23 @@ def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1
     """The two claims and the memory-backed ``/dev/shm`` the trainer's pods mount (``TRAINER_VOLUME_MOUNTS``)."""
     return [
         k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=data_pvc)),
-        k8s.V1Volume(name="models",
-                     persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=model_pvc)),
+        k8s.V1Volume(
+            name="models", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=model_pvc)
+        ),
         k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
     ]
 
 
 # What the trainer's MLflow and W&B callbacks read from the environment, each an optional key of tracking_secret:
 # whichever the Secret holds reaches the pods, and nothing is set when it is absent.
-TRACKING_KEYS = ("MLFLOW_TRACKING_URI", "MLFLOW_TRACKING_TOKEN", "MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD",
-                 "WANDB_API_KEY", "WANDB_BASE_URL")
+TRACKING_KEYS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "WANDB_API_KEY",
+    "WANDB_BASE_URL",
+)
 # Where the runs go in the tracker: one experiment (MLflow) / project (W&B) for the pipeline's runs.
 TRACKING_NAMES = {"MLFLOW_EXPERIMENT_NAME": "llm-finetune", "WANDB_PROJECT": "llm-finetune"}
 
@@ -55,14 +62,29 @@ TRACKING_NAMES = {"MLFLOW_EXPERIMENT_NAME": "llm-finetune", "WANDB_PROJECT": "ll
 def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: str = "") -> list[k8s.V1EnvVar]:
     """The trainer container's environment: the HF token and the tracker's keys by Secret reference, the cache on
     the data claim, NCCL."""
-    tracking = [] if not tracking_secret else [
-        k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(
-            secret_key_ref=k8s.V1SecretKeySelector(name=tracking_secret, key=key, optional=True)))
-        for key in TRACKING_KEYS] + [k8s.V1EnvVar(name=k, value=v) for k, v in TRACKING_NAMES.items()]
-    env = [*tracking,
+    tracking = (
+        []
+        if not tracking_secret
+        else [
+            k8s.V1EnvVar(
+                name=key,
+                value_from=k8s.V1EnvVarSource(
+                    secret_key_ref=k8s.V1SecretKeySelector(name=tracking_secret, key=key, optional=True)
+                ),
+            )
+            for key in TRACKING_KEYS
+        ]
+        + [k8s.V1EnvVar(name=k, value=v) for k, v in TRACKING_NAMES.items()]
+    )
+    env = [
+        *tracking,
         # optional: public models need no token, and a missing Secret must not block the pod.
-        k8s.V1EnvVar(name="HF_TOKEN", value_from=k8s.V1EnvVarSource(
-            secret_key_ref=k8s.V1SecretKeySelector(name=hf_token_secret, key=HF_TOKEN_KEY, optional=True))),
+        k8s.V1EnvVar(
+            name="HF_TOKEN",
+            value_from=k8s.V1EnvVarSource(
+                secret_key_ref=k8s.V1SecretKeySelector(name=hf_token_secret, key=HF_TOKEN_KEY, optional=True)
+            ),
+        ),
         # Base-model downloads (60 GB for Qwen3-30B-A3B) go to the shared data claim once, not to each
         # node's ephemeral storage, where they would risk eviction.
         k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
@@ -81,8 +103,15 @@ def observe_env(metrics_port: int, run_id: str, job_name: str, langfuse_secret: 
     (optional) Secret reference."""
     env = [k8s.V1EnvVar(name="TRAINER_METRICS_PORT", value=str(metrics_port))]
     env += [k8s.V1EnvVar(name=k, value=v) for k, v in (("TRAINER_RUN_ID", run_id), ("TRAINER_JOB_NAME", job_name)) if v]
-    env += [k8s.V1EnvVar(name=key, value_from=k8s.V1EnvVarSource(secret_key_ref=k8s.V1SecretKeySelector(
-        name=langfuse_secret, key=key, optional=True))) for key in (LANGFUSE_KEYS if langfuse_secret else ())]
+    env += [
+        k8s.V1EnvVar(
+            name=key,
+            value_from=k8s.V1EnvVarSource(
+                secret_key_ref=k8s.V1SecretKeySelector(name=langfuse_secret, key=key, optional=True)
+            ),
+        )
+        for key in (LANGFUSE_KEYS if langfuse_secret else ())
+    ]
     return env
 
 
@@ -95,16 +124,42 @@ def metrics_annotations(metrics_port: int) -> dict:
 
 def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str]:
     """torchrun's arguments (no shell): the operators inject the rendezvous as ``PET_*`` variables."""
-    return ["--nnodes", nnodes, "--nproc_per_node", str(gpus_per_node),
-            "-m", "components.train.trainer.sft", "--config", config_path]
+    return [
+        "--nnodes",
+        nnodes,
+        "--nproc_per_node",
+        str(gpus_per_node),
+        "-m",
+        "components.train.trainer.sft",
+        "--config",
+        config_path,
+    ]
 
 
-def trainer_pod_template(*, container_name: str, image: str, nnodes: str, gpus_per_node: int, config_path: str,
-                         hf_token_secret: str, nccl_env: dict | None, cpu: str, memory: str, data_pvc: str,
-                         model_pvc: str, shm_size: str, labels: dict, node_selector: dict, tolerations: list,
-                         affinity: dict | None, priority_class: str = "",
-                         tracking_secret: str = "", metrics_port: int = 0, job_name: str = "",
-                         langfuse_secret: str = "") -> k8s.V1PodTemplateSpec:
+def trainer_pod_template(
+    *,
+    container_name: str,
+    image: str,
+    nnodes: str,
+    gpus_per_node: int,
+    config_path: str,
+    hf_token_secret: str,
+    nccl_env: dict | None,
+    cpu: str,
+    memory: str,
+    data_pvc: str,
+    model_pvc: str,
+    shm_size: str,
+    labels: dict,
+    node_selector: dict,
+    tolerations: list,
+    affinity: dict | None,
+    priority_class: str = "",
+    tracking_secret: str = "",
+    metrics_port: int = 0,
+    job_name: str = "",
+    langfuse_secret: str = "",
+) -> k8s.V1PodTemplateSpec:
     """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
 
     Args:

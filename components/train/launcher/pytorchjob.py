@@ -51,9 +51,16 @@ def validate_job(name: str, image: str, num_nodes: int, gpus_per_node: int) -> N
         raise ValueError(f"gpus_per_node must be >= 1, got {gpus_per_node}")
 
 
-def _validate_run_policy(num_nodes: int, clean_pod_policy: str, ttl_seconds_after_finished: int | None,
-                         active_deadline_seconds: int | None, queue_name: str, gang_scheduling: bool,
-                         min_nodes: int | None, max_restarts: int) -> None:
+def _validate_run_policy(
+    num_nodes: int,
+    clean_pod_policy: str,
+    ttl_seconds_after_finished: int | None,
+    active_deadline_seconds: int | None,
+    queue_name: str,
+    gang_scheduling: bool,
+    min_nodes: int | None,
+    max_restarts: int,
+) -> None:
     if clean_pod_policy not in CLEAN_POD_POLICIES:
         raise ValueError(f"clean_pod_policy {clean_pod_policy!r} must be one of {', '.join(CLEAN_POD_POLICIES)}")
     if ttl_seconds_after_finished is not None and ttl_seconds_after_finished < 0:
@@ -61,25 +68,49 @@ def _validate_run_policy(num_nodes: int, clean_pod_policy: str, ttl_seconds_afte
     if active_deadline_seconds is not None and active_deadline_seconds < 1:
         raise ValueError(f"active_deadline_seconds must be >= 1 (or None: no limit), got {active_deadline_seconds}")
     if queue_name and gang_scheduling:
-        raise ValueError("queue_name and gang_scheduling are exclusive: Kueue already admits the whole job at once; "
-                         "gang_scheduling is for Volcano or scheduler-plugins without Kueue")
+        raise ValueError(
+            "queue_name and gang_scheduling are exclusive: Kueue already admits the whole job at once; "
+            "gang_scheduling is for Volcano or scheduler-plugins without Kueue"
+        )
     if min_nodes is not None and not 1 <= min_nodes <= num_nodes:
-        raise ValueError(f"min_nodes must be between 1 and num_nodes={num_nodes} (or None: not elastic), "
-                         f"got {min_nodes}")
+        raise ValueError(
+            f"min_nodes must be between 1 and num_nodes={num_nodes} (or None: not elastic), got {min_nodes}"
+        )
     if max_restarts < 0:
         raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
 
 
-def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str, num_nodes: int,
-                     gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                     node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
-                     shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi",
-                     nccl_env: dict | None = None, clean_pod_policy: str = "Running",
-                     ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
-                     active_deadline_seconds: int | None = None, queue_name: str = "",
-                     gang_scheduling: bool = False, priority_class: str = "",
-                     min_nodes: int | None = None, max_restarts: int = 3, tracking_secret: str = "",
-                     metrics_port: int = 0, langfuse_secret: str = "") -> dict:
+def build_pytorchjob(
+    *,
+    name: str,
+    namespace: str,
+    image: str,
+    config_path: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    data_pvc: str,
+    model_pvc: str,
+    hf_token_secret: str,
+    node_selector: dict,
+    tolerations: list,
+    labels: dict,
+    affinity: dict | None = None,
+    shm_size: str = "64Gi",
+    cpu: str = "16",
+    memory: str = "128Gi",
+    nccl_env: dict | None = None,
+    clean_pod_policy: str = "Running",
+    ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
+    active_deadline_seconds: int | None = None,
+    queue_name: str = "",
+    gang_scheduling: bool = False,
+    priority_class: str = "",
+    min_nodes: int | None = None,
+    max_restarts: int = 3,
+    tracking_secret: str = "",
+    metrics_port: int = 0,
+    langfuse_secret: str = "",
+) -> dict:
     """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
 
     Args:
@@ -130,19 +161,42 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         ValueError: naming the field, for an invalid name, image, node or GPU count, or run policy.
     """
     validate_job(name, image, num_nodes, gpus_per_node)
-    _validate_run_policy(num_nodes, clean_pod_policy, ttl_seconds_after_finished, active_deadline_seconds,
-                         queue_name, gang_scheduling, min_nodes, max_restarts)
+    _validate_run_policy(
+        num_nodes,
+        clean_pod_policy,
+        ttl_seconds_after_finished,
+        active_deadline_seconds,
+        queue_name,
+        gang_scheduling,
+        min_nodes,
+        max_restarts,
+    )
     elastic = min_nodes is not None
     # Elastic: torchrun waits for at least min_nodes pods at the c10d rendezvous the operator points
     # PET_RDZV_ENDPOINT at (Worker 0), and takes up to num_nodes.
     nnodes = f"{min_nodes}:{num_nodes}" if elastic else str(num_nodes)
     template = trainer_pod_template(
         container_name=kfc.PYTORCHJOB_CONTAINER,  # the operator's webhook and env injection look for "pytorch"
-        image=image, nnodes=nnodes, gpus_per_node=gpus_per_node, config_path=config_path,
-        hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory, data_pvc=data_pvc,
-        model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
-        tolerations=tolerations, affinity=affinity, priority_class=priority_class, tracking_secret=tracking_secret,
-        metrics_port=metrics_port, job_name=name, langfuse_secret=langfuse_secret,
+        image=image,
+        nnodes=nnodes,
+        gpus_per_node=gpus_per_node,
+        config_path=config_path,
+        hf_token_secret=hf_token_secret,
+        nccl_env=nccl_env,
+        cpu=cpu,
+        memory=memory,
+        data_pvc=data_pvc,
+        model_pvc=model_pvc,
+        shm_size=shm_size,
+        labels=labels,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        affinity=affinity,
+        priority_class=priority_class,
+        tracking_secret=tracking_secret,
+        metrics_port=metrics_port,
+        job_name=name,
+        langfuse_secret=langfuse_secret,
     )
     # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
     restart_policy = "OnFailure" if elastic else RESTART_POLICY
@@ -154,7 +208,8 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
         # The webhook requires a Worker spec for an elastic policy; Worker 0 hosts the rendezvous.
         replica_specs = {kfc.REPLICA_TYPE_WORKER: replicas(num_nodes)}
         elastic_policy = kf.KubeflowOrgV1ElasticPolicy(
-            min_replicas=min_nodes, max_replicas=num_nodes, max_restarts=max_restarts, rdzv_backend="c10d")
+            min_replicas=min_nodes, max_replicas=num_nodes, max_restarts=max_restarts, rdzv_backend="c10d"
+        )
     else:
         replica_specs = {kfc.REPLICA_TYPE_MASTER: replicas(1)}
         if num_nodes > 1:
@@ -163,7 +218,8 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
     scheduling_policy = None
     if gang_scheduling:
         scheduling_policy = kf.KubeflowOrgV1SchedulingPolicy(
-            min_available=min_nodes if elastic else num_nodes, priority_class=priority_class or None)
+            min_available=min_nodes if elastic else num_nodes, priority_class=priority_class or None
+        )
     job_labels = dict(labels)
     if queue_name:
         job_labels[kfc.LOCAL_QUEUE_LABEL] = queue_name
@@ -189,10 +245,22 @@ def build_pytorchjob(*, name: str, namespace: str, image: str, config_path: str,
     return k8s.ApiClient().sanitize_for_serialization(job)
 
 
-
-def pytorchjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_image: str, num_nodes: int,
-                       gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                       node_selector: dict, tolerations: list, stage: str = "sft", **options) -> dict:
+def pytorchjob_for_run(
+    *,
+    run_id: str,
+    namespace: str,
+    config_path: str,
+    trainer_image: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    data_pvc: str,
+    model_pvc: str,
+    hf_token_secret: str,
+    node_selector: dict,
+    tolerations: list,
+    stage: str = "sft",
+    **options,
+) -> dict:
     """The PyTorchJob of one KFP run, from the pipeline's parameter names: named and labelled by the run id.
 
     ``options`` are ``build_pytorchjob``'s keyword parameters (affinity, resources, NCCL, run policy,
@@ -202,8 +270,17 @@ def pytorchjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer
     run is its own job.
     """
     return build_pytorchjob(
-        name=job_name_for(run_id, stage), namespace=namespace, image=trainer_image, config_path=config_path,
-        num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc, model_pvc=model_pvc,
-        hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
-        labels={RUN_ID_LABEL: run_id}, **options,
+        name=job_name_for(run_id, stage),
+        namespace=namespace,
+        image=trainer_image,
+        config_path=config_path,
+        num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node,
+        data_pvc=data_pvc,
+        model_pvc=model_pvc,
+        hf_token_secret=hf_token_secret,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        labels={RUN_ID_LABEL: run_id},
+        **options,
     )

@@ -53,13 +53,33 @@ POD_SELECTOR_LABEL = "jobset.sigs.k8s.io/jobset-name"
 NODE_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
 
 
-def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, num_nodes: int,
-                   gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                   node_selector: dict, tolerations: list, labels: dict, affinity: dict | None = None,
-                   shm_size: str = "64Gi", cpu: str = "16", memory: str = "128Gi", nccl_env: dict | None = None,
-                   runtime: str = RUNTIME, active_deadline_seconds: int | None = None,
-                   queue_name: str = "", tracking_secret: str = "", trainer_version: str = TRAINER_V2_2,
-                   metrics_port: int = 0, langfuse_secret: str = "") -> dict:
+def build_trainjob(
+    *,
+    name: str,
+    namespace: str,
+    image: str,
+    config_path: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    data_pvc: str,
+    model_pvc: str,
+    hf_token_secret: str,
+    node_selector: dict,
+    tolerations: list,
+    labels: dict,
+    affinity: dict | None = None,
+    shm_size: str = "64Gi",
+    cpu: str = "16",
+    memory: str = "128Gi",
+    nccl_env: dict | None = None,
+    runtime: str = RUNTIME,
+    active_deadline_seconds: int | None = None,
+    queue_name: str = "",
+    tracking_secret: str = "",
+    trainer_version: str = TRAINER_V2_2,
+    metrics_port: int = 0,
+    langfuse_secret: str = "",
+) -> dict:
     """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
 
     Args:
@@ -93,11 +113,26 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
     if active_deadline_seconds is not None and trainer_version == TRAINER_V2_1:
         raise ValueError(unsupported_deadline(active_deadline_seconds))
     template = trainer_pod_template(
-        container_name=NODE, image=image, nnodes=str(num_nodes), gpus_per_node=gpus_per_node,
-        config_path=config_path, hf_token_secret=hf_token_secret, nccl_env=nccl_env, cpu=cpu, memory=memory,
-        data_pvc=data_pvc, model_pvc=model_pvc, shm_size=shm_size, labels=labels, node_selector=node_selector,
-        tolerations=tolerations, affinity=affinity, tracking_secret=tracking_secret,
-        metrics_port=metrics_port, job_name=name, langfuse_secret=langfuse_secret,
+        container_name=NODE,
+        image=image,
+        nnodes=str(num_nodes),
+        gpus_per_node=gpus_per_node,
+        config_path=config_path,
+        hf_token_secret=hf_token_secret,
+        nccl_env=nccl_env,
+        cpu=cpu,
+        memory=memory,
+        data_pvc=data_pvc,
+        model_pvc=model_pvc,
+        shm_size=shm_size,
+        labels=labels,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        affinity=affinity,
+        tracking_secret=tracking_secret,
+        metrics_port=metrics_port,
+        job_name=name,
+        langfuse_secret=langfuse_secret,
     )
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,
@@ -111,8 +146,9 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
     }
     if trainer_version == TRAINER_V2_2:
         # Not in v2.1's podTemplateOverrides. Neither release patches automountServiceAccountToken: the runtime's.
-        pod_spec.update(terminationGracePeriodSeconds=pod.termination_grace_period_seconds,
-                        securityContext=pod.security_context)
+        pod_spec.update(
+            terminationGracePeriodSeconds=pod.termination_grace_period_seconds, securityContext=pod.security_context
+        )
         pod_spec["containers"][0]["securityContext"] = container.security_context
     pod_template = {
         "metadata": {"labels": template.metadata.labels, "annotations": template.metadata.annotations},
@@ -134,44 +170,80 @@ def build_trainjob(*, name: str, namespace: str, image: str, config_path: str, n
         },
     }
     if trainer_version == TRAINER_V2_2:
-        spec["runtimePatches"] = [{
-            "manager": PATCH_MANAGER,
-            "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [
-                {"name": NODE, "template": {"spec": {"template": pod_template}}},
-            ]}}},
-        }]
+        spec["runtimePatches"] = [
+            {
+                "manager": PATCH_MANAGER,
+                "trainingRuntimeSpec": {
+                    "template": {
+                        "spec": {
+                            "replicatedJobs": [
+                                {"name": NODE, "template": {"spec": {"template": pod_template}}},
+                            ]
+                        }
+                    }
+                },
+            }
+        ]
     else:
         # Trainer v2.1 merges it into the named replicated jobs' pod template (a strategic merge patch).
         spec["podTemplateOverrides"] = [{"targetJobs": [{"name": NODE}], **pod_template}]
     if active_deadline_seconds is not None:
         spec["activeDeadlineSeconds"] = active_deadline_seconds
-    job = {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND,
-           "metadata": {"name": name, "namespace": namespace, "labels": job_labels}, "spec": spec}
+    job = {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": namespace, "labels": job_labels},
+        "spec": spec,
+    }
     return k8s.ApiClient().sanitize_for_serialization(job)
 
 
-def trainjob_for_run(*, run_id: str, namespace: str, config_path: str, trainer_image: str, num_nodes: int,
-                     gpus_per_node: int, data_pvc: str, model_pvc: str, hf_token_secret: str,
-                     node_selector: dict, tolerations: list, stage: str = "sft", **options) -> dict:
+def trainjob_for_run(
+    *,
+    run_id: str,
+    namespace: str,
+    config_path: str,
+    trainer_image: str,
+    num_nodes: int,
+    gpus_per_node: int,
+    data_pvc: str,
+    model_pvc: str,
+    hf_token_secret: str,
+    node_selector: dict,
+    tolerations: list,
+    stage: str = "sft",
+    **options,
+) -> dict:
     """The TrainJob of one KFP run, from the pipeline's parameter names (mirrors ``pytorchjob_for_run``).
 
     ``options`` are ``build_trainjob``'s keyword parameters (affinity, resources, NCCL, runtime,
     active_deadline_seconds, queue_name, trainer_version).
     """
     return build_trainjob(
-        name=job_name_for(run_id, stage), namespace=namespace, image=trainer_image, config_path=config_path,
-        num_nodes=num_nodes, gpus_per_node=gpus_per_node, data_pvc=data_pvc, model_pvc=model_pvc,
-        hf_token_secret=hf_token_secret, node_selector=node_selector, tolerations=tolerations,
-        labels={RUN_ID_LABEL: run_id}, **options,
+        name=job_name_for(run_id, stage),
+        namespace=namespace,
+        image=trainer_image,
+        config_path=config_path,
+        num_nodes=num_nodes,
+        gpus_per_node=gpus_per_node,
+        data_pvc=data_pvc,
+        model_pvc=model_pvc,
+        hf_token_secret=hf_token_secret,
+        node_selector=node_selector,
+        tolerations=tolerations,
+        labels={RUN_ID_LABEL: run_id},
+        **options,
     )
 
 
 def unsupported_deadline(active_deadline_seconds: int) -> str:
     """The error for a deadline on Trainer v2.1, which cannot honour it."""
-    return (f"active_deadline_seconds={active_deadline_seconds}: Trainer v2.1's TrainJob has no "
-            "activeDeadlineSeconds (it arrived in Trainer v2.2.0, and the API server would drop it silently); "
-            "set active_deadline_seconds to 0 (no limit), upgrade the Trainer to v2.2 or later, or use "
-            "train_backend=pytorchjob")
+    return (
+        f"active_deadline_seconds={active_deadline_seconds}: Trainer v2.1's TrainJob has no "
+        "activeDeadlineSeconds (it arrived in Trainer v2.2.0, and the API server would drop it silently); "
+        "set active_deadline_seconds to 0 (no limit), upgrade the Trainer to v2.2 or later, or use "
+        "train_backend=pytorchjob"
+    )
 
 
 def trainjob_spec_fields(openapi: dict) -> set[str] | None:
@@ -192,21 +264,27 @@ def trainer_version_for(spec_fields: set[str] | None) -> str:
             spec has no known pod patch field; the message names what was found and the fix.
     """
     if spec_fields is None:
-        raise RuntimeError(f"the API server publishes no TrainJob schema under {OPENAPI_PATH}: install Kubeflow "
-                           "Trainer v2.1 or later (or use train_backend=pytorchjob)")
+        raise RuntimeError(
+            f"the API server publishes no TrainJob schema under {OPENAPI_PATH}: install Kubeflow "
+            "Trainer v2.1 or later (or use train_backend=pytorchjob)"
+        )
     for version, field in POD_PATCH_FIELDS.items():
         if field in spec_fields:
             return version
     for field, release in UNSUPPORTED_PATCH_FIELDS.items():
         if field in spec_fields:
             return _unsupported(f"{release} (its TrainJob patches pods through spec.{field})")
-    return _unsupported(f"a Trainer whose TrainJob spec has none of {', '.join(sorted(POD_PATCH_FIELDS.values()))} "
-                        f"(it has: {', '.join(sorted(spec_fields)) or 'nothing'})")
+    return _unsupported(
+        f"a Trainer whose TrainJob spec has none of {', '.join(sorted(POD_PATCH_FIELDS.values()))} "
+        f"(it has: {', '.join(sorted(spec_fields)) or 'nothing'})"
+    )
 
 
 def _unsupported(what: str):
-    raise RuntimeError(f"this cluster runs {what}: the TrainJob could not mount the claims or /dev/shm; install "
-                       "Kubeflow Trainer v2.1 or later, or use train_backend=pytorchjob")
+    raise RuntimeError(
+        f"this cluster runs {what}: the TrainJob could not mount the claims or /dev/shm; install "
+        "Kubeflow Trainer v2.1 or later, or use train_backend=pytorchjob"
+    )
 
 
 def installed_trainer_version(api_client=None) -> str:
@@ -220,8 +298,15 @@ def installed_trainer_version(api_client=None) -> str:
     """
     api_client = api_client or load_api_client()
     try:
-        document = call_api(api_client.call_api, OPENAPI_PATH, "GET", header_params={"Accept": "application/json"},
-                            auth_settings=["BearerToken"], response_type="object", _return_http_data_only=True)
+        document = call_api(
+            api_client.call_api,
+            OPENAPI_PATH,
+            "GET",
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+            response_type="object",
+            _return_http_data_only=True,
+        )
     except ApiException as exc:
         if exc.status != 404:
             raise

@@ -29,64 +29,168 @@ class SFTConfig(TrainingArguments):
     (training_args.bin): it stays importable as ``components.train.trainer.arguments.SFTConfig``."""
 
     # SFTSettings (components/settings.py), field by field.
-    model_name_or_path: str = field(default="Qwen/Qwen3-30B-A3B-Thinking-2507-FP8", metadata={"help": (
-        "Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3 (built offline). "
-        "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.")})
-    method: str = field(default="full", metadata={"help": (
-        "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).")})
-    max_seq_length: int = field(default=4096, metadata={"help": (
-        "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.")})
+    model_name_or_path: str = field(
+        default="Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
+        metadata={
+            "help": (
+                "Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3 (built "
+                "offline). "
+                "An FP8 checkpoint is dequantised once into a bf16 copy that every step loads."
+            )
+        },
+    )
+    method: str = field(
+        default="full",
+        metadata={"help": ("Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).")},
+    )
+    max_seq_length: int = field(
+        default=4096,
+        metadata={
+            "help": (
+                "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it."
+            )
+        },
+    )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank: higher learns more and costs more memory."})
-    lora_alpha: int = field(default=32, metadata={"help": (
-        "LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_r).")})
-    lora_dropout: float = field(default=0.0, metadata={"help": (
-        "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there).")})
-    lora_target_modules: str = field(default="", metadata={"help": (
-        "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every linear "
-        "projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is an "
-        "nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter.")})
-    merge_lora: bool = field(default=True, metadata={"help": (
-        "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
-        "the adapter alone always goes to adapter/.")})
-    router_aux_loss_coef: float = field(default=0.001, metadata={"help": (
-        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")})
-    dpo_beta: float = field(default=0.1, metadata={"help": (
-        "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).")})
-    grpo_rewards: dict = field(default_factory=lambda: {"answer": 1.0, "format": 0.5}, metadata={
-        "help": (
-            "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format "
-            "(the reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward model: "
-            "grpo_reward_model) and function (grpo_reward_function).")})
-    grpo_answer_pattern: str = field(default=r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?", metadata={"help": (
-        "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer and "
-        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.")})
-    grpo_length_budget: int = field(default=256, metadata={"help": (
-        "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).")})
-    grpo_reward_model: str = field(default="", metadata={"help": (
-        "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a mounted "
-        "volume (a sequence classifier with one label).")})
-    grpo_reward_function: str = field(default="", metadata={"help": (
-        "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
-        "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive as "
-        "keywords).")})
-    grpo_num_generations: int = field(default=8, metadata={"help": (
-        "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
-        "per_device_train_batch_size x gradient_accumulation_steps x GPUs.")})
-    grpo_max_completion_length: int = field(default=512, metadata={"help": (
-        "grpo stage: length limit of each sampled completion, in tokens.")})
-    grpo_beta: float = field(default=0.04, metadata={"help": (
-        "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
-        "reference model.")})
-    grpo_temperature: float = field(default=1.0, metadata={"help": (
-        "grpo stage: sampling temperature of the completions.")})
-    parallelism: str = field(default="deepspeed", metadata={"help": (
-        "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 over every "
-        "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated across "
-        "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models).")})
+    lora_alpha: int = field(
+        default=32,
+        metadata={"help": ("LoRA scaling numerator (the adapter's update is scaled by lora_alpha / lora_r).")},
+    )
+    lora_dropout: float = field(
+        default=0.0,
+        metadata={
+            "help": (
+                "LoRA dropout; must stay 0 with adapters on fused expert tensors (Qwen3-MoE: PEFT refuses it there)."
+            )
+        },
+    )
+    lora_target_modules: str = field(
+        default="",
+        metadata={
+            "help": (
+                "Comma-separated LoRA targets; empty chooses by model type (components/train/trainer/lora.py): every "
+                "linear "
+                "projection for dense Qwen3, attention plus the fused expert tensors for Qwen3-MoE. A plain name is an "
+                "nn.Linear module; a dotted name (experts.gate_up_proj) is a parameter."
+            )
+        },
+    )
+    merge_lora: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
+                "the adapter alone always goes to adapter/."
+            )
+        },
+    )
+    router_aux_loss_coef: float = field(
+        default=0.001,
+        metadata={
+            "help": ("MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")
+        },
+    )
+    dpo_beta: float = field(
+        default=0.1,
+        metadata={
+            "help": (
+                "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it)."
+            )
+        },
+    )
+    grpo_rewards: dict = field(
+        default_factory=lambda: {"answer": 1.0, "format": 0.5},
+        metadata={
+            "help": (
+                "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), "
+                "format "
+                "(the reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward "
+                "model: "
+                "grpo_reward_model) and function (grpo_reward_function)."
+            )
+        },
+    )
+    grpo_answer_pattern: str = field(
+        default=r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?",
+        metadata={
+            "help": (
+                "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer "
+                "and "
+                "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it."
+            )
+        },
+    )
+    grpo_length_budget: int = field(
+        default=256,
+        metadata={
+            "help": ("grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).")
+        },
+    )
+    grpo_reward_model: str = field(
+        default="",
+        metadata={
+            "help": (
+                "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a "
+                "mounted "
+                "volume (a sequence classifier with one label)."
+            )
+        },
+    )
+    grpo_reward_function: str = field(
+        default="",
+        metadata={
+            "help": (
+                "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
+                "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer "
+                "arrive as "
+                "keywords)."
+            )
+        },
+    )
+    grpo_num_generations: int = field(
+        default=8,
+        metadata={
+            "help": (
+                "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
+                "per_device_train_batch_size x gradient_accumulation_steps x GPUs."
+            )
+        },
+    )
+    grpo_max_completion_length: int = field(
+        default=512, metadata={"help": ("grpo stage: length limit of each sampled completion, in tokens.")}
+    )
+    grpo_beta: float = field(
+        default=0.04,
+        metadata={
+            "help": (
+                "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
+                "reference model."
+            )
+        },
+    )
+    grpo_temperature: float = field(
+        default=1.0, metadata={"help": ("grpo stage: sampling temperature of the completions.")}
+    )
+    parallelism: str = field(
+        default="deepspeed",
+        metadata={
+            "help": (
+                "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 "
+                "over every "
+                "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated "
+                "across "
+                "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models)."
+            )
+        },
+    )
 
     # Not settings: the train step fills these in for each run.
-    stage: str = field(default="sft", metadata={
-        "help": f"the training stage this run is, one of {', '.join(STAGES)}: picks the config class and the loss"})
+    stage: str = field(
+        default="sft",
+        metadata={
+            "help": f"the training stage this run is, one of {', '.join(STAGES)}: picks the config class and the loss"
+        },
+    )
     dataset_path: str = field(default="", metadata={"help": "prepare_dataset's output (save_to_disk folder)"})
     model_cache_dir: str = field(default="", metadata={"help": "where Hub downloads and built-in models are cached"})
 

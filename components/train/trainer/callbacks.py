@@ -50,8 +50,10 @@ class ProgressCallback(TrainerCallback):
         keys = attention_length(train_split)
         flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
         params = f"{shape.active / 1e9:.3g}B" if shape.active >= 1e9 else f"{shape.active / 1e6:.3g}M"
-        basis = (f"{flops / 1e9:.3g} GFLOPs/token = 6 x {params} active parameters + causal attention over "
-                 f"{keys:.0f} keys/token per document")
+        basis = (
+            f"{flops / 1e9:.3g} GFLOPs/token = 6 x {params} active parameters + causal attention over "
+            f"{keys:.0f} keys/token per document"
+        )
         return cls(flops, world_size, peak_flops(), basis)
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -79,6 +81,11 @@ class ProgressCallback(TrainerCallback):
         if state.is_world_process_zero:
             log.info(
                 "step %d/%d | loss %.4f | lr %.3g | %.0f tokens/s/device | MFU %s | ETA %s",
-                state.global_step, state.max_steps, logs["loss"], logs.get("learning_rate", 0.0), per_gpu,
-                f"{mfu:.1%}" if mfu is not None else "n/a (no known GPU peak)", eta,
+                state.global_step,
+                state.max_steps,
+                logs["loss"],
+                logs.get("learning_rate", 0.0),
+                per_gpu,
+                f"{mfu:.1%}" if mfu is not None else "n/a (no known GPU peak)",
+                eta,
             )

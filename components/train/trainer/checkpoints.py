@@ -24,8 +24,16 @@ from components.train.trainer.checkpoint_dirs import MARKER, latest_complete_che
 
 log = logging.getLogger("sft.checkpoints")
 
-__all__ = ["EXIT_SIGTERM", "MARKER", "CheckpointMixin", "CheckpointTrainer", "CompleteMarkerCallback",
-           "SaveOnSigtermCallback", "latest_complete_checkpoint", "prune_checkpoints"]
+__all__ = [
+    "EXIT_SIGTERM",
+    "MARKER",
+    "CheckpointMixin",
+    "CheckpointTrainer",
+    "CompleteMarkerCallback",
+    "SaveOnSigtermCallback",
+    "latest_complete_checkpoint",
+    "prune_checkpoints",
+]
 
 # The exit status of a rank stopped by SIGTERM, as a shell reports a process killed by it: the job is seen
 # as interrupted (retriable), not finished and not failed by a bug.
@@ -136,6 +144,10 @@ class SaveOnSigtermCallback(TrainerCallback):
             control.should_save = True
             control.should_training_stop = True
             if state.is_world_process_zero:
-                log.warning("SIGTERM: saving checkpoint-%d and stopping (%d of %d ranks signalled)", state.global_step,
-                            signalled, args.world_size)
+                log.warning(
+                    "SIGTERM: saving checkpoint-%d and stopping (%d of %d ranks signalled)",
+                    state.global_step,
+                    signalled,
+                    args.world_size,
+                )
         return control

@@ -132,9 +132,11 @@ def start_run(cfg) -> str:
     """
     # Resolved once per run, by rank 0, and recorded in the output folder: the other ranks read the record
     # (never the Hub), and a re-run after an eviction resumes on the same base snapshot.
-    model_path = resolve_model_for_run(cfg.model_name_or_path,
-                                       cfg.model_cache_dir or os.path.join(cfg.output_dir, ".cache"),
-                                       os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
+    model_path = resolve_model_for_run(
+        cfg.model_name_or_path,
+        cfg.model_cache_dir or os.path.join(cfg.output_dir, ".cache"),
+        os.path.join(cfg.output_dir, BASE_MODEL_RECORD),
+    )
     if global_rank() == 0:
         log.info("config (non-default fields): %s", json.dumps(_non_defaults(cfg), default=str))
     os.environ.setdefault("TENSORBOARD_LOGGING_DIR", os.path.join(cfg.output_dir, "tensorboard"))
@@ -176,8 +178,10 @@ def train_resuming(trainer, sigterm):
         log.info("resuming from %s", last)
     result = trainer.train(resume_from_checkpoint=last)
     if sigterm.stopped_at is not None:
-        raise TrainingInterrupted(f"stopped by SIGTERM at step {sigterm.stopped_at} of {trainer.state.max_steps}; "
-                                  f"checkpoint-{sigterm.stopped_at} is complete and a re-run resumes from it")
+        raise TrainingInterrupted(
+            f"stopped by SIGTERM at step {sigterm.stopped_at} of {trainer.state.max_steps}; "
+            f"checkpoint-{sigterm.stopped_at} is complete and a re-run resumes from it"
+        )
     return result
 
 

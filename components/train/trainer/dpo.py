@@ -54,8 +54,13 @@ from components.train.trainer.common import (
 log = logging.getLogger("sft.dpo")
 
 # TRL's evaluation keys that metrics.json carries.
-EVAL_KEYS = ("eval_loss", "eval_rewards/accuracies", "eval_rewards/margins", "eval_rewards/chosen",
-             "eval_rewards/rejected")
+EVAL_KEYS = (
+    "eval_loss",
+    "eval_rewards/accuracies",
+    "eval_rewards/margins",
+    "eval_rewards/chosen",
+    "eval_rewards/rejected",
+)
 # The adapter TRL adds for a PeftModel's reference (module docstring); not part of the tuned model.
 REF_ADAPTER = "ref"
 
@@ -79,8 +84,9 @@ def _in_run_folder(split, name: str, cfg, model_path: str):
     # Global rank 0 writes the copy; the others (every node: the volume is shared) then load it.
     with cfg.main_process_first(local=False, desc=f"copying the {name} pairs"):
         path.parent.mkdir(parents=True, exist_ok=True)
-        return split.flatten_indices(cache_file_name=str(path),
-                                     new_fingerprint=Hasher.hash((split._fingerprint, model_path)))
+        return split.flatten_indices(
+            cache_file_name=str(path), new_fingerprint=Hasher.hash((split._fingerprint, model_path))
+        )
 
 
 def _progress(trainer, world_size: int):
@@ -96,8 +102,10 @@ def _progress(trainer, world_size: int):
     shape = model_shape(trainer.model.config.to_dict())
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
     # The policy's forward and backward only: the LoRA reference's extra forward is overhead, not model FLOPs.
-    basis = (f"{flops / 1e9:.3g} GFLOPs/token = 6 x {shape.active / 1e9:.3g}B active parameters + causal attention "
-             f"over {keys:.0f} keys/token per chosen or rejected sequence")
+    basis = (
+        f"{flops / 1e9:.3g} GFLOPs/token = 6 x {shape.active / 1e9:.3g}B active parameters + causal attention "
+        f"over {keys:.0f} keys/token per chosen or rejected sequence"
+    )
     return ProgressCallback(flops, world_size, peak_flops(), basis)
 
 
@@ -114,9 +122,12 @@ def main(cfg) -> dict:
 
     callbacks, sigterm = checkpoint_callbacks(cfg)
     if global_rank() == 0:
-        log.info("dpo: %d train and %d eval pairs; TRL tokenizes them with the chat template; reference: %s",
-                 len(data["train"]), len(data["eval"]),
-                 "log-probs precomputed before training" if cfg.precompute_ref_log_probs else "the adapter off")
+        log.info(
+            "dpo: %d train and %d eval pairs; TRL tokenizes them with the chat template; reference: %s",
+            len(data["train"]),
+            len(data["eval"]),
+            "log-probs precomputed before training" if cfg.precompute_ref_log_probs else "the adapter off",
+        )
     # One line above instead of a progress bar per datasets map (tokenize, filter, cache, flatten) on every rank;
     # TRL's bar over the reference pass, rank 0 only, stays: on a large model and dataset that pass takes minutes.
     datasets.disable_progress_bars()

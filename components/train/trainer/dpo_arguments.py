@@ -21,5 +21,9 @@ class DPOStageConfig(DPOConfig, SFTConfig):
     bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (GPUs)"})
     # DPOConfig has a router_aux_loss_coef of its own (None: the model config's); the run's setting decides, as in
     # SFTConfig, whose field this repeats (a test holds the two equal).
-    router_aux_loss_coef: float = field(default=0.001, metadata={"help": (
-        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")})
+    router_aux_loss_coef: float = field(
+        default=0.001,
+        metadata={
+            "help": ("MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")
+        },
+    )

@@ -120,9 +120,15 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
         save_file(buffer, str(path), metadata={"format": "pt"})
         shards.append((path, list(buffer)))
         elapsed = time.time() - started
-        log.info("export: shard %d written (%.2f GiB) | %d/%d layers | %.2f GiB/s | ETA %.0fs", len(shards),
-                 buffer_bytes / 2**30, groups_done, len(groups), total_bytes / 2**30 / max(elapsed, 1e-9),
-                 elapsed * (len(groups) - groups_done) / max(groups_done, 1))
+        log.info(
+            "export: shard %d written (%.2f GiB) | %d/%d layers | %.2f GiB/s | ETA %.0fs",
+            len(shards),
+            buffer_bytes / 2**30,
+            groups_done,
+            len(groups),
+            total_bytes / 2**30 / max(elapsed, 1e-9),
+            elapsed * (len(groups) - groups_done) / max(groups_done, 1),
+        )
         buffer, buffer_bytes = {}, 0
 
     for done, names in enumerate(groups.values(), start=1):
@@ -159,8 +165,9 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
     model.config.save_pretrained(out)
     if model.can_generate():
         model.generation_config.save_pretrained(out)
-    log.info("export: %.2f GiB in %d shard(s) to %s in %.0fs", total_bytes / 2**30, len(shards), out,
-             time.time() - started)
+    log.info(
+        "export: %.2f GiB in %d shard(s) to %s in %.0fs", total_bytes / 2**30, len(shards), out, time.time() - started
+    )
 
 
 def merge_lora_zero3(peft_model):

@@ -91,10 +91,17 @@ class RewardLogCallback(TrainerCallback):
             return
         self.rewards.append(logs["reward"])
         if state.is_world_process_zero:
-            parts = ", ".join(f"{n} {logs[k]:.3f}" for n, k in ((n, f"rewards/{n}/mean") for n in self.names)
-                              if k in logs)
-            log.info("step %d/%d | reward %.3f (%s) | completion length %.1f", state.global_step, state.max_steps,
-                     logs["reward"], parts, logs.get("completions/mean_length", 0.0))
+            parts = ", ".join(
+                f"{n} {logs[k]:.3f}" for n, k in ((n, f"rewards/{n}/mean") for n in self.names) if k in logs
+            )
+            log.info(
+                "step %d/%d | reward %.3f (%s) | completion length %.1f",
+                state.global_step,
+                state.max_steps,
+                logs["reward"],
+                parts,
+                logs.get("completions/mean_length", 0.0),
+            )
 
 
 def main(cfg) -> dict:
@@ -109,9 +116,15 @@ def main(cfg) -> dict:
         cfg.router_aux_loss_coef = 0.0  # as in dpo.py: TRL refuses a router-loss weight for a model without a router
     funcs = reward_funcs(cfg)
     if global_rank() == 0:
-        log.info("grpo: %d train and %d eval prompts, %d completions each, rewards %s (weights %s), generation: %s",
-                 len(data["train"]), len(data["eval"]), cfg.num_generations, reward_sources(cfg), cfg.reward_weights,
-                 "vLLM colocate" if cfg.use_vllm else "transformers generate")
+        log.info(
+            "grpo: %d train and %d eval prompts, %d completions each, rewards %s (weights %s), generation: %s",
+            len(data["train"]),
+            len(data["eval"]),
+            cfg.num_generations,
+            reward_sources(cfg),
+            cfg.reward_weights,
+            "vLLM colocate" if cfg.use_vllm else "transformers generate",
+        )
     datasets.disable_progress_bars()
     callbacks, sigterm = checkpoint_callbacks(cfg)
     trainer = GRPOCheckpointTrainer(
@@ -132,17 +145,25 @@ def main(cfg) -> dict:
     keys = cfg.max_completion_length / 2
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
     rewards_log = RewardLogCallback(reward_sources(cfg))
-    use_progress(trainer, ProgressCallback(flops, cfg.world_size, peak_flops(),
-                                           f"{flops / 1e9:.3g} GFLOPs/token (policy forward and backward)"))
+    use_progress(
+        trainer,
+        ProgressCallback(
+            flops, cfg.world_size, peak_flops(), f"{flops / 1e9:.3g} GFLOPs/token (policy forward and backward)"
+        ),
+    )
     trainer.add_callback(rewards_log)
     result = train_resuming(trainer, sigterm)
     evaluation = trainer.evaluate()
     # TRL's evaluation samples completions for the eval prompts and logs their rewards (GRPOTrainer.log).
     keys_kept = {k: v for k, v in evaluation.items() if k == "eval_reward" or k.startswith("eval_rewards/")}
     history = [e["reward"] for e in trainer.state.log_history if "reward" in e]
-    extra = {**keys_kept, "first_reward": history[0] if history else None,
-             "last_reward": history[-1] if history else None,
-             "reward_sources": reward_sources(cfg), "reward_weights": list(cfg.reward_weights)}
+    extra = {
+        **keys_kept,
+        "first_reward": history[0] if history else None,
+        "last_reward": history[-1] if history else None,
+        "reward_sources": reward_sources(cfg),
+        "reward_weights": list(cfg.reward_weights),
+    }
     metrics = summary_metrics(trainer, result, extra, started)
     tuned: Any = trainer.model  # the PeftModel for lora/qlora
     if cfg.method != "full" and REF_ADAPTER in getattr(tuned, "peft_config", {}):

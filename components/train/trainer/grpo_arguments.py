@@ -11,9 +11,15 @@ from components.train.trainer.arguments import SFTConfig
 
 # GRPOConfig fields the trainer derives from the settings (parse_config fills them in; a config file may not set them):
 # one name per knob, as users set it for the stage.
-GRPO_DERIVED = {"num_generations": "grpo_num_generations", "max_completion_length": "grpo_max_completion_length",
-                "beta": "grpo_beta", "temperature": "grpo_temperature", "reward_weights": "grpo_rewards",
-                "use_vllm": "the trainer image (CUDA and vllm present)", "vllm_mode": "the trainer image"}
+GRPO_DERIVED = {
+    "num_generations": "grpo_num_generations",
+    "max_completion_length": "grpo_max_completion_length",
+    "beta": "grpo_beta",
+    "temperature": "grpo_temperature",
+    "reward_weights": "grpo_rewards",
+    "use_vllm": "the trainer image (CUDA and vllm present)",
+    "vllm_mode": "the trainer image",
+}
 
 
 @dataclass
@@ -26,8 +32,12 @@ class GRPOStageConfig(GRPOConfig, SFTConfig):
     # TRL's configs default bf16 to True when unset; the train step sets it for GPUs only (as for SFTConfig).
     bf16: bool = field(default=False, metadata={"help": "bf16 mixed precision (GPUs)"})
     # GRPOConfig has a router_aux_loss_coef of its own (None: the model config's); the run's setting decides.
-    router_aux_loss_coef: float = field(default=0.001, metadata={"help": (
-        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")})
+    router_aux_loss_coef: float = field(
+        default=0.001,
+        metadata={
+            "help": ("MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")
+        },
+    )
 
 
 def vllm_colocate() -> dict:

@@ -53,8 +53,10 @@ def apply_lora(model, cfg):
     present = {name for name, _ in model.named_parameters()}
     missing = [p for p in parameters if not any(name == p or name.endswith(f".{p}") for name in present)]
     if missing:
-        raise ValueError(f"lora_target_modules {missing}: the model ({model.config.model_type}) has no such "
-                         f"parameter; expert tensors exist in Qwen3-MoE only ({LORA_TARGETS_MOE})")
+        raise ValueError(
+            f"lora_target_modules {missing}: the model ({model.config.model_type}) has no such "
+            f"parameter; expert tensors exist in Qwen3-MoE only ({LORA_TARGETS_MOE})"
+        )
     if parameters and cfg.lora_dropout:
         raise ValueError(
             f"lora_dropout={cfg.lora_dropout} with expert tensors {parameters} among the LoRA targets: PEFT adapts "
@@ -62,10 +64,17 @@ def apply_lora(model, cfg):
         )
     if cfg.method == "qlora":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=cfg.activation_checkpointing)
-    model = get_peft_model(model, LoraConfig(
-        r=cfg.lora_r, lora_alpha=cfg.lora_alpha, lora_dropout=cfg.lora_dropout, task_type="CAUSAL_LM",
-        target_modules=modules, target_parameters=parameters or None,
-    ))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=cfg.lora_r,
+            lora_alpha=cfg.lora_alpha,
+            lora_dropout=cfg.lora_dropout,
+            task_type="CAUSAL_LM",
+            target_modules=modules,
+            target_parameters=parameters or None,
+        ),
+    )
     if global_rank() == 0:
         # The adapters are new tensors, not yet partitioned by ZeRO-3: numel() is their full size.
         trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)

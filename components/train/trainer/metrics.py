@@ -82,10 +82,16 @@ class TrainerMetrics:
     def __init__(self, stage: str, run_id: str = "", job_name: str = "", rank: str = "0"):
         self.registry = CollectorRegistry()
         self.labels = {"run_id": run_id, "stage": stage, "job_name": job_name, "node_rank": rank}
-        self.gauges = {name: Gauge(PREFIX + name, text, LABELS, registry=self.registry).labels(**self.labels)
-                       for name, text in GAUGES.items()}
-        since = Gauge(PREFIX + SINCE_CHECKPOINT, "Seconds since the last complete checkpoint was saved (since "
-                      "training began while there is none).", LABELS, registry=self.registry).labels(**self.labels)
+        self.gauges = {
+            name: Gauge(PREFIX + name, text, LABELS, registry=self.registry).labels(**self.labels)
+            for name, text in GAUGES.items()
+        }
+        since = Gauge(
+            PREFIX + SINCE_CHECKPOINT,
+            "Seconds since the last complete checkpoint was saved (since training began while there is none).",
+            LABELS,
+            registry=self.registry,
+        ).labels(**self.labels)
         since.set_function(self._since_checkpoint)
         self.started = time.time()
         self.last_checkpoint = 0.0
@@ -105,7 +111,8 @@ class TrainerMetrics:
             raise RuntimeError(
                 f"metrics_port {port}: cannot serve the trainer's metrics ({exc.strerror or exc}); another process "
                 f"on this {'pod' if os.environ.get('KUBERNETES_SERVICE_HOST') else 'machine'} holds the port. Set "
-                "metrics_port to a free port, or 0 to turn the trainer's metrics off") from None
+                "metrics_port to a free port, or 0 to turn the trainer's metrics off"
+            ) from None
         host = "localhost" if addr in ("0.0.0.0", "") else addr
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             host = socket.gethostname()  # the pod's name: what a reader finds it by
@@ -131,8 +138,9 @@ def serve(cfg) -> TrainerMetrics | None:
     port = metrics_port()
     if not port or local_rank() != 0:
         return None
-    metrics = TrainerMetrics(getattr(cfg, "stage", "sft"), os.environ.get(RUN_ID_ENV, ""),
-                             os.environ.get(JOB_NAME_ENV, ""), node_rank())
+    metrics = TrainerMetrics(
+        getattr(cfg, "stage", "sft"), os.environ.get(RUN_ID_ENV, ""), os.environ.get(JOB_NAME_ENV, ""), node_rank()
+    )
     url = metrics.serve(port)
     log.info("metrics at %s (Prometheus text format; node rank %s)", url, metrics.labels["node_rank"])
     _current = metrics
@@ -218,17 +226,33 @@ class LangfuseRunCallback(TrainerCallback):
             return
         run_id = _run_id(args)
         self.trace = start_trace(
-            f"train {args.stage} {run_id}", run_id=run_id, tags=["train", args.stage], input=run_settings(args),
-            metadata={"run_id": run_id, "stage": args.stage, "job_name": os.environ.get(JOB_NAME_ENV, ""),
-                      "model": args.model_name_or_path, "output_dir": args.output_dir,
-                      "world_size": args.world_size, "resumed_at_step": state.global_step})
+            f"train {args.stage} {run_id}",
+            run_id=run_id,
+            tags=["train", args.stage],
+            input=run_settings(args),
+            metadata={
+                "run_id": run_id,
+                "stage": args.stage,
+                "job_name": os.environ.get(JOB_NAME_ENV, ""),
+                "model": args.model_name_or_path,
+                "output_dir": args.output_dir,
+                "world_size": args.world_size,
+                "resumed_at_step": state.global_step,
+            },
+        )
 
     def on_save(self, args, state, control, **kwargs):
         if self.trace is not None:
             losses = [e["loss"] for e in state.log_history if "loss" in e]
-            self.trace.span(f"checkpoint-{state.global_step}", output={
-                "path": os.path.join(args.output_dir, f"checkpoint-{state.global_step}"), "step": state.global_step,
-                "max_steps": state.max_steps, "loss": losses[-1] if losses else None})
+            self.trace.span(
+                f"checkpoint-{state.global_step}",
+                output={
+                    "path": os.path.join(args.output_dir, f"checkpoint-{state.global_step}"),
+                    "step": state.global_step,
+                    "max_steps": state.max_steps,
+                    "loss": losses[-1] if losses else None,
+                },
+            )
 
 
 _langfuse: LangfuseRunCallback | None = None

@@ -38,8 +38,10 @@ def nodes_and_gpus(env: Mapping[str, str] | None = None) -> tuple[int, int]:
     env = os.environ if env is None else env
     world, local = int(env.get("WORLD_SIZE", "1")), int(env.get("LOCAL_WORLD_SIZE", env.get("WORLD_SIZE", "1")))
     if local < 1 or world % local:
-        raise ValueError(f"WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {local} processes: "
-                         "torchrun's --nproc_per_node must be the same on every node")
+        raise ValueError(
+            f"WORLD_SIZE {world} is not a whole number of nodes of LOCAL_WORLD_SIZE {local} processes: "
+            "torchrun's --nproc_per_node must be the same on every node"
+        )
     return world // local, local
 
 
@@ -86,11 +88,14 @@ def check_parallelism(data: dict) -> str | None:
     if parallelism == "deepspeed":
         return None
     if data.get("deepspeed"):
-        return (f"parallelism {parallelism!r} shards the model with FSDP2 (transformers' DistributedConfig) in place "
-                f"of DeepSpeed: set deepspeed_config none (it is {data['deepspeed']!r}), or parallelism deepspeed")
+        return (
+            f"parallelism {parallelism!r} shards the model with FSDP2 (transformers' DistributedConfig) in place "
+            f"of DeepSpeed: set deepspeed_config none (it is {data['deepspeed']!r}), or parallelism deepspeed"
+        )
     if data.get("method", "full") != "full":
-        return (f"parallelism {parallelism!r} is for method 'full' (not {data.get('method')!r}); use parallelism "
-                "deepspeed")
+        return (
+            f"parallelism {parallelism!r} is for method 'full' (not {data.get('method')!r}); use parallelism deepspeed"
+        )
     if data.get("stage", "sft") not in ("sft", "cpt"):
         return f"parallelism {parallelism!r} runs the sft and cpt stages only, not {data.get('stage')!r}"
     data["save_strategy"] = "no"

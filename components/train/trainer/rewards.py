@@ -114,8 +114,11 @@ def length_reward(budget: int) -> Callable:
     """The ``length`` reward (module docstring): 1 up to ``budget`` completion tokens, 0 from twice as many."""
 
     def length(prompts, completions, completion_ids=None, **kwargs) -> list[float]:
-        sizes = [len(ids) for ids in completion_ids] if completion_ids is not None else [
-            len(completion_text(c).split()) for c in completions]
+        sizes = (
+            [len(ids) for ids in completion_ids]
+            if completion_ids is not None
+            else [len(completion_text(c).split()) for c in completions]
+        )
         return [max(0.0, min(1.0, 2.0 - n / budget)) for n in sizes]
 
     return length
@@ -140,8 +143,10 @@ def _import(spec: str):
     if target.endswith(".py"):
         path = Path(target)
         if not path.is_file():
-            raise RewardFunctionError(f"{where}: {target} is not a file; put the file on a mounted volume (e.g. "
-                                      "/mnt/data/rewards.py) and give its path")
+            raise RewardFunctionError(
+                f"{where}: {target} is not a file; put the file on a mounted volume (e.g. "
+                "/mnt/data/rewards.py) and give its path"
+            )
         # A name of its own per file, so two runs' files never share a module.
         module_name = "user_reward_" + hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
         module_spec = importlib.util.spec_from_file_location(module_name, path)
@@ -157,8 +162,10 @@ def _import(spec: str):
         try:
             module = importlib.import_module(target)
         except Exception as exc:  # ImportError, or whatever the module raises on import
-            raise RewardFunctionError(f"{where}: importing module {target!r} failed: {type(exc).__name__}: {exc}; "
-                                      "give FILE.py:NAME for a file on a mounted volume") from None
+            raise RewardFunctionError(
+                f"{where}: importing module {target!r} failed: {type(exc).__name__}: {exc}; "
+                "give FILE.py:NAME for a file on a mounted volume"
+            ) from None
     function = getattr(module, name, None)
     if function is None or not callable(function):
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -181,8 +188,10 @@ def load_reward_function(spec: str) -> Callable:
     keywords = {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
     required = [p.name for p in params if p.default is p.empty and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
     positional_only = [p.name for p in params if p.kind is p.POSITIONAL_ONLY]
-    fix = ("define it as def NAME(prompts, completions, **kwargs) -> list[float] (one reward per completion; dataset "
-           "columns such as answer arrive as keywords)")
+    fix = (
+        "define it as def NAME(prompts, completions, **kwargs) -> list[float] (one reward per completion; dataset "
+        "columns such as answer arrive as keywords)"
+    )
     problems = []
     if positional_only:
         problems.append(f"takes {positional_only} by position only, and TRL passes everything by keyword")

@@ -58,8 +58,11 @@ def load_reward_model(cfg, model_path: str, pad_token_id: int):
     common.load_model)."""
     low_precision = cfg.bf16 and cfg.deepspeed
     model = AutoModelForSequenceClassification.from_pretrained(
-        model_path, num_labels=1, dtype=torch.bfloat16 if low_precision else torch.float32,
-        attn_implementation=attn_implementation())
+        model_path,
+        num_labels=1,
+        dtype=torch.bfloat16 if low_precision else torch.float32,
+        attn_implementation=attn_implementation(),
+    )
     # The head reads the last non-padding token of each row: the model must know which id pads.
     model.config.pad_token_id = pad_token_id
     model.config.use_cache = False
@@ -76,8 +79,9 @@ def main(cfg) -> dict:
     model = load_reward_model(cfg, model_path, tokenizer.pad_token_id)
     callbacks, sigterm = checkpoint_callbacks(cfg)
     if global_rank() == 0:
-        log.info("rm: %d train and %d eval pairs; a one-label head on %s", len(data["train"]), len(data["eval"]),
-                 model_path)
+        log.info(
+            "rm: %d train and %d eval pairs; a one-label head on %s", len(data["train"]), len(data["eval"]), model_path
+        )
     datasets.disable_progress_bars()
     trainer = RMCheckpointTrainer(
         model=model,
@@ -89,8 +93,12 @@ def main(cfg) -> dict:
     )
     shape = model_shape(model.config.to_dict())
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, cfg.max_seq_length / 4)
-    use_progress(trainer, ProgressCallback(flops, cfg.world_size, peak_flops(),
-                                           f"{flops / 1e9:.3g} GFLOPs/token (chosen and rejected sequences)"))
+    use_progress(
+        trainer,
+        ProgressCallback(
+            flops, cfg.world_size, peak_flops(), f"{flops / 1e9:.3g} GFLOPs/token (chosen and rejected sequences)"
+        ),
+    )
     result = train_resuming(trainer, sigterm)
     evaluation = trainer.evaluate()
     metrics = summary_metrics(trainer, result, {k: evaluation[k] for k in EVAL_KEYS if k in evaluation}, started)

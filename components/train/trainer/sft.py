@@ -70,9 +70,13 @@ log = logging.getLogger("sft")
 
 # The columns each stage's prepared splits must have: tokenized rows with labels, or TRL's preference layout
 # (conversational: lists of turns; TRL applies the chat template and masks the prompt itself).
-REQUIRED_COLUMNS = {"sft": ("input_ids", "labels"), "cpt": ("input_ids", "labels"),
-                    "dpo": ("prompt", "chosen", "rejected"), "rm": ("prompt", "chosen", "rejected"),
-                    "grpo": ("prompt",)}
+REQUIRED_COLUMNS = {
+    "sft": ("input_ids", "labels"),
+    "cpt": ("input_ids", "labels"),
+    "dpo": ("prompt", "chosen", "rejected"),
+    "rm": ("prompt", "chosen", "rejected"),
+    "grpo": ("prompt",),
+}
 
 
 def _read_config(path: str) -> dict:
@@ -174,13 +178,17 @@ def parse_config(path: str):
     if stage == "dpo":
         derived = sorted(set(data) & set(DPO_DERIVED))
         if derived:
-            raise ValueError(f"{path}: {derived} are set by the trainer for stage 'dpo'; set "
-                             f"{[DPO_DERIVED[k] for k in derived]} instead")
+            raise ValueError(
+                f"{path}: {derived} are set by the trainer for stage 'dpo'; set "
+                f"{[DPO_DERIVED[k] for k in derived]} instead"
+            )
         if data.get("train_sampling_strategy") == "group_by_length":
             # TRL tokenizes the preference rows inside the trainer, so the prepared rows have no input_ids to
             # group by and transformers' LengthGroupedSampler would fail after the model has loaded.
-            raise ValueError(f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage 'dpo' rows "
-                             "(prompt/chosen/rejected, tokenized by TRL); use 'random'")
+            raise ValueError(
+                f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage 'dpo' rows "
+                "(prompt/chosen/rejected, tokenized by TRL); use 'random'"
+            )
     if stage in ("rm", "grpo"):
         _check_rl_keys(path, stage, data)
     for name, value in data.items():
@@ -197,8 +205,10 @@ def parse_config(path: str):
             raise ValueError(f"{path}: {exc}") from None
         if data["deepspeed"] and not Path(data["deepspeed"]).is_file():
             shipped = ", ".join(c for c in DEEPSPEED_CONFIGS if c != "none")
-            raise ValueError(f"{path}: deepspeed {data['deepspeed']!r}: no such file; use a shipped name "
-                             f"({shipped}) or a JSON file on a mounted volume")
+            raise ValueError(
+                f"{path}: deepspeed {data['deepspeed']!r}: no such file; use a shipped name "
+                f"({shipped}) or a JSON file on a mounted volume"
+            )
         if data["deepspeed"] and data["deepspeed"] == deepspeed_config_path(HPZ_SHIPPED):
             # ZeRO++'s secondary partition is one node's GPUs: this job's, not the shipped file's 8.
             data["deepspeed"] = hpz_config(data["deepspeed"])
@@ -235,11 +245,15 @@ def _check_rl_keys(path: str, stage: str, data: dict) -> None:
         from components.train.trainer.rm_arguments import RM_DERIVED as derived_keys
     derived = sorted(set(data) & set(derived_keys))
     if derived:
-        raise ValueError(f"{path}: {derived} are set by the trainer for stage {stage!r}; set "
-                         f"{[derived_keys[k] for k in derived]} instead")
+        raise ValueError(
+            f"{path}: {derived} are set by the trainer for stage {stage!r}; set "
+            f"{[derived_keys[k] for k in derived]} instead"
+        )
     if data.get("train_sampling_strategy") == "group_by_length":
-        raise ValueError(f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage {stage!r} rows (text, "
-                         "tokenized by TRL); use 'random'")
+        raise ValueError(
+            f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage {stage!r} rows (text, "
+            "tokenized by TRL); use 'random'"
+        )
 
 
 def _derive_rl_fields(path: str, stage: str, data: dict, fields: dict) -> None:
@@ -273,18 +287,25 @@ def _derive_rl_fields(path: str, stage: str, data: dict, fields: dict) -> None:
     if "model" in used and not value("grpo_reward_model"):
         rm = reward_model_dir(data.get("output_dir", ""))
         if not Path(rm, "config.json").exists():
-            raise ValueError(f"{path}: grpo_rewards uses model and grpo_reward_model is empty, but the run's rm stage "
-                             f"has no model at {rm}; run stages with \"rm\" before \"grpo\" or set grpo_reward_model")
+            raise ValueError(
+                f"{path}: grpo_rewards uses model and grpo_reward_model is empty, but the run's rm stage "
+                f'has no model at {rm}; run stages with "rm" before "grpo" or set grpo_reward_model'
+            )
     try:
         re.compile(value("grpo_answer_pattern"))
     except re.error as exc:
         raise ValueError(f"{path}: grpo_answer_pattern is not a valid regular expression ({exc})") from None
-    data.update(num_generations=value("grpo_num_generations"),
-                max_completion_length=value("grpo_max_completion_length"), beta=value("grpo_beta"),
-                temperature=value("grpo_temperature"), reward_weights=list(used.values()), **vllm_colocate(),
-                # GRPO's batches hold prompt_ids and completion_ids, no input_ids: the Trainer cannot count their tokens
-                # and would warn at every step.
-                include_num_input_tokens_seen="no")
+    data.update(
+        num_generations=value("grpo_num_generations"),
+        max_completion_length=value("grpo_max_completion_length"),
+        beta=value("grpo_beta"),
+        temperature=value("grpo_temperature"),
+        reward_weights=list(used.values()),
+        **vllm_colocate(),
+        # GRPO's batches hold prompt_ids and completion_ids, no input_ids: the Trainer cannot count their tokens
+        # and would warn at every step.
+        include_num_input_tokens_seen="no",
+    )
 
 
 def _check_dataset(dataset_path: str, stage: str = "sft") -> None:
@@ -294,8 +315,10 @@ def _check_dataset(dataset_path: str, stage: str = "sft") -> None:
             raise ValueError(f"{dataset_path}: no {split!r} split (found {list(data)}); run prepare_dataset again")
         missing = [c for c in REQUIRED_COLUMNS[stage] if c not in data[split].column_names]
         if missing:
-            raise ValueError(f"{dataset_path}: split {split!r} lacks columns {missing} (stage {stage!r} needs "
-                             f"{list(REQUIRED_COLUMNS[stage])}); it must come from prepare_dataset")
+            raise ValueError(
+                f"{dataset_path}: split {split!r} lacks columns {missing} (stage {stage!r} needs "
+                f"{list(REQUIRED_COLUMNS[stage])}); it must come from prepare_dataset"
+            )
 
 
 def main(cfg) -> dict:
@@ -347,8 +370,9 @@ def main(cfg) -> dict:
 def make_parser() -> argparse.ArgumentParser:
     """The command line: one ``--config`` file (JSON or YAML)."""
     p = argparse.ArgumentParser(prog="torchrun ... -m components.train.trainer.sft", description=__doc__.split("\n")[0])
-    p.add_argument("--config", required=True,
-                   help="trainer config (JSON or YAML): SFTConfig fields, DPOStageConfig for stage dpo")
+    p.add_argument(
+        "--config", required=True, help="trainer config (JSON or YAML): SFTConfig fields, DPOStageConfig for stage dpo"
+    )
     return p
 
 

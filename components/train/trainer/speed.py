@@ -44,8 +44,9 @@ def attn_implementation() -> str:
         import flash_attn  # noqa: F401
     except ImportError as exc:
         if not (isinstance(exc, ModuleNotFoundError) and exc.name == "flash_attn"):
-            _once("flash_attn", "flash-attn is installed but does not import (%s); attention uses SDPA", exc,
-                  warning=True)
+            _once(
+                "flash_attn", "flash-attn is installed but does not import (%s); attention uses SDPA", exc, warning=True
+            )
         return "sdpa"
     return "flash_attention_2"
 
@@ -74,8 +75,13 @@ def packed_collator(pad_token_id: int, attn_implementation: str):
         starts = torch.nonzero(flat["position_ids"][0] == 0).flatten()
         bounds = torch.cat([starts, torch.tensor([flat["position_ids"].shape[1]])]).to(torch.int32)
         longest = int((bounds[1:] - bounds[:-1]).max())
-        return {**flat, "cu_seq_lens_q": bounds, "cu_seq_lens_k": bounds, "max_length_q": longest,
-                "max_length_k": longest}
+        return {
+            **flat,
+            "cu_seq_lens_q": bounds,
+            "cu_seq_lens_k": bounds,
+            "max_length_q": longest,
+            "max_length_k": longest,
+        }
 
     return flatten
 
@@ -94,8 +100,9 @@ def apply_liger_kernels(model_type: str) -> bool:
     the module's forward, where ZeRO-3 has not gathered it (Liger-Kernel issue #1048).
     """
     if model_type not in ("qwen3", "qwen3_moe"):
-        _once(f"liger:{model_type}", "Liger kernels not applied: model type %r is neither qwen3 nor qwen3_moe",
-              model_type)
+        _once(
+            f"liger:{model_type}", "Liger kernels not applied: model type %r is neither qwen3 nor qwen3_moe", model_type
+        )
         return False
     if not torch.cuda.is_available():
         _once("liger:cuda", "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)")
@@ -108,6 +115,9 @@ def apply_liger_kernels(model_type: str) -> bool:
         return False
     apply = apply_liger_kernel_to_qwen3 if model_type == "qwen3" else apply_liger_kernel_to_qwen3_moe
     apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
-    _once(f"liger:applied:{model_type}", "Liger kernels applied to %s: RoPE, RMSNorm, SwiGLU, fused linear "
-          "cross-entropy", model_type)
+    _once(
+        f"liger:applied:{model_type}",
+        "Liger kernels applied to %s: RoPE, RMSNorm, SwiGLU, fused linear cross-entropy",
+        model_type,
+    )
     return True

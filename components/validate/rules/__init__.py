@@ -24,8 +24,16 @@ from components.validate.rules.variants import check_variant_settings
 from components.variants import variant_names, variant_values
 
 # Each step's rules, in the order their messages are listed.
-RULES = (check_train_settings, check_stage_settings, check_hpo_settings, check_data_settings, check_cluster_settings,
-         check_evaluate_settings, check_deploy_settings, check_variant_settings)
+RULES = (
+    check_train_settings,
+    check_stage_settings,
+    check_hpo_settings,
+    check_data_settings,
+    check_cluster_settings,
+    check_evaluate_settings,
+    check_deploy_settings,
+    check_variant_settings,
+)
 
 
 def check(values: dict) -> list[str]:
@@ -54,7 +62,9 @@ def warnings(values: dict) -> list[str]:
         own = variant_values(values, i)
         out += [f"variants[{i}] ({name!r}): {w}" for w in warnings(own)]
         if own["dataset_source"] != values["dataset_source"]:
-            out.append(f"variants[{i}] ({name!r}) trains on dataset_source={own['dataset_source']!r} and is scored, as "
-                       f"every variant, on the run's held-out split of {values['dataset_source']!r}: rows of one in "
-                       "the other would flatter it")
+            out.append(
+                f"variants[{i}] ({name!r}) trains on dataset_source={own['dataset_source']!r} and is scored, as "
+                f"every variant, on the run's held-out split of {values['dataset_source']!r}: rows of one in "
+                "the other would flatter it"
+            )
     return out

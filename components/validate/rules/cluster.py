@@ -9,8 +9,11 @@ from components.settings import Settings
 
 # Ports a training pod already listens on, which its metrics server would clash with: the training operator's
 # PyTorchJob master port (PytorchJobDefaultPort), the c10d rendezvous of elastic jobs and torchrun's default.
-RENDEZVOUS_PORTS = {23456: "the PyTorchJob's master port", 29400: "the elastic c10d rendezvous",
-                    29500: "torchrun's default master port"}
+RENDEZVOUS_PORTS = {
+    23456: "the PyTorchJob's master port",
+    29400: "the elastic c10d rendezvous",
+    29500: "torchrun's default master port",
+}
 
 
 def check_cluster_settings(s: Settings) -> list[str | None]:
@@ -24,29 +27,38 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
         errors.append(name_error("hf_token_secret", c.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     else:
         # Pods get an optional secretKeyRef: a missing Secret is fine, an empty name is rejected by Kubernetes.
-        errors.append("hf_token_secret is empty; name a Secret with key HF_TOKEN (it may be absent: the reference "
-                      "is optional), e.g. 'hf-token'")
+        errors.append(
+            "hf_token_secret is empty; name a Secret with key HF_TOKEN (it may be absent: the reference "
+            "is optional), e.g. 'hf-token'"
+        )
     if c.tracking_secret:
         errors.append(name_error("tracking_secret", c.tracking_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     if c.alert_webhook_secret:
-        errors.append(name_error("alert_webhook_secret", c.alert_webhook_secret, DNS1123_SUBDOMAIN, 253,
-                                 "Secret name"))
+        errors.append(name_error("alert_webhook_secret", c.alert_webhook_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     else:
-        errors.append("alert_webhook_secret is empty; name a Secret with key ALERT_WEBHOOK_URL (it may be absent: "
-                      "the reference is optional), e.g. 'llm-alerts'")
+        errors.append(
+            "alert_webhook_secret is empty; name a Secret with key ALERT_WEBHOOK_URL (it may be absent: "
+            "the reference is optional), e.g. 'llm-alerts'"
+        )
     if c.langfuse_secret:
         errors.append(name_error("langfuse_secret", c.langfuse_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     else:
-        errors.append("langfuse_secret is empty; name a Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and "
-                      "LANGFUSE_HOST (it may be absent: the references are optional), e.g. 'llm-langfuse'")
+        errors.append(
+            "langfuse_secret is empty; name a Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and "
+            "LANGFUSE_HOST (it may be absent: the references are optional), e.g. 'llm-langfuse'"
+        )
     if c.metrics_port in RENDEZVOUS_PORTS:
-        errors.append(f"metrics_port={c.metrics_port} is a port the training pods' rendezvous uses "
-                      f"({RENDEZVOUS_PORTS[c.metrics_port]}); use another, e.g. 9410, or 0 for no metrics")
+        errors.append(
+            f"metrics_port={c.metrics_port} is a port the training pods' rendezvous uses "
+            f"({RENDEZVOUS_PORTS[c.metrics_port]}); use another, e.g. 9410, or 0 for no metrics"
+        )
     if c.prometheus_url:
         parts = urlsplit(c.prometheus_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            errors.append(f"prometheus_url={c.prometheus_url!r} is not an http(s) URL; name Prometheus's address, "
-                          "e.g. http://prometheus-operated.monitoring:9090, or leave it empty")
+            errors.append(
+                f"prometheus_url={c.prometheus_url!r} is not an http(s) URL; name Prometheus's address, "
+                "e.g. http://prometheus-operated.monitoring:9090, or leave it empty"
+            )
     if c.queue_name:
         errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
     if c.priority_class:
@@ -58,9 +70,14 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
     if c.train_backend == "local" and c.num_nodes != 1:
         errors.append(f"num_nodes={c.num_nodes} with train_backend=local: a local run has one node; set num_nodes=1")
     if c.train_backend == "trainjob":
-        for name, value in (("priority_class", c.priority_class), ("gang_scheduling", c.gang_scheduling),
-                            ("min_nodes", c.min_nodes)):
+        for name, value in (
+            ("priority_class", c.priority_class),
+            ("gang_scheduling", c.gang_scheduling),
+            ("min_nodes", c.min_nodes),
+        ):
             if value:
-                errors.append(f"{name} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
-                              "(Trainer v2 keeps it there), or use train_backend=pytorchjob")
+                errors.append(
+                    f"{name} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
+                    "(Trainer v2 keeps it there), or use train_backend=pytorchjob"
+                )
     return errors

@@ -11,17 +11,22 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
     d = s.deploy
     errors = [name_error("serving_name", d.serving_name, DNS1035_LABEL, 63, "DNS-1035 name")]
     if d.max_model_len < s.train.max_seq_length:
-        errors.append(f"max_model_len={d.max_model_len} is shorter than max_seq_length={s.train.max_seq_length}; "
-                      "serve at least the length the model was trained on")
+        errors.append(
+            f"max_model_len={d.max_model_len} is shorter than max_seq_length={s.train.max_seq_length}; "
+            "serve at least the length the model was trained on"
+        )
     if s.cluster.train_backend != "local" and d.deploy_backend == "local":
-        errors.append("deploy_backend=local needs train_backend=local (the model is on the cluster's volume); "
-                      "use kserve-vllm")
+        errors.append(
+            "deploy_backend=local needs train_backend=local (the model is on the cluster's volume); use kserve-vllm"
+        )
     if d.deploy_backend.startswith("kserve") and d.serving_gpus < 1:
-        errors.append(f"serving_gpus={d.serving_gpus} with deploy_backend={d.deploy_backend}: vLLM needs at "
-                      "least 1 GPU")
+        errors.append(
+            f"serving_gpus={d.serving_gpus} with deploy_backend={d.deploy_backend}: vLLM needs at least 1 GPU"
+        )
     if d.canary_traffic_percent and d.deployment_mode != "Knative":
-        errors.append("canary_traffic_percent needs deployment_mode=Knative (KServe splits traffic between Knative "
-                      "revisions)")
+        errors.append(
+            "canary_traffic_percent needs deployment_mode=Knative (KServe splits traffic between Knative revisions)"
+        )
     return errors + _adapter_serving(s) + _variant_serving(s)
 
 
@@ -33,13 +38,17 @@ def _adapter_serving(s: Settings) -> list[str | None]:
         return []
     errors: list[str | None] = []
     if s.deploy.deploy_backend == "kserve-huggingface":
-        errors.append(f"method={s.train.method} with merge_lora=false serves the adapter with vLLM's LoRA modules "
-                      "(--enable-lora --lora-modules), which deploy_backend=kserve-huggingface does not pass on: use "
-                      "deploy_backend=kserve-vllm, or merge_lora=true")
+        errors.append(
+            f"method={s.train.method} with merge_lora=false serves the adapter with vLLM's LoRA modules "
+            "(--enable-lora --lora-modules), which deploy_backend=kserve-huggingface does not pass on: use "
+            "deploy_backend=kserve-vllm, or merge_lora=true"
+        )
     if s.train.lora_r > LORA_RANKS[-1]:
-        errors.append(f"lora_r={s.train.lora_r} with merge_lora=false: vLLM loads adapters of rank <= "
-                      f"{LORA_RANKS[-1]} (its largest --max-lora-rank); set lora_r <= {LORA_RANKS[-1]} or "
-                      "merge_lora=true")
+        errors.append(
+            f"lora_r={s.train.lora_r} with merge_lora=false: vLLM loads adapters of rank <= "
+            f"{LORA_RANKS[-1]} (its largest --max-lora-rank); set lora_r <= {LORA_RANKS[-1]} or "
+            "merge_lora=true"
+        )
     return errors
 
 
@@ -59,11 +68,15 @@ def _variant_serving(s: Settings) -> list[str | None]:
     for i, name in enumerate(names):
         served = f"{s.deploy.serving_name}-{name}"
         if len(served) > 63:
-            errors.append(f"variants[{i}] ({name!r}) is served as {served!r}, longer than a service name may be (63): "
-                          f"shorten serving_name or the variant's name")
+            errors.append(
+                f"variants[{i}] ({name!r}) is served as {served!r}, longer than a service name may be (63): "
+                f"shorten serving_name or the variant's name"
+            )
         if adapters and s.variants.deploy_variants == "all" and name == BASE_SUFFIX.lstrip("-"):
-            errors.append(f"variants[{i}] ({name!r}): with LoRA variants and deploy_variants=all the adapters' base "
-                          f"is served as {s.deploy.serving_name}{BASE_SUFFIX}; give this variant another name")
+            errors.append(
+                f"variants[{i}] ({name!r}): with LoRA variants and deploy_variants=all the adapters' base "
+                f"is served as {s.deploy.serving_name}{BASE_SUFFIX}; give this variant another name"
+            )
     if s.variants.deploy_variants == "all" and len(adapters) > 1 and s.deploy.deploy_backend == "local":
         from components.deploy.local_server import vllm_python
 

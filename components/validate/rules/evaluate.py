@@ -9,5 +9,5 @@ def check_evaluate_settings(s: Settings) -> list[str | None]:
     """lm-eval task names are non-empty strings."""
     tasks = s.evaluate.lm_eval_tasks
     if not all(isinstance(t, str) and t.strip() for t in tasks):
-        return [f"lm_eval_tasks={tasks!r} must be a list of task names, e.g. [\"hellaswag\"]"]
+        return [f'lm_eval_tasks={tasks!r} must be a list of task names, e.g. ["hellaswag"]']
     return []

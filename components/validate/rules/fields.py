@@ -58,7 +58,8 @@ def choice_errors(values: dict, names: Iterable[str] | None = None) -> list[str]
             if not all(entry in spec.choices for entry in value):
                 errors.append(f"{spec.name}={value!r}: each entry is one of {allowed}")
         elif value not in spec.choices and not (
-                spec.path_suffix and isinstance(value, str) and value.endswith(spec.path_suffix)):
+            spec.path_suffix and isinstance(value, str) and value.endswith(spec.path_suffix)
+        ):
             also = f" or a {spec.path_suffix} path" if spec.path_suffix else ""
             errors.append(f"{spec.name}={value!r} is not one of {allowed}{also}")
     return errors

@@ -14,7 +14,7 @@ from components.settings import Settings
 from components.train.stages import stage_overrides
 from components.train.trainer.rewards import REWARD_SOURCES, check_reward_function
 
-EXAMPLE = "{\"answer\": 1.0, \"format\": 0.5}"
+EXAMPLE = '{"answer": 1.0, "format": 0.5}'
 
 
 def _function_error(spec: str, s: Settings) -> str | None:
@@ -31,58 +31,74 @@ def check_reward_settings(s: Settings) -> list[str | None]:
     """The rm stage's method; the grpo stage's rewards and generation settings (nothing when grpo does not run)."""
     stages = s.stages.stages
     if "rm" in stages and (method := stage_overrides(s, "rm").get("method", s.train.method)) != "full":
-        return [f"stage rm: method {method!r}: the reward model trains its new head and the whole model (method full); "
-                "remove method from stage_settings.rm"]
+        return [
+            f"stage rm: method {method!r}: the reward model trains its new head and the whole model (method full); "
+            "remove method from stage_settings.rm"
+        ]
     if "grpo" not in stages:
         return []
     t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
     errors: list[str | None] = []
     for key, column in s.stages.grpo_column_mapping.items():
         if key not in ("prompt", "answer") or not isinstance(column, str) or not column:
-            errors.append(f"grpo_column_mapping: {key!r} -> {column!r}: map prompt or answer to your column's name, "
-                          "e.g. {\"prompt\": \"question\"}")
+            errors.append(
+                f"grpo_column_mapping: {key!r} -> {column!r}: map prompt or answer to your column's name, "
+                'e.g. {"prompt": "question"}'
+            )
     rewards = t.grpo_rewards
     if not isinstance(rewards, dict):
         return [f"grpo_rewards must map reward names to weights, e.g. {EXAMPLE}"]
     for name, weight in rewards.items():
         if name not in REWARD_SOURCES:
             close = difflib.get_close_matches(str(name), REWARD_SOURCES, n=1)
-            errors.append(f"grpo_rewards: {name!r} is not a reward; use {', '.join(REWARD_SOURCES[:3])} (built-in), "
-                          "model (a reward model) or function (grpo_reward_function)"
-                          + (f"; did you mean {close[0]!r}?" if close else ""))
+            errors.append(
+                f"grpo_rewards: {name!r} is not a reward; use {', '.join(REWARD_SOURCES[:3])} (built-in), "
+                "model (a reward model) or function (grpo_reward_function)"
+                + (f"; did you mean {close[0]!r}?" if close else "")
+            )
         elif isinstance(weight, bool) or not isinstance(weight, (int, float)):
             errors.append(f"grpo_rewards.{name} must be a number (the reward's weight), got {weight!r}")
     if errors:
         return errors
     used = [name for name, weight in rewards.items() if weight != 0]
     if not used:
-        return [f"stages includes 'grpo' but grpo_rewards gives no reward a non-zero weight; set at least one, e.g. "
-                f"{EXAMPLE} (built-in: answer, format, length; or model, function)"]
+        return [
+            f"stages includes 'grpo' but grpo_rewards gives no reward a non-zero weight; set at least one, e.g. "
+            f"{EXAMPLE} (built-in: answer, format, length; or model, function)"
+        ]
     if "model" in used and not t.grpo_reward_model.strip():
         if "rm" not in stages or stages.index("rm") > stages.index("grpo"):
-            errors.append("grpo_rewards uses model but there is no reward model: add \"rm\" before \"grpo\" in stages "
-                          "(it trains one on dpo_dataset_source's pairs) or set grpo_reward_model to a Hub id or a "
-                          "folder")
+            errors.append(
+                'grpo_rewards uses model but there is no reward model: add "rm" before "grpo" in stages '
+                "(it trains one on dpo_dataset_source's pairs) or set grpo_reward_model to a Hub id or a "
+                "folder"
+            )
     if "function" in used:
         if not t.grpo_reward_function.strip():
-            errors.append("grpo_rewards uses function but grpo_reward_function is empty; set it to FILE.py:NAME (a "
-                          "file on a mounted volume) or package.module:NAME")
+            errors.append(
+                "grpo_rewards uses function but grpo_reward_function is empty; set it to FILE.py:NAME (a "
+                "file on a mounted volume) or package.module:NAME"
+            )
         else:
             errors.append(_function_error(t.grpo_reward_function.strip(), s))
     if {"answer", "format"} & set(used):
         try:
             re.compile(t.grpo_answer_pattern)
         except re.error as exc:
-            errors.append(f"grpo_answer_pattern {t.grpo_answer_pattern!r} is not a valid regular expression ({exc}); "
-                          "write a Python regex whose first group is the answer, e.g. 'Answer:\\s*(-?\\d+)'")
+            errors.append(
+                f"grpo_answer_pattern {t.grpo_answer_pattern!r} is not a valid regular expression ({exc}); "
+                "write a Python regex whose first group is the answer, e.g. 'Answer:\\s*(-?\\d+)'"
+            )
     gpus = s.cluster.num_nodes * s.cluster.gpus_per_node
     per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * gpus
     if per_step % t.grpo_num_generations:
         # TRL's GRPOConfig: the generation batch (micro-batch x accumulation x processes) holds whole groups.
-        errors.append(f"grpo_num_generations={t.grpo_num_generations} must divide the completions of one optimizer "
-                      f"step, per_device_train_batch_size x gradient_accumulation_steps x GPUs = "
-                      f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps} x {gpus} = {per_step}; "
-                      "change grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)")
+        errors.append(
+            f"grpo_num_generations={t.grpo_num_generations} must divide the completions of one optimizer "
+            f"step, per_device_train_batch_size x gradient_accumulation_steps x GPUs = "
+            f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps} x {gpus} = {per_step}; "
+            "change grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
+        )
     return errors
 
 
@@ -100,17 +116,21 @@ def reward_warnings(s: Settings) -> list[str]:
     """Reward settings that run but are probably not what was meant."""
     stages, warnings = s.stages.stages, []
     if "grpo" in stages and "sft" in stages and stages.index("grpo") < stages.index("sft"):
-        warnings.append("stages puts grpo before sft: reinforcement learning usually refines a fine-tuned model, and "
-                        "sft after it may undo what the rewards taught")
+        warnings.append(
+            "stages puts grpo before sft: reinforcement learning usually refines a fine-tuned model, and "
+            "sft after it may undo what the rewards taught"
+        )
     if "rm" in stages and ("grpo" not in stages or stages.index("grpo") < stages.index("rm")):
-        warnings.append("stages runs rm but no grpo after it: the reward model is trained and reported, and nothing "
-                        "scores with it")
+        warnings.append(
+            "stages runs rm but no grpo after it: the reward model is trained and reported, and nothing scores with it"
+        )
     if "grpo" in stages:
         t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
         rewards = t.grpo_rewards if isinstance(t.grpo_rewards, dict) else {}
         if t.grpo_reward_function.strip() and not rewards.get("function"):
             warnings.append("grpo_reward_function is set but grpo_rewards gives function no weight: it is not used")
         if "rm" in stages and stages.index("rm") < stages.index("grpo") and not rewards.get("model"):
-            warnings.append("stages trains a reward model (rm) but grpo_rewards gives model no weight: grpo does not "
-                            "use it")
+            warnings.append(
+                "stages trains a reward model (rm) but grpo_rewards gives model no weight: grpo does not use it"
+            )
     return warnings

@@ -11,11 +11,19 @@ from components.validate.rules.fields import field_errors
 from components.validate.rules.rewards import check_reward_settings, reward_warnings
 
 # A bundled sample of each stage's data, for the message that a stage has none.
-SAMPLES = {"cpt": "builtin:domain-text", "dpo": "builtin:preference", "rm": "builtin:preference",
-           "grpo": "builtin:arithmetic"}
+SAMPLES = {
+    "cpt": "builtin:domain-text",
+    "dpo": "builtin:preference",
+    "rm": "builtin:preference",
+    "grpo": "builtin:arithmetic",
+}
 # What each stage's data is, for the same message.
-WHAT = {"cpt": "raw text", "dpo": "preference pairs", "rm": "preference pairs (prompt, chosen, rejected)",
-        "grpo": "prompts (a prompt column and an optional answer column)"}
+WHAT = {
+    "cpt": "raw text",
+    "dpo": "preference pairs",
+    "rm": "preference pairs (prompt, chosen, rejected)",
+    "grpo": "prompts (a prompt column and an optional answer column)",
+}
 
 # What stage_settings may change: every training setting but the model, which comes from the previous stage.
 STAGE_SETTABLE = tuple(f.name for f in dataclasses.fields(TrainSettings) if f.name != "model_name_or_path")
@@ -27,7 +35,7 @@ def check_stage_settings(s: Settings) -> list[str | None]:
     stages = s.stages.stages
     errors: list[str | None] = []
     if not stages:
-        return [f"stages is empty; list the stages to run, in order, from {', '.join(STAGES)}, e.g. [\"sft\"]"]
+        return [f'stages is empty; list the stages to run, in order, from {", ".join(STAGES)}, e.g. ["sft"]']
     for stage in dict.fromkeys(stages):
         if stage not in STAGES:
             continue  # the declared choice check names it
@@ -35,18 +43,24 @@ def check_stage_settings(s: Settings) -> list[str | None]:
         if stages.count(stage) > 1:
             errors.append(f"stages lists {stage!r} {stages.count(stage)} times; each stage runs once")
         elif not s.flat()[source_setting].strip():
-            errors.append(f"stages includes {stage!r} but {source_setting} is empty; give the stage its data, "
-                          f"{WHAT.get(stage, 'chat data')} (e.g. {SAMPLES.get(stage, 'builtin:sample')} to try it)")
+            errors.append(
+                f"stages includes {stage!r} but {source_setting} is empty; give the stage its data, "
+                f"{WHAT.get(stage, 'chat data')} (e.g. {SAMPLES.get(stage, 'builtin:sample')} to try it)"
+            )
     values = s.flat()
     for stage, overrides in s.stages.stage_settings.items():
         if stage not in STAGES or not isinstance(overrides, dict):
-            errors.append(f"stage_settings: {stage!r} must be a stage ({', '.join(STAGES)}) mapping to training "
-                          "settings, e.g. {\"dpo\": {\"learning_rate\": 5e-7}}")
+            errors.append(
+                f"stage_settings: {stage!r} must be a stage ({', '.join(STAGES)}) mapping to training "
+                'settings, e.g. {"dpo": {"learning_rate": 5e-7}}'
+            )
             continue
         unknown = sorted(set(overrides) - set(STAGE_SETTABLE))
         if unknown:
-            errors.append(f"stage_settings.{stage}: {unknown} are not training settings a stage can change "
-                          "(model_name_or_path comes from the previous stage)")
+            errors.append(
+                f"stage_settings.{stage}: {unknown} are not training settings a stage can change "
+                "(model_name_or_path comes from the previous stage)"
+            )
             continue
         errors += [f"stage_settings.{stage}: {e}" for e in field_errors({**values, **overrides}, overrides)]
     errors += check_reward_settings(s) if not errors else []
@@ -65,8 +79,10 @@ def stage_warnings(s: Settings) -> list[str]:
     """Stage orders and settings that run but are probably not what was meant."""
     stages, warnings = s.stages.stages, []
     if "dpo" in stages and "sft" in stages and stages.index("dpo") < stages.index("sft"):
-        warnings.append("stages puts dpo before sft: preference tuning usually refines a fine-tuned model, and sft "
-                        "after it may undo what it learned")
+        warnings.append(
+            "stages puts dpo before sft: preference tuning usually refines a fine-tuned model, and sft "
+            "after it may undo what it learned"
+        )
     if "cpt" in stages and stages.index("cpt") > 0:
         warnings.append("stages puts cpt after another stage: continued pretraining on raw text usually comes first")
     unused = sorted(set(s.stages.stage_settings) - set(stages))

@@ -28,8 +28,10 @@ def check_train_settings(s: Settings) -> list[str | None]:
     if t.num_train_epochs <= 0 and t.max_steps <= 0:
         errors.append("num_train_epochs and max_steps are both <= 0; set num_train_epochs > 0 or max_steps > 0")
     if "mlflow" in t.report_to and s.cluster.train_backend == "local" and importlib.util.find_spec("mlflow") is None:
-        errors.append("report_to names mlflow and this machine has no mlflow: pip install mlflow-skinny (or take "
-                      "mlflow out of report_to)")
+        errors.append(
+            "report_to names mlflow and this machine has no mlflow: pip install mlflow-skinny (or take "
+            "mlflow out of report_to)"
+        )
     if t.max_steps == 0:
         errors.append("max_steps=0 trains nothing; use -1 to run every epoch, or a positive number of steps")
     return errors
@@ -44,11 +46,15 @@ def parallelism_errors(s: Settings) -> list[str | None]:
         return []
     name = f"parallelism={t.parallelism}"
     if t.deepspeed_config != "none":
-        return [f"{name} shards the model with FSDP2 (transformers' DistributedConfig) in place of DeepSpeed: set "
-                f"deepspeed_config=none (it is {t.deepspeed_config}), or parallelism=deepspeed"]
+        return [
+            f"{name} shards the model with FSDP2 (transformers' DistributedConfig) in place of DeepSpeed: set "
+            f"deepspeed_config=none (it is {t.deepspeed_config}), or parallelism=deepspeed"
+        ]
     if t.method != "full":
-        return [f"{name} trains method=full only (method is {t.method}): use parallelism=deepspeed (deepspeed_config "
-                "zero3) for LoRA"]
+        return [
+            f"{name} trains method=full only (method is {t.method}): use parallelism=deepspeed (deepspeed_config "
+            "zero3) for LoRA"
+        ]
     other = [stage for stage in s.stages.stages if stage not in ("sft", "cpt")]
     if other:
         return [f"{name} runs the sft and cpt stages only; stages has {other}: use parallelism=deepspeed"]
@@ -61,13 +67,17 @@ def parallelism_errors(s: Settings) -> list[str | None]:
         return []
     shape = model_shape(config)
     if t.parallelism == "hsdp_ep" and not (shape.is_moe and shape.experts % c.gpus_per_node == 0):
-        return [f"{name} spreads a MoE model's experts over a node's GPUs: {t.model_name_or_path} has "
-                f"{shape.experts} experts and gpus_per_node={c.gpus_per_node}; use parallelism=hsdp"]
+        return [
+            f"{name} spreads a MoE model's experts over a node's GPUs: {t.model_name_or_path} has "
+            f"{shape.experts} experts and gpus_per_node={c.gpus_per_node}; use parallelism=hsdp"
+        ]
     host = hsdp_export_host_gib(shape, c.gpus_per_node)
     if host > POD_MEMORY_GIB:
-        return [f"{name}: the final export gathers the whole fp32 model ({4 * shape.total / 1024**3:.0f} GiB) on rank "
-                f"0's host (transformers' gather_full_state_dict), {host:.0f} GiB with the pod's processes, over the "
-                f"pod's {POD_MEMORY_GIB:g} GiB: use parallelism=deepspeed (ZeRO-3 exports one layer at a time)"]
+        return [
+            f"{name}: the final export gathers the whole fp32 model ({4 * shape.total / 1024**3:.0f} GiB) on rank "
+            f"0's host (transformers' gather_full_state_dict), {host:.0f} GiB with the pod's processes, over the "
+            f"pod's {POD_MEMORY_GIB:g} GiB: use parallelism=deepspeed (ZeRO-3 exports one layer at a time)"
+        ]
     return []
 
 
@@ -90,24 +100,43 @@ def memory_errors(s: Settings) -> list[str]:
             if config is None:
                 continue
             g = s.cluster.gpus_per_node
-            est = hsdp_memory_gib(model_shape(config), t.parallelism == "hsdp_ep", g, t.max_seq_length,
-                                  t.per_device_train_batch_size)
+            est = hsdp_memory_gib(
+                model_shape(config), t.parallelism == "hsdp_ep", g, t.max_seq_length, t.per_device_train_batch_size
+            )
             if est["total"] > s.cluster.gpu_memory_gib:
-                errors.append(f"parallelism={t.parallelism} keeps a copy of the model states per node, sharded over "
-                              f"its {g} GPUs: it needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} "
-                              f"model states + {est['activations']:.1f} activations + {est['overhead']:.0f} overhead) "
-                              f"but a GPU has {s.cluster.gpu_memory_gib:g} GiB; use parallelism=deepspeed (ZeRO-3 "
-                              "shards over every GPU) or a smaller per_device_train_batch_size")
+                errors.append(
+                    f"parallelism={t.parallelism} keeps a copy of the model states per node, sharded over "
+                    f"its {g} GPUs: it needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} "
+                    f"model states + {est['activations']:.1f} activations + {est['overhead']:.0f} overhead) "
+                    f"but a GPU has {s.cluster.gpu_memory_gib:g} GiB; use parallelism=deepspeed (ZeRO-3 "
+                    "shards over every GPU) or a smaller per_device_train_batch_size"
+                )
             continue
         # DPO and the reward model run chosen and rejected of each pair in one forward pass: twice the rows. GRPO
         # holds a reference model and its generations too (vLLM colocate on a cluster: memory.py).
-        grpo = {"beta": t.grpo_beta, "completions": t.per_device_train_batch_size * t.gradient_accumulation_steps,
-                "sequence_tokens": t.max_seq_length, "colocate": True} if stage == "grpo" else None
+        grpo = (
+            {
+                "beta": t.grpo_beta,
+                "completions": t.per_device_train_batch_size * t.gradient_accumulation_steps,
+                "sequence_tokens": t.max_seq_length,
+                "colocate": True,
+            }
+            if stage == "grpo"
+            else None
+        )
         problem = check_memory_fit(
-            s.train.model_name_or_path, t.method, t.deepspeed_config, s.cluster.num_nodes, s.cluster.gpus_per_node,
-            t.max_seq_length, t.per_device_train_batch_size * (2 if stage in ("dpo", "rm") else 1),
-            gpu_memory_gib=s.cluster.gpu_memory_gib, lora_r=t.lora_r, lora_target_modules=t.lora_target_modules,
-            grpo=grpo)
+            s.train.model_name_or_path,
+            t.method,
+            t.deepspeed_config,
+            s.cluster.num_nodes,
+            s.cluster.gpus_per_node,
+            t.max_seq_length,
+            t.per_device_train_batch_size * (2 if stage in ("dpo", "rm") else 1),
+            gpu_memory_gib=s.cluster.gpu_memory_gib,
+            lora_r=t.lora_r,
+            lora_target_modules=t.lora_target_modules,
+            grpo=grpo,
+        )
         if problem:
             errors.append(f"stage {stage}: {problem}" if len(s.stages.stages) > 1 else problem)
     return errors

@@ -24,8 +24,10 @@ def check_variant_settings(s: Settings) -> list[str]:
     if not variants:
         return []
     if len(variants) < 2:
-        return [f"variants has {len(variants)} entry; give two or more to compare (e.g. {EXAMPLE}), or set the "
-                "one variant's settings on the run and variants=[]"]
+        return [
+            f"variants has {len(variants)} entry; give two or more to compare (e.g. {EXAMPLE}), or set the "
+            "one variant's settings on the run and variants=[]"
+        ]
     if not all(isinstance(v, dict) for v in variants):
         return [f"variants must be a list of JSON objects of setting overrides, e.g. {EXAMPLE}"]
     errors: list[str] = []
@@ -34,35 +36,53 @@ def check_variant_settings(s: Settings) -> list[str]:
     seen: dict[str, int] = {}
     for i, (variant, name) in enumerate(zip(variants, names, strict=True)):
         label = _label(i, name)
-        if NAME_KEY in variant and (not isinstance(variant[NAME_KEY], str) or not NAME.match(variant[NAME_KEY])
-                                    or len(variant[NAME_KEY]) > MAX_NAME):
-            errors.append(f"{label}: name must be lowercase letters, digits and '-', starting with a letter, at "
-                          f"most {MAX_NAME} characters (it names the variant's folders, jobs and served model)")
+        if NAME_KEY in variant and (
+            not isinstance(variant[NAME_KEY], str)
+            or not NAME.match(variant[NAME_KEY])
+            or len(variant[NAME_KEY]) > MAX_NAME
+        ):
+            errors.append(
+                f"{label}: name must be lowercase letters, digits and '-', starting with a letter, at "
+                f"most {MAX_NAME} characters (it names the variant's folders, jobs and served model)"
+            )
         if name in seen:
             errors.append(f"{label}: the name {name!r} is also variants[{seen[name]}]'s; give each variant its own")
         seen.setdefault(name, i)
         for key in overrides(variant):
             if key not in all_specs:
                 close = difflib.get_close_matches(key, all_specs, n=1)
-                errors.append(f"{label}: {key!r} is not a setting" + (f"; did you mean {close[0]!r}?" if close else
-                              "; python -m pipelines.run --help lists every setting"))
+                errors.append(
+                    f"{label}: {key!r} is not a setting"
+                    + (
+                        f"; did you mean {close[0]!r}?"
+                        if close
+                        else "; python -m pipelines.run --help lists every setting"
+                    )
+                )
             elif key not in VARIABLE:
-                errors.append(f"{label}: {key} cannot vary per variant: {_why_fixed(key)}; set it for the run, "
-                              "outside variants")
+                errors.append(
+                    f"{label}: {key} cannot vary per variant: {_why_fixed(key)}; set it for the run, outside variants"
+                )
     canonical: dict[str, int] = {}
     for i, (variant, name) in enumerate(zip(variants, names, strict=True)):
         key = json.dumps(overrides(variant), sort_keys=True)
         if key in canonical:
             j = canonical[key]
-            errors.append(f"{_label(i, name)}: the same settings as variants[{j}] ({names[j]!r}); each variant must "
-                          "change something the others do not")
+            errors.append(
+                f"{_label(i, name)}: the same settings as variants[{j}] ({names[j]!r}); each variant must "
+                "change something the others do not"
+            )
         canonical.setdefault(key, i)
     if s.hpo.hpo_trials > 0:
-        errors.append("variants and hpo_trials > 0 both choose training settings; run the search without variants "
-                      "(then compare its result as a variant), or set hpo_trials=0")
+        errors.append(
+            "variants and hpo_trials > 0 both choose training settings; run the search without variants "
+            "(then compare its result as a variant), or set hpo_trials=0"
+        )
     if s.variants.variants_parallel > len(variants):
-        errors.append(f"variants_parallel={s.variants.variants_parallel} is more than the {len(variants)} variants; "
-                      f"set it to at most {len(variants)}")
+        errors.append(
+            f"variants_parallel={s.variants.variants_parallel} is more than the {len(variants)} variants; "
+            f"set it to at most {len(variants)}"
+        )
     return errors
 
 
@@ -73,8 +93,9 @@ def _why_fixed(name: str) -> str:
         return "it draws the held-out split every variant is scored on"
     if name == "stages":
         return "every variant trains the run's chain of stages (stage_settings may differ per variant)"
-    return {"evaluate": "every variant is evaluated the same way, in one comparison",
-            "deploy": "the run serves its variants together (deploy_variants picks which)",
-            "hpo": "a search and variants both choose training settings",
-            "variants": "variants do not nest",
-            }.get(group, "it is the run's (volumes, Secrets, backend and the run's own machinery)")
+    return {
+        "evaluate": "every variant is evaluated the same way, in one comparison",
+        "deploy": "the run serves its variants together (deploy_variants picks which)",
+        "hpo": "a search and variants both choose training settings",
+        "variants": "variants do not nest",
+    }.get(group, "it is the run's (volumes, Secrets, backend and the run's own machinery)")

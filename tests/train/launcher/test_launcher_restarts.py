@@ -27,34 +27,50 @@ WHAT = f"PyTorchJob {NS}/{NAME}"
 FAST = {"poll_seconds": 0.01}
 
 # What the ranks print when a peer is gone: torch's own lines (ProcessGroupNCCL, c10d, torchrun).
-WATCHDOG = ("[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
-            "operation timeout: WorkNCCL(SeqNum=2201, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
-            "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.")
-NCCL_REMOTE = ["torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
-               "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, NCCL version 2.21.5",
-               "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting "
-               "prematurely."]
-STORE_RESET = ("[rank8]: torch.distributed.DistBackendError: [8] is setting up NCCL communicator and retrieving "
-               "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: "
-               "Connection reset by peer")
-CLIENT_TIMEOUT = (f"torch.distributed.DistNetworkError: The client socket has timed out after 900000ms while "
-                  f"trying to connect to ({MASTER}, 23456).")
+WATCHDOG = (
+    "[rank0]:[E1218 20:27:21.426415540 ProcessGroupNCCL.cpp:629] [Rank 0] Watchdog caught collective "
+    "operation timeout: WorkNCCL(SeqNum=2201, OpType=ALLREDUCE, NumelIn=1, NumelOut=1, "
+    "Timeout(ms)=600000) ran for 600081 milliseconds before timing out."
+)
+NCCL_REMOTE = [
+    "torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/"
+    "ProcessGroupNCCL.cpp:1970, remote process exited or there was a network error, NCCL version 2.21.5",
+    "ncclRemoteError: A call failed possibly due to a network error or a remote process exiting prematurely.",
+]
+STORE_RESET = (
+    "[rank8]: torch.distributed.DistBackendError: [8] is setting up NCCL communicator and retrieving "
+    "ncclUniqueId from [0] via c10d key-value store by key '0', but store->get('0') got error: "
+    "Connection reset by peer"
+)
+CLIENT_TIMEOUT = (
+    f"torch.distributed.DistNetworkError: The client socket has timed out after 900000ms while "
+    f"trying to connect to ({MASTER}, 23456)."
+)
 
 
 def torchrun_summary(exitcode: str) -> list[str]:
     """The end of torchrun's log when a local rank failed (its ChildFailedError report)."""
-    return ["Traceback (most recent call last):", '  File "/usr/local/bin/torchrun", line 8, in <module>',
-            "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
-            "============================================================", "components.train.trainer.sft FAILED",
-            "Root Cause (first observed failure):", "[0]:", "  rank      : 0 (local_rank: 0)",
-            f"  exitcode  : {exitcode} (pid: 311)", "  error_file: <N/A>",
-            "============================================================"]
+    return [
+        "Traceback (most recent call last):",
+        '  File "/usr/local/bin/torchrun", line 8, in <module>',
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "============================================================",
+        "components.train.trainer.sft FAILED",
+        "Root Cause (first observed failure):",
+        "[0]:",
+        "  rank      : 0 (local_rank: 0)",
+        f"  exitcode  : {exitcode} (pid: 311)",
+        "  error_file: <N/A>",
+        "============================================================",
+    ]
 
 
-DATALOADER_OOM = ["Traceback (most recent call last):",
-                  '  File "/usr/local/lib/python3.11/site-packages/components/train/trainer/sft.py", line 212, in main',
-                  "    for step, batch in enumerate(loader):",
-                  "RuntimeError: DataLoader worker (pid 2351) is killed by signal: Killed."]
+DATALOADER_OOM = [
+    "Traceback (most recent call last):",
+    '  File "/usr/local/lib/python3.11/site-packages/components/train/trainer/sft.py", line 212, in main',
+    "    for step, batch in enumerate(loader):",
+    "RuntimeError: DataLoader worker (pid 2351) is killed by signal: Killed.",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -63,30 +79,47 @@ def short_api_outages(monkeypatch):
 
 
 def manifest(**overrides) -> dict:
-    kwargs = dict(name=NAME, namespace=NS, image="registry.example/trainer:0.1.0",
-                  config_path=f"/mnt/models/runs/{RUN_ID}/train/train_config.json", num_nodes=2, gpus_per_node=8,
-                  data_pvc="llm-data", model_pvc="llm-models", hf_token_secret="hf-token", node_selector={},
-                  tolerations=[], labels={})
+    kwargs = dict(
+        name=NAME,
+        namespace=NS,
+        image="registry.example/trainer:0.1.0",
+        config_path=f"/mnt/models/runs/{RUN_ID}/train/train_config.json",
+        num_nodes=2,
+        gpus_per_node=8,
+        data_pvc="llm-data",
+        model_pvc="llm-models",
+        hf_token_secret="hf-token",
+        node_selector={},
+        tolerations=[],
+        labels={},
+    )
     return build_pytorchjob(**{**kwargs, **overrides})
 
 
 # -- the operator and the cluster, as scenario steps ----------------------------------------------------------
 
+
 def pods_up(api, *lines):
     """The operator creates the job's pods (same names every time, new uids), they run and log ``lines``."""
+
     def step(job):
         for pod in (MASTER, WORKER):
             api.add_pod(NS, pod, JOB_LABELS, owner=job)
             api.log(NS, pod, *lines)
         api.set_condition(job, "Created", reason="PyTorchJobCreated")
         api.set_condition(job, "Running", reason="PyTorchJobRunning", message=f"PyTorchJob {NAME} is running.")
+
     return step
 
 
 def operator_fails(job, replica_type: str = "Worker"):
     """The operator's Failed condition for a static job (restartPolicy Never) whose pod failed."""
-    FakeKubeAPI.set_condition(job, "Failed", reason="PyTorchJobFailed",
-                              message=f"PyTorchJob {NAME} is failed because 1 {replica_type} replica(s) failed.")
+    FakeKubeAPI.set_condition(
+        job,
+        "Failed",
+        reason="PyTorchJobFailed",
+        message=f"PyTorchJob {NAME} is failed because 1 {replica_type} replica(s) failed.",
+    )
 
 
 def rank_died(api, pod, *lines, exit_code=1, reason="Error"):
@@ -99,8 +132,10 @@ def succeeded(api, *lines):
         for pod in (MASTER, WORKER):
             api.log(NS, pod, *lines)
             api.set_container_state(NS, pod, "terminated", exit_code=0)
-        api.set_condition(job, "Succeeded", reason="PyTorchJobSucceeded",
-                          message=f"PyTorchJob {NAME} is successfully completed.")
+        api.set_condition(
+            job, "Succeeded", reason="PyTorchJobSucceeded", message=f"PyTorchJob {NAME} is successfully completed."
+        )
+
     return step
 
 
@@ -109,10 +144,12 @@ def evicted(api):
         api.evict_pod(NS, WORKER)
         rank_died(api, MASTER, WATCHDOG, *torchrun_summary("-6"))  # a bystander: its peer vanished
         operator_fails(job)
+
     return step
 
 
 # A scenario: ``scenario(api)`` gives the steps from running pods to the job's Failed condition.
+
 
 def evicted_scenario(api):
     return [evicted(api)]
@@ -120,8 +157,10 @@ def evicted_scenario(api):
 
 def preempted_then_gone(api):
     """The scheduler preempts Worker 0; by the time the job reads Failed, the pod object is gone."""
-    return [lambda job: api.preempt_pod(NS, WORKER),
-            lambda job: (api.remove_pod(NS, WORKER), rank_died(api, MASTER, *NCCL_REMOTE), operator_fails(job))]
+    return [
+        lambda job: api.preempt_pod(NS, WORKER),
+        lambda job: (api.remove_pod(NS, WORKER), rank_died(api, MASTER, *NCCL_REMOTE), operator_fails(job)),
+    ]
 
 
 def disrupted(condition_reason, message, pod_reason=""):
@@ -130,7 +169,9 @@ def disrupted(condition_reason, message, pod_reason=""):
             api.disrupt_pod(NS, WORKER, condition_reason, message, pod_reason=pod_reason)
             rank_died(api, MASTER, WATCHDOG)
             operator_fails(job)
+
         return [step]
+
     return scenario
 
 
@@ -140,20 +181,28 @@ def all_ranks_log(*lines):
             for pod in (WORKER, MASTER):
                 rank_died(api, pod, *lines, *torchrun_summary("1"))
             operator_fails(job, "Master")
+
         return [step]
+
     return scenario
 
 
 def stopped_by_sigterm(api):
     """Worker 0 was deleted without a DisruptionTarget condition (kubectl delete pod, a drain on an older cluster):
     torchrun got SIGTERM, the trainer saved a checkpoint, and torchrun exited 1, as torch 2.13's does."""
+
     def step(job):
-        rank_died(api, WORKER, "stopped by SIGTERM at step 120 of 400; checkpoint-120 is complete",
-                  "W1123 05:31:02.123000 1 torch/distributed/elastic/agent/server/api.py:753] Received "
-                  "Signals.SIGTERM death signal, shutting down workers",
-                  "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15")
+        rank_died(
+            api,
+            WORKER,
+            "stopped by SIGTERM at step 120 of 400; checkpoint-120 is complete",
+            "W1123 05:31:02.123000 1 torch/distributed/elastic/agent/server/api.py:753] Received "
+            "Signals.SIGTERM death signal, shutting down workers",
+            "torch.distributed.elastic.multiprocessing.api.SignalException: Process 1 got signal: 15",
+        )
         rank_died(api, MASTER, WATCHDOG, *torchrun_summary("1"))
         operator_fails(job)
+
     return [step]
 
 
@@ -165,21 +214,33 @@ def restarts_of(job: dict | None) -> str | None:
 
 RETRIABLE = {
     "evicted": (evicted_scenario, f"pod {WORKER} was Evicted: The node was low on resource: memory."),
-    "preempted": (preempted_then_gone,
-                  f"pod {WORKER} was disrupted (PreemptionByScheduler): default-scheduler: preempting to "
-                  "accommodate a higher priority pod"),
-    "node shutdown": (disrupted("TerminationByKubelet", "Pod was terminated in response to imminent node shutdown.",
-                                pod_reason="Terminated"),
-                      f"pod {WORKER} was Terminated: Pod was terminated in response to imminent node shutdown."),
+    "preempted": (
+        preempted_then_gone,
+        f"pod {WORKER} was disrupted (PreemptionByScheduler): default-scheduler: preempting to "
+        "accommodate a higher priority pod",
+    ),
+    "node shutdown": (
+        disrupted(
+            "TerminationByKubelet", "Pod was terminated in response to imminent node shutdown.", pod_reason="Terminated"
+        ),
+        f"pod {WORKER} was Terminated: Pod was terminated in response to imminent node shutdown.",
+    ),
     "node lost, no disruption condition": (
         disrupted(None, f"Node gpu-7 which was running pod {WORKER} is unresponsive", pod_reason="NodeLost"),
-        f"pod {WORKER} was NodeLost: Node gpu-7 which was running pod {WORKER} is unresponsive"),
-    "node deleted": (disrupted("DeletionByPodGC", "PodGC: node no longer exists"),
-                     f"pod {WORKER} was disrupted (DeletionByPodGC): PodGC: node no longer exists"),
-    "node tainted": (disrupted("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint"),
-                     f"pod {WORKER} was disrupted (DeletionByTaintManager)"),
-    "NCCL error": (all_ranks_log(*NCCL_REMOTE),
-                   f"pod {MASTER} lost contact with its peers: torch.distributed.DistBackendError: NCCL error in:"),
+        f"pod {WORKER} was NodeLost: Node gpu-7 which was running pod {WORKER} is unresponsive",
+    ),
+    "node deleted": (
+        disrupted("DeletionByPodGC", "PodGC: node no longer exists"),
+        f"pod {WORKER} was disrupted (DeletionByPodGC): PodGC: node no longer exists",
+    ),
+    "node tainted": (
+        disrupted("DeletionByTaintManager", "Taint manager: deleting due to NoExecute taint"),
+        f"pod {WORKER} was disrupted (DeletionByTaintManager)",
+    ),
+    "NCCL error": (
+        all_ranks_log(*NCCL_REMOTE),
+        f"pod {MASTER} lost contact with its peers: torch.distributed.DistBackendError: NCCL error in:",
+    ),
     "watchdog timeout": (all_ranks_log(WATCHDOG), "Watchdog caught collective operation timeout"),
     "c10d store reset": (all_ranks_log(STORE_RESET), "got error: Connection reset by peer"),
     "rendezvous": (all_ranks_log(CLIENT_TIMEOUT), "DistNetworkError: The client socket has timed out"),
@@ -191,9 +252,15 @@ RETRIABLE = {
 def test_retriable_failure_re_runs_the_job_under_its_name_and_it_resumes(cause, capsys):
     failure, why = RETRIABLE[cause]
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(
-            pods_up(api, "step 100/400 loss 1.52", "saved checkpoint-100"), *failure(api),
-            pods_up(api, "resuming from checkpoint-100"), succeeded(api, "step 400/400 loss 1.21")))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                pods_up(api, "step 100/400 loss 1.52", "saved checkpoint-100"),
+                *failure(api),
+                pods_up(api, "resuming from checkpoint-100"),
+                succeeded(api, "step 400/400 loss 1.21"),
+            ),
+        )
         result = run_training_job(manifest(), api_client=api.client, **FAST)
         posts = api.requests_for("POST", "/pytorchjobs")
         (delete,) = api.requests_for("DELETE", f"/pytorchjobs/{NAME}")
@@ -213,14 +280,13 @@ def test_retriable_failure_re_runs_the_job_under_its_name_and_it_resumes(cause, 
 def test_re_run_waits_until_the_api_server_reports_the_old_job_gone(capsys):
     with FakeKubeAPI() as api:
         api.deletion_gets = 5
-        api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), evicted(api), pods_up(api, "again"),
-                                            succeeded(api)))
+        api.on_get("pytorchjobs", api.steps(pods_up(api, "up"), evicted(api), pods_up(api, "again"), succeeded(api)))
         run_training_job(manifest(), api_client=api.client, **FAST)
         log = [(r.method, r.path) for r in api.requests if "/pytorchjobs" in r.path]
     delete_at = log.index(("DELETE", f"/apis/kubeflow.org/v1/namespaces/{NS}/pytorchjobs/{NAME}"))
     create_at = [i for i, (m, _) in enumerate(log) if m == "POST"][1]
     # Five GETs see it still there (deletionTimestamp set), the sixth a 404; only then the create, and only one.
-    assert [m for m, _ in log[delete_at + 1:create_at]] == ["GET"] * 6
+    assert [m for m, _ in log[delete_at + 1 : create_at]] == ["GET"] * 6
     assert len([m for m, _ in log if m == "POST"]) == 2
     assert f"waiting for {WHAT} to be deleted" in capsys.readouterr().out
 
@@ -268,24 +334,38 @@ def test_trainjob_is_re_run_the_same_way(capsys):
         api.preempt_pod(NS, pod)
         api.set_condition(job, "Failed", reason="JobSetFailed", message="jobset failed: node-0 failed")
 
-    job = trainjob_for_run(run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json", trainer_image="t:1",
-                           num_nodes=2, gpus_per_node=8, data_pvc="d", model_pvc="m", hf_token_secret="hf",
-                           node_selector={}, tolerations=[])
+    job = trainjob_for_run(
+        run_id=RUN_ID,
+        namespace=NS,
+        config_path="/mnt/models/c.json",
+        trainer_image="t:1",
+        num_nodes=2,
+        gpus_per_node=8,
+        data_pvc="d",
+        model_pvc="m",
+        hf_token_secret="hf",
+        node_selector={},
+        tolerations=[],
+    )
     with FakeKubeAPI() as api:
         api.on_get("trainjobs", api.steps(up, preempted, up, lambda job: api.set_condition(job, "Complete")))
         assert run_training_job(job, api_client=api.client, **FAST)["state"] == "Complete"
         assert len(api.requests_for("POST", "/trainjobs")) == 2
-    assert f"re-running TrainJob {NS}/{NAME} (restart 1/2): pod {pod} was disrupted (PreemptionByScheduler)" \
+    assert (
+        f"re-running TrainJob {NS}/{NAME} (restart 1/2): pod {pod} was disrupted (PreemptionByScheduler)"
         in capsys.readouterr().out
+    )
 
 
 # -- deterministic: raised at once, naming the pod that caused it ----------------------------------------------
+
 
 def oom_killed_worker(api):
     def step(job):
         rank_died(api, WORKER, *DATALOADER_OOM, exit_code=137, reason="OOMKilled")
         rank_died(api, MASTER, WATCHDOG, *torchrun_summary("-6"))  # died of the worker's death
         operator_fails(job)
+
     return step
 
 
@@ -307,27 +387,56 @@ def test_oom_killed_worker_is_reported_with_its_reason_exit_code_and_log_not_the
 
 DETERMINISTIC = {
     "config error, container exit code 2": (
-        lambda api: lambda job: (rank_died(api, WORKER, "error: learning_rate must be > 0", exit_code=2),
-                                 operator_fails(job)),
-        f"pod {WORKER}: container pytorch exited with code 2"),
+        lambda api: (
+            lambda job: (rank_died(api, WORKER, "error: learning_rate must be > 0", exit_code=2), operator_fails(job))
+        ),
+        f"pod {WORKER}: container pytorch exited with code 2",
+    ),
     "config error, under torchrun": (
-        lambda api: lambda job: (rank_died(api, WORKER, "error: learning_rate must be > 0", *torchrun_summary("2")),
-                                 rank_died(api, MASTER, *NCCL_REMOTE), operator_fails(job)),
-        f"pod {WORKER}: a trainer process exited with code 2"),
+        lambda api: (
+            lambda job: (
+                rank_died(api, WORKER, "error: learning_rate must be > 0", *torchrun_summary("2")),
+                rank_died(api, MASTER, *NCCL_REMOTE),
+                operator_fails(job),
+            )
+        ),
+        f"pod {WORKER}: a trainer process exited with code 2",
+    ),
     "unexplained error beside NCCL bystanders": (
-        lambda api: lambda job: (rank_died(api, WORKER, "ValueError: bad shard 17"),
-                                 rank_died(api, MASTER, *NCCL_REMOTE), operator_fails(job)),
-        f"pod {WORKER}: container pytorch terminated Error (exit code 1)"),
+        lambda api: (
+            lambda job: (
+                rank_died(api, WORKER, "ValueError: bad shard 17"),
+                rank_died(api, MASTER, *NCCL_REMOTE),
+                operator_fails(job),
+            )
+        ),
+        f"pod {WORKER}: container pytorch terminated Error (exit code 1)",
+    ),
     "past the job's deadline, its ranks stopped mid-collective": (
-        lambda api: lambda job: (rank_died(api, WORKER, *NCCL_REMOTE, exit_code=143),
-                                 rank_died(api, MASTER, WATCHDOG, exit_code=143),
-                                 api.set_condition(job, "Failed", reason="PyTorchJobFailed", message=(
-                                     f"Job {NAME} has failed because it was active longer than specified deadline"))),
-        "cause: the job ran longer than its activeDeadlineSeconds"),
+        lambda api: (
+            lambda job: (
+                rank_died(api, WORKER, *NCCL_REMOTE, exit_code=143),
+                rank_died(api, MASTER, WATCHDOG, exit_code=143),
+                api.set_condition(
+                    job,
+                    "Failed",
+                    reason="PyTorchJobFailed",
+                    message=(f"Job {NAME} has failed because it was active longer than specified deadline"),
+                ),
+            )
+        ),
+        "cause: the job ran longer than its activeDeadlineSeconds",
+    ),
     "OOM beside an evicted pod": (
-        lambda api: lambda job: (rank_died(api, WORKER, exit_code=137, reason="OOMKilled"),
-                                 api.evict_pod(NS, MASTER), operator_fails(job)),
-        f"pod {WORKER}: container pytorch was OOMKilled"),
+        lambda api: (
+            lambda job: (
+                rank_died(api, WORKER, exit_code=137, reason="OOMKilled"),
+                api.evict_pod(NS, MASTER),
+                operator_fails(job),
+            )
+        ),
+        f"pod {WORKER}: container pytorch was OOMKilled",
+    ),
 }
 
 
@@ -343,6 +452,7 @@ def test_deterministic_failure_is_raised_at_once(cause):
 
 
 # -- a retried launcher (KFP retry of the launcher pod) behaves the same ------------------------------------------
+
 
 def failed_job_exists(api, restarts: str, failure) -> dict:
     """What a launcher pod that died mid-run leaves: the Failed job, its pods and their logs."""
@@ -397,7 +507,8 @@ def test_retried_launcher_waits_out_a_deletion_in_progress_then_creates(capsys):
         old = failed_job_exists(api, "1", evicted)
         # The previous launcher pod deleted the job for a re-run and died before creating it again.
         k8s.CustomObjectsApi(api.client).delete_namespaced_custom_object(
-            "kubeflow.org", "v1", NS, "pytorchjobs", NAME, body=k8s.V1DeleteOptions(propagation_policy="Foreground"))
+            "kubeflow.org", "v1", NS, "pytorchjobs", NAME, body=k8s.V1DeleteOptions(propagation_policy="Foreground")
+        )
         api.on_get("pytorchjobs", once_created_again(old, api.steps(pods_up(api, "resuming"), succeeded(api))))
         assert run_training_job(manifest(), api_client=api.client, **FAST)["state"] == "Succeeded"
         posts = api.requests_for("POST", "/pytorchjobs")
@@ -415,8 +526,10 @@ def test_a_deletion_that_never_finishes_is_an_error(monkeypatch):
             run_training_job(manifest(), api_client=api.client, **FAST)
 
 
-@pytest.mark.parametrize("kwargs,field", [({"job_restarts": -1}, "job_restarts"),
-                                          ({"pending_timeout_seconds": -1}, "pending_timeout_seconds")])
+@pytest.mark.parametrize(
+    "kwargs,field",
+    [({"job_restarts": -1}, "job_restarts"), ({"pending_timeout_seconds": -1}, "pending_timeout_seconds")],
+)
 def test_bad_restart_settings_fail_before_anything_is_created(kwargs, field):
     with FakeKubeAPI() as api:
         with pytest.raises(ValueError, match=field):

@@ -17,8 +17,10 @@ ROOT = Path(__file__).resolve().parents[3]
 def test_a_cpu_only_torch_build_trains_on_cpu_without_the_train_step_importing_torch():
     if not importlib.metadata.version("torch").endswith("+cpu"):
         pytest.skip("this environment's torch is not a CPU-only build")
-    code = ("import sys; from components.train.launcher.local import cuda_available; "
-            "print(cuda_available(), 'torch' in sys.modules)")
+    code = (
+        "import sys; from components.train.launcher.local import cuda_available; "
+        "print(cuda_available(), 'torch' in sys.modules)"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.stdout.split() == ["False", "False"], done.stderr
 
@@ -54,8 +56,16 @@ def test_torchrun_runs_in_a_process_that_skips_the_final_collection(monkeypatch,
     local.run_torchrun(str(tmp_path / "train_config.json"), nproc_per_node=2, env={})
     ((cmd, kwargs),) = started
     config = str(tmp_path / "train_config.json")
-    assert cmd == quick_exit.command("torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                     "-m", "components.train.trainer.sft", "--config", config)
+    assert cmd == quick_exit.command(
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "components.train.trainer.sft",
+        "--config",
+        config,
+    )
     assert kwargs["env"]["OMP_NUM_THREADS"]
 
 

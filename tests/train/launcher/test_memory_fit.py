@@ -22,19 +22,39 @@ from components.train.launcher.memory import (
 )
 
 QWEN3_30B = "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"
-TINY = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, intermediate_size=96)
+TINY = dict(
+    vocab_size=211,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+)
 # The model /work/shared/gpu-checks/qlora_moe_check.py loaded on one H100 (2026-11-23-qlora.log): Qwen3-30B-A3B's
 # shape cut to 4 layers.
-SLICE_4_LAYERS = dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-                      num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4, head_dim=128,
-                      num_experts=128, num_experts_per_tok=8, tie_word_embeddings=False)
+SLICE_4_LAYERS = dict(
+    vocab_size=151936,
+    hidden_size=2048,
+    intermediate_size=6144,
+    moe_intermediate_size=768,
+    num_hidden_layers=4,
+    num_attention_heads=32,
+    num_key_value_heads=4,
+    head_dim=128,
+    num_experts=128,
+    num_experts_per_tok=8,
+    tie_word_embeddings=False,
+)
 
 
 def _tiny(moe: bool, **over):
     common = {**TINY, **over}
-    config = Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32) if moe \
+    config = (
+        Qwen3MoeConfig(**common, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
+        if moe
         else Qwen3Config(**common)
+    )
     return config, (Qwen3MoeForCausalLM if moe else Qwen3ForCausalLM)(config)
 
 
@@ -83,8 +103,10 @@ def test_qlora_counts_each_tensor_in_the_dtype_peft_leaves_it(moe):
     kept = set(get_keys_to_not_convert(model))
     quantised = {f"{n}.weight" for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and n not in kept}
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
-    actual = sum(p.numel() * NF4_BYTES_PER_PARAM if n in quantised else p.numel() * p.element_size()
-                 for n, p in model.named_parameters())
+    actual = sum(
+        p.numel() * NF4_BYTES_PER_PARAM if n in quantised else p.numel() * p.element_size()
+        for n, p in model.named_parameters()
+    )
     assert {p.dtype for n, p in model.named_parameters() if n not in quantised} == {torch.float32}
     assert base_weight_bytes(model_shape(config.to_dict()), "qlora") == pytest.approx(actual, abs=1)
 
@@ -105,11 +127,19 @@ def test_the_4_layer_slice_matches_what_an_h100_measured():
 @pytest.mark.parametrize("offload_opt,offload_param", [(False, False), (True, False), (True, True)])
 def test_zero3_model_states_equal_deepspeeds_estimator(nodes, gpus, offload_opt, offload_param):
     shape = model_shape(load_architecture(QWEN3_30B))
-    zero = {"stage": 3, "offload_optimizer": {"device": "cpu" if offload_opt else "none"},
-            "offload_param": {"device": "cpu" if offload_param else "none"}}
+    zero = {
+        "stage": 3,
+        "offload_optimizer": {"device": "cpu" if offload_opt else "none"},
+        "offload_param": {"device": "cpu" if offload_param else "none"},
+    }
     cpu_mem, gpu_mem, _ = estimate_zero3_model_states_mem_needs(
-        shape.total, shape.largest_block, num_gpus_per_node=gpus, num_nodes=nodes,
-        cpu_offload=offload_opt, cpu_offload_params=offload_param)
+        shape.total,
+        shape.largest_block,
+        num_gpus_per_node=gpus,
+        num_nodes=nodes,
+        cpu_offload=offload_opt,
+        cpu_offload_params=offload_param,
+    )
     assert model_states_bytes(shape, "full", zero, nodes * gpus) == gpu_mem
     # DeepSpeed's cpu figure is per node, which is one pod here.
     assert host_bytes_per_pod(shape, "full", zero, nodes, gpus)["model"] == pytest.approx(cpu_mem, abs=1)
@@ -119,8 +149,9 @@ def test_zero3_model_states_equal_deepspeeds_estimator(nodes, gpus, offload_opt,
 def test_zero2_model_states_equal_deepspeeds_estimator(offload):
     shape = model_shape(load_architecture(QWEN3_30B))
     zero = {"stage": 2, "offload_optimizer": {"device": "cpu" if offload else "none"}}
-    _, gpu_mem = estimate_zero2_model_states_mem_needs(shape.total, num_gpus_per_node=8, num_nodes=2,
-                                                       cpu_offload=offload)
+    _, gpu_mem = estimate_zero2_model_states_mem_needs(
+        shape.total, num_gpus_per_node=8, num_nodes=2, cpu_offload=offload
+    )
     assert model_states_bytes(shape, "full", zero, 16) == gpu_mem
 
 
@@ -144,9 +175,19 @@ def test_every_preset_fits():
     for name in names:
         p = resolve(name)
         # As validate_inputs calls it (components/validate/checks.py).
-        assert check_memory_fit(p["model_name_or_path"], p["method"], p["deepspeed_config"], p["num_nodes"],
-                                p["gpus_per_node"], p["max_seq_length"], p["per_device_train_batch_size"],
-                                gpu_memory_gib=p["gpu_memory_gib"]) is None, name
+        assert (
+            check_memory_fit(
+                p["model_name_or_path"],
+                p["method"],
+                p["deepspeed_config"],
+                p["num_nodes"],
+                p["gpus_per_node"],
+                p["max_seq_length"],
+                p["per_device_train_batch_size"],
+                gpu_memory_gib=p["gpu_memory_gib"],
+            )
+            is None
+        ), name
 
 
 def test_full_fine_tuning_without_zero3_names_deepspeed_config():
@@ -211,10 +252,25 @@ def test_the_hpz_secondary_partition_is_the_jobs_node_as_the_trainer_sets_it():
     assert job_zero_config("zero3_hpz", 2, 4)["zero_hpz_partition_size"] == 4
     assert job_zero_config("zero3_hpz", 1, 8)["zero_hpz_partition_size"] == 1
     assert "zero_hpz_partition_size" not in job_zero_config("zero3", 2, 8)
-    problem = check_memory_fit("Qwen/Qwen3-30B-A3B", "full", "zero3_hpz", num_nodes=2, gpus_per_node=4,
-                               max_seq_length=4096, per_device_train_batch_size=1, gpu_memory_gib=85)
+    problem = check_memory_fit(
+        "Qwen/Qwen3-30B-A3B",
+        "full",
+        "zero3_hpz",
+        num_nodes=2,
+        gpus_per_node=4,
+        max_seq_length=4096,
+        per_device_train_batch_size=1,
+        gpu_memory_gib=85,
+    )
     assert problem is not None and "90.3 GiB per GPU" in problem
     # The plan prints the same memory figure.
-    values = {**defaults(), "model_name_or_path": "Qwen/Qwen3-30B-A3B", "deepspeed_config": "zero3_hpz",
-              "num_nodes": 2, "gpus_per_node": 4, "per_device_train_batch_size": 1, "max_seq_length": 4096}
+    values = {
+        **defaults(),
+        "model_name_or_path": "Qwen/Qwen3-30B-A3B",
+        "deepspeed_config": "zero3_hpz",
+        "num_nodes": 2,
+        "gpus_per_node": 4,
+        "per_device_train_batch_size": 1,
+        "max_seq_length": 4096,
+    }
     assert plan(values, load_architecture("Qwen/Qwen3-30B-A3B")).memory_gib["total"] == pytest.approx(90.306, abs=0.01)

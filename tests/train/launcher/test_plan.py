@@ -140,7 +140,8 @@ def test_recomputation_costs_a_third_more_compute():
     on, off = _plan(FULL), _plan(FULL, activation_checkpointing=False)
     assert on.compute_s == pytest.approx(4 / 3 * off.compute_s)
     assert on.achieved_tflops == 129.0 and _plan(FULL, achieved_tflops_per_gpu=258.0).compute_s == pytest.approx(
-        on.compute_s / 2)
+        on.compute_s / 2
+    )
 
 
 def test_wall_time_and_gpu_hours_follow_the_tokens_and_epochs():
@@ -152,8 +153,10 @@ def test_wall_time_and_gpu_hours_follow_the_tokens_and_epochs():
 
 
 def test_the_prepared_datasets_statistics_replace_the_estimate(tmp_path):
-    stats = {"train": {"rows": 20000, "tokens": 73_728_000, "packing_efficiency": 0.9},
-             "length_histogram": [{"from": 0, "to": 511, "count": 900}, {"from": 512, "to": 1023, "count": 100}]}
+    stats = {
+        "train": {"rows": 20000, "tokens": 73_728_000, "packing_efficiency": 0.9},
+        "length_histogram": [{"from": 0, "to": 511, "count": 900}, {"from": 512, "to": 1023, "count": 100}],
+    }
     p = _plan(FULL, stats=stats)
     assert p.dataset_source == "the prepared dataset's statistics"
     assert p.steps == 20000 * 2 // 64 and p.dataset_tokens == 73_728_000
@@ -177,9 +180,12 @@ def test_alternatives_keep_the_global_batch_and_name_a_faster_fitting_layout():
     # The run's own + 4 layouts (zero3, zero3_hpz, hsdp, hsdp_ep) x (1, 2, 4 rows) - itself.
     assert options[0][0] == {} and len(options) == 12
     assert all(p.micro_batch * p.accumulation == 4 for _, p in options)
-    assert {p.layout for _, p in options} == {"ZeRO-3", "ZeRO++ hpZ (ZeRO-3, partition 8)",
-                                              "HSDP (FSDP2: sharded in a node, replicated over nodes)",
-                                              "HSDP + EP (FSDP2, experts parallel in a node)"}
+    assert {p.layout for _, p in options} == {
+        "ZeRO-3",
+        "ZeRO++ hpZ (ZeRO-3, partition 8)",
+        "HSDP (FSDP2: sharded in a node, replicated over nodes)",
+        "HSDP + EP (FSDP2, experts parallel in a node)",
+    }
     assert options[1][0] == {"per_device_train_batch_size": 2, "gradient_accumulation_steps": 2}  # zero3 unchanged
     # Through one 400 Gb/s link per node, the forward's gather is what remains: ZeRO-3 and hpZ gather the same for the
     # first forward of a step, so with one micro-step they tie; the one needing less memory is named.
@@ -217,8 +223,9 @@ def test_a_hub_id_with_no_config_here_says_so_naming_the_setting(tmp_path, monke
 
 def _cli(*args, env=None):
     start = time.monotonic()
-    result = subprocess.run([sys.executable, "-m", "pipelines.run", *args], cwd=ROOT, capture_output=True, text=True,
-                            timeout=120, env=env)
+    result = subprocess.run(
+        [sys.executable, "-m", "pipelines.run", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, env=env
+    )
     return result, time.monotonic() - start
 
 
@@ -265,10 +272,21 @@ def test_validate_inputs_logs_the_plan(cluster, caplog):
 
 HSDP = {"parallelism": "hsdp", "deepspeed_config": "none"}
 # benchmarks/netns_bytes.py's tiny Qwen3-MoE.
-TINY_MOE = {"model_type": "qwen3_moe", "architectures": ["Qwen3MoeForCausalLM"], "vocab_size": 687, "hidden_size": 64,
-            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16,
-            "intermediate_size": 96, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
-            "tie_word_embeddings": False}
+TINY_MOE = {
+    "model_type": "qwen3_moe",
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "vocab_size": 687,
+    "hidden_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "intermediate_size": 96,
+    "num_experts": 4,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "tie_word_embeddings": False,
+}
 HSDP_EP = {"parallelism": "hsdp_ep", "deepspeed_config": "none"}
 
 
@@ -288,7 +306,8 @@ def test_hsdp_keeps_the_gathers_in_the_node_and_all_reduces_each_gpus_shard_acro
     assert p.bytes_per_gpu(INTER) == pytest.approx(4 * shape.total / 8)
     intra = [c for c in p.collectives if c.link == INTRA]
     assert [(c.kind, c.ranks, c.when) for c in intra] == [("all-gather", 8, "every")] * 2 + [
-        ("reduce-scatter", 8, "every")]
+        ("reduce-scatter", 8, "every")
+    ]
     # Against ZeRO-3: 85.9 GB per GPU and step over the network, 15.3 under HSDP.
     z3 = _plan(FULL)
     assert z3.bytes_per_gpu(INTER) / p.bytes_per_gpu(INTER) > 5
@@ -303,8 +322,10 @@ def test_hsdp_ep_trades_the_expert_gathers_for_token_all_to_alls_within_the_node
     a2a = [c for c in p.collectives if c.kind == "all-to-all"]
     tokens, k = 4096, 8  # one 4096-token row per micro-step, Qwen3-30B-A3B's top-8
     per_pass = 2 * shape.sparse_layers * tokens * k * shape.hidden * 2  # to the experts and back, bf16
-    assert [(c.size, c.phase, c.link) for c in a2a] == [(per_pass, "forward", INTRA),
-                                                        (2 * per_pass, "backward", INTRA)]  # + recomputed forward
+    assert [(c.size, c.phase, c.link) for c in a2a] == [
+        (per_pass, "forward", INTRA),
+        (2 * per_pass, "backward", INTRA),
+    ]  # + recomputed forward
     gathers = [c for c in p.collectives if c.kind == "all-gather"]
     assert all(c.size == 2 * (shape.total - shape.expert_params) for c in gathers)
     assert p.bytes_per_gpu(INTRA) < hsdp.bytes_per_gpu(INTRA) / 3

@@ -36,9 +36,15 @@ FAST = {"poll_seconds": 0.01}
 
 def manifest(**overrides) -> dict:
     kwargs = dict(
-        name=NAME, namespace=NS, image="registry.example/trainer:0.1.0",
-        config_path=f"{MODEL_MOUNT}/runs/{RUN_ID}/train/train_config.json", num_nodes=2, gpus_per_node=8,
-        data_pvc="llm-data", model_pvc="llm-models", hf_token_secret="hf-token",
+        name=NAME,
+        namespace=NS,
+        image="registry.example/trainer:0.1.0",
+        config_path=f"{MODEL_MOUNT}/runs/{RUN_ID}/train/train_config.json",
+        num_nodes=2,
+        gpus_per_node=8,
+        data_pvc="llm-data",
+        model_pvc="llm-models",
+        hf_token_secret="hf-token",
         node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         labels={"pipelines.kubeflow.org/run-id": RUN_ID},
@@ -53,6 +59,7 @@ def containers(job: dict):
 
 
 # -- the manifest ----------------------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("num_nodes", [1, 2, 4])
 def test_manifest_matches_the_crd(num_nodes):
@@ -91,8 +98,16 @@ def test_pods_run_torchrun_on_the_trainer_entry_point_without_a_shell():
     config = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][-1]
     for _, c in containers(job):
         assert c["command"] == ["torchrun"]
-        assert c["args"] == ["--nnodes", "2", "--nproc_per_node", "8", "-m", "components.train.trainer.sft",
-                             "--config", config]
+        assert c["args"] == [
+            "--nnodes",
+            "2",
+            "--nproc_per_node",
+            "8",
+            "-m",
+            "components.train.trainer.sft",
+            "--config",
+            config,
+        ]
         assert all(isinstance(a, str) for a in c["command"] + c["args"])
         assert not {"sh", "bash", "-c", "/bin/sh"} & set(c["command"] + c["args"])
 
@@ -139,11 +154,20 @@ def test_nccl_defaults_are_overridable():
 
 
 def test_run_policy_and_scheduling_are_parameters():
-    job = manifest(clean_pod_policy="All", ttl_seconds_after_finished=600, active_deadline_seconds=7200,
-                   priority_class="llm-training", queue_name="team-llm-h100")
+    job = manifest(
+        clean_pod_policy="All",
+        ttl_seconds_after_finished=600,
+        active_deadline_seconds=7200,
+        priority_class="llm-training",
+        queue_name="team-llm-h100",
+    )
     assert crd_errors(job, CRD) == []
-    assert job["spec"]["runPolicy"] == {"backoffLimit": 0, "cleanPodPolicy": "All", "ttlSecondsAfterFinished": 600,
-                                        "activeDeadlineSeconds": 7200}
+    assert job["spec"]["runPolicy"] == {
+        "backoffLimit": 0,
+        "cleanPodPolicy": "All",
+        "ttlSecondsAfterFinished": 600,
+        "activeDeadlineSeconds": 7200,
+    }
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-llm-h100"
     for spec in job["spec"]["pytorchReplicaSpecs"].values():
         assert spec["template"]["spec"]["priorityClassName"] == "llm-training"
@@ -159,9 +183,19 @@ def test_gang_scheduling_asks_for_all_pods_at_once():
 
 
 def test_affinity_is_passed_through():
-    affinity = {"podAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "podAffinityTerm": {
-        "topologyKey": "topology.kubernetes.io/zone",
-        "labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": NAME}}}}]}}
+    affinity = {
+        "podAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [
+                {
+                    "weight": 100,
+                    "podAffinityTerm": {
+                        "topologyKey": "topology.kubernetes.io/zone",
+                        "labelSelector": {"matchLabels": {"training.kubeflow.org/job-name": NAME}},
+                    },
+                }
+            ]
+        }
+    }
     job = manifest(affinity=affinity)
     assert crd_errors(job, CRD) == []
     assert all(s["template"]["spec"]["affinity"] == affinity for s in job["spec"]["pytorchReplicaSpecs"].values())
@@ -180,24 +214,34 @@ def test_elastic_job_is_all_workers_with_a_c10d_rendezvous():
     assert specs["Worker"]["template"]["spec"]["containers"][0]["args"][:2] == ["--nnodes", "2:4"]
 
 
-@pytest.mark.parametrize("options,field", [
-    ({"clean_pod_policy": "Never"}, "clean_pod_policy"),
-    ({"ttl_seconds_after_finished": -1}, "ttl_seconds_after_finished"),
-    ({"active_deadline_seconds": 0}, "active_deadline_seconds"),
-    ({"queue_name": "q", "gang_scheduling": True}, "gang_scheduling"),
-    ({"min_nodes": 3}, "min_nodes"),
-    ({"min_nodes": 0}, "min_nodes"),
-    ({"min_nodes": 1, "max_restarts": -1}, "max_restarts"),
-])
+@pytest.mark.parametrize(
+    "options,field",
+    [
+        ({"clean_pod_policy": "Never"}, "clean_pod_policy"),
+        ({"ttl_seconds_after_finished": -1}, "ttl_seconds_after_finished"),
+        ({"active_deadline_seconds": 0}, "active_deadline_seconds"),
+        ({"queue_name": "q", "gang_scheduling": True}, "gang_scheduling"),
+        ({"min_nodes": 3}, "min_nodes"),
+        ({"min_nodes": 0}, "min_nodes"),
+        ({"min_nodes": 1, "max_restarts": -1}, "max_restarts"),
+    ],
+)
 def test_bad_run_policy_is_a_value_error_naming_the_field(options, field):
     with pytest.raises(ValueError, match=field):
         manifest(num_nodes=2, **options)
 
 
-@pytest.mark.parametrize("field,value", [
-    ("name", "Bad_Name"), ("name", "1job"), ("name", "a" * (MAX_JOB_NAME + 1)),
-    ("num_nodes", 0), ("gpus_per_node", 0), ("image", ""),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("name", "Bad_Name"),
+        ("name", "1job"),
+        ("name", "a" * (MAX_JOB_NAME + 1)),
+        ("num_nodes", 0),
+        ("gpus_per_node", 0),
+        ("image", ""),
+    ],
+)
 def test_bad_input_is_a_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         manifest(**{field: value})
@@ -217,6 +261,7 @@ def test_job_name_is_deterministic_and_a_valid_label():
 
 # -- the launcher against the fake API server ------------------------------------------------------------
 
+
 @pytest.fixture(autouse=True)
 def short_api_outages(monkeypatch):
     """A scenario mistake must fail in seconds, not after the launcher's five minutes of API retries."""
@@ -229,6 +274,7 @@ def running_master(api, *lines):
             api.add_pod(NS, MASTER, JOB_LABELS)
         api.set_condition(job, "Running", reason="PyTorchJobRunning")
         api.log(NS, MASTER, *lines)
+
     return step
 
 
@@ -240,8 +286,10 @@ def succeeded(api, *lines):
     def step(job):
         api.log(NS, MASTER, *lines)
         api.set_container_state(NS, MASTER, "terminated", exit_code=0)
-        api.set_condition(job, "Succeeded", reason="PyTorchJobSucceeded",
-                          message=f"PyTorchJob {NAME} is successfully completed.")
+        api.set_condition(
+            job, "Succeeded", reason="PyTorchJobSucceeded", message=f"PyTorchJob {NAME} is successfully completed."
+        )
+
     return step
 
 
@@ -251,25 +299,38 @@ def created(api):
 
 def stream_lines(out: str, pod: str = MASTER) -> list[str]:
     prefix = f"[{pod}] "
-    return [line[len(prefix):] for line in out.split("\n") if line.startswith(prefix)]
+    return [line[len(prefix) :] for line in out.split("\n") if line.startswith(prefix)]
 
 
 def test_success_streams_every_line_once_and_reports(capsys):
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(
-            created(api),
-            running_master(api, "loading model", "step 1 loss 2.1"),
-            logged(api, "step 2 loss 1.9"),
-            lambda job: None,
-            succeeded(api, "step 3 loss 1.7", "saved final/"),
-        ))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                created(api),
+                running_master(api, "loading model", "step 1 loss 2.1"),
+                logged(api, "step 2 loss 1.9"),
+                lambda job: None,
+                succeeded(api, "step 3 loss 1.7", "saved final/"),
+            ),
+        )
         result = run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", "/pytorchjobs")) == 1
-    assert result == {"name": NAME, "namespace": NS, "kind": "PyTorchJob", "state": "Succeeded",
-                      "reason": "PyTorchJobSucceeded",
-                      "message": f"PyTorchJob {NAME} is successfully completed."}
+    assert result == {
+        "name": NAME,
+        "namespace": NS,
+        "kind": "PyTorchJob",
+        "state": "Succeeded",
+        "reason": "PyTorchJobSucceeded",
+        "message": f"PyTorchJob {NAME} is successfully completed.",
+    }
     assert stream_lines(capsys.readouterr().out) == [
-        "loading model", "step 1 loss 2.1", "step 2 loss 1.9", "step 3 loss 1.7", "saved final/"]
+        "loading model",
+        "step 1 loss 2.1",
+        "step 2 loss 1.9",
+        "step 3 loss 1.7",
+        "saved final/",
+    ]
 
 
 def test_every_pod_of_a_multi_node_job_is_streamed_with_its_name(capsys):
@@ -281,8 +342,12 @@ def test_every_pod_of_a_multi_node_job_is_streamed_with_its_name(capsys):
         api.log(NS, worker, "rank 8 up")
 
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(created(api), both_running, logged(api, "rank 8 done", pod=worker),
-                                            succeeded(api, "rank 0 done")))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                created(api), both_running, logged(api, "rank 8 done", pod=worker), succeeded(api, "rank 0 done")
+            ),
+        )
         run_training_job(manifest(num_nodes=2), api_client=api.client, **FAST)
     out = capsys.readouterr().out
     assert stream_lines(out) == ["rank 0 up", "rank 0 done"]
@@ -293,8 +358,12 @@ def test_failed_job_raises_with_the_reason_and_the_master_log_tail():
     def failed(job):
         api.log(NS, MASTER, "Traceback (most recent call last):", "ValueError: dataset_path is not a prepared dataset")
         api.set_container_state(NS, MASTER, "terminated", exit_code=1, reason="Error")
-        api.set_condition(job, "Failed", reason="PyTorchJobFailed",
-                          message=f"PyTorchJob {NAME} is failed because 1 Master replica(s) failed.")
+        api.set_condition(
+            job,
+            "Failed",
+            reason="PyTorchJobFailed",
+            message=f"PyTorchJob {NAME} is failed because 1 Master replica(s) failed.",
+        )
 
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(created(api), running_master(api, "loading model"), failed))
@@ -310,8 +379,9 @@ def test_failed_job_raises_with_the_reason_and_the_master_log_tail():
 def test_unschedulable_pods_fail_fast_with_the_schedulers_message():
     why = "0/4 nodes are available: 4 Insufficient nvidia.com/gpu. preemption: 0/4 nodes are available."
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(
-            lambda job: api.add_pod(NS, MASTER, JOB_LABELS, unschedulable=why), created(api)))
+        api.on_get(
+            "pytorchjobs", api.steps(lambda job: api.add_pod(NS, MASTER, JOB_LABELS, unschedulable=why), created(api))
+        )
         with pytest.raises(RuntimeError, match="Insufficient nvidia.com/gpu") as err:
             run_training_job(manifest(num_nodes=1), api_client=api.client, pending_timeout_seconds=0.05, **FAST)
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1  # frees what the job holds
@@ -320,13 +390,16 @@ def test_unschedulable_pods_fail_fast_with_the_schedulers_message():
 
 def test_unschedulable_is_tolerated_within_the_pending_timeout():
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(
-            lambda job: api.add_pod(NS, MASTER, JOB_LABELS, unschedulable="0/4 nodes are available"),
-            lambda job: None,
-            lambda job: api.schedule_pod(NS, MASTER),  # the autoscaler added a GPU node
-            running_master(api, "up"),
-            succeeded(api),
-        ))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                lambda job: api.add_pod(NS, MASTER, JOB_LABELS, unschedulable="0/4 nodes are available"),
+                lambda job: None,
+                lambda job: api.schedule_pod(NS, MASTER),  # the autoscaler added a GPU node
+                running_master(api, "up"),
+                succeeded(api),
+            ),
+        )
         assert run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)["state"] == "Succeeded"
 
 
@@ -334,9 +407,13 @@ def test_unschedulable_is_tolerated_within_the_pending_timeout():
 def test_container_that_cannot_start_fails_fast(reason):
     message = 'Back-off pulling image "registry.example/trainer:typo"'
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(
-            lambda job: api.add_pod(NS, MASTER, JOB_LABELS, state="waiting", reason=reason, message=message),
-            lambda job: None))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                lambda job: api.add_pod(NS, MASTER, JOB_LABELS, state="waiting", reason=reason, message=message),
+                lambda job: None,
+            ),
+        )
         with pytest.raises(RuntimeError, match=reason) as err:
             run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1
@@ -407,11 +484,26 @@ def test_container_restart_mid_stream_prints_every_line_once(capsys):
         api.log(NS, MASTER, "b1 resuming from checkpoint-100")
 
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(created(api), running_master(api, "a1", "a2"), crash_and_restart,
-                                            logged(api, "b2"), succeeded(api, "b3")))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                created(api),
+                running_master(api, "a1", "a2"),
+                crash_and_restart,
+                logged(api, "b2"),
+                succeeded(api, "b3"),
+            ),
+        )
         run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
     assert stream_lines(capsys.readouterr().out) == [
-        "a1", "a2", "a3", "a4 NCCL error", "b1 resuming from checkpoint-100", "b2", "b3"]
+        "a1",
+        "a2",
+        "a3",
+        "a4 NCCL error",
+        "b1 resuming from checkpoint-100",
+        "b2",
+        "b3",
+    ]
 
 
 def test_pod_recreated_under_the_same_name_is_followed_afresh(capsys):
@@ -433,9 +525,14 @@ def test_timeout_deletes_the_job():
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1
 
 
-@pytest.mark.parametrize("cleanup,deleted_on_success,deleted_on_failure", [
-    ("keep", False, False), ("on-success", True, False), ("always", True, True),
-])
+@pytest.mark.parametrize(
+    "cleanup,deleted_on_success,deleted_on_failure",
+    [
+        ("keep", False, False),
+        ("on-success", True, False),
+        ("always", True, True),
+    ],
+)
 def test_cleanup_deletes_finished_jobs_per_policy(cleanup, deleted_on_success, deleted_on_failure):
     def failed(job):
         api.set_container_state(NS, MASTER, "terminated", exit_code=1, reason="Error")
@@ -464,9 +561,15 @@ def test_on_created_gets_the_job_once_as_soon_as_it_exists(exists):
     with FakeKubeAPI() as api:
         if exists:
             api.put_object("kubeflow.org", "v1", "pytorchjobs", manifest(num_nodes=1))
-        api.on_get("pytorchjobs", api.steps(
-            lambda job: seen.append("first GET") if not seen else None,
-            running_master(api, "a"), lambda job: None, succeeded(api)))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                lambda job: seen.append("first GET") if not seen else None,
+                running_master(api, "a"),
+                lambda job: None,
+                succeeded(api),
+            ),
+        )
         run_training_job(manifest(num_nodes=1), api_client=api.client, on_created=seen.append, **FAST)
     assert len(seen) == 2 and seen[0] == "first GET"
     assert seen[1]["metadata"]["name"] == NAME and seen[1]["metadata"]["uid"]
@@ -482,9 +585,11 @@ def test_failure_report_shows_the_failing_workers_log_not_the_masters():
         api.set_condition(job, "Failed", reason="PyTorchJobFailed", message="1 Worker replica(s) failed.")
 
     with FakeKubeAPI() as api:
+
         def both(job):
             running_master(api, "up")(job)
             api.add_pod(NS, worker, JOB_LABELS)
+
         api.on_get("pytorchjobs", api.steps(both, worker_dies))
         with pytest.raises(RuntimeError) as err:
             run_training_job(manifest(num_nodes=2), api_client=api.client, **FAST)
@@ -501,8 +606,9 @@ def test_failure_without_a_failed_pod_reports_rank_0_of_an_elastic_job():
         api.set_condition(job, "Running")
 
     def deadline(job):
-        api.set_condition(job, "Failed", reason="DeadlineExceeded",
-                          message="Job was active longer than specified deadline")
+        api.set_condition(
+            job, "Failed", reason="DeadlineExceeded", message="Job was active longer than specified deadline"
+        )
 
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", api.steps(up, deadline))
@@ -514,13 +620,27 @@ def test_failure_without_a_failed_pod_reports_rank_0_of_an_elastic_job():
 
 # -- the command line ------------------------------------------------------------------------------------
 
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "components.train.launcher", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "components.train.launcher", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
-CLI = ["--run-id", RUN_ID, "--config-path", "/mnt/models/runs/x/train_config.json", "--gpus-per-node", "8",
-       "--data-pvc", "llm-data", "--model-pvc", "llm-models", "--namespace", NS]
+CLI = [
+    "--run-id",
+    RUN_ID,
+    "--config-path",
+    "/mnt/models/runs/x/train_config.json",
+    "--gpus-per-node",
+    "8",
+    "--data-pvc",
+    "llm-data",
+    "--model-pvc",
+    "llm-models",
+    "--namespace",
+    NS,
+]
 
 
 def test_dry_run_prints_the_manifest_and_touches_nothing():
@@ -533,11 +653,14 @@ def test_dry_run_prints_the_manifest_and_touches_nothing():
     assert crd_errors(job, CRD) == []
 
 
-@pytest.mark.parametrize("bad,field", [
-    (["--num-nodes", "0"], "num_nodes"),
-    (["--num-nodes", "1", "--tolerations", "{not json"], "--tolerations"),
-    (["--num-nodes", "1", "--node-selector", "[]"], "--node-selector"),
-])
+@pytest.mark.parametrize(
+    "bad,field",
+    [
+        (["--num-nodes", "0"], "num_nodes"),
+        (["--num-nodes", "1", "--tolerations", "{not json"], "--tolerations"),
+        (["--num-nodes", "1", "--node-selector", "[]"], "--node-selector"),
+    ],
+)
 def test_bad_input_exits_2_with_one_error_line(bad, field):
     proc = run_cli(*CLI, *bad, "--dry-run")
     assert proc.returncode == 2
@@ -551,9 +674,17 @@ def test_progress_bars_with_carriage_returns_are_printed_once(capsys):
     # Split on "\r" too and the pieces lose their timestamp, escape de-duplication and repeat on every poll.
     bar = "  0%|          | 0/10 [00:00<?, ?it/s]\r 10%|#         | 1/10 [00:01<00:09]\r 20%|##        | 2/10"
     with FakeKubeAPI() as api:
-        api.on_get("pytorchjobs", api.steps(
-            created(api), running_master(api, "loading model", bar), logged(api, "step 2 loss 1.9"),
-            lambda job: None, lambda job: None, succeeded(api, "done")))
+        api.on_get(
+            "pytorchjobs",
+            api.steps(
+                created(api),
+                running_master(api, "loading model", bar),
+                logged(api, "step 2 loss 1.9"),
+                lambda job: None,
+                lambda job: None,
+                succeeded(api, "done"),
+            ),
+        )
         run_training_job(manifest(num_nodes=1), api_client=api.client, **FAST)
     assert stream_lines(capsys.readouterr().out) == ["loading model", bar, "step 2 loss 1.9", "done"]
 

@@ -47,8 +47,11 @@ def _unavailable() -> str | None:
         return "the rehearsal needs root (mount namespaces and bind mounts at /mnt/data, /mnt/models, /etc/hosts)"
     if shutil.which("unshare") is None:
         return "the rehearsal needs util-linux `unshare`"
-    probe = subprocess.run(["unshare", "--mount", "--pid", "--fork", "--uts", "--propagation", "private", "true"],
-                           capture_output=True, text=True)
+    probe = subprocess.run(
+        ["unshare", "--mount", "--pid", "--fork", "--uts", "--propagation", "private", "true"],
+        capture_output=True,
+        text=True,
+    )
     if probe.returncode != 0:
         return f"`unshare` cannot create mount/PID/UTS namespaces here: {probe.stderr.strip()}"
     return None
@@ -101,8 +104,16 @@ class Rehearsal:
         """(pod, its log lines as the kubelet stored them: split on newlines only) in the order pods started."""
         logs = []
         pods = self.result.get("pods") or [  # no result (the scenario died): whatever pods left behind
-            {"name": p.name.rsplit("-", 1)[0], "uid": p.name.rsplit("-", 1)[1], "role": "?", "exit_code": None,
-             "evicted": False, "log": str(p / "log")} for p in sorted((self.workdir / "pods").glob("*"))]
+            {
+                "name": p.name.rsplit("-", 1)[0],
+                "uid": p.name.rsplit("-", 1)[1],
+                "role": "?",
+                "exit_code": None,
+                "evicted": False,
+                "log": str(p / "log"),
+            }
+            for p in sorted((self.workdir / "pods").glob("*"))
+        ]
         for pod in pods:
             path = Path(pod["log"])
             text = _read_raw(path) if path.exists() else ""
@@ -112,12 +123,14 @@ class Rehearsal:
     def printed(self, pod_name: str) -> list[str]:
         """What the launcher printed as ``pod_name``'s log."""
         prefix = f"[{pod_name}] "
-        return [line[len(prefix):] for line in self.output.split("\n") if line.startswith(prefix)]
+        return [line[len(prefix) :] for line in self.output.split("\n") if line.startswith(prefix)]
 
     def report(self) -> str:
         """The launcher's output and every pod's log, the ends that explain a failure."""
-        parts = [f"--- rehearsal {self.name}: {self.result.get('outcome')} "
-                 f"({self.result.get('elapsed_seconds')}s), files in {self.workdir}"]
+        parts = [
+            f"--- rehearsal {self.name}: {self.result.get('outcome')} "
+            f"({self.result.get('elapsed_seconds')}s), files in {self.workdir}"
+        ]
         if self.result.get("error"):
             parts.append(f"error: {self.result['error']}")
         if self.result.get("cluster_error"):
@@ -125,10 +138,11 @@ class Rehearsal:
         parts.append("--- cluster events:\n" + "\n".join(self.result.get("cluster_events", [])))
         parts.append(f"--- launcher output (last {TAIL_LINES} lines):\n" + _tail(self.output.split("\n"), TAIL_LINES))
         for pod, lines in self.pod_logs():
-            parts.append(f"--- pod {pod['name']} (uid {pod['uid'][:8]}, exit {pod['exit_code']}"
-                         f"{', evicted' if pod['evicted'] else ''}) log, last {TAIL_LINES} lines "
-                         "(dependency warnings left out):\n"
-                         + _tail(lines, TAIL_LINES))
+            parts.append(
+                f"--- pod {pod['name']} (uid {pod['uid'][:8]}, exit {pod['exit_code']}"
+                f"{', evicted' if pod['evicted'] else ''}) log, last {TAIL_LINES} lines "
+                "(dependency warnings left out):\n" + _tail(lines, TAIL_LINES)
+            )
         return "\n".join(parts)
 
 
@@ -149,33 +163,65 @@ def _tail(lines: list[str], n: int) -> str:
     return "\n".join(kept[-n:])
 
 
-def run_scenario(name: str, backend: str, trainer_image, fixtures: Path, workdir: Path, *,
-                 evict: bool = False, graceful: bool = False) -> Rehearsal:
+def run_scenario(
+    name: str,
+    backend: str,
+    trainer_image,
+    fixtures: Path,
+    workdir: Path,
+    *,
+    evict: bool = False,
+    graceful: bool = False,
+) -> Rehearsal:
     """Run one scenario in a private mount namespace (tests/rehearsal/scenario.py) and read what it reports."""
     workdir.mkdir(parents=True, exist_ok=True)
     config = {
-        "name": name, "backend": backend, "run_id": RUN_ID, "workdir": str(workdir), "fixtures": str(fixtures),
-        "repo": str(ROOT), "max_steps": MAX_STEPS, "save_steps": SAVE_STEPS,
-        "timeout_seconds": SCENARIO_TIMEOUT_SECONDS, "evict_worker_after_first_checkpoint": evict,
+        "name": name,
+        "backend": backend,
+        "run_id": RUN_ID,
+        "workdir": str(workdir),
+        "fixtures": str(fixtures),
+        "repo": str(ROOT),
+        "max_steps": MAX_STEPS,
+        "save_steps": SAVE_STEPS,
+        "timeout_seconds": SCENARIO_TIMEOUT_SECONDS,
+        "evict_worker_after_first_checkpoint": evict,
         "graceful_eviction": graceful,
         "result": str(workdir / "result.json"),
-        "image": {"venv": str(trainer_image.venv), "site_packages": str(trainer_image.site_packages),
-                  "wheel": str(trainer_image.wheel), "deps": list(trainer_image.deps)},
+        "image": {
+            "venv": str(trainer_image.venv),
+            "site_packages": str(trainer_image.site_packages),
+            "wheel": str(trainer_image.wheel),
+            "deps": list(trainer_image.deps),
+        },
     }
     (workdir / "scenario.json").write_text(json.dumps(config, indent=2))
-    cmd = [*orphan_guard(), "unshare", "--mount", "--propagation", "private", sys.executable, "-m",
-           "tests.rehearsal.scenario", str(workdir / "scenario.json")]
+    cmd = [
+        *orphan_guard(),
+        "unshare",
+        "--mount",
+        "--propagation",
+        "private",
+        sys.executable,
+        "-m",
+        "tests.rehearsal.scenario",
+        str(workdir / "scenario.json"),
+    ]
     started = time.monotonic()
     with open(workdir / "launcher.log", "w") as out:
         try:
-            code = subprocess.run(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                                  timeout=SCENARIO_TIMEOUT_SECONDS + 60).returncode
+            code = subprocess.run(
+                cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, timeout=SCENARIO_TIMEOUT_SECONDS + 60
+            ).returncode
         except subprocess.TimeoutExpired:
             code = "timeout"
     output = _read_raw(workdir / "launcher.log")
     result_path = workdir / "result.json"
-    result = json.loads(result_path.read_text()) if result_path.exists() else {
-        "outcome": "harness", "error": f"the scenario process exited {code} without a result"}
+    result = (
+        json.loads(result_path.read_text())
+        if result_path.exists()
+        else {"outcome": "harness", "error": f"the scenario process exited {code} without a result"}
+    )
     print(f"rehearsal {name}: {result.get('outcome')} in {time.monotonic() - started:.0f}s (files in {workdir})")
     return Rehearsal(name, result, output, workdir)
 
@@ -183,11 +229,13 @@ def run_scenario(name: str, backend: str, trainer_image, fixtures: Path, workdir
 @pytest.fixture(scope="session")
 def uninterrupted(trainer_image, fixtures, tmp_path_factory) -> Rehearsal:
     """Scenario 1: the PyTorchJob (1 Master + 1 Worker) from start to export, nothing in the way."""
-    return run_scenario("pytorchjob", "pytorchjob", trainer_image, fixtures,
-                        tmp_path_factory.mktemp("rehearsal-pytorchjob"))
+    return run_scenario(
+        "pytorchjob", "pytorchjob", trainer_image, fixtures, tmp_path_factory.mktemp("rehearsal-pytorchjob")
+    )
 
 
 # -- what every successful run must show ----------------------------------------------------------------------
+
 
 def config_paths_outside_the_volumes(config: dict) -> list[str]:
     """Settings whose value is a path the pods cannot have: not on the data or model volume."""
@@ -200,8 +248,11 @@ def config_paths_outside_the_volumes(config: dict) -> list[str]:
         elif isinstance(value, list):
             for i, v in enumerate(value):
                 walk(f"{key}[{i}]", v)
-        elif isinstance(value, str) and value.startswith("/") and not any(
-                value == m or value.startswith(m + "/") for m in (DATA_MOUNT, MODEL_MOUNT)):
+        elif (
+            isinstance(value, str)
+            and value.startswith("/")
+            and not any(value == m or value.startswith(m + "/") for m in (DATA_MOUNT, MODEL_MOUNT))
+        ):
             bad.append(f"{key}={value!r}")
 
     walk("", config)
@@ -215,8 +266,10 @@ def trained_and_exported(r: Rehearsal, base: Path) -> list[str]:
     problems = []
     metrics = r.result.get("metrics") or {}
     if metrics.get("global_step") != MAX_STEPS or metrics.get("world_size") != 2:
-        problems.append(f"metrics.json: global_step {metrics.get('global_step')} (want {MAX_STEPS}), "
-                        f"world_size {metrics.get('world_size')} (want 2)")
+        problems.append(
+            f"metrics.json: global_step {metrics.get('global_step')} (want {MAX_STEPS}), "
+            f"world_size {metrics.get('world_size')} (want 2)"
+        )
     if r.result["outputs"]["model_uri"] != f"pvc://llm-models/runs/{RUN_ID}/train/final":
         problems.append(f"model_uri {r.result['outputs']['model_uri']!r}")
     missing = {"config.json", "model.safetensors", "tokenizer.json", "model.json"} - set(r.result["final_files"])
@@ -235,6 +288,7 @@ def trained_and_exported(r: Rehearsal, base: Path) -> list[str]:
 
 
 # -- the tests --------------------------------------------------------------------------------------------------
+
 
 def test_trainer_image_is_a_regular_install_of_the_wheel(trainer_image):
     """The image's package is the wheel's, installed as pip installs it in the Dockerfile: no editable hooks."""
@@ -258,13 +312,17 @@ def test_pods_import_the_image_and_see_only_the_volumes(uninterrupted, trainer_i
     else:
         bad = config_paths_outside_the_volumes(config)
         if bad:
-            problems.append(f"trainer config names paths the pods do not have (only {DATA_MOUNT}/..., "
-                            f"{MODEL_MOUNT}/... or setting names hold in the trainer image): {', '.join(bad)}")
+            problems.append(
+                f"trainer config names paths the pods do not have (only {DATA_MOUNT}/..., "
+                f"{MODEL_MOUNT}/... or setting names hold in the trainer image): {', '.join(bad)}"
+            )
     probe = r.result.get("probe") or {}
     site = str(trainer_image.site_packages)
     if not str(probe.get("components") or "").startswith(site + "/"):
-        problems.append(f"a pod imports components from {probe.get('components')!r} (error {probe.get('error')}), "
-                        f"not from the trainer image's {site}")
+        problems.append(
+            f"a pod imports components from {probe.get('components')!r} (error {probe.get('error')}), "
+            f"not from the trainer image's {site}"
+        )
     if probe.get("repo_visible") is not False:
         problems.append(f"the launcher's install ({ROOT}) is visible inside the pods")
     if sorted(probe.get("mnt") or []) != ["data", "models"]:
@@ -292,28 +350,40 @@ def test_launcher_streams_every_pod_log_line_once(uninterrupted):
             while at < len(lines) and lines[at] != line:
                 at += 1
             if at == len(lines):
-                problems.append(f"{pod['name']}: printed line {n + 1} of {len(printed)} is not the pod's next log "
-                                f"line (a duplicate or a fragment): {line[:200]!r}")
+                problems.append(
+                    f"{pod['name']}: printed line {n + 1} of {len(printed)} is not the pod's next log "
+                    f"line (a duplicate or a fragment): {line[:200]!r}"
+                )
                 break
             at += 1
-        if pod["role"] == "master" and r.succeeded and lines and printed[-len(lines):] != lines:
-            problems.append(f"{pod['name']}: {len(lines)} log lines, the launcher printed {len(printed)}; "
-                            "the end of rank 0's log is not printed as logged")
+        if pod["role"] == "master" and r.succeeded and lines and printed[-len(lines) :] != lines:
+            problems.append(
+                f"{pod['name']}: {len(lines)} log lines, the launcher printed {len(printed)}; "
+                "the end of rank 0's log is not printed as logged"
+            )
     assert not problems, "\n".join(problems) + "\n\n" + r.report()
 
 
-def test_evicted_worker_reruns_the_job_which_resumes_to_the_same_result(trainer_image, fixtures, uninterrupted,
-                                                                       tmp_path_factory):
+def test_evicted_worker_reruns_the_job_which_resumes_to_the_same_result(
+    trainer_image, fixtures, uninterrupted, tmp_path_factory
+):
     """Scenario 2: the kubelet evicts the Worker right after checkpoint-5 is complete; the operator fails the
     job; the launcher deletes and re-creates it; the new pods resume from checkpoint-5 and end at the same
     step and loss as the uninterrupted run."""
-    r = run_scenario("pytorchjob-evicted", "pytorchjob", trainer_image, fixtures,
-                     tmp_path_factory.mktemp("rehearsal-evicted"), evict=True)
+    r = run_scenario(
+        "pytorchjob-evicted",
+        "pytorchjob",
+        trainer_image,
+        fixtures,
+        tmp_path_factory.mktemp("rehearsal-evicted"),
+        evict=True,
+    )
     problems = []
     evictions = r.result.get("evictions") or []
     if not r.succeeded:
-        problems.append(f"the train step did not succeed{' after the eviction' if evictions else ''}: "
-                        f"{r.result.get('error')}")
+        problems.append(
+            f"the train step did not succeed{' after the eviction' if evictions else ''}: {r.result.get('error')}"
+        )
     if not evictions:
         problems.append("the Worker was never evicted: no checkpoint was completed while it ran (see the pods' logs)")
     elif evictions[0]["checkpoints"] != [f"checkpoint-{SAVE_STEPS}"]:
@@ -333,18 +403,28 @@ def test_evicted_worker_reruns_the_job_which_resumes_to_the_same_result(trainer_
         else:
             for key in ("final_train_loss", "eval_loss"):
                 if b.get(key) != pytest.approx(a[key], rel=LOSS_RTOL):
-                    problems.append(f"{key} {b.get(key)} after the resume, {a[key]} uninterrupted "
-                                    f"(tolerance {LOSS_RTOL:g} relative)")
+                    problems.append(
+                        f"{key} {b.get(key)} after the resume, {a[key]} uninterrupted "
+                        f"(tolerance {LOSS_RTOL:g} relative)"
+                    )
     assert not problems, "\n".join(problems) + "\n\n" + r.report()
 
 
 def test_softly_evicted_worker_saves_on_sigterm_and_the_re_run_resumes_from_that_checkpoint(
-        trainer_image, fixtures, uninterrupted, tmp_path_factory):
+    trainer_image, fixtures, uninterrupted, tmp_path_factory
+):
     """Scenario 2b: a soft eviction right after checkpoint-5: SIGTERM to the Worker's torchrun, which forwards it
     to its rank; both ranks agree to save at the next step end and stop; the launcher sees an evicted pod and
     re-runs the job, which resumes from that SIGTERM checkpoint (after step 5) and ends as the uninterrupted run."""
-    r = run_scenario("pytorchjob-soft-evicted", "pytorchjob", trainer_image, fixtures,
-                     tmp_path_factory.mktemp("rehearsal-soft-evicted"), evict=True, graceful=True)
+    r = run_scenario(
+        "pytorchjob-soft-evicted",
+        "pytorchjob",
+        trainer_image,
+        fixtures,
+        tmp_path_factory.mktemp("rehearsal-soft-evicted"),
+        evict=True,
+        graceful=True,
+    )
     problems = []
     if not r.succeeded:
         problems.append(f"the train step did not succeed: {r.result.get('error')}")
@@ -356,13 +436,17 @@ def test_softly_evicted_worker_saves_on_sigterm_and_the_re_run_resumes_from_that
             problems.append("the Worker's rank never reported its SIGTERM save")
         resumed = re.search(rf"resuming from {MODEL_MOUNT}/runs/{RUN_ID}/train/checkpoint-(\d+)", r.output)
         if resumed is None or not SAVE_STEPS < int(resumed.group(1)) < MAX_STEPS:
-            problems.append(f"the re-run did not resume from a SIGTERM checkpoint after step {SAVE_STEPS}: "
-                            f"{resumed.group(0) if resumed else 'no resuming line'}")
+            problems.append(
+                f"the re-run did not resume from a SIGTERM checkpoint after step {SAVE_STEPS}: "
+                f"{resumed.group(0) if resumed else 'no resuming line'}"
+            )
         # eval_loss only: the last logged train loss averages the steps since the resume, not since step 5.
         a, b = uninterrupted.result.get("metrics") or {}, r.result.get("metrics") or {}
         if a and b.get("eval_loss") != pytest.approx(a["eval_loss"], rel=LOSS_RTOL):
-            problems.append(f"eval_loss {b.get('eval_loss')} after the resume, {a['eval_loss']} uninterrupted "
-                            f"(tolerance {LOSS_RTOL:g} relative): the resumed job did not see the same rows")
+            problems.append(
+                f"eval_loss {b.get('eval_loss')} after the resume, {a['eval_loss']} uninterrupted "
+                f"(tolerance {LOSS_RTOL:g} relative): the resumed job did not see the same rows"
+            )
     assert not problems, "\n".join(problems) + "\n\n" + r.report()
 
 

@@ -31,9 +31,15 @@ NAME = job_name_for(RUN_ID)
 GROUP, VERSION, PLURAL = "trainer.kubeflow.org", "v1alpha1", "trainjobs"
 FAST = {"poll_seconds": 0.01}
 RUN_ARGS = dict(
-    run_id=RUN_ID, namespace=NS, config_path=f"{MODEL_MOUNT}/runs/{RUN_ID}/train/train_config.json",
-    trainer_image="registry.example/trainer:0.1.0", num_nodes=2, gpus_per_node=8, data_pvc="llm-data",
-    model_pvc="llm-models", hf_token_secret="hf-token",
+    run_id=RUN_ID,
+    namespace=NS,
+    config_path=f"{MODEL_MOUNT}/runs/{RUN_ID}/train/train_config.json",
+    trainer_image="registry.example/trainer:0.1.0",
+    num_nodes=2,
+    gpus_per_node=8,
+    data_pvc="llm-data",
+    model_pvc="llm-models",
+    hf_token_secret="hf-token",
     node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 )
@@ -52,14 +58,20 @@ def pod_patch(job: dict) -> dict:
 
 # -- the manifest ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("num_nodes", [1, 2, 4])
 def test_manifest_matches_the_crd(num_nodes):
     assert crd_errors(manifest(num_nodes=num_nodes), CRD) == []
 
 
 def test_options_match_the_crd():
-    job = manifest(active_deadline_seconds=7200, queue_name="team-llm-h100", affinity={"nodeAffinity": {}},
-                   nccl_env={"NCCL_IB_HCA": "mlx5"}, shm_size="32Gi")
+    job = manifest(
+        active_deadline_seconds=7200,
+        queue_name="team-llm-h100",
+        affinity={"nodeAffinity": {}},
+        nccl_env={"NCCL_IB_HCA": "mlx5"},
+        shm_size="32Gi",
+    )
     assert crd_errors(job, CRD) == []
     assert job["spec"]["activeDeadlineSeconds"] == 7200
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "team-llm-h100"
@@ -86,8 +98,11 @@ def test_trainjob_runs_the_same_command_and_pods_as_the_pytorchjob():
     for key in ("nodeSelector", "tolerations", "volumes", "securityContext"):
         assert pod["spec"][key] == master["spec"][key], key
     (node,) = pod["spec"]["containers"]
-    assert node == {"name": "node", "volumeMounts": container["volumeMounts"],
-                    "securityContext": container["securityContext"]}
+    assert node == {
+        "name": "node",
+        "volumeMounts": container["volumeMounts"],
+        "securityContext": container["securityContext"],
+    }
     mounts = {m["mountPath"] for m in node["volumeMounts"]}
     assert {DATA_MOUNT, MODEL_MOUNT, "/dev/shm"} <= mounts
     assert not {"sh", "bash", "-c"} & set(trainer["command"] + trainer["args"])
@@ -109,13 +124,22 @@ def test_secret_is_referenced_never_inlined(monkeypatch):
     job = manifest(hf_token_secret="my-hf")
     assert "hf_live_secret_value" not in json.dumps(job)
     (token,) = [e for e in job["spec"]["trainer"]["env"] if e["name"] == "HF_TOKEN"]
-    assert token == {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "my-hf", "key": "HF_TOKEN",
-                                                                         "optional": True}}}
+    assert token == {
+        "name": "HF_TOKEN",
+        "valueFrom": {"secretKeyRef": {"name": "my-hf", "key": "HF_TOKEN", "optional": True}},
+    }
 
 
-@pytest.mark.parametrize("field,value", [
-    ("num_nodes", 0), ("gpus_per_node", 0), ("trainer_image", ""), ("runtime", ""), ("active_deadline_seconds", 0),
-])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("num_nodes", 0),
+        ("gpus_per_node", 0),
+        ("trainer_image", ""),
+        ("runtime", ""),
+        ("active_deadline_seconds", 0),
+    ],
+)
 def test_bad_input_is_a_value_error_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field.replace("trainer_", "")):
         manifest(**{field: value})
@@ -123,11 +147,16 @@ def test_bad_input_is_a_value_error_naming_the_field(field, value):
 
 def test_bad_name_is_a_value_error():
     with pytest.raises(ValueError, match="name"):
-        build_trainjob(**{k: v for k, v in RUN_ARGS.items() if k not in ("run_id", "trainer_image")},
-                       name="Bad_Name", image="x", labels={})
+        build_trainjob(
+            **{k: v for k, v in RUN_ARGS.items() if k not in ("run_id", "trainer_image")},
+            name="Bad_Name",
+            image="x",
+            labels={},
+        )
 
 
 # -- the launcher ----------------------------------------------------------------------------------------
+
 
 @pytest.fixture(autouse=True)
 def short_api_outages(monkeypatch):
@@ -137,8 +166,17 @@ def short_api_outages(monkeypatch):
 def node_pod(api, rank: int, *lines, **kwargs) -> str:
     """A JobSet pod: generated name, the JobSet's labels, container ``node``."""
     name = f"{NAME}-node-0-{rank}-x{rank}k9z"
-    api.add_pod(NS, name, {"jobset.sigs.k8s.io/jobset-name": NAME, "jobset.sigs.k8s.io/replicatedjob-name": "node",
-                           "batch.kubernetes.io/job-completion-index": str(rank)}, container="node", **kwargs)
+    api.add_pod(
+        NS,
+        name,
+        {
+            "jobset.sigs.k8s.io/jobset-name": NAME,
+            "jobset.sigs.k8s.io/replicatedjob-name": "node",
+            "batch.kubernetes.io/job-completion-index": str(rank),
+        },
+        container="node",
+        **kwargs,
+    )
     if lines:
         api.log(NS, name, *lines)
     return name
@@ -159,8 +197,14 @@ def test_success_streams_rank_0_first_and_reports(capsys):
         result = run_training_job(manifest(), api_client=api.client, **FAST)
         assert len(api.requests_for("POST", f"/{PLURAL}")) == 1
         assert api.requests_for("GET", "/pods")[0].query["labelSelector"] == [f"jobset.sigs.k8s.io/jobset-name={NAME}"]
-    assert result == {"name": NAME, "namespace": NS, "kind": "TrainJob", "state": "Complete",
-                      "reason": "JobSetCompleted", "message": "jobset completed successfully"}
+    assert result == {
+        "name": NAME,
+        "namespace": NS,
+        "kind": "TrainJob",
+        "state": "Complete",
+        "reason": "JobSetCompleted",
+        "message": "jobset completed successfully",
+    }
     streamed = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[")]
     assert streamed == [f"[{NAME}-node-0-0-x0k9z] rank 0 up", f"[{NAME}-node-0-1-x1k9z] rank 8 up"]
 
@@ -182,8 +226,10 @@ def test_failure_raises_with_the_reason_and_the_failing_pods_log():
 
 def test_image_pull_error_fails_fast_and_deletes_the_job():
     with FakeKubeAPI() as api:
-        api.on_get(PLURAL, api.steps(lambda job: node_pod(api, 0, state="waiting", reason="ErrImagePull",
-                                                          message="manifest unknown")))
+        api.on_get(
+            PLURAL,
+            api.steps(lambda job: node_pod(api, 0, state="waiting", reason="ErrImagePull", message="manifest unknown")),
+        )
         with pytest.raises(RuntimeError, match="ErrImagePull: manifest unknown"):
             run_training_job(manifest(), api_client=api.client, **FAST)
         assert len(api.requests_for("DELETE", f"/{PLURAL}/{NAME}")) == 1
@@ -222,13 +268,28 @@ def test_unknown_kind_is_refused_before_any_request():
 
 # -- the command line ------------------------------------------------------------------------------------
 
-CLI = ["--run-id", RUN_ID, "--config-path", "/mnt/models/runs/x/train_config.json", "--gpus-per-node", "8",
-       "--data-pvc", "llm-data", "--model-pvc", "llm-models", "--namespace", NS, "--num-nodes", "2"]
+CLI = [
+    "--run-id",
+    RUN_ID,
+    "--config-path",
+    "/mnt/models/runs/x/train_config.json",
+    "--gpus-per-node",
+    "8",
+    "--data-pvc",
+    "llm-data",
+    "--model-pvc",
+    "llm-models",
+    "--namespace",
+    NS,
+    "--num-nodes",
+    "2",
+]
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "components.train.launcher", *args], cwd=ROOT,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "components.train.launcher", *args], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_dry_run_prints_the_trainjob():

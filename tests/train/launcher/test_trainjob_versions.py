@@ -42,14 +42,25 @@ ROOT = Path(__file__).resolve().parents[3]
 CRDS = {TRAINER_V2_2: "trainer.kubeflow.org_trainjobs.yaml", TRAINER_V2_1: "v2.1.0/trainer.kubeflow.org_trainjobs.yaml"}
 RUN_ID = "8b0e3f2a-1c2d-4e5f-9a8b-7c6d5e4f3a2b"
 RUN_ARGS = {
-    "run_id": RUN_ID, "namespace": NS, "config_path": f"{MODEL_MOUNT}/runs/{RUN_ID}/train/train_config.json",
-    "trainer_image": "registry.example/trainer:0.1.0", "num_nodes": 2, "gpus_per_node": 8, "data_pvc": "llm-data",
-    "model_pvc": "llm-models", "hf_token_secret": "hf-token",
+    "run_id": RUN_ID,
+    "namespace": NS,
+    "config_path": f"{MODEL_MOUNT}/runs/{RUN_ID}/train/train_config.json",
+    "trainer_image": "registry.example/trainer:0.1.0",
+    "num_nodes": 2,
+    "gpus_per_node": 8,
+    "data_pvc": "llm-data",
+    "model_pvc": "llm-models",
+    "hf_token_secret": "hf-token",
     "node_selector": {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
     "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
 }
-OPTIONS = {"queue_name": "team-llm-h100", "affinity": {"podAffinity": {}}, "nccl_env": {"NCCL_IB_HCA": "mlx5"},
-           "shm_size": "32Gi", "tracking_secret": "trackers"}
+OPTIONS = {
+    "queue_name": "team-llm-h100",
+    "affinity": {"podAffinity": {}},
+    "nccl_env": {"NCCL_IB_HCA": "mlx5"},
+    "shm_size": "32Gi",
+    "tracking_secret": "trackers",
+}
 
 
 @pytest.fixture(autouse=True)
@@ -126,8 +137,10 @@ def apply_overrides_v2_1(template: dict, job: dict) -> dict:
         if {"name": "node"} not in override["targetJobs"]:
             continue
         for k in ("labels", "annotations"):
-            out.setdefault("metadata", {})[k] = {**out.get("metadata", {}).get(k, {}),
-                                                  **override.get("metadata", {}).get(k, {})}
+            out.setdefault("metadata", {})[k] = {
+                **out.get("metadata", {}).get(k, {}),
+                **override.get("metadata", {}).get(k, {}),
+            }
         for k, v in override.get("spec", {}).items():
             spec = out.setdefault("spec", {})
             spec[k] = merge_by_name(spec.get(k, []), v) if k in ("containers", "volumes") else copy.deepcopy(v)
@@ -135,6 +148,7 @@ def apply_overrides_v2_1(template: dict, job: dict) -> dict:
 
 
 # -- rendering for each release ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("version", [TRAINER_V2_1, TRAINER_V2_2])
 @pytest.mark.parametrize("options", [{}, OPTIONS], ids=["plain", "options"])
@@ -194,8 +208,11 @@ def test_only_v2_2_carries_the_grace_period_and_security_context():
 
 def test_a_deadline_is_refused_on_v2_1_naming_the_setting_and_the_release():
     assert manifest(TRAINER_V2_2, active_deadline_seconds=7200)["spec"]["activeDeadlineSeconds"] == 7200
-    with pytest.raises(ValueError, match=r"active_deadline_seconds=7200: Trainer v2\.1's TrainJob has no "
-                                         r"activeDeadlineSeconds .*v2\.2\.0"):
+    with pytest.raises(
+        ValueError,
+        match=r"active_deadline_seconds=7200: Trainer v2\.1's TrainJob has no "
+        r"activeDeadlineSeconds .*v2\.2\.0",
+    ):
         manifest(TRAINER_V2_1, active_deadline_seconds=7200)
 
 
@@ -206,14 +223,16 @@ def test_an_unknown_release_is_a_value_error():
 
 def test_the_train_step_renders_for_the_version_it_read():
     cluster = Settings.from_flat({"train_backend": "trainjob"}).cluster
-    job = training_job_for_run(cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json",
-                               trainer_version=TRAINER_V2_1)
+    job = training_job_for_run(
+        cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json", trainer_version=TRAINER_V2_1
+    )
     assert crd_errors(job, CRDS[TRAINER_V2_1]) == []
     default = training_job_for_run(cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json")
     assert crd_errors(default, CRDS[TRAINER_V2_2]) == []  # --render, with no cluster to ask
 
 
 # -- reading the installed release ------------------------------------------------------------------------
+
 
 def publish(api: FakeKubeAPI, version_schema: dict) -> FakeKubeAPI:
     api.install_crd("trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob")
@@ -238,8 +257,10 @@ def test_the_installed_release_is_read_from_the_published_schema(version):
 
 
 def test_trainer_v2_0_is_refused_naming_the_release():
-    refused = (r"Trainer v2\.0 \(its TrainJob patches pods through spec\.podSpecOverrides\)"
-               r".*install Kubeflow Trainer v2\.1")
+    refused = (
+        r"Trainer v2\.0 \(its TrainJob patches pods through spec\.podSpecOverrides\)"
+        r".*install Kubeflow Trainer v2\.1"
+    )
     with publish(FakeKubeAPI(), v2_0_schema()) as api, pytest.raises(RuntimeError, match=refused):
         installed_trainer_version(api.client)
 
@@ -250,13 +271,35 @@ def test_no_trainer_is_an_error_naming_the_fix():
 
 
 def test_dry_run_renders_for_the_release_named():
-    cli = ["--run-id", RUN_ID, "--config-path", "/mnt/models/c.json", "--gpus-per-node", "8", "--num-nodes", "2",
-           "--data-pvc", "llm-data", "--model-pvc", "llm-models", "--namespace", NS, "--backend", "trainjob",
-           "--dry-run"]
+    cli = [
+        "--run-id",
+        RUN_ID,
+        "--config-path",
+        "/mnt/models/c.json",
+        "--gpus-per-node",
+        "8",
+        "--num-nodes",
+        "2",
+        "--data-pvc",
+        "llm-data",
+        "--model-pvc",
+        "llm-models",
+        "--namespace",
+        NS,
+        "--backend",
+        "trainjob",
+        "--dry-run",
+    ]
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "components.train.launcher", *cli, *args], check=False, cwd=ROOT,
-                              capture_output=True, text=True, timeout=120)
+        return subprocess.run(
+            [sys.executable, "-m", "components.train.launcher", *cli, *args],
+            check=False,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
 
     proc = run("--trainer-version", "v2.1")
     assert proc.returncode == 0, proc.stderr
@@ -266,6 +309,7 @@ def test_dry_run_renders_for_the_release_named():
 
 
 # -- preflight --------------------------------------------------------------------------------------------
+
 
 def check(api: FakeKubeAPI, **overrides) -> list[str]:
     return preflight({**PARAMS, "train_backend": "trainjob", **overrides}, api_client=api.client, namespace=NS)

@@ -55,9 +55,20 @@ def hub_base(tmp_path_factory) -> Path:
 
 
 def _cfg(root: Path, name: str, **over) -> SimpleNamespace:
-    return SimpleNamespace(**{"output_dir": str(root / name), "method": "full", "merge_lora": False,
-                              "model_name_or_path": str(root / "base"), "dataset_path": str(root / "data"),
-                              "max_seq_length": 128, "learning_rate": 1e-3, "seed": 0, "deepspeed": "none", **over})
+    return SimpleNamespace(
+        **{
+            "output_dir": str(root / name),
+            "method": "full",
+            "merge_lora": False,
+            "model_name_or_path": str(root / "base"),
+            "dataset_path": str(root / "data"),
+            "max_seq_length": 128,
+            "learning_rate": 1e-3,
+            "seed": 0,
+            "deepspeed": "none",
+            **over,
+        }
+    )
 
 
 def _assert_every_reader_gets_qwen3s_base(final: Path) -> None:
@@ -73,8 +84,15 @@ def test_a_full_export_keeps_the_rope_base_for_transformers4_readers(hub_base):
     base = hub_base / "base"
     model = AutoModelForCausalLM.from_pretrained(base)  # as the trainer loads the Hub model
     assert model.config.rope_parameters["rope_theta"] == QWEN3_ROPE_THETA
-    final = Path(export_final(StandInTrainer(model), _cfg(hub_base, "full"), AutoTokenizer.from_pretrained(base),
-                              str(base), {"global_step": 1}))
+    final = Path(
+        export_final(
+            StandInTrainer(model),
+            _cfg(hub_base, "full"),
+            AutoTokenizer.from_pretrained(base),
+            str(base),
+            {"global_step": 1},
+        )
+    )
     _assert_every_reader_gets_qwen3s_base(final)
 
 
@@ -84,8 +102,15 @@ def test_a_merged_lora_export_keeps_the_rope_base_for_transformers4_readers(hub_
 
     base = hub_base / "base"
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=["q_proj"]))
-    final = Path(export_final(StandInTrainer(model), _cfg(hub_base, "lora", method="lora", merge_lora=True),
-                              AutoTokenizer.from_pretrained(base), str(base), {"global_step": 1}))
+    final = Path(
+        export_final(
+            StandInTrainer(model),
+            _cfg(hub_base, "lora", method="lora", merge_lora=True),
+            AutoTokenizer.from_pretrained(base),
+            str(base),
+            {"global_step": 1},
+        )
+    )
     assert json.loads((final / "model.json").read_text())["merged"] is True
     _assert_every_reader_gets_qwen3s_base(final)
 
@@ -99,8 +124,9 @@ def test_every_exported_file_is_readable_by_a_serving_pod_of_another_user(hub_ba
     base = hub_base / "base"
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(base), LoraConfig(r=4, target_modules=["q_proj"]))
     cfg = _cfg(hub_base, "readable", method="lora", merge_lora=True)
-    final = Path(export_final(StandInTrainer(model), cfg, AutoTokenizer.from_pretrained(base), str(base),
-                              {"global_step": 1}))
+    final = Path(
+        export_final(StandInTrainer(model), cfg, AutoTokenizer.from_pretrained(base), str(base), {"global_step": 1})
+    )
     for folder in (final, Path(cfg.output_dir) / "adapter"):
         for path in (folder, *folder.rglob("*")):
             wanted = 0o555 if path.is_dir() else 0o444
@@ -115,14 +141,29 @@ def test_a_moe_export_leaves_the_routers_training_loss_off_so_padded_generation_
 
     tok = AutoTokenizer.from_pretrained(hub_base / "base")
     torch.manual_seed(0)
-    model = Qwen3MoeForCausalLM(Qwen3MoeConfig(
-        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=16, intermediate_size=96, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32,
-        pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, output_router_logits=True))
-    final = Path(export_final(StandInTrainer(model), _cfg(hub_base, "moe"), tok, str(hub_base / "base"),
-                              {"global_step": 1}))
+    model = Qwen3MoeForCausalLM(
+        Qwen3MoeConfig(
+            vocab_size=len(tok),
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            intermediate_size=96,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            pad_token_id=tok.pad_token_id,
+            eos_token_id=tok.eos_token_id,
+            output_router_logits=True,
+        )
+    )
+    final = Path(
+        export_final(StandInTrainer(model), _cfg(hub_base, "moe"), tok, str(hub_base / "base"), {"global_step": 1})
+    )
     assert json.loads((final / "config.json").read_text())["output_router_logits"] is False
     exported = AutoModelForCausalLM.from_pretrained(final).eval()
-    batch = tok(["Repeat apple twice.", "Repeat stone twice, please, and then stop."], return_tensors="pt",
-                padding=True)
+    batch = tok(
+        ["Repeat apple twice.", "Repeat stone twice, please, and then stop."], return_tensors="pt", padding=True
+    )
     assert exported.generate(**batch, max_new_tokens=2, do_sample=False).shape[0] == 2

@@ -40,8 +40,16 @@ def _tiny(arch: str, vocab_size: int, **ids):
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=vocab_size, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=16, intermediate_size=96, **ids)
+    shape = dict(
+        vocab_size=vocab_size,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        **ids,
+    )
     if arch == "qwen3":
         return Qwen3ForCausalLM(Qwen3Config(tie_word_embeddings=True, **shape))
     return Qwen3MoeForCausalLM(Qwen3MoeConfig(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, **shape))
@@ -67,8 +75,9 @@ def _base(root: Path, arch: str) -> Path:
         from transformers import AutoTokenizer
 
         tok = AutoTokenizer.from_pretrained(root / "base")
-        model = _tiny("qwen3_moe", len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id,
-                      bos_token_id=None)
+        model = _tiny(
+            "qwen3_moe", len(tok), pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=None
+        )
         model.save_pretrained(path)
         tok.save_pretrained(path)
     return path
@@ -109,11 +118,16 @@ def test_merge_adapter_reloads_the_base_outside_a_live_zero3_config(tmp_path):
     from transformers.integrations import HfDeepSpeedConfig, is_deepspeed_zero3_enabled
 
     _tiny("qwen3", 128).save_pretrained(tmp_path / "base")
-    peft = get_peft_model(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
-                          LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False))
+    peft = get_peft_model(
+        AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
+        LoraConfig(r=4, target_modules=["q_proj"], init_lora_weights=False),
+    )
     peft.save_pretrained(tmp_path / "adapter")
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"),
-                                          tmp_path / "adapter").merge_and_unload().state_dict()
+    reference = (
+        PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tmp_path / "base"), tmp_path / "adapter")
+        .merge_and_unload()
+        .state_dict()
+    )
 
     # What the Trainer holds during a ZeRO-3 run: from_pretrained would build the model inside zero.Init.
     live = HfDeepSpeedConfig({"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 1})
@@ -131,8 +145,9 @@ def _checkpoint_files(checkpoint: Path) -> set[str]:
 
 def _weight_files(files: set[str]) -> list[str]:
     """Consolidated weights (model or adapter, safetensors or torch): gathered whole on rank 0 to be written."""
-    return [f for f in files
-            if f.endswith(".safetensors") or Path(f).name.startswith(("pytorch_model", "adapter_model"))]
+    return [
+        f for f in files if f.endswith(".safetensors") or Path(f).name.startswith(("pytorch_model", "adapter_model"))
+    ]
 
 
 def _assert_deepspeed_shards_only(checkpoint: Path, step: int) -> None:
@@ -152,8 +167,15 @@ def test_zero3_checkpoints_are_deepspeed_shards_resume_works_and_final_is_the_pa
 
     base = _base(root, arch)
     name = f"z3-{arch}"
-    config = trainer_config(root, name, model_name_or_path=str(base), deepspeed=deepspeed_config_path("zero3"),
-                            max_steps=6, save_steps=3, logging_steps=3)
+    config = trainer_config(
+        root,
+        name,
+        model_name_or_path=str(base),
+        deepspeed=deepspeed_config_path("zero3"),
+        max_steps=6,
+        save_steps=3,
+        logging_steps=3,
+    )
     run_torchrun(config, nproc_per_node=2)
     out = root / name
     _assert_deepspeed_shards_only(out / "checkpoint-3", 3)
@@ -202,8 +224,9 @@ def _assert_merged_like_peft(base: Path, out: Path, adapted: tuple[str, ...], to
 
     # PEFT's own merge on one process, written by save_pretrained (per-expert names for the MoE).
     model = AutoModelForCausalLM.from_pretrained(out / "final")
-    reference = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=model.dtype),
-                                          out / "adapter")
+    reference = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=model.dtype), out / "adapter"
+    )
     reference.merge_and_unload().save_pretrained(out.parent / f"{out.name}-peft-merge")
     expected = _tensors(out.parent / f"{out.name}-peft-merge")
     for key in changed:
@@ -212,19 +235,34 @@ def _assert_merged_like_peft(base: Path, out: Path, adapted: tuple[str, ...], to
         assert error <= tolerance * update, (key, error.item(), update.item())
 
     tok = AutoTokenizer.from_pretrained(out / "final")
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Repeat apple twice."}], add_generation_prompt=True,
-                                     return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Repeat apple twice."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     with torch.no_grad():
         generated = model.generate(**prompt, max_new_tokens=4, min_new_tokens=4, do_sample=False)
-    new = generated[0, prompt["input_ids"].shape[1]:]
+    new = generated[0, prompt["input_ids"].shape[1] :]
     assert len(new) == 4 and isinstance(tok.decode(new), str)
 
 
 @pytest.mark.slow
 def test_lora_under_zero3_exports_a_merged_model_that_loads_and_generates(root):
-    run_torchrun(trainer_config(root, "z3-lora", method="lora", lora_target_modules=",".join(LORA_TARGETS), lora_r=8,
-                                deepspeed=deepspeed_config_path("zero3"), max_steps=6, save_steps=6,
-                                learning_rate=1e-2), nproc_per_node=2)
+    run_torchrun(
+        trainer_config(
+            root,
+            "z3-lora",
+            method="lora",
+            lora_target_modules=",".join(LORA_TARGETS),
+            lora_r=8,
+            deepspeed=deepspeed_config_path("zero3"),
+            max_steps=6,
+            save_steps=6,
+            learning_rate=1e-2,
+        ),
+        nproc_per_node=2,
+    )
     out = root / "z3-lora"
     _assert_deepspeed_shards_only(out / "checkpoint-6", 6)
     assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == 8
@@ -237,10 +275,22 @@ def test_lora_under_zero3_exports_a_merged_model_that_loads_and_generates(root):
 def test_moe_lora_on_attention_and_expert_tensors_under_zero3_exports_a_merged_model(root):
     """The default MoE targets: attention projections and the fused expert tensors (PEFT ``target_parameters``)."""
     base = _base(root, "qwen3_moe")
-    run_torchrun(trainer_config(root, "z3-moe-lora", model_name_or_path=str(base), method="lora",
-                                lora_target_modules="", lora_r=8, lora_dropout=0.0,
-                                deepspeed=deepspeed_config_path("zero3"), max_steps=6, save_steps=6,
-                                learning_rate=1e-2), nproc_per_node=2)
+    run_torchrun(
+        trainer_config(
+            root,
+            "z3-moe-lora",
+            model_name_or_path=str(base),
+            method="lora",
+            lora_target_modules="",
+            lora_r=8,
+            lora_dropout=0.0,
+            deepspeed=deepspeed_config_path("zero3"),
+            max_steps=6,
+            save_steps=6,
+            learning_rate=1e-2,
+        ),
+        nproc_per_node=2,
+    )
     out = root / "z3-moe-lora"
     _assert_deepspeed_shards_only(out / "checkpoint-6", 6)
     # Every expert's gate/up/down projection changes on disk, the router does not.
@@ -252,10 +302,23 @@ def test_moe_lora_on_attention_and_expert_tensors_under_zero3_exports_a_merged_m
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_lora_under_zero3_on_gpus_with_bf16_and_nccl(root):
     gpus = torch.cuda.device_count()
-    run_torchrun(trainer_config(root, "z3-lora-gpu", method="lora", lora_target_modules=",".join(LORA_TARGETS),
-                                lora_r=8, deepspeed=deepspeed_config_path("zero3"), max_steps=6, save_steps=6,
-                                learning_rate=1e-2, use_cpu=False, bf16=True, ddp_backend="nccl"),
-                 nproc_per_node=gpus)
+    run_torchrun(
+        trainer_config(
+            root,
+            "z3-lora-gpu",
+            method="lora",
+            lora_target_modules=",".join(LORA_TARGETS),
+            lora_r=8,
+            deepspeed=deepspeed_config_path("zero3"),
+            max_steps=6,
+            save_steps=6,
+            learning_rate=1e-2,
+            use_cpu=False,
+            bf16=True,
+            ddp_backend="nccl",
+        ),
+        nproc_per_node=gpus,
+    )
     out = root / "z3-lora-gpu"
     assert not _weight_files(_checkpoint_files(out / "checkpoint-6"))
     assert json.loads((out / "metrics.json").read_text())["world_size"] == gpus

@@ -50,9 +50,19 @@ def moe(tmp_path_factory):
 
 
 def _gpu_config(root: Path, name: str, model: Path, **over) -> str:
-    return trainer_config(root, name, model_name_or_path=str(model), use_cpu=False, bf16=True, ddp_backend="nccl",
-                          per_device_train_batch_size=1, gradient_accumulation_steps=1, logging_steps=1,
-                          save_steps=1000, **over)
+    return trainer_config(
+        root,
+        name,
+        model_name_or_path=str(model),
+        use_cpu=False,
+        bf16=True,
+        ddp_backend="nccl",
+        per_device_train_batch_size=1,
+        gradient_accumulation_steps=1,
+        logging_steps=1,
+        save_steps=1000,
+        **over,
+    )
 
 
 def _losses(out: Path) -> list[float]:
@@ -75,8 +85,10 @@ def test_quantized_weights_and_gradients_train_as_bf16_zero3_does(moe):
     for name, config in (("bf16", shipped), ("qwz-qgz", quantized)):
         path = root / f"{name}.json"
         path.write_text(json.dumps(config))
-        run_torchrun(_gpu_config(root, name, model, deepspeed=str(path), max_steps=QUANT_STEPS,
-                                 save_steps=QUANT_STEPS), nproc_per_node=RANKS)
+        run_torchrun(
+            _gpu_config(root, name, model, deepspeed=str(path), max_steps=QUANT_STEPS, save_steps=QUANT_STEPS),
+            nproc_per_node=RANKS,
+        )
         losses[name] = _losses(root / name)
     assert len(losses["bf16"]) == len(losses["qwz-qgz"]) == QUANT_STEPS
     tail = {name: sum(v[-5:]) / 5 for name, v in losses.items()}
@@ -121,11 +133,29 @@ dist.destroy_process_group()
 def _dispatch(tmp_path: Path, model: Path, device: str, ranks: int) -> list[dict]:
     script = tmp_path / "dispatch.py"
     script.write_text(DISPATCH)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
-           "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-                           str(ranks), str(script), str(model), str(tmp_path), device],
-                          capture_output=True, text=True, env=env, timeout=900)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+        "OMP_NUM_THREADS": "1",
+    }
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            str(ranks),
+            str(script),
+            str(model),
+            str(tmp_path),
+            device,
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=900,
+    )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(ranks)]
 

@@ -40,7 +40,7 @@ def _packed_row(lengths, width=1024, seed=0):
     for n in lengths:
         ids = torch.randint(1, 1000, (n,), generator=g).tolist()
         row["input_ids"] += ids
-        row["labels"] += [-100] * (n // 3) + ids[n // 3:]
+        row["labels"] += [-100] * (n // 3) + ids[n // 3 :]
         row["position_ids"] += list(range(n))
     tail = width - len(row["input_ids"])
     row["input_ids"] += [PAD] * tail
@@ -57,13 +57,24 @@ def _model(model_type: str = "qwen3", dtype=torch.bfloat16):
     from transformers import Qwen3Config, Qwen3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    shape = dict(vocab_size=1000, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
-                 num_key_value_heads=2, head_dim=64, pad_token_id=PAD, use_cache=False, initializer_range=0.3)
+    shape = dict(
+        vocab_size=1000,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        pad_token_id=PAD,
+        use_cache=False,
+        initializer_range=0.3,
+    )
     if model_type == "qwen3":
         model = Qwen3ForCausalLM(Qwen3Config(**shape))
     else:
-        model = Qwen3MoeForCausalLM(Qwen3MoeConfig(**shape, num_experts=4, num_experts_per_tok=2,
-                                                   moe_intermediate_size=128))
+        model = Qwen3MoeForCausalLM(
+            Qwen3MoeConfig(**shape, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)
+        )
     return model.to("cuda", dtype)
 
 
@@ -123,8 +134,13 @@ def _liger_against_plain(model_type: str) -> dict:
     liger_model = _model(model_type, torch.float32)  # built after the patch, from Liger's classes
     liger_model.load_state_dict(weights)
     liger, liger_grad = _loss_and_gradient(liger_model, batch)
-    return {"applied": applied, "plain": plain, "liger": liger, "cosine": _cosine(plain_grad, liger_grad),
-            "fused_loss": type(liger_model).forward.__module__}
+    return {
+        "applied": applied,
+        "plain": plain,
+        "liger": liger,
+        "cosine": _cosine(plain_grad, liger_grad),
+        "fused_loss": type(liger_model).forward.__module__,
+    }
 
 
 @needs_liger
@@ -139,16 +155,33 @@ def test_liger_kernels_keep_the_loss_and_gradients(model_type):
 
 def test_the_benchmark_runs_on_a_gpu_and_reports_mfu_and_peak_memory(tmp_path):
     results = tmp_path / "train_throughput.md"
-    command = [sys.executable, "benchmarks/train_throughput.py", "--model", "tiny", "--max-seq-length", "1024",
-               "--examples", "300", "--results", str(results)]
+    command = [
+        sys.executable,
+        "benchmarks/train_throughput.py",
+        "--model",
+        "tiny",
+        "--max-seq-length",
+        "1024",
+        "--examples",
+        "300",
+        "--results",
+        str(results),
+    ]
     out = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600, env=os.environ)
     assert out.returncode == 0, out.stderr[-3000:]
     if importlib.util.find_spec("liger_kernel") is not None:
-        out = subprocess.run([*command, "--liger", "--micro-batch", "2", "--skip-baseline"], cwd=ROOT,
-                             capture_output=True, text=True, timeout=600, env=os.environ)
+        out = subprocess.run(
+            [*command, "--liger", "--micro-batch", "2", "--skip-baseline"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env=os.environ,
+        )
         assert out.returncode == 0, out.stderr[-3000:]
-    table = [line.split("|")[1:-1] for line in results.read_text().splitlines()
-             if line.startswith(("| baseline", "| ours"))]
+    table = [
+        line.split("|")[1:-1] for line in results.read_text().splitlines() if line.startswith(("| baseline", "| ours"))
+    ]
     assert [cells[0].strip().split(":")[0] for cells in table][:2] == ["baseline", "ours"]
     flash = importlib.util.find_spec("flash_attn") is not None
     assert table[1][1].strip() == ("flash_attention_2" if flash else "sdpa")

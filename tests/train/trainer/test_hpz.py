@@ -77,8 +77,9 @@ def test_hpz_trains_on_four_cpu_ranks_with_the_losses_of_zero3(tmp_path):
     hpz = tmp_path / "zero3_hpz2.json"
     hpz.write_text(json.dumps(shipped))
 
-    over = dict(max_steps=STEPS, save_steps=STEPS, logging_steps=1, gradient_accumulation_steps=2,
-                per_device_train_batch_size=1)
+    over = dict(
+        max_steps=STEPS, save_steps=STEPS, logging_steps=1, gradient_accumulation_steps=2, per_device_train_batch_size=1
+    )
     gathered = {}
     for name, config in (("zero3", deepspeed_config_path("zero3")), ("hpz", str(hpz))):
         trace = tmp_path / f"trace-{name}"

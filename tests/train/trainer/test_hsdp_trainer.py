@@ -33,8 +33,17 @@ WEIGHT_TOLERANCE = 1e-4
 
 
 def _run(root: Path, model: Path, name: str, steps: int = STEPS, **over) -> dict:
-    cfg = trainer_config(root, name, model_name_or_path=str(model), max_steps=steps, save_steps=1, logging_steps=1,
-                         gradient_accumulation_steps=2, per_device_train_batch_size=1, **over)
+    cfg = trainer_config(
+        root,
+        name,
+        model_name_or_path=str(model),
+        max_steps=steps,
+        save_steps=1,
+        logging_steps=1,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=1,
+        **over,
+    )
     run_torchrun(cfg, nproc_per_node=RANKS)
     return json.loads((root / name / "metrics.json").read_text())
 

@@ -16,8 +16,15 @@ from components.train.trainer.arguments import SFTConfig
 from components.train.trainer.lora import LORA_TARGETS_DENSE, LORA_TARGETS_MOE, apply_lora, lora_targets
 from tests.helpers.trainer import make_workdir, trainer_config
 
-TINY = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            head_dim=16, intermediate_size=96)
+TINY = dict(
+    vocab_size=211,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    intermediate_size=96,
+)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 
 
@@ -32,8 +39,10 @@ def _trainable(model) -> int:
 
 def test_default_targets_follow_the_model_type():
     assert lora_targets("qwen3") == (LORA_TARGETS_DENSE.split(","), [])
-    assert lora_targets("qwen3_moe") == (["q_proj", "k_proj", "v_proj", "o_proj"],
-                                         ["experts.gate_up_proj", "experts.down_proj"])
+    assert lora_targets("qwen3_moe") == (
+        ["q_proj", "k_proj", "v_proj", "o_proj"],
+        ["experts.gate_up_proj", "experts.down_proj"],
+    )
     assert lora_targets("qwen3_moe", "q_proj,v_proj") == (["q_proj", "v_proj"], [])  # the user's list wins
 
 
@@ -42,8 +51,9 @@ def test_moe_lora_wraps_attention_and_both_expert_tensors_and_counts_as_memory_f
     config = Qwen3MoeConfig(**TINY, **MOE)
     model = apply_lora(Qwen3MoeForCausalLM(config), _cfg(tmp_path))
     for layer in model.base_model.model.model.layers:
-        assert all(isinstance(getattr(layer.self_attn, n), LoraLinear)
-                   for n in ("q_proj", "k_proj", "v_proj", "o_proj"))
+        assert all(
+            isinstance(getattr(layer.self_attn, n), LoraLinear) for n in ("q_proj", "k_proj", "v_proj", "o_proj")
+        )
         wrappers = [m for m in layer.mlp.modules() if isinstance(m, ParamWrapper)]
         assert sorted(w.parameter_name for w in wrappers) == ["down_proj", "gate_up_proj"]
         assert all(w.num_experts == MOE["num_experts"] for w in wrappers)  # a rank-r pair per expert
@@ -71,8 +81,9 @@ def test_expert_adapters_with_dropout_are_refused_naming_the_field(tmp_path):
 
 def test_expert_targets_on_a_dense_model_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"\['experts.gate_up_proj'\]: the model \(qwen3\) has no such parameter"):
-        apply_lora(Qwen3ForCausalLM(Qwen3Config(**TINY)),
-                   _cfg(tmp_path, lora_target_modules="q_proj,experts.gate_up_proj"))
+        apply_lora(
+            Qwen3ForCausalLM(Qwen3Config(**TINY)), _cfg(tmp_path, lora_target_modules="q_proj,experts.gate_up_proj")
+        )
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +92,13 @@ def root(tmp_path_factory):
     root = make_workdir(tmp_path_factory.mktemp("lora-moe"))
     tok = AutoTokenizer.from_pretrained(root / "base")
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(**{**TINY, "vocab_size": len(tok)}, **MOE, pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = Qwen3MoeConfig(
+        **{**TINY, "vocab_size": len(tok)},
+        **MOE,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     Qwen3MoeForCausalLM(config).save_pretrained(root / "moe")
     tok.save_pretrained(root / "moe")
     return root
@@ -91,11 +107,24 @@ def root(tmp_path_factory):
 @pytest.mark.slow
 def test_zero3_lora_trains_attention_and_expert_adapters_on_two_ranks(root, capfd):
     # merge_lora off: the merged export under ZeRO-3 is export.py's concern; the adapter is what this test checks.
-    run_torchrun(trainer_config(root, "lora-z3", model_name_or_path=str(root / "moe"), method="lora",
-                                deepspeed=deepspeed_config_path("zero3"), lora_r=16, lora_target_modules="",
-                                lora_dropout=0.0, merge_lora=False, learning_rate=1e-2, max_steps=8, save_steps=8,
-                                logging_steps=2),
-                 nproc_per_node=2)
+    run_torchrun(
+        trainer_config(
+            root,
+            "lora-z3",
+            model_name_or_path=str(root / "moe"),
+            method="lora",
+            deepspeed=deepspeed_config_path("zero3"),
+            lora_r=16,
+            lora_target_modules="",
+            lora_dropout=0.0,
+            merge_lora=False,
+            learning_rate=1e-2,
+            max_steps=8,
+            save_steps=8,
+            logging_steps=2,
+        ),
+        nproc_per_node=2,
+    )
     out = root / "lora-z3"
     # The base was partitioned by zero.Init before PEFT wrapped it; the adapters still count as memory-fit says.
     shape = model_shape(json.loads((root / "moe" / "config.json").read_text()))

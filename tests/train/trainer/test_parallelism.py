@@ -55,8 +55,18 @@ def workdir(tmp_path_factory):
 
 def _config(workdir, tmp_path, **over) -> str:
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"model_name_or_path": str(workdir / "base"), "dataset_path": str(workdir / "data"),
-                                "output_dir": str(tmp_path / "out"), "use_cpu": True, "report_to": [], **over}))
+    path.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": str(workdir / "base"),
+                "dataset_path": str(workdir / "data"),
+                "output_dir": str(tmp_path / "out"),
+                "use_cpu": True,
+                "report_to": [],
+                **over,
+            }
+        )
+    )
     return str(path)
 
 
@@ -74,11 +84,14 @@ def test_the_trainer_sets_the_shipped_hpz_files_partition_to_the_jobs_gpus_per_n
     assert parse_config(_config(workdir, tmp_path, deepspeed=str(own))).deepspeed == str(own)
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"parallelism": "hsdp", "deepspeed": "zero3"}, "in place of DeepSpeed: set deepspeed_config none"),
-    ({"parallelism": "hsdp_ep", "method": "lora"}, "is for method 'full'"),
-    ({"parallelism": "fsdp"}, "parallelism 'fsdp' is not one of"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"parallelism": "hsdp", "deepspeed": "zero3"}, "in place of DeepSpeed: set deepspeed_config none"),
+        ({"parallelism": "hsdp_ep", "method": "lora"}, "is for method 'full'"),
+        ({"parallelism": "fsdp"}, "parallelism 'fsdp' is not one of"),
+    ],
+)
 def test_hsdp_configs_that_cannot_run_are_one_error_naming_the_field(workdir, tmp_path, over, message):
     from components.train.trainer.sft import parse_config
 

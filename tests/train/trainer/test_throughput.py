@@ -39,7 +39,7 @@ def _prepared(tmp_path, lengths, capacity=64):
     rng = np.random.default_rng(0)
     ids = [rng.integers(1, 100, n).tolist() for n in lengths]
     # prepare_dataset keeps only examples with a label token: here the last third of each
-    labels = [[-100] * (n - max(1, n // 3)) + e[n - max(1, n // 3):] for n, e in zip(lengths, ids, strict=True)]
+    labels = [[-100] * (n - max(1, n // 3)) + e[n - max(1, n // 3) :] for n, e in zip(lengths, ids, strict=True)]
     tokenized = datasets.Dataset.from_dict({"input_ids": ids, "labels": labels})
     batches = packed_batches(tokenized, np.arange(len(lengths)), np.array(lengths), capacity, pad_token_id=PAD)
     train = datasets.Dataset(pa.Table.from_batches(list(batches)))
@@ -82,8 +82,9 @@ def test_attention_length_of_a_prepared_dataset_counts_each_document_causally(tm
 
 
 def test_unpacked_rows_are_one_document_each_and_large_splits_are_sampled_evenly():
-    rows = datasets.Dataset.from_dict({"input_ids": [[1] * n for n in (5, 9, 2, 7, 4)],
-                                       "labels": [[1] * n for n in (5, 9, 2, 7, 4)]})
+    rows = datasets.Dataset.from_dict(
+        {"input_ids": [[1] * n for n in (5, 9, 2, 7, 4)], "labels": [[1] * n for n in (5, 9, 2, 7, 4)]}
+    )
     assert document_lengths(rows).tolist() == [5, 9, 2, 7, 4]
     assert document_lengths(rows, max_rows=3).tolist() == [5, 2, 4]  # rows 0, 2, 4
     assert attention_length(rows) == pytest.approx(causal_attention_length([5, 9, 2, 7, 4]))
@@ -156,13 +157,15 @@ def test_attention_is_sdpa_without_cuda_and_flash_attention_with_it(monkeypatch,
     assert speed.attn_implementation() == "flash_attention_2"
 
 
-def test_a_flash_attn_that_does_not_import_falls_back_to_sdpa_with_a_warning(monkeypatch, tmp_path, caplog,
-                                                                             fresh_speed_log):
+def test_a_flash_attn_that_does_not_import_falls_back_to_sdpa_with_a_warning(
+    monkeypatch, tmp_path, caplog, fresh_speed_log
+):
     monkeypatch.delitem(sys.modules, "flash_attn", raising=False)
     broken = tmp_path / "broken"
     (broken / "flash_attn").mkdir(parents=True)
     (broken / "flash_attn" / "__init__.py").write_text(
-        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')")
+        "raise ImportError('flash_attn_2_cuda.so: undefined symbol: _ZN3c104cuda9SetDeviceEi')"
+    )
     monkeypatch.syspath_prepend(str(broken))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with caplog.at_level(logging.INFO, logger="sft.speed"):
@@ -187,7 +190,7 @@ def _packed_row(lengths, width, seed):
     for n in lengths:
         ids = torch.randint(1, 97, (n,), generator=g).tolist()
         row["input_ids"] += ids
-        row["labels"] += [-100] * (n // 3) + ids[n // 3:]
+        row["labels"] += [-100] * (n // 3) + ids[n // 3 :]
         row["position_ids"] += list(range(n))
     tail = width - len(row["input_ids"])
     row["input_ids"] += [PAD] * tail
@@ -210,8 +213,17 @@ def test_under_flash_attention_a_micro_batch_of_packed_rows_is_laid_end_to_end_w
     assert flat["cu_seq_lens_q"].tolist() == flat["cu_seq_lens_k"].tolist() == [0, 20, 53, 64, 96, 146, 192]
     assert flat["cu_seq_lens_q"].dtype == torch.int32 and flat["max_length_q"] == flat["max_length_k"] == 50
     torch.manual_seed(0)
-    config = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, pad_token_id=PAD, use_cache=False)
+    config = Qwen3Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        pad_token_id=PAD,
+        use_cache=False,
+    )
     model = Qwen3ForCausalLM(config).eval()
     with torch.no_grad():
         # SDPA ignores the varlen bounds and masks from position_ids: the same documents, the same labels, the same loss
@@ -226,7 +238,8 @@ def test_liger_is_a_no_op_without_cuda_logged_once(monkeypatch, caplog, fresh_sp
         assert speed.apply_liger_kernels("qwen3") is False
         assert speed.apply_liger_kernels("qwen3") is False
     assert [r.getMessage() for r in caplog.records] == [
-        "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)"]
+        "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)"
+    ]
 
 
 def test_liger_patches_qwen3_and_qwen3_moe_when_installed_on_a_gpu(monkeypatch, caplog, fresh_speed_log):
@@ -271,8 +284,14 @@ def test_the_documented_smoke_command_runs_on_cpu_and_records_nothing():
     results = ROOT / "benchmarks" / "results" / "train_throughput.md"
     before = results.read_text()
     # On CPU, as documented, also on a machine with a GPU
-    out = subprocess.run([sys.executable, "benchmarks/train_throughput.py", "--smoke"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    out = subprocess.run(
+        [sys.executable, "benchmarks/train_throughput.py", "--smoke"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "CUDA_VISIBLE_DEVICES": ""},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     for kind in ("baseline", "ours"):
         line = next(line for line in out.stdout.splitlines() if line.startswith(f"{kind}: "))

@@ -71,11 +71,23 @@ def test_sigterm_asks_for_a_checkpoint_and_a_stop_at_the_next_step_end():
 
 def _config(tmp_path, **over):
     cfg = build_trainer_config(
-        TrainSettings(model_name_or_path="builtin:tiny-qwen3", method="full", max_seq_length=128,
-                      per_device_train_batch_size=2, gradient_accumulation_steps=1, learning_rate=1e-3,
-                      num_train_epochs=1, max_steps=-1, warmup_ratio=0.0, seed=0, deepspeed_config="none",
-                      **CPU_TEST_SETTINGS),
-        dataset_path=str(tmp_path / "nothing"), output_dir=str(tmp_path / "out"), use_cpu=True,
+        TrainSettings(
+            model_name_or_path="builtin:tiny-qwen3",
+            method="full",
+            max_seq_length=128,
+            per_device_train_batch_size=2,
+            gradient_accumulation_steps=1,
+            learning_rate=1e-3,
+            num_train_epochs=1,
+            max_steps=-1,
+            warmup_ratio=0.0,
+            seed=0,
+            deepspeed_config="none",
+            **CPU_TEST_SETTINGS,
+        ),
+        dataset_path=str(tmp_path / "nothing"),
+        output_dir=str(tmp_path / "out"),
+        use_cpu=True,
         model_cache_dir=str(tmp_path / "cache"),
     )
     cfg.update(over)

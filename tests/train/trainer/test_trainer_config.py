@@ -23,8 +23,12 @@ POD_MOUNTS = (DATA_MOUNT + "/", MODEL_MOUNT + "/")
 
 
 # As the train step builds it for a PyTorchJob: paths as the pods see them.
-_CLUSTER_PATHS = dict(dataset_path=f"{DATA_MOUNT}/runs/r1/dataset", output_dir=f"{MODEL_MOUNT}/runs/r1/train",
-                      use_cpu=False, model_cache_dir=f"{DATA_MOUNT}/cache")
+_CLUSTER_PATHS = dict(
+    dataset_path=f"{DATA_MOUNT}/runs/r1/dataset",
+    output_dir=f"{MODEL_MOUNT}/runs/r1/train",
+    use_cpu=False,
+    model_cache_dir=f"{DATA_MOUNT}/cache",
+)
 
 
 def _cluster_config(deepspeed_config="zero3", packing=True, **settings):
@@ -40,7 +44,11 @@ def test_every_training_setting_reaches_the_trainer_config_under_its_name():
 
     cfg = _cluster_config(lora_r=32, lora_target_modules="q_proj,v_proj", weight_decay=0.1, learning_rate=1e-5)
     assert (cfg["lora_r"], cfg["lora_target_modules"], cfg["weight_decay"], cfg["learning_rate"]) == (
-        32, "q_proj,v_proj", 0.1, 1e-5)
+        32,
+        "q_proj,v_proj",
+        0.1,
+        1e-5,
+    )
     renamed = {"deepspeed_config": "deepspeed", "warmup_ratio": "warmup_steps"}
     names = {renamed.get(f.name, f.name) for f in dataclasses.fields(TrainSettings)}
     assert names <= set(cfg)
@@ -54,8 +62,11 @@ def _own_fields(cls, base=None) -> dict:
 
     hints = typing.get_type_hints(cls)
     inherited = {f.name for f in dataclasses.fields(base)} if base else set()
-    return {f.name: (hints[f.name], f.default, f.metadata["help"]) for f in dataclasses.fields(cls)
-            if f.name not in inherited}
+    return {
+        f.name: (hints[f.name], f.default, f.metadata["help"])
+        for f in dataclasses.fields(cls)
+        if f.name not in inherited
+    }
 
 
 def test_sft_config_writes_out_the_settings_model_field_for_field():
@@ -119,22 +130,37 @@ def _run(config_path):
 
 def _run_process(config_path):
     """The same as a real process: the one test of the entry point's exit code and error line as a pod sees them."""
-    return subprocess.run([sys.executable, "-m", "components.train.trainer.sft", "--config", str(config_path)],
-                          capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "components.train.trainer.sft", "--config", str(config_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def _valid(workdir, out):
-    return {"model_name_or_path": str(workdir / "base"), "dataset_path": str(workdir / "data"),
-            "output_dir": str(out), "use_cpu": True, "report_to": []}
+    return {
+        "model_name_or_path": str(workdir / "base"),
+        "dataset_path": str(workdir / "data"),
+        "output_dir": str(out),
+        "use_cpu": True,
+        "report_to": [],
+    }
 
 
-@pytest.mark.parametrize("name, text, message", [
-    ("empty.yaml", "", "empty.yaml: the config is empty; it must be a mapping of SFTConfig fields"),
-    ("list.yaml", "- 1\n- 2\n", "list.yaml: the config must be a mapping of SFTConfig fields, not a list"),
-    ("broken.json", '{"learning_rate": 1e-3,\n "seed": 1\n',
-     "broken.json: not valid JSON: Expecting ',' delimiter: line 3"),
-    ("broken.yaml", "seed: [1\n", "broken.yaml: not valid YAML"),
-])
+@pytest.mark.parametrize(
+    "name, text, message",
+    [
+        ("empty.yaml", "", "empty.yaml: the config is empty; it must be a mapping of SFTConfig fields"),
+        ("list.yaml", "- 1\n- 2\n", "list.yaml: the config must be a mapping of SFTConfig fields, not a list"),
+        (
+            "broken.json",
+            '{"learning_rate": 1e-3,\n "seed": 1\n',
+            "broken.json: not valid JSON: Expecting ',' delimiter: line 3",
+        ),
+        ("broken.yaml", "seed: [1\n", "broken.yaml: not valid YAML"),
+    ],
+)
 def test_unreadable_configs_are_one_error_line(tmp_path, name, text, message):
     path = tmp_path / name
     path.write_text(text)
@@ -147,17 +173,21 @@ def test_unreadable_configs_are_one_error_line(tmp_path, name, text, message):
 def test_a_missing_config_file_is_one_error_line(tmp_path):
     result = _run_process(tmp_path / "nowhere.json")
     assert result.returncode == 2
-    assert result.stderr.strip() == (f"error: {tmp_path / 'nowhere.json'}: no such file (the trainer config the "
-                                     "launcher writes)")
+    assert result.stderr.strip() == (
+        f"error: {tmp_path / 'nowhere.json'}: no such file (the trainer config the launcher writes)"
+    )
 
 
-@pytest.mark.parametrize("field, value, message", [
-    ("learning_rate", "fast", "learning_rate must be a number, got 'fast'"),
-    ("per_device_train_batch_size", 1.5, "per_device_train_batch_size must be an integer, got 1.5"),
-    ("bf16", "yes", "bf16 must be true or false, got 'yes'"),
-    ("max_seq_length", True, "max_seq_length must be an integer, got True"),
-    ("lora_target_modules", 3, "lora_target_modules must be a string, got 3"),
-])
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("learning_rate", "fast", "learning_rate must be a number, got 'fast'"),
+        ("per_device_train_batch_size", 1.5, "per_device_train_batch_size must be an integer, got 1.5"),
+        ("bf16", "yes", "bf16 must be true or false, got 'yes'"),
+        ("max_seq_length", True, "max_seq_length must be an integer, got True"),
+        ("lora_target_modules", 3, "lora_target_modules must be a string, got 3"),
+    ],
+)
 def test_wrong_value_types_name_the_field_before_any_model_loads(workdir, tmp_path, field, value, message):
     out = tmp_path / "out"
     path = tmp_path / "config.json"

@@ -40,8 +40,12 @@ def _logged_losses(out):
 
 @pytest.mark.parametrize("stage", ["zero2", "zero3"])
 def test_deepspeed_full_fine_tuning_on_two_ranks(root, stage, capfd):
-    run_torchrun(trainer_config(root, stage, deepspeed=deepspeed_config_path(stage), max_steps=10, save_steps=5,
-                                logging_steps=2), nproc_per_node=2)
+    run_torchrun(
+        trainer_config(
+            root, stage, deepspeed=deepspeed_config_path(stage), max_steps=10, save_steps=5, logging_steps=2
+        ),
+        nproc_per_node=2,
+    )
     out = root / stage
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["world_size"] == 2 and metrics["global_step"] == 10
@@ -61,8 +65,19 @@ def test_deepspeed_full_fine_tuning_on_two_ranks(root, stage, capfd):
 
 
 def test_lora_on_two_ranks_writes_the_adapter_and_a_merged_model(root):
-    run_torchrun(trainer_config(root, "lora", method="lora", lora_target_modules="q_proj,v_proj,gate_proj",
-                                lora_r=8, max_steps=6, save_steps=6, learning_rate=1e-2), nproc_per_node=2)
+    run_torchrun(
+        trainer_config(
+            root,
+            "lora",
+            method="lora",
+            lora_target_modules="q_proj,v_proj,gate_proj",
+            lora_r=8,
+            max_steps=6,
+            save_steps=6,
+            learning_rate=1e-2,
+        ),
+        nproc_per_node=2,
+    )
     out = root / "lora"
     adapter = json.loads((out / "adapter" / "adapter_config.json").read_text())
     assert adapter["r"] == 8 and set(adapter["target_modules"]) == {"q_proj", "v_proj", "gate_proj"}
@@ -75,8 +90,18 @@ def test_lora_on_two_ranks_writes_the_adapter_and_a_merged_model(root):
 
 
 def _start(config):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "components.train.trainer.sft", "--config", config]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "components.train.trainer.sft",
+        "--config",
+        config,
+    ]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 

@@ -34,9 +34,13 @@ def _pairs(n: int = 96) -> list[dict]:
     for i in range(n):
         word = WORDS[i % len(WORDS)]
         other = rng.choice([w for w in WORDS if w != word])
-        pairs.append({"prompt": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}],
-                      "chosen": [{"role": "assistant", "content": f"{word} {word}. Done."}],
-                      "rejected": [{"role": "assistant", "content": f"{other} {other}. Done."}]})
+        pairs.append(
+            {
+                "prompt": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}],
+                "chosen": [{"role": "assistant", "content": f"{word} {word}. Done."}],
+                "rejected": [{"role": "assistant", "content": f"{other} {other}. Done."}],
+            }
+        )
     return pairs
 
 
@@ -52,24 +56,40 @@ def workdir(tmp_path_factory):
     tok = build_tokenizer(corpus)
     build_model(tok).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    DatasetDict(train=Dataset.from_list(pairs[EVAL_PAIRS:]),
-                eval=Dataset.from_list(pairs[:EVAL_PAIRS])).save_to_disk(str(root / "prefs"))
+    DatasetDict(train=Dataset.from_list(pairs[EVAL_PAIRS:]), eval=Dataset.from_list(pairs[:EVAL_PAIRS])).save_to_disk(
+        str(root / "prefs")
+    )
     return root
 
 
 def _config(root, name: str, dataset: str = "prefs", **over) -> str:
     """A CPU trainer config as the train step writes it for the dpo stage; returns its path."""
-    settings = dict(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
-                    per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=1e-3,
-                    num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
-                    **CPU_TEST_SETTINGS)
+    settings = dict(
+        model_name_or_path=str(root / "base"),
+        method="full",
+        max_seq_length=128,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-3,
+        num_train_epochs=4,
+        max_steps=-1,
+        warmup_ratio=0.05,
+        seed=0,
+        deepspeed_config="none",
+        **CPU_TEST_SETTINGS,
+    )
     extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}  # not settings
-    cfg = build_trainer_config(TrainSettings(**{**settings, **over}), dataset_path=str(root / dataset),
-                               output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
-                               stage="dpo",
-                               # The sampler for packed rows (random): TRL tokenizes the pairs itself, so there is
-                               # no length to group unpacked rows by (parse_config refuses group_by_length for dpo).
-                               packing=True)
+    cfg = build_trainer_config(
+        TrainSettings(**{**settings, **over}),
+        dataset_path=str(root / dataset),
+        output_dir=str(root / name),
+        use_cpu=True,
+        model_cache_dir=str(root / "cache"),
+        stage="dpo",
+        # The sampler for packed rows (random): TRL tokenizes the pairs itself, so there is
+        # no length to group unpacked rows by (parse_config refuses group_by_length for dpo).
+        packing=True,
+    )
     cfg.update(extra)
     return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))
 
@@ -129,19 +149,25 @@ def test_a_dpo_dataset_without_chosen_and_rejected_is_named(tmp_path, workdir):
     rows = Dataset.from_list([{"prompt": p["prompt"], "completion": p["chosen"]} for p in _pairs(4)])
     DatasetDict(train=rows, eval=rows).save_to_disk(str(tmp_path / "sft-shaped"))
     path = _config(workdir, "no-pairs", dataset_path=str(tmp_path / "sft-shaped"))
-    with pytest.raises(ValueError, match=r"split 'train' lacks columns \['chosen', 'rejected'\] \(stage 'dpo' "
-                                         r"needs \['prompt', 'chosen', 'rejected'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"split 'train' lacks columns \['chosen', 'rejected'\] \(stage 'dpo' "
+        r"needs \['prompt', 'chosen', 'rejected'\]\)",
+    ):
         _parse(path)
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"bta": 0.1}, r"unknown keys \['bta'\]; valid keys are \[.*'dpo_beta'"),
-    # TRL's own DPOConfig fields are keys of the dpo stage only.
-    ({"stage": "sft", "loss_type": ["ipo"]}, r"unknown keys \['loss_type'\]"),
-    ({"beta": 0.3}, r"\['beta'\] are set by the trainer for stage 'dpo'; set \['dpo_beta'\] instead"),
-    ({"train_sampling_strategy": "group_by_length"}, r"train_sampling_strategy 'group_by_length' cannot sort"),
-    ({"dpo_beta": "high"}, r"dpo_beta must be a number, got 'high'"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        ({"bta": 0.1}, r"unknown keys \['bta'\]; valid keys are \[.*'dpo_beta'"),
+        # TRL's own DPOConfig fields are keys of the dpo stage only.
+        ({"stage": "sft", "loss_type": ["ipo"]}, r"unknown keys \['loss_type'\]"),
+        ({"beta": 0.3}, r"\['beta'\] are set by the trainer for stage 'dpo'; set \['dpo_beta'\] instead"),
+        ({"train_sampling_strategy": "group_by_length"}, r"train_sampling_strategy 'group_by_length' cannot sort"),
+        ({"dpo_beta": "high"}, r"dpo_beta must be a number, got 'high'"),
+    ],
+)
 def test_keys_are_checked_against_the_stage_class(workdir, over, message):
     with pytest.raises(ValueError, match=message):
         _parse(_config(workdir, "bad", **over))
@@ -174,11 +200,11 @@ def _preference_accuracy(model_dir, workdir) -> float:
     def logp(prompt, response) -> float:
         prefix = tok.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
         ids = tok.apply_chat_template(prompt + response, tokenize=True, return_dict=False)
-        assert ids[:len(prefix)] == prefix
+        assert ids[: len(prefix)] == prefix
         ids = torch.tensor([ids])
         with torch.no_grad():
             per_token = model(ids).logits[0, :-1].log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
-        return per_token[len(prefix) - 1:].sum().item()  # the response tokens only, as DPO scores them
+        return per_token[len(prefix) - 1 :].sum().item()  # the response tokens only, as DPO scores them
 
     pairs = datasets.load_from_disk(str(workdir / "prefs"))["eval"]
     return sum(logp(p["prompt"], p["chosen"]) > logp(p["prompt"], p["rejected"]) for p in pairs) / len(pairs)
@@ -189,8 +215,12 @@ def _generates(model_dir, workdir) -> bool:
 
     tok = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    prompt = tok.apply_chat_template([{"role": "user", "content": "Repeat stone twice. (#1000)"}],
-                                     add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "Repeat stone twice. (#1000)"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**prompt, max_new_tokens=8, do_sample=False)
     return out.shape[1] > prompt["input_ids"].shape[1]
 
@@ -215,8 +245,11 @@ def test_full_dpo_makes_the_model_prefer_the_right_answer_on_held_out_pairs(work
     base, tuned = _preference_accuracy(workdir / "base", workdir), _preference_accuracy(final, workdir)
     assert base <= 0.5 and tuned >= 0.9, (base, tuned)
     # TRL's caches (tokenized rows, reference log-probs) are the run's, never beside the prepared dataset.
-    assert {p.name for p in (workdir / "prefs" / "train").iterdir()} == {"data-00000-of-00001.arrow",
-                                                                        "dataset_info.json", "state.json"}
+    assert {p.name for p in (workdir / "prefs" / "train").iterdir()} == {
+        "data-00000-of-00001.arrow",
+        "dataset_info.json",
+        "state.json",
+    }
     assert (workdir / "full" / "pairs" / "train.arrow").exists()
 
 
@@ -251,8 +284,19 @@ def test_full_dpo_under_zero3_matches_ddp(workdir, full_run):
 
 @pytest.mark.slow
 def test_lora_dpo_against_the_adapter_off_reference(workdir):
-    run_torchrun(_config(workdir, "lora", method="lora", lora_r=16, lora_alpha=64, learning_rate=3e-3,
-                         num_train_epochs=8, save_steps=80), nproc_per_node=2)
+    run_torchrun(
+        _config(
+            workdir,
+            "lora",
+            method="lora",
+            lora_r=16,
+            lora_alpha=64,
+            learning_rate=3e-3,
+            num_train_epochs=8,
+            save_steps=80,
+        ),
+        nproc_per_node=2,
+    )
     out = workdir / "lora"
     m = json.loads((out / "metrics.json").read_text())
     assert m["global_step"] == 80 and m["eval_rewards/accuracies"] >= 0.9, m
@@ -272,14 +316,34 @@ def test_moe_dpo_under_zero3_adds_the_router_loss(workdir):
 
     tok = AutoTokenizer.from_pretrained(workdir / "base")
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, intermediate_size=96, num_experts=4,
-                            num_experts_per_tok=2, moe_intermediate_size=32, pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     Qwen3MoeForCausalLM(config).save_pretrained(workdir / "moe")
     tok.save_pretrained(workdir / "moe")
-    run_torchrun(_config(workdir, "moe", model_name_or_path=str(workdir / "moe"), max_steps=10, save_steps=10,
-                         deepspeed=deepspeed_config_path("zero3")), nproc_per_node=2)
+    run_torchrun(
+        _config(
+            workdir,
+            "moe",
+            model_name_or_path=str(workdir / "moe"),
+            max_steps=10,
+            save_steps=10,
+            deepspeed=deepspeed_config_path("zero3"),
+        ),
+        nproc_per_node=2,
+    )
     out = workdir / "moe"
     assert json.loads((out / "metrics.json").read_text())["global_step"] == 10
     logged = json.loads((out / "checkpoint-10" / "trainer_state.json").read_text())["log_history"]

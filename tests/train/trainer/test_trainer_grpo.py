@@ -32,11 +32,11 @@ PATTERN = r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?"
 # The user's reward, as a file on a volume: the share of the completion's characters that are letters of the prompt's
 # word (a dense reward: a randomly initialised model names the word itself in 2.5% of its samples, too rarely for 30
 # steps to learn from).
-USER_REWARD = '''
+USER_REWARD = """
 def names_the_word(prompts, completions, answer, **kwargs):
     texts = [c[-1]["content"] for c in completions]
     return [sum(ch in a for ch in t) / max(1, len(t)) for t, a in zip(texts, answer)]
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -48,11 +48,14 @@ def workdir(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("grpo")
     rng = random.Random(0)
-    rows = [{"prompt": [{"role": "user", "content": f"Say {w}. (#{i})"}], "answer": w}
-            for i, w in enumerate(rng.choice(WORDS) for _ in range(80))]
+    rows = [
+        {"prompt": [{"role": "user", "content": f"Say {w}. (#{i})"}], "answer": w}
+        for i, w in enumerate(rng.choice(WORDS) for _ in range(80))
+    ]
     corpus = root / "chat.jsonl"
-    corpus.write_text("\n".join(json.dumps({"messages": r["prompt"] + [{"role": "assistant", "content": r["answer"]}]})
-                                for r in rows))
+    corpus.write_text(
+        "\n".join(json.dumps({"messages": r["prompt"] + [{"role": "assistant", "content": r["answer"]}]}) for r in rows)
+    )
     tok = build_tokenizer(corpus)
     build_model(tok).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
@@ -63,15 +66,35 @@ def workdir(tmp_path_factory):
 
 def _config(root, name: str, **over) -> str:
     """A CPU trainer config as the train step writes it for the grpo stage; returns its path."""
-    settings = dict(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
-                    per_device_train_batch_size=8, gradient_accumulation_steps=1, learning_rate=3e-3,
-                    num_train_epochs=1, max_steps=30, warmup_ratio=0.0, seed=0, deepspeed_config="none",
-                    grpo_rewards={"function": 1.0}, grpo_reward_function=f"{root / 'reward.py'}:names_the_word",
-                    grpo_num_generations=8, grpo_max_completion_length=8, grpo_beta=0.04, **CPU_TEST_SETTINGS)
+    settings = dict(
+        model_name_or_path=str(root / "base"),
+        method="full",
+        max_seq_length=128,
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,
+        learning_rate=3e-3,
+        num_train_epochs=1,
+        max_steps=30,
+        warmup_ratio=0.0,
+        seed=0,
+        deepspeed_config="none",
+        grpo_rewards={"function": 1.0},
+        grpo_reward_function=f"{root / 'reward.py'}:names_the_word",
+        grpo_num_generations=8,
+        grpo_max_completion_length=8,
+        grpo_beta=0.04,
+        **CPU_TEST_SETTINGS,
+    )
     extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}
-    cfg = build_trainer_config(TrainSettings(**{**settings, **over}), dataset_path=str(root / "data"),
-                               output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
-                               stage="grpo", packing=False)
+    cfg = build_trainer_config(
+        TrainSettings(**{**settings, **over}),
+        dataset_path=str(root / "data"),
+        output_dir=str(root / name),
+        use_cpu=True,
+        model_cache_dir=str(root / "cache"),
+        stage="grpo",
+        packing=False,
+    )
     cfg.update(extra)
     return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))
 
@@ -97,18 +120,36 @@ def _turns(*texts):
 
 def test_the_answer_reward_checks_the_number_in_the_answer_line_against_the_reference():
     reward = answer_reward(PATTERN)
-    completions = _turns("so 3 + 4 = 7.\n\nAnswer: 7.", "Answer: 7.0", "정답은 1,000ml입니다.", "Answer: 8", "It is 7.",
-                         "Answer: soon", "Answer: 7")
+    completions = _turns(
+        "so 3 + 4 = 7.\n\nAnswer: 7.",
+        "Answer: 7.0",
+        "정답은 1,000ml입니다.",
+        "Answer: 8",
+        "It is 7.",
+        "Answer: soon",
+        "Answer: 7",
+    )
     references = ["7", "7", "1000", "7", "7", "7", ""]
     assert reward(prompts=[None] * 7, completions=completions, answer=references) == [
-        1.0, 1.0, 1.0, 0.0, 0.0, 0.0, None]  # None: no reference, not applicable (TRL leaves it out of the sum)
+        1.0,
+        1.0,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+        None,
+    ]  # None: no reference, not applicable (TRL leaves it out of the sum)
 
 
 def test_the_format_reward_pays_for_the_answer_line_and_the_length_reward_for_brevity():
     assert format_reward(PATTERN)(prompts=None, completions=_turns("Answer: 3", "three", "따라서 정답은")) == [
-        1.0, 0.0, 1.0]
-    assert length_reward(10)(prompts=None, completions=_turns("a", "b", "c"),
-                             completion_ids=[[1] * 5, [1] * 15, [1] * 25]) == [1.0, 0.5, 0.0]
+        1.0,
+        0.0,
+        1.0,
+    ]
+    assert length_reward(10)(
+        prompts=None, completions=_turns("a", "b", "c"), completion_ids=[[1] * 5, [1] * 15, [1] * 25]
+    ) == [1.0, 0.5, 0.0]
 
 
 def test_a_user_function_gets_only_the_keywords_it_names(tmp_path):
@@ -116,8 +157,15 @@ def test_a_user_function_gets_only_the_keywords_it_names(tmp_path):
     path.write_text("def r(completions, answer):\n    return [float(len(answer[0]))] * len(completions)\n")
     reward = load_reward_function(f"{path}:r")
     # TRL passes these and more; a function without **kwargs gets only its own.
-    out = reward(prompts=["p"], completions=["c"], completion_ids=[[1]], answer=["abc"], trainer_state=None,
-                 log_extra=None, log_metric=None)
+    out = reward(
+        prompts=["p"],
+        completions=["c"],
+        completion_ids=[[1]],
+        answer=["abc"],
+        trainer_state=None,
+        log_extra=None,
+        log_metric=None,
+    )
     assert out == [3.0] and reward.__name__ == "r"  # TRL logs the reward under the function's name
 
 
@@ -129,8 +177,17 @@ def test_a_grpo_config_is_trl_grpo_config_with_its_knobs_from_the_settings(workd
 
     from components.train.trainer.grpo_arguments import GRPOStageConfig
 
-    cfg = _parse(_config(workdir, "parsed", grpo_num_generations=4, grpo_max_completion_length=16, grpo_beta=0.1,
-                         grpo_temperature=0.7, grpo_rewards={"answer": 1.0, "format": 0.25, "length": 0}))
+    cfg = _parse(
+        _config(
+            workdir,
+            "parsed",
+            grpo_num_generations=4,
+            grpo_max_completion_length=16,
+            grpo_beta=0.1,
+            grpo_temperature=0.7,
+            grpo_rewards={"answer": 1.0, "format": 0.25, "length": 0},
+        )
+    )
     assert type(cfg) is GRPOStageConfig and isinstance(cfg, GRPOConfig) and cfg.stage == "grpo"
     assert (cfg.num_generations, cfg.max_completion_length, cfg.beta, cfg.temperature) == (4, 16, 0.1, 0.7)
     assert cfg.reward_weights == [1.0, 0.25]  # the sources with a non-zero weight, in order
@@ -139,17 +196,29 @@ def test_a_grpo_config_is_trl_grpo_config_with_its_knobs_from_the_settings(workd
     assert not (workdir / "parsed").exists()  # parsing writes nothing
 
 
-@pytest.mark.parametrize("over, message", [
-    ({"num_generations": 4}, r"\['num_generations'\] are set by the trainer for stage 'grpo'; set "
-                             r"\['grpo_num_generations'\] instead"),
-    ({"grpo_rewards": {"acc": 1.0}}, r"grpo_rewards names \['acc'\], which are not rewards"),
-    ({"grpo_rewards": {"answer": 0}}, r"grpo_rewards gives no reward a non-zero weight"),
-    ({"grpo_reward_function": "/nowhere/r.py:f"}, r"grpo_reward_function '/nowhere/r.py:f': /nowhere/r.py is not a "
-                                                  r"file"),
-    ({"grpo_rewards": {"model": 1.0}}, r"grpo_rewards uses model and grpo_reward_model is empty, but the run's rm "
-                                       r"stage has no model at .*/rm/final"),
-    ({"grpo_answer_pattern": "Answer: (", "grpo_rewards": {"format": 1.0}}, r"grpo_answer_pattern is not a valid"),
-])
+@pytest.mark.parametrize(
+    "over, message",
+    [
+        (
+            {"num_generations": 4},
+            r"\['num_generations'\] are set by the trainer for stage 'grpo'; set "
+            r"\['grpo_num_generations'\] instead",
+        ),
+        ({"grpo_rewards": {"acc": 1.0}}, r"grpo_rewards names \['acc'\], which are not rewards"),
+        ({"grpo_rewards": {"answer": 0}}, r"grpo_rewards gives no reward a non-zero weight"),
+        (
+            {"grpo_reward_function": "/nowhere/r.py:f"},
+            r"grpo_reward_function '/nowhere/r.py:f': /nowhere/r.py is not a "
+            r"file",
+        ),
+        (
+            {"grpo_rewards": {"model": 1.0}},
+            r"grpo_rewards uses model and grpo_reward_model is empty, but the run's rm "
+            r"stage has no model at .*/rm/final",
+        ),
+        ({"grpo_answer_pattern": "Answer: (", "grpo_rewards": {"format": 1.0}}, r"grpo_answer_pattern is not a valid"),
+    ],
+)
 def test_what_is_wrong_is_named_before_any_model_loads(workdir, over, message):
     with pytest.raises(ValueError, match=message):
         _parse(_config(workdir, "bad", **over))
@@ -160,8 +229,9 @@ def test_a_user_function_with_the_wrong_signature_exits_2_with_one_line(workdir)
     path = _config(workdir, "bad-sig", grpo_reward_function=f"{workdir / 'bad_reward.py'}:f")
     result = run_module("components.train.trainer.sft", "--config", path)
     assert result.returncode == 2, result.stderr[-2000:]
-    assert result.stderr.strip().startswith(f"error: {path}: grpo_reward_function '{workdir / 'bad_reward.py'}:f': "
-                                            "f(text) does not take completions")
+    assert result.stderr.strip().startswith(
+        f"error: {path}: grpo_reward_function '{workdir / 'bad_reward.py'}:f': f(text) does not take completions"
+    )
 
 
 def test_grpo_checkpoints_are_the_sft_checkpoints():
@@ -212,8 +282,12 @@ def test_a_rerun_resumes_from_the_last_complete_checkpoint(workdir, run, capfd):
 def test_lora_grpo_keeps_the_trained_adapter_only(workdir):
     """LoRA: TRL's reference is the model with a frozen copy of the adapter ("ref", GRPOTrainer.__init__); the export
     holds the trained adapter and the merged model, never that copy."""
-    run_torchrun(_config(workdir, "lora", method="lora", lora_r=8, lora_alpha=32, learning_rate=1e-2, max_steps=10,
-                         save_steps=10), nproc_per_node=2)
+    run_torchrun(
+        _config(
+            workdir, "lora", method="lora", lora_r=8, lora_alpha=32, learning_rate=1e-2, max_steps=10, save_steps=10
+        ),
+        nproc_per_node=2,
+    )
     out = workdir / "lora"
     assert json.loads((out / "metrics.json").read_text())["global_step"] == 10
     assert (out / "adapter" / "adapter_model.safetensors").exists() and not (out / "adapter" / "ref").exists()

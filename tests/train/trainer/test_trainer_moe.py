@@ -20,10 +20,21 @@ def root(tmp_path_factory):
     root = make_workdir(tmp_path_factory.mktemp("moe"))
     tok = AutoTokenizer.from_pretrained(root / "base")
     torch.manual_seed(0)
-    config = Qwen3MoeConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, head_dim=16, intermediate_size=96, num_experts=4,
-                            num_experts_per_tok=2, moe_intermediate_size=32, pad_token_id=tok.pad_token_id,
-                            eos_token_id=tok.eos_token_id, bos_token_id=None)
+    config = Qwen3MoeConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=96,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=None,
+    )
     Qwen3MoeForCausalLM(config).save_pretrained(root / "moe")
     tok.save_pretrained(root / "moe")
     return root
@@ -50,9 +61,18 @@ def test_router_aux_loss_is_added_with_the_configured_weight(root, tmp_path):
 
 @pytest.mark.slow
 def test_zero3_trains_the_moe_model_on_two_ranks(root, capfd):
-    run_torchrun(trainer_config(root, "moe-z3", model_name_or_path=str(root / "moe"),
-                                deepspeed=deepspeed_config_path("zero3"), max_steps=6, save_steps=6, logging_steps=2),
-                 nproc_per_node=2)
+    run_torchrun(
+        trainer_config(
+            root,
+            "moe-z3",
+            model_name_or_path=str(root / "moe"),
+            deepspeed=deepspeed_config_path("zero3"),
+            max_steps=6,
+            save_steps=6,
+            logging_steps=2,
+        ),
+        nproc_per_node=2,
+    )
     metrics = json.loads((root / "moe-z3" / "metrics.json").read_text())
     assert metrics["global_step"] == 6 and metrics["world_size"] == 2
     final = Qwen3MoeForCausalLM.from_pretrained(root / "moe-z3" / "final")

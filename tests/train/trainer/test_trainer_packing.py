@@ -12,8 +12,17 @@ PAD = 0
 def _model():
     torch.manual_seed(0)
     # use_cache=False as load_model sets it: with a KV cache transformers ignores position_ids restarts.
-    config = Qwen3Config(vocab_size=97, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, head_dim=16, pad_token_id=PAD, use_cache=False)
+    config = Qwen3Config(
+        vocab_size=97,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        pad_token_id=PAD,
+        use_cache=False,
+    )
     return Qwen3ForCausalLM(config).eval()
 
 

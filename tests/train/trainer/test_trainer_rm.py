@@ -34,9 +34,13 @@ def _pairs(n: int = 96) -> list[dict]:
     for i in range(n):
         word = WORDS[i % len(WORDS)]
         filler = rng.choice(["Well,", "Hmm,", "Okay so", "Honestly,"])
-        pairs.append({"prompt": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}],
-                      "chosen": [{"role": "assistant", "content": f"Sure. {word} {word}. Done."}],
-                      "rejected": [{"role": "assistant", "content": f"{filler} {word} {word}. Done."}]})
+        pairs.append(
+            {
+                "prompt": [{"role": "user", "content": f"Repeat {word} twice. (#{i})"}],
+                "chosen": [{"role": "assistant", "content": f"Sure. {word} {word}. Done."}],
+                "rejected": [{"role": "assistant", "content": f"{filler} {word} {word}. Done."}],
+            }
+        )
     return pairs
 
 
@@ -54,20 +58,37 @@ def workdir(tmp_path_factory):
     tok = build_tokenizer(corpus)
     build_model(tok).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
-    DatasetDict(train=Dataset.from_list(pairs[EVAL_PAIRS:]),
-                eval=Dataset.from_list(pairs[:EVAL_PAIRS])).save_to_disk(str(root / "prefs"))
+    DatasetDict(train=Dataset.from_list(pairs[EVAL_PAIRS:]), eval=Dataset.from_list(pairs[:EVAL_PAIRS])).save_to_disk(
+        str(root / "prefs")
+    )
     return root
 
 
 def _config(root, name: str, **over) -> str:
-    settings = dict(model_name_or_path=str(root / "base"), method="full", max_seq_length=128,
-                    per_device_train_batch_size=4, gradient_accumulation_steps=1, learning_rate=1e-3,
-                    num_train_epochs=4, max_steps=-1, warmup_ratio=0.05, seed=0, deepspeed_config="none",
-                    **CPU_TEST_SETTINGS)
+    settings = dict(
+        model_name_or_path=str(root / "base"),
+        method="full",
+        max_seq_length=128,
+        per_device_train_batch_size=4,
+        gradient_accumulation_steps=1,
+        learning_rate=1e-3,
+        num_train_epochs=4,
+        max_steps=-1,
+        warmup_ratio=0.05,
+        seed=0,
+        deepspeed_config="none",
+        **CPU_TEST_SETTINGS,
+    )
     extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}
-    cfg = build_trainer_config(TrainSettings(**{**settings, **over}), dataset_path=str(root / "prefs"),
-                               output_dir=str(root / name), use_cpu=True, model_cache_dir=str(root / "cache"),
-                               stage="rm", packing=False)
+    cfg = build_trainer_config(
+        TrainSettings(**{**settings, **over}),
+        dataset_path=str(root / "prefs"),
+        output_dir=str(root / name),
+        use_cpu=True,
+        model_cache_dir=str(root / "cache"),
+        stage="rm",
+        packing=False,
+    )
     cfg.update(extra)
     return write_trainer_config(cfg, str(root / "cfg" / f"{name}.json"))
 
@@ -91,8 +112,11 @@ def test_an_rm_config_is_trl_reward_config_with_max_length_from_the_settings(wor
     cfg = _parse(_config(workdir, "parsed", max_seq_length=96))
     assert type(cfg) is RMStageConfig and isinstance(cfg, RewardConfig) and cfg.stage == "rm"
     assert (cfg.max_length, cfg.bf16, cfg.train_sampling_strategy) == (96, False, "random")
-    with pytest.raises(ValueError, match=r"\['max_length'\] are set by the trainer for stage 'rm'; set "
-                                         r"\['max_seq_length'\] instead"):
+    with pytest.raises(
+        ValueError,
+        match=r"\['max_length'\] are set by the trainer for stage 'rm'; set "
+        r"\['max_seq_length'\] instead",
+    ):
         _parse(_config(workdir, "bad", max_length=64))
 
 

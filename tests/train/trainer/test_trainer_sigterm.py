@@ -40,10 +40,21 @@ class _Job:
         env = dict(os.environ)
         # As the pod should have it: a loaded CI machine must not hit torchrun's 30 s SIGKILL mid-save.
         env["TORCH_ELASTIC_SHUTDOWN_TIMEOUT"] = "120"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-               "-m", "components.train.trainer.sft", "--config", config]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                     start_new_session=True)
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "components.train.trainer.sft",
+            "--config",
+            config,
+        ]
+        self.proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=lambda: self.lines.extend(self.proc.stdout), daemon=True)
         self._reader.start()
