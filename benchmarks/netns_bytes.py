@@ -4,7 +4,7 @@
 
 Each pod is a network namespace (``ip netns add``) holding one end of a veth pair (10.77.0.1/24 and 10.77.0.2/24),
 and runs ``torchrun --nnodes 2 --nproc_per_node 2 --node_rank R --master_addr 10.77.0.1`` of the trainer
-(``-m components.train.trainer.sft``, gloo on CPU, ``GLOO_SOCKET_IFNAME`` = the veth): 4 ranks, 2 per pod, so
+(``-m components.train.trainer``, gloo on CPU, ``GLOO_SOCKET_IFNAME`` = the veth): 4 ranks, 2 per pod, so
 everything that passes between the pods crosses the veth, and its byte counters count it (Ethernet frames: TCP/IP
 headers and ACKs included). The model is a tiny Qwen3-MoE (2 layers, 4 experts, top-2), full fine-tuning, fp32,
 micro-batch 1 x ``ACCUMULATION`` micro-steps, under ZeRO-3, under ZeRO++ hpZ with ``zero_hpz_partition_size`` 2
@@ -19,7 +19,7 @@ figure is the difference between the end of step 1 and the end of the last step,
 (rendezvous, the model's broadcast and partitioning, step 1's first gathers), the evaluation and the final export
 are left out. The whole run's counters are read as well, from outside, for comparison.
 
-The prediction: ``components.train.launcher.plan.collectives`` for the tiny model's config.json (``model_shape``)
+The prediction: ``components.estimate.plan.collectives`` for the tiny model's config.json (``model_shape``)
 with 2 nodes x 2 GPUs: each GPU's network share per step (``Collective.network_bytes_per_gpu`` x
 ``times_per_step``) x 2 GPUs per pod = what one pod sends to the other per step, in bf16 as the plan counts on
 GPUs; each collective x 4 / its ``dtype_bytes`` for the fp32 parameters and gradients of this CPU run (every
@@ -359,8 +359,8 @@ def predicted(
     ``factors``: what gloo sends across the boundary per collective (``factor_key``), in units of the plan's
     (``calibrate``); None for the plan as it is (NCCL's rings). In the ``shipped`` regime the tiny model's backward
     gathers nothing (REGIMES), so the plan's backward gather over all ranks is left out."""
+    from components.estimate.plan import INTER, collectives, zero_config
     from components.models.shape import model_shape
-    from components.train.launcher.plan import INTER, collectives, zero_config
 
     shape = model_shape(json.loads((model_dir / "config.json").read_text()))
     zero = zero_config(deepspeed_config) if deepspeed_config else {}
@@ -459,7 +459,7 @@ def measure(
                 trace = workdir / f"trace-{run}"
                 trace.mkdir()
                 before = [pods.counters(p) for p in range(PODS)]
-                run_pods(pods, ["-m", "components.train.trainer.sft", "--config", cfg], trace, port)
+                run_pods(pods, ["-m", "components.train.trainer", "--config", cfg], trace, port)
                 after = [pods.counters(p) for p in range(PODS)]
                 marks, ops, losses = {}, {}, {}
                 for pod in range(PODS):

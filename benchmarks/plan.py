@@ -9,7 +9,7 @@ layouts hsdp and hsdp_ep) with every split of the preset's rows per optimizer st
 batch): seconds per step, tokens/s per GPU and its ratio to the preset as it is, the bottleneck, what crosses the
 network per GPU and step, memory per GPU, whether it fits, and whether it runs (``Plan.blocked``: what validate_inputs
 refuses besides memory). Everything comes from
-``components.train.launcher.plan`` (no GPU, no cluster); the other settings are the preset's.
+``components.estimate.plan`` (no GPU, no cluster); the other settings are the preset's.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ NETWORKS = (50.0, 25.0, 6.25, 3.125, 1.5625)
 
 def table(preset: str, networks: tuple[float, ...]) -> str:
     """The Markdown table for ``preset`` over ``networks``."""
-    from components.train.launcher.plan import INTER, alternatives, architecture
+    from components.estimate.plan import INTER, alternatives, architecture
     from pipelines import params as P
 
     lines = [

@@ -32,14 +32,16 @@ def pod_security_context(*, fs_group: bool = False) -> dict:
     return context
 
 
-def container_security_context(*, user: bool = False) -> dict:
+def container_security_context(*, user: bool = False, ipc_lock: bool = False) -> dict:
     """The container-level security context (Kubernetes JSON): no privilege escalation, every capability dropped,
     non-root, the runtime's seccomp profile (the checks ``restricted`` makes of each container, also where the
     pod-level context is not ours), and with ``user`` the user and group too (where the pod level cannot carry them:
-    Knative admits no pod-level security context unless its kubernetes.podspec-securitycontext feature is on)."""
+    Knative admits no pod-level security context unless its kubernetes.podspec-securitycontext feature is on).
+    ``ipc_lock`` adds IPC_LOCK back, which InfiniBand/RoCE verbs need to pin memory: only a namespace enforcing the
+    ``privileged`` level admits it (``baseline`` and ``restricted`` forbid adding it)."""
     context = {
         "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": {"drop": ["ALL"], **({"add": ["IPC_LOCK"]} if ipc_lock else {})},
         "runAsNonRoot": True,
         "seccompProfile": {"type": "RuntimeDefault"},
     }

@@ -17,7 +17,7 @@ Everything else derives from it:
   written out there again and held to these by a test;
 - the code that implements a choice reads its values here (``choices("method")``), or a test holds its own tuple
   to them where that code must not depend on this model;
-- the README's parameter table (``python -m pipelines.compile`` checks it is current).
+- the settings table in docs/settings.md (``python -m pipelines.compile`` checks it is current).
 
 This module imports nothing but the package version (no ML or Kubernetes library, no other module of the
 package), so ``--help`` stays fast and every module may read it.
@@ -256,7 +256,7 @@ class TrainSettings(SFTSettings):
 
 @dataclass
 class StageSettings:
-    """Which training stages run, in which order, and what each one reads (components/train/stages.py)."""
+    """Which training stages run, in which order, and what each one reads (components/stages.py)."""
 
     stages: list = setting(
         ["sft"],
@@ -409,9 +409,10 @@ class ClusterSettings:
         min=0,
     )
     achieved_tflops_per_gpu: float = setting(
-        129.0,
-        "The plan's compute speed: model TFLOP/s one GPU sustains in training (129: Qwen3-30B-A3B's layers, "
-        "grouped_mm experts, on one H100; benchmarks/results/plan.md).",
+        93.0,
+        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s (93: 8 of Qwen3-30B-A3B's "
+        "layers, grouped_mm experts, micro-batch 1 x 4096, on one H100, model FLOPs counted with the embedding "
+        "lookup at 0; benchmarks/results/plan.md).",
         plain=False,
         above=0,
     )
@@ -425,6 +426,39 @@ class ClusterSettings:
         50.0,
         "The plan's bandwidth between nodes, GB/s per GPU and direction: the node's network over its GPUs "
         "(50: DGX H100, 8 x 400 Gb/s; one 200 Gb/s NIC for 8 GPUs: 3.125).",
+        plain=False,
+        above=0,
+    )
+    rdma_resource: str = setting(
+        "",
+        "Extended resource each training pod requests for its RDMA network, from the cluster's device plugin "
+        "(rdma/ib, rdma/rdma_shared_device_a, nvidia.com/hostdev, vpc.amazonaws.com/efa); empty: NCCL runs over "
+        "TCP on the pod network, and --plan counts tcp_node_gb_per_s between nodes.",
+        plain=False,
+    )
+    rdma_per_pod: int = setting(
+        1,
+        "How many of rdma_resource each training pod requests (a DGX H100 with SR-IOV: 8, one per NIC).",
+        plain=False,
+        min=1,
+    )
+    ipc_lock: bool = setting(
+        False,
+        "Add the IPC_LOCK capability to the trainer container: InfiniBand/RoCE verbs pin the memory they "
+        "register. The Pod Security Standards' baseline and restricted levels forbid it: the namespace must "
+        "enforce privileged.",
+        plain=False,
+    )
+    nccl_env: dict = setting(
+        {},
+        'NCCL variables of the training pods, over NCCL_DEBUG=WARN (e.g. {"NCCL_IB_HCA": "mlx5", '
+        '"NCCL_SOCKET_IFNAME": "eth0"}); keys start with NCCL_.',
+        plain=False,
+    )
+    tcp_node_gb_per_s: float = setting(
+        12.5,
+        "The plan's bandwidth between nodes when no rdma_resource is requested: GB/s per node and direction "
+        "that NCCL's TCP sockets get over the pod network (12.5: one 100 Gb/s NIC at line rate).",
         plain=False,
         above=0,
     )

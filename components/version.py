@@ -11,7 +11,8 @@ __version__ = "0.1.0"
 
 REGISTRY = os.environ.get("LLM_PIPELINES_REGISTRY", "ghcr.io/kubeflow-llm-post-training")
 
-# The image every KFP component runs in: CPU-only, small (launcher, evaluation driver, deploy).
+# The image every KFP component runs in (launcher, evaluation, deploy). It has CUDA torch: evaluate_model runs the
+# 30B preset's evaluation on GPUs in it (images/components/Dockerfile).
 COMPONENTS_IMAGE = f"{REGISTRY}/components:{__version__}"
 # The image the training job's pods run: CUDA PyTorch, DeepSpeed, flash-attention, this package.
 TRAINER_IMAGE = f"{REGISTRY}/trainer:{__version__}"

@@ -1,5 +1,5 @@
 """Compile the pipeline to ``compiled/llm_finetune.yaml`` (the file users upload in the KFP UI), and write what else
-derives from the settings model (pipelines/derive.py: the validate_inputs component, the README's settings table).
+derives from the settings model (pipelines/derive.py: the validate_inputs component, docs/settings.md's settings table).
 
     python -m pipelines.compile            # write them
     python -m pipelines.compile --check    # exit 1 and show the difference when a checked-in file is stale

@@ -1,5 +1,5 @@
 """What ``python -m pipelines.compile`` derives from the settings model (components/settings.py), besides the
-compiled YAML: the source of the ``validate_inputs`` component and the README's settings table.
+compiled YAML: the source of the ``validate_inputs`` component and the settings table in docs/settings.md.
 
 A lightweight KFP component is its function's source text, so the component that receives the pipeline's
 parameters one by one must spell them out: it is written here from the model, never by hand.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATE_COMPONENT = ROOT / "components" / "validate" / "component.py"
-README = ROOT / "README.md"
+SETTINGS_DOC = ROOT / "docs" / "settings.md"
 TABLE_BEGIN = "<!-- settings table: written by python -m pipelines.compile from components/settings.py -->"
 TABLE_END = "<!-- end of settings table -->"
 
@@ -94,7 +94,7 @@ def validate_component_source() -> str:
 
 
 def settings_table() -> str:
-    """The README's table of every setting: name, step, default, whether it is a parameter of its own, help."""
+    """docs/settings.md's table of every setting: name, step, default, whether it is a parameter of its own, help."""
     from components.settings import ADVANCED, specs
 
     rows = ["| setting | step | default | help |", "|---|---|---|---|"]
@@ -105,17 +105,20 @@ def settings_table() -> str:
     return "\n".join([TABLE_BEGIN, *rows, TABLE_END])
 
 
-def readme_with_table(readme: str) -> str:
-    """``readme`` with its settings table replaced by the current one."""
-    head, sep, rest = readme.partition(TABLE_BEGIN)
+def with_settings_table(page: str) -> str:
+    """``page`` (docs/settings.md's text) with its settings table replaced by the current one."""
+    head, sep, rest = page.partition(TABLE_BEGIN)
     if not sep:
-        raise ValueError(f"README.md lacks the line {TABLE_BEGIN!r} where the settings table goes")
+        raise ValueError(f"docs/settings.md lacks the line {TABLE_BEGIN!r} where the settings table goes")
     _, sep, tail = rest.partition(TABLE_END)
     if not sep:
-        raise ValueError(f"README.md lacks the line {TABLE_END!r} after the settings table")
+        raise ValueError(f"docs/settings.md lacks the line {TABLE_END!r} after the settings table")
     return head + settings_table() + tail
 
 
 def derived_files() -> dict[Path, str]:
     """Every file derived from the settings model, with the text it must have."""
-    return {VALIDATE_COMPONENT: validate_component_source(), README: readme_with_table(README.read_text())}
+    return {
+        VALIDATE_COMPONENT: validate_component_source(),
+        SETTINGS_DOC: with_settings_table(SETTINGS_DOC.read_text()),
+    }

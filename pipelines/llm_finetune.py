@@ -28,8 +28,8 @@ from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.security import RUN_AS_GROUP, RUN_AS_USER
+from components.stages import STAGES
 from components.train.component import base_model, skip_stage, train_model
-from components.train.stages import STAGES
 from components.validate.component import validate_inputs
 from components.variants.component import compare_variants, list_variants, variant_result, variant_stages
 from pipelines import PIPELINE_NAME
@@ -232,7 +232,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
             .set_display_name("Deploy (KServe + vLLM)" if cluster else "Deploy (local server)")
             .set_caching_options(False)
         )
-        if cluster:  # it reads the evaluation's serving reference beside the model (components/deploy/logprobs.py)
+        if cluster:  # it reads the evaluation's serving reference beside the model (components/models/logprobs.py)
             kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
     with dsl.Else(name="evaluation-not-passed"):
         skipped = skip_deployment(reason=compare.outputs["reason"]).set_display_name("Skip deployment")

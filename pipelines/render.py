@@ -19,9 +19,9 @@ from components.kube import job_name_for
 from components.observe.tensorboard import tensorboard_manifest
 from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
+from components.stages import dataset_folder, hands_on, stage_folder, stage_train_settings
 from components.train.config import build_trainer_config
 from components.train.launcher.job import training_job_for_run
-from components.train.stages import dataset_folder, hands_on, stage_folder, stage_train_settings
 from pipelines.compile import compile_pipeline
 
 RENDER_RUN_ID = "render-preview"

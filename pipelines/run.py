@@ -16,11 +16,11 @@ import os
 import re
 import sys
 import tempfile
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
+from components.estimate.plan import plan_text
 from components.settings import ADVANCED, specs, split_arguments
-from components.train.launcher.plan import plan_text
 from components.validate.rules import warnings
 from components.version import __version__
 from pipelines import params as P
@@ -155,7 +155,7 @@ def submit_run(args, params: dict, preset: str) -> dict:
     from pipelines.compile import compile_pipeline
     from pipelines.submit import submit
 
-    run_name = args.run_name or f"{preset}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    run_name = args.run_name or f"{preset}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     with tempfile.TemporaryDirectory() as tmp:
         package = compile_pipeline(Path(tmp) / "llm_finetune.yaml", variants_parallel=params["variants_parallel"])
         sub = submit(

@@ -376,7 +376,7 @@ def _upload_version(
             )
         return pipeline_id, versions[0].pipeline_version_id
 
-    base_name = f"v{__version__}-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}"
+    base_name = f"v{__version__}-{datetime.datetime.now(datetime.UTC):%Y%m%d-%H%M%S}"
     for attempt in range(1, _MAX_VERSION_NAME_ATTEMPTS + 1):
         version_name = base_name if attempt == 1 else f"{base_name}-{attempt}"
         with _server_step(host, f"uploading version {version_name!r} of pipeline {pipeline_name!r}"):

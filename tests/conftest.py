@@ -1,21 +1,20 @@
 """Fixtures for every test. Shared helpers live in tests/helpers/ and fake servers in tests/fakes/: test
 modules import from there, never from one another (nor from this file)."""
 
-from pathlib import Path
-
 import pytest
 import yaml
 
 from components import kube
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.cluster import GPU_TAINT, H100
-from tests.helpers.repo import require_reference
+from tests.helpers.repo import REFERENCE
 
 
-@pytest.fixture
-def reference() -> Path:
-    """``REFERENCE`` (``../shared/reference``); tests that need it skip where it is absent, and fail in CI."""
-    return require_reference()
+def pytest_configure(config):
+    """The reference specs are part of the repository (tests/reference/); a ``REFERENCE_DIR`` that names no such
+    folder stops the run here rather than failing tests one by one with FileNotFoundError."""
+    if not (REFERENCE / "crds").is_dir():
+        raise pytest.UsageError(f"no reference specs at {REFERENCE} (REFERENCE_DIR: a folder like tests/reference)")
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The package's boundaries, as contracts (README "Layout": which room holds what, by where the code runs).
+"""The package's boundaries, as contracts (docs/development.md, "Layout": which room holds what, by where it runs).
 
 - import-linter's contracts in pyproject.toml ([tool.importlinter]; ``lint-imports`` checks them all), each run
   here on its own: the trainer program imports no cluster client, settings is a leaf, the launcher and the trainer
@@ -48,6 +48,8 @@ def _light_modules() -> list[str]:
     (their functions import what the step needs when it runs) and ``pipelines`` (compile, submit, the CLI)."""
     paths = [
         *(ROOT / "components/train/launcher").glob("*.py"),
+        *(ROOT / "components/jobs").glob("*.py"),
+        *(ROOT / "components/estimate").glob("*.py"),
         *(ROOT / "components").glob("*/component.py"),
         *(ROOT / "pipelines").glob("*.py"),
     ]

@@ -1,7 +1,6 @@
 """Images and package stay one release: tags come from the version, Dockerfiles install the pins."""
 
 import re
-
 import tomllib
 
 from components import version

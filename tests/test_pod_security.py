@@ -23,7 +23,7 @@ from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import TRAINER_V2_1, TRAINER_V2_2, trainjob_for_run
 from pipelines.compile import compile_pipeline
 from tests.helpers.pod_security import violations
-from tests.helpers.repo import ROOT, require_reference
+from tests.helpers.repo import REFERENCE, ROOT
 
 RUN_ARGS = {
     "run_id": "8b0e3f2a-1c2d-4e5f-9a8b-7c6d5e4f3a2b",
@@ -67,7 +67,7 @@ def merge_pod(template: dict, patch: dict) -> dict:
 
 def runtime_pod(filename: str) -> dict:
     """The ``node`` replicated job's pod template of a torch-distributed ClusterTrainingRuntime (Helm lines dropped)."""
-    text = (require_reference("runtimes") / "runtimes" / filename).read_text()
+    text = (REFERENCE / "runtimes" / filename).read_text()
     runtime = yaml.safe_load("\n".join(line for line in text.splitlines() if "{{" not in line))
     (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
     return rjob["template"]["spec"]["template"]
@@ -205,7 +205,7 @@ def kserve_runtime(backend: str) -> dict:
         "kserve-vllm": "runtime_kserve-vllmserver.yaml",
         "kserve-huggingface": "runtime_kserve-huggingfaceserver.yaml",
     }
-    return yaml.safe_load((require_reference("runtimes") / "runtimes" / name[backend]).read_text())
+    return yaml.safe_load((REFERENCE / "runtimes" / name[backend]).read_text())
 
 
 def predictor_pod(isvc: dict, runtime: dict) -> dict:

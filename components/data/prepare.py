@@ -13,7 +13,7 @@ Three stages, one module each:
 - tokenizing (:mod:`components.data.tokenizing`): chat rows rendered with the model's chat template and
   only assistant tokens labelled (-100 elsewhere; ``text`` rows learn every token), tokenized in batches
   with ``num_proc`` workers, and packed into rows of exactly ``max_seq_length`` tokens
-  (:mod:`components.data.packing`);
+  (:mod:`components.models.packing`);
 - caching (:mod:`components.data.caching`): with ``cache_dir``, the result is kept under a fingerprint of
   sources + tokenizer + template + options, and a run with unchanged inputs reuses it instead of redoing
   the work.
@@ -394,4 +394,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from components.quick_exit import freeze_heap_at_exit
+
+    freeze_heap_at_exit()
     sys.exit(main())

@@ -4,7 +4,7 @@ Chat rows are rendered with the model's chat template and only assistant tokens 
 elsewhere, so the model learns to answer, not to ask); ``text`` rows learn every token. Rows are tokenized
 in batches with ``num_proc`` workers; examples longer than ``max_seq_length`` are dropped or truncated
 (``OVER_LENGTH``), and each split is packed into rows of exactly ``max_seq_length`` tokens
-(:mod:`components.data.packing`) or kept one example per row.
+(:mod:`components.models.packing`) or kept one example per row.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from transformers import AutoTokenizer
 
 from components.data import sources
 from components.data.formats import DataError
-from components.data.packing import IGNORE_INDEX, packed_batches
+from components.models.packing import IGNORE_INDEX, packed_batches
 
 log = logging.getLogger("prepare_dataset")
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 from kubernetes import client as k8s
 
-from components.deploy.logprobs import ServingMismatch, check_server
 from components.deploy.plan import lora_args
 from components.deploy.smoke import chat_completion
 from components.kube import DNS1035_LABEL, RUN_ID_LABEL, CustomResourceRunner, call_api, unstartable_pod_reason
+from components.models.logprobs import ServingMismatch, check_server
 from components.paths import MODEL_MOUNT, pvc_uri
 from components.security import container_security_context
 
@@ -384,7 +384,7 @@ def deploy_inference_service(
     every model name the service serves (its served name and each LoRA module's, ``served_names``) under the
     in-cluster address (``status.address.url``, else ``status.url``). On failure the previous
     spec is restored (merge patch), or the new service is deleted, and the error says which. With
-    ``serving_reference`` (the evaluate step's, components/deploy/logprobs.py) the same address must then
+    ``serving_reference`` (the evaluate step's, components/models/logprobs.py) the same address must then
     reproduce the evaluated model's per-token log-probabilities on held-out rows and its greedy first tokens.
 
     Args:
@@ -394,7 +394,7 @@ def deploy_inference_service(
         api_client: a ``kubernetes.client.ApiClient``; default: in-cluster config, else kubeconfig.
         smoke_prompt: the user message of the smoke test.
         pending_timeout_seconds: how long a predictor pod may stay Unschedulable.
-        serving_reference: from ``components.deploy.logprobs.read_reference``; None skips that check.
+        serving_reference: from ``components.models.logprobs.read_reference``; None skips that check.
         serving_references: more references by served name (a LoRA module's, checked under its name).
 
     Returns:

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from components import quick_exit
-from components.deploy.logprobs import ServingMismatch, check_greedy_text, check_server
 from components.deploy.plan import lora_args
 from components.deploy.smoke import chat_completion, wait_healthy
+from components.models.logprobs import ServingMismatch, check_greedy_text, check_server
 
 SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
 SERVING_VENV_ENV = "SERVING_VENV"
@@ -44,7 +44,7 @@ def serve_locally(
 ) -> dict:
     """Start `transformers serve` on the model, send one chat completion, and stop it unless ``keep_serving``.
 
-    With ``serving_reference`` (the evaluate step's, components/deploy/logprobs.py) the server's greedy answers
+    With ``serving_reference`` (the evaluate step's, components/models/logprobs.py) the server's greedy answers
     must also start as the evaluated model's (``check_greedy_text``: `transformers serve` returns no
     log-probabilities, so only the answers are compared); otherwise the server is stopped and the step fails.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure  # no pyplot: no GUI backend, no global figure state
 
-from components.train.trainer.checkpoint_dirs import latest_complete_checkpoint
+from components.models.checkpoint_dirs import latest_complete_checkpoint
 
 PNG_PREFIX = "data:image/png;base64,"
 

@@ -21,7 +21,6 @@ import datasets
 import torch
 from transformers import AutoTokenizer
 
-from components.deploy.logprobs import transformers_reference, write_reference
 from components.evaluate.curves import training_section
 from components.evaluate.harness import check_tasks, run_tasks
 from components.evaluate.isolated import run_isolated
@@ -31,6 +30,7 @@ from components.evaluate.rewards import reward_gate, reward_model_accuracy, rewa
 from components.evaluate.stages import preference_scores, stage_metrics, stages_section
 from components.evaluate.vllm_scoring import score_with_vllm
 from components.models.batches import label_nll, pad_collator
+from components.models.logprobs import transformers_reference, write_reference
 
 log = logging.getLogger("evaluate_model")
 
@@ -159,7 +159,7 @@ def score_model(
 ) -> dict:
     """Held-out loss and prompt answers of one model: vLLM (own process) on GPUs where installed, else transformers.
     With ``serving_reference``, also ``serving_reference``: what the served model must reproduce
-    (components/deploy/logprobs.py), from the same engine and weights."""
+    (components/models/logprobs.py), from the same engine and weights."""
     gpus = torch.cuda.device_count()
     if gpus and importlib.util.find_spec("vllm") is not None:
         return run_isolated(
@@ -272,7 +272,7 @@ def evaluate(
         preference_path: the dpo stage's prepared pairs: base, ``before_dpo`` and tuned are scored on their eval split
             (preference accuracy, components/evaluate/stages.py).
         serving_reference: where to write what the served tuned model must reproduce: a few held-out examples'
-            per-token log-probabilities and greedy first tokens (components/deploy/logprobs.py); the deploy step
+            per-token log-probabilities and greedy first tokens (components/models/logprobs.py); the deploy step
             compares the server with it.
         grpo: when the grpo stage ran: ``prompts_path`` (its prepared prompts), ``before`` (the model it started
             from), ``rewards``, ``pattern``, ``length_budget``, ``max_new_tokens``, ``temperature``, ``reward_model``,

@@ -4,7 +4,7 @@ pairs, and the gate on the reward gain (``min_reward_improvement``).
 
 Each model samples ``SAMPLES`` answers to each of the grpo stage's held-out prompts, as GRPO samples them (at
 ``grpo_temperature``, at most ``grpo_max_completion_length`` tokens, the same seed for every model); the answers are
-scored with the run's rewards and weights (components/train/trainer/rewards.py, the functions the trainer used; a
+scored with the run's rewards and weights (components/rewards.py, the functions the trainer used; a
 reward model scores prompt + answer through the chat template, as TRL does) and the weighted sum is averaged: the
 expected reward GRPO maximises. Not greedy answers: a small model's greedy answer is one repeated phrase whatever it
 learned (measured on the tiny model: the answer line in 0 of 48 greedy answers after grpo, in 9 of 10 sampled ones).
@@ -20,7 +20,7 @@ import torch
 from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from components.evaluate.loading import load_causal_lm
-from components.train.trainer.rewards import builtin_reward, load_reward_function
+from components.rewards import builtin_reward, load_reward_function
 
 log = logging.getLogger("evaluate_model")
 

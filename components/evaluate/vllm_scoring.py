@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-from components.data.packing import IGNORE_INDEX, split_examples
+from components.models.packing import IGNORE_INDEX, split_examples
 
 
 def score_with_vllm(
@@ -23,7 +23,7 @@ def score_with_vllm(
     serving_reference: bool = False,
 ) -> dict:
     """``eval_loss``, ``perplexity``, ``tokens``, ``rows`` and ``answers`` of ``model_path`` with vLLM on ``gpus``
-    GPUs; with ``serving_reference`` also ``serving_reference`` (components/deploy/logprobs.py) from this engine."""
+    GPUs; with ``serving_reference`` also ``serving_reference`` (components/models/logprobs.py) from this engine."""
     # Lazy and optional: vLLM exists only in GPU images that install it; evaluation falls back to transformers.
     from vllm import LLM, SamplingParams
 
@@ -56,7 +56,7 @@ def score_with_vllm(
         "answers": answers,
     }
     if serving_reference:
-        from components.deploy.logprobs import vllm_reference
+        from components.models.logprobs import vllm_reference
 
         result["serving_reference"] = vllm_reference(llm, rows, prompts)
     return result

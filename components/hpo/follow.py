@@ -4,36 +4,11 @@
                                         pending_timeout_seconds=900)
     best = katib.best_trial(experiment)["parameters"]
 
-The Experiment's name comes from the run id (``katib.experiment_name_for``), so a retried step finds the one it
-created (POST answers 409 AlreadyExists) and re-attaches instead of starting a second search; one that had failed
-is deleted (foreground: its trials and their pods go first) and created again, since re-attaching to it could only
-fail again. Then it polls at a fixed interval, printing the search's progress when it changes, and ends one of
-these ways:
-
-- ``Succeeded``: the Experiment and its Trials (listed by ``katib.EXPERIMENT_LABEL``) are returned, and the
-  Experiment is deleted (its trials' jobs and pods, which the trial template keeps for their logs, go with it);
-- ``Failed``: the Experiment is deleted (Katib never stops the trials still running in a finished Experiment, and
-  they hold GPUs) and the step fails with Katib's reason and the failed trials' own messages (Katib fails an
-  Experiment once its failed trials reach ``maxFailedTrialCount``, ``katib.search_failed``, or when its suggestion
-  service fails);
-
-A trial seen Failed or MetricsUnavailable has its pods' last lines read before anything is deleted (the pod to blame
-as the launcher names it; with Katib's StdOut collector the primary pod's output is in its collector sidecar):
-they go into the step's error, and into the returned Trial objects (``katib.LOG_TAIL``) for the report.
-- a trial pod that cannot start (bad image, missing config, unschedulable past ``pending_timeout_seconds``), a
-  running trial without any pod that long (its job could not create them: JobSet refused a TrainJob's JobSet, say;
-  a job that Kueue holds suspended is waited for), or no trial at all that long after the Experiment was created
-  (the suggestion service did not start): the Experiment is deleted (it holds GPUs, or would) and the error names
-  the pod or trial and says where to look;
-- the deadline (``timeout_seconds``) passes, or SIGTERM arrives (the run was cancelled): the Experiment is deleted,
-  and with it its Trials, their jobs and pods.
-
-Creating or re-attaching, following, deleting and SIGTERM are the one custom-resource runner's
-(``components.kube.CustomResourceRunner``); transient API errors (5xx, 429, dropped connections) are retried. Each
-trial's ``final/`` export (~61 GB for a full fine-tune of Qwen3-30B-A3B) is deleted from the model volume as soon
-as the trial has ended, and once more when the search ends: trials are for their eval_loss, and 12 exports would
-fill the volume. Their config, metrics.json and TensorBoard events stay (the run's Tensorboard shows the trials'
-curves).
+The Experiment is named from the run id, so a retried step re-attaches to it (one that had failed is deleted and
+created again). The follower polls it and ends every way out (succeeded, failed, a trial pod that cannot start, the
+deadline, SIGTERM) by deleting the Experiment: Katib never stops the trials of a finished Experiment, and they hold
+GPUs. Failed trials' last log lines go into the step's error and the report; each ended trial's ``final/`` export is
+deleted from the model volume (trials are for their eval_loss). docs/hpo.md lists each way it ends and why.
 """
 
 from __future__ import annotations
@@ -48,6 +23,8 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.hpo import katib
+from components.jobs.failures import classify_failure
+from components.jobs.kinds import DELETION_TIMEOUT_SECONDS, JobKind, job_kind
 from components.kube import (
     RUN_ID_LABEL,
     CustomResourceRunner,
@@ -56,8 +33,6 @@ from components.kube import (
     true_condition,
     unstartable_pod_reason,
 )
-from components.train.launcher.failures import classify_failure
-from components.train.launcher.kinds import DELETION_TIMEOUT_SECONDS, JobKind, job_kind
 
 # Trial conditions after which the trial's job has ended and writes nothing more.
 _ENDED = {"Succeeded", "Failed", "MetricsUnavailable", "EarlyStopped", "Killed"}
@@ -72,7 +47,7 @@ _KLOG_HEADER = re.compile(r"^[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+\s+\d+ [^\s\]]+:\d+\
 class _TrialLogs:
     """The end of each failed trial's log, read once the trial is seen failed (``retain: true`` keeps its pods until
     the Experiment is deleted), with the pod to blame as the launcher would name it
-    (components/train/launcher/failures.py): the trainer container's log, or, in the primary pod, the collector's."""
+    (components/jobs/failures.py): the trainer container's log, or, in the primary pod, the collector's."""
 
     def __init__(self, core, namespace: str, kind: JobKind, retry_delay: float):
         self._kind, self._namespace = kind, namespace

@@ -8,43 +8,12 @@
                                      method="lora", seed=42)
     best = best_trial(experiment_as_read_back)          # its parameters, by setting name, for the final run
 
-Each trial runs the PyTorchJob or TrainJob the launcher builds (``training_job_for_run``): the same image,
-pods, volumes, placement and queue. Only the trainer container's command differs.
-
-How a trial's values reach the trainer. The trainer reads one JSON config file (``torchrun ... -m
-components.train.trainer.sft --config FILE``, components/train/launcher/pods.py) and its command line takes nothing
-else, while a trial needs its own values and its own output folder (the checkpoints, metrics.json and TensorBoard
-events of concurrent trials must not mix). Katib only substitutes ``${trialParameters.<name>}`` into the text of the
-trial template, so the values travel as command-line arguments, HfArgumentParser-style, to a small entry point that
-runs first in every pod of the trial (components/hpo/trial.py)::
-
-    python -m components.hpo.trial --base-config <the run's train_config.json> --trial-dir <trials_dir>/<trial>
-        --max_steps 50 --save_strategy no --learning_rate ${trialParameters.learning_rate} ...
-        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.trainer.sft \\
-           --config <trials_dir>/<trial>/train_config.json
-
-It writes the run's config with the trial's values and ``output_dir`` into the trial's folder and then becomes
-(exec) the unchanged ``torchrun`` command on it: the trainer, its config checks (a bad value exits with code 2)
-and its outputs are a normal run's, and the rendered manifest shows the whole command. Substituting into the
-run's config file instead would race between concurrent trials, and Katib cannot make a file per trial; giving
-the trainer's own command line overrides would serve as well, but changes the trainer's entry point.
-
-What Katib reads back. The objective is ``eval_loss``, minimised: the trainer's held-out loss per label token
-(the number evaluate_model compares), which rank 0 prints on its last line, ``metrics {..., 'eval_loss':
-5.3763, ...}`` (sft.py). Katib's StdOut collector reads the output of the primary pod (node rank 0, home of global
-rank 0) with ``METRICS_FORMAT``; it also keeps the ``loss`` of each progress line (``step 10/50 | loss 2.3456 |
-...``, callbacks.py) as the trial's curve in the Katib UI. A File collector on metrics.json cannot work: its JSON
-format wants string values, one object per line. A trial with no numeric eval_loss (``nan``, or a crash) is
-MetricsUnavailable or Failed, and counts toward ``maxFailedTrialCount`` (``search_failed``).
-
-What the StdOut collector implies: Katib's pod webhook runs the primary container as ``sh -c "<command> 1>file
-2>&1 && ..."`` (its output shows in the ``metrics-logger-and-collector`` sidecar's log) and injects only in
-namespaces labelled ``katib.kubeflow.org/metrics-collector-injection: enabled`` (Kubeflow profiles are). That
-``sh`` does not pass SIGTERM on: an evicted trial fails rather than checkpointing; trials are short.
-
-Trials write no checkpoints (``save_strategy no``: a Qwen3-30B-A3B ZeRO-3 checkpoint is ~183 GB per pod) but the
-trainer still writes its final export (``final/``, ~61 GB for full fine-tuning): the step that follows the
-Experiment should delete each finished trial's folder (``trials_dir``), or the trainer grow a way to skip it.
+Each trial runs the PyTorchJob or TrainJob the launcher builds (``training_job_for_run``): the same image, pods,
+volumes, placement and queue. Only the trainer container's command differs: Katib substitutes a trial's values only
+into the template's text, so ``python -m components.hpo.trial`` (components/hpo/trial.py) takes them as arguments,
+writes the trial's own config and output folder, and execs the unchanged ``torchrun ... -m components.train.trainer``
+on it. The objective is the trainer's ``eval_loss``, minimised, which Katib's StdOut collector reads from the primary
+pod's output (``METRICS_FORMAT``). docs/hpo.md says why each choice, and what the StdOut collector implies.
 """
 
 from __future__ import annotations
@@ -75,7 +44,7 @@ EXPERIMENT_LABEL = "katib.kubeflow.org/experiment"
 OBJECTIVE = "eval_loss"
 TRAIN_LOSS = "loss"
 # Katib's StdOut collector takes group 1 of a match as the metric's name and group 2 as its value (Go RE2; the
-# same in Python's re). The first reads the trainer's final ``metrics {...}`` line (a Python dict's repr, sft.py),
+# same in Python's re). The first reads the trainer's final ``metrics {...}`` line (a Python dict's repr, common.py),
 # the second its progress lines (callbacks.py). ``nan``/``inf`` do not match: such a trial has no objective.
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 METRICS_FORMAT = [rf"'({OBJECTIVE})': ({_NUMBER})", rf"\| ({TRAIN_LOSS}) ({_NUMBER}) \|"]

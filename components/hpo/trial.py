@@ -2,7 +2,7 @@
 
     python -m components.hpo.trial --base-config /mnt/models/runs/RUN/train/train_config.json \\
         --trial-dir /mnt/models/runs/RUN/hpo/TRIAL --max_steps 50 --save_strategy no --learning_rate 3.1e-05 \\
-        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.trainer.sft \\
+        -- torchrun --nnodes 2 --nproc_per_node 8 -m components.train.trainer \\
            --config /mnt/models/runs/RUN/hpo/TRIAL/train_config.json
 
 The container command of every pod of a trial (components/hpo/katib.py builds it; why this way is said there).

@@ -1,4 +1,4 @@
-"""Rows to batches and batches to scores: shared by the trainer (components/train/trainer/sft.py) and evaluate_model.
+"""Rows to batches and batches to scores: shared by the trainer (components/train/trainer/) and evaluate_model.
 
 One collator and one loss definition for both, so that the trainer's ``eval_loss`` and the evaluate step's
 held-out loss are the same number for the same tokens (tests/test_local_run.py holds them together), and so

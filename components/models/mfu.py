@@ -26,7 +26,11 @@ packed rows overstated MFU: on one H100 (Qwen3-1.7B shape, rows of 4096, ../shar
 whole-row count against 15.9% per document, for the same 14,687 tokens/s.
 
 Only useful FLOPs count: work a kernel spends on masked-out blocks (SDPA with the dense block-causal mask) or
-on pad tokens is not added, so a faster attention kernel raises MFU through the time alone.
+on pad tokens is not added, so a faster attention kernel raises MFU through the time alone. Recomputation
+(activation checkpointing) is hardware work, not model work: ``recompute_flops_per_token`` counts it apart, for
+the plan's compute time; MFU never includes it. ``model_flops_per_token`` is the one count the plan, the trainer's
+logged MFU and the benchmarks use (Qwen3-30B-A3B at 4096 tokens: 23.08 GFLOP per token, NVIDIA NeMo AutoModel's
+published 23.0 within 0.4%; tests/models/test_mfu.py).
 """
 
 from __future__ import annotations
@@ -71,6 +75,20 @@ def flops_per_token(active_params: int, layers: int, q_dim: int, attention_lengt
     attention per document; the row length gives PaLM's whole-row (non-causal) count.
     """
     return 6 * active_params + 12 * layers * q_dim * attention_length
+
+
+def model_flops_per_token(shape, attention_length: float) -> float:
+    """Model FLOPs per trained token of a decoder (``components.models.shape.ModelShape``): 6 N + 12 L d T with
+    N = ``shape.active``, the embedding lookup 0 and the output head a matmul; no recomputation."""
+    return flops_per_token(shape.active, shape.layers, shape.q_dim, attention_length)
+
+
+def recompute_flops_per_token(shape, attention_length: float, fraction: float = 1.0) -> float:
+    """Hardware FLOPs that activation recomputation adds per token: the forward of the recomputed decoder layers
+    again (2 N_layers + 4 L d T), for ``fraction`` of the layers. The output head and the final norm run outside
+    the checkpointed layers and are not recomputed."""
+    head = shape.vocab * shape.hidden + shape.hidden  # the lm_head's matmul (or the tied embedding's) and final norm
+    return fraction * (2 * (shape.active - head) + 4 * shape.layers * shape.q_dim * attention_length)
 
 
 def causal_attention_length(document_lengths) -> float:

@@ -1,5 +1,5 @@
 """A decoder's shape from its ``config.json``: parameter counts (all, active, per block) for the memory-fit
-estimate (components/train/launcher/memory.py), the trainer's FLOPs (components/models/mfu.py) and the plan; and
+estimate (components/estimate/memory.py), the trainer's FLOPs (components/models/mfu.py) and the plan; and
 which of its parts LoRA targets by default (the trainer wraps them, components/train/trainer/lora.py, and the
 memory-fit estimate counts them).
 
@@ -53,6 +53,7 @@ class ModelShape:
     moe_intermediate: int = 0
     sparse_layers: int = 0  # layers with a sparse MoE block (the others have a dense MLP)
     dense_intermediate: int = 0  # intermediate_size of the dense MLP layers
+    largest_layer: int = 0  # the parameters of the largest decoder layer: attention, norms, its MLP or MoE block
 
     def lora_params(self, r: int, targets: list[str]) -> int:
         """Trainable parameters of rank-``r`` LoRA on ``targets`` (lora.py's names) in every layer that has them.
@@ -136,6 +137,7 @@ def model_shape(config: dict) -> ModelShape:
         moe_intermediate=moe_i,
         sparse_layers=sparse_layers,
         dense_intermediate=dense_i,
+        largest_layer=attention + norms + (block if sparse_layers else dense),
     )
 
 

@@ -1,6 +1,6 @@
 """The run's Kubeflow ``Tensorboard`` (tensorboard.kubeflow.org/v1alpha1): its training curves in the dashboard.
 
-The trainer writes TensorBoard event files to ``<output_dir>/tensorboard`` (sft.py sets
+The trainer writes TensorBoard event files to ``<output_dir>/tensorboard`` (common.start_run sets
 ``TENSORBOARD_LOGGING_DIR``; the train step's output_dir is ``runs/<run id>/train`` on the model volume,
 components/paths.py). The Kubeflow tensorboard controller serves a ``pvc://<claim>/<path>`` logspath by mounting
 the claim read-only with ``subPath: <path>`` at ``/tensorboard_logs`` and running ``tensorboard --logdir`` there,

@@ -1,7 +1,7 @@
 """The trainer's configuration file: what the pipeline writes, and the rules on what goes together.
 
 The pipeline writes one such file per run (JSON) onto the model volume; every pod of the job reads it with
-``torchrun -m components.train.trainer.sft --config FILE`` into ``SFTConfig``
+``torchrun -m components.train.trainer --config FILE`` into ``SFTConfig``
 (components/train/trainer/arguments.py).
 This module imports no ML library (only the settings model): validate_inputs and ``--render`` use its rules without
 loading torch.
@@ -62,11 +62,34 @@ def hpz_partition(num_nodes: int, gpus_per_node: int) -> int:
     return gpus_per_node if num_nodes > 1 else 1
 
 
-def job_zero_config(deepspeed_config: str, num_nodes: int, gpus_per_node: int) -> dict:
+# DeepSpeed's own floor for the parameters ZeRO-3 keeps gathered at once (stage3_max_live_parameters' default).
+ZERO3_MIN_LIVE_PARAMETERS = 10**9
+# The ZeRO-3 sizes a DeepSpeed config may leave to "auto", which transformers fills from the hidden size alone
+# (reduce_bucket_size h^2, stage3_prefetch_bucket_size 0.9 h^2: 3.8M parameters for hidden 2048).
+ZERO3_SIZED = ("stage3_prefetch_bucket_size", "stage3_max_live_parameters", "reduce_bucket_size")
+
+
+def zero3_sizes(largest_layer: int) -> dict:
+    """ZeRO-3's sizes for a model whose largest decoder layer has ``largest_layer`` parameters: prefetch the next
+    whole layer while this one computes (for Qwen3-30B-A3B a layer is 624M parameters, its MoE block one ZeRO-3
+    leaf gathered at once; transformers' "auto" prefetches 3.8M and leaves every block's 1.2 GB gather on the
+    critical path), keep two layers live, reduce gradients one layer at a time. The one rule: the trainer writes
+    these into the job's config, the memory fit counts them (components/estimate/memory.py)."""
+    return {
+        "stage3_prefetch_bucket_size": largest_layer,
+        "stage3_max_live_parameters": max(ZERO3_MIN_LIVE_PARAMETERS, 2 * largest_layer),
+        "reduce_bucket_size": largest_layer,
+    }
+
+
+def job_zero_config(deepspeed_config: str, num_nodes: int, gpus_per_node: int, largest_layer: int = 0) -> dict:
     """The ``zero_optimization`` section a job of ``num_nodes`` x ``gpus_per_node`` runs with: the config's, with the
-    shipped ``zero3_hpz``'s partition set as the trainer sets it (a user's JSON keeps its own)."""
+    shipped ``zero3_hpz``'s partition set as the trainer sets it (a user's JSON keeps its own), and ZeRO-3's "auto"
+    sizes from the model's ``largest_layer`` (``zero3_sizes``; 0: left to transformers)."""
     zero = load_deepspeed_config(deepspeed_config).get("zero_optimization", {})
-    if deepspeed_config == HPZ_SHIPPED:
+    if zero.get("stage") == 3 and largest_layer:  # the sizes the trainer fills in where the file says "auto"
+        zero = {**zero, **{k: v for k, v in zero3_sizes(largest_layer).items() if zero.get(k, "auto") == "auto"}}
+    if deepspeed_config_path(deepspeed_config) == deepspeed_config_path(HPZ_SHIPPED):  # by name or by its path
         zero = {**zero, "zero_hpz_partition_size": hpz_partition(num_nodes, gpus_per_node)}
     return zero
 
@@ -77,7 +100,7 @@ def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:
 
     QLoRA under ZeRO-3 is refused. PEFT and accelerate support it only when bitsandbytes stores the packed
     4-bit weights in the model's dtype (``bnb_4bit_quant_storage=torch.bfloat16``, PEFT's DeepSpeed guide), so
-    that ZeRO-3 partitions them like any other bf16 parameter. The trainer (sft.py) keeps bitsandbytes' default
+    that ZeRO-3 partitions them like any other bf16 parameter. The trainer (common.py) keeps bitsandbytes' default
     uint8 storage. Parameter offload is no way out: with QLoRA it costs more GPU memory, not less (same guide).
     ZeRO-2 and plain DDP work with either storage.
     """
@@ -122,9 +145,9 @@ def build_trainer_config(
 
     ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
     ``use_cpu``: torchrun on a laptop (gloo, fp32) instead of GPUs (nccl, bf16).
-    ``stage``: ``cpt``, ``sft`` or ``dpo`` (components/train/stages.py): the trainer's loss and data layout.
+    ``stage``: ``cpt``, ``sft`` or ``dpo`` (components/stages.py): the trainer's loss and data layout.
     """
-    # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (sft.py
+    # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (common.py
     # sets the folder); MLflow and W&B read their address and key from the environment
     # (components/train/launcher/pods.py).
     cfg = dataclasses.asdict(train)

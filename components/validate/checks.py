@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 from collections import namedtuple
 
+from components.observe.process import start_step
 from components.settings import Settings, merge_arguments
 from components.validate.rules import check, warnings
 
@@ -19,7 +20,7 @@ def validate(arguments: dict):
     """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked; a
     ValueError listing every problem, each naming the setting and the fix. On a cluster it also runs the
     preflight."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    start_step("validate_inputs")  # validate_inputs' process: logging, and no final collection at its exit
     try:
         settings = merge_arguments(arguments)
     except ValueError as e:
@@ -32,7 +33,7 @@ def validate(arguments: dict):
         log.warning("%s", warning)
     s = Settings.from_flat(settings)
     if s.cluster.train_backend != "local":
-        from components.train.launcher.plan import plan_text
+        from components.estimate.plan import plan_text
 
         try:  # the figures python -m pipelines.run --plan prints: seconds per step, tokens/s, bottleneck, GPU-hours
             log.info("%s", plan_text(settings))

@@ -191,8 +191,9 @@ def validate_inputs(
             max_grad_norm, activation_checkpointing, logging_steps, report_to, grpo_column_mapping, stage_settings,
             variants_parallel, deploy_variants, hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials,
             hpo_algorithm, hpo_trial_steps, dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s,
-            inter_node_gb_per_s, tracking_secret, metrics_port, prometheus_url, gpu_util_threshold,
-            gpu_util_window_seconds, min_reward_improvement. python -m pipelines.run --help describes each.
+            inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s,
+            tracking_secret, metrics_port, prometheus_url, gpu_util_threshold, gpu_util_window_seconds,
+            min_reward_improvement. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

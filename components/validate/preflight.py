@@ -283,11 +283,11 @@ def _tolerates(tolerations: list, taint: dict) -> bool:
 
 
 def _usable_nodes(
-    core: k8s.CoreV1Api, node_selector: dict, tolerations: list, gpus_per_node: int
+    core: k8s.CoreV1Api, node_selector: dict, tolerations: list, gpus_per_node: int, also: dict | None = None
 ) -> tuple[dict[str, int], int] | None:
     """The schedulable nodes matching ``node_selector`` whose taints ``tolerations`` tolerate and that have
-    ``gpus_per_node`` allocatable GPUs, with those GPUs, and how many nodes matched; None when Nodes may not be
-    listed (a warning is logged)."""
+    ``gpus_per_node`` allocatable GPUs (and ``also``: resource -> count), with those GPUs, and how many nodes
+    matched; None when Nodes may not be listed (a warning is logged)."""
     selector = ",".join(f"{k}={v}" for k, v in sorted(node_selector.items()))
     try:
         nodes = call_api(core.list_node, label_selector=selector or None).items
@@ -302,8 +302,15 @@ def _usable_nodes(
     usable = {}
     for node in nodes:
         taints = [t.to_dict() for t in node.spec.taints or [] if t.effect in ("NoSchedule", "NoExecute")]
-        gpus = int((node.status.allocatable or {}).get(GPU, "0"))
-        if not node.spec.unschedulable and gpus >= gpus_per_node and all(_tolerates(tolerations, t) for t in taints):
+        allocatable = node.status.allocatable or {}
+        gpus = int(allocatable.get(GPU, "0"))
+        offers = all(int(allocatable.get(name, "0")) >= count for name, count in (also or {}).items())
+        if (
+            not node.spec.unschedulable
+            and gpus >= gpus_per_node
+            and offers
+            and all(_tolerates(tolerations, t) for t in taints)
+        ):
             usable[node.metadata.name] = gpus
     return usable, len(nodes)
 
@@ -320,6 +327,38 @@ def _gpu_node_problem(
         f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {matched} nodes "
         f"{where} are schedulable, tolerated and have >= {gpus_per_node} allocatable {GPU}; "
         "check node_selector, tolerations and gpus_per_node against kubectl get nodes -L nvidia.com/gpu.product"
+    )
+
+
+def _rdma_node_problem(core: k8s.CoreV1Api, c) -> str | None:
+    """Whether ``num_nodes`` of the GPU nodes the job may use offer ``rdma_per_pod`` of ``rdma_resource``: a pod
+    requesting a resource no node advertises stays Pending for ever."""
+    gpu_nodes = _usable_nodes(core, c.node_selector, c.tolerations, c.gpus_per_node)
+    found = _usable_nodes(core, c.node_selector, c.tolerations, c.gpus_per_node, {c.rdma_resource: c.rdma_per_pod})
+    if gpu_nodes is None or found is None or len(found[0]) >= c.num_nodes or len(gpu_nodes[0]) < c.num_nodes:
+        return None  # Nodes unreadable (warned), or too few GPU nodes at all (that problem is named on its own)
+    return (
+        f"rdma_resource={c.rdma_resource} x rdma_per_pod={c.rdma_per_pod}: only {len(found[0])} of the "
+        f"{len(gpu_nodes[0])} GPU nodes the job may use offer it (allocatable), and num_nodes={c.num_nodes}; "
+        "install the cluster's RDMA device plugin, correct the name (kubectl get nodes -o "
+        "jsonpath='{.items[*].status.allocatable}'), or leave rdma_resource empty to run NCCL over TCP"
+    )
+
+
+# Pod Security levels that forbid adding IPC_LOCK: baseline allows only its short list of capabilities
+# (AUDIT_WRITE ... SYS_CHROOT), restricted only NET_BIND_SERVICE (kubernetes.io/docs/concepts/security/
+# pod-security-standards, "Capabilities").
+IPC_LOCK_FORBIDDEN = ("baseline", "restricted")
+
+
+def _ipc_lock_problem(labels: dict | None, namespace: str) -> str | None:
+    level = (labels or {}).get(PSS_ENFORCE_LABEL, "")
+    if level not in IPC_LOCK_FORBIDDEN:
+        return None
+    return (
+        f"ipc_lock=true: namespace {namespace} enforces the {level} Pod Security Standard ({PSS_ENFORCE_LABEL}), "
+        "which rejects pods adding the IPC_LOCK capability; run the job in a namespace labelled "
+        f"{PSS_ENFORCE_LABEL}=privileged, or set ipc_lock=false (NCCL then cannot pin memory for InfiniBand)"
     )
 
 
@@ -429,4 +468,8 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
             problems += _variant_gpu_problems(core, params)
         else:
             problems.append(_gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node))
+        if c.rdma_resource:
+            problems.append(_rdma_node_problem(core, c))
+        if c.ipc_lock:
+            problems.append(_ipc_lock_problem(labels(), namespace))
     return [p for p in problems if p]

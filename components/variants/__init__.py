@@ -32,7 +32,7 @@ from components.settings import (
     whole_numbers,
 )
 
-STAGES = choices("stages")  # the pipeline's stage slots, one per possible stage (components/train/stages.py)
+STAGES = choices("stages")  # the pipeline's stage slots, one per possible stage (components/stages.py)
 
 NAME_KEY = "name"
 # Short: a variant's name ends its run folder and its jobs' names (components/kube.py keeps those <= 52 characters).

@@ -22,8 +22,10 @@ def list_variants(settings: dict, run_id: str, tuned: dict) -> list:
         ``[{"variant", "run_id", "settings", "overrides", "tuned", "stage_1", ...}, ...]``: what each iteration
         reads (components/variants/__init__.py).
     """
+    from components.quick_exit import freeze_heap_at_exit
     from components.variants import expand
 
+    freeze_heap_at_exit()
     return expand(settings, run_id, tuned)
 
 
@@ -45,6 +47,9 @@ def variant_stages(variant: dict) -> NamedTuple(
     """
     from collections import namedtuple
 
+    from components.quick_exit import freeze_heap_at_exit
+
+    freeze_heap_at_exit()
     slots = sorted((k for k in variant if k.startswith("stage_")), key=lambda k: int(k.split("_")[1]))
     return namedtuple("VariantStages", slots)(*(variant[k] for k in slots))
 
@@ -63,6 +68,9 @@ def variant_result(variant: str, run_id: str, model_path: str, model_uri: str, s
     Returns:
         The same, as one object.
     """
+    from components.quick_exit import freeze_heap_at_exit
+
+    freeze_heap_at_exit()
     return {
         "variant": variant,
         "run_id": run_id,
@@ -102,8 +110,10 @@ def compare_variants(
     """
     from collections import namedtuple
 
+    from components.quick_exit import freeze_heap_at_exit
     from components.variants.compare import compare
 
+    freeze_heap_at_exit()
     outcome = compare(results)
     for name, value in outcome["metrics"].items():
         metrics.log_metric(name, value)

@@ -5,7 +5,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from components.data.packing import best_fit_decreasing, packed_batches
+from components.models.packing import best_fit_decreasing, packed_batches
 
 
 def test_every_row_fits_and_beats_first_fit_in_order():

@@ -205,6 +205,7 @@ def test_report_keeps_code_fences_inside_examples():
     assert "````\n" + example + "\n````" in md and "ʼ" not in md  # a longer fence: the example's own shows as is
 
 
+@pytest.mark.slow  # a second interpreter and its two tokenizer processes: ~8 s
 def test_command_line_is_the_same_code(corpus, tokenizer_dir, tmp_path):
     stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "f"), 128, 0.2, 42)
     ok = run_cli(

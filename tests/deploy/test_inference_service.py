@@ -13,7 +13,8 @@ from components.deploy.inference_service import RUNTIMES, build_inference_servic
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kserve import becomes_ready
 from tests.fakes.openai_server import OpenAIServer
-from tests.helpers.crd_schema import crd_errors, require_reference
+from tests.helpers.crd_schema import crd_errors
+from tests.helpers.repo import REFERENCE
 
 CRD = "serving.kserve.io_inferenceservices.yaml"
 GVP = ("serving.kserve.io", "v1beta1", "inferenceservices")
@@ -79,7 +80,7 @@ def test_placement_and_labels():
 def test_runtimes_match_kserves_definitions(runtime):
     """Our format, runtime name and OpenAI route agree with KServe's shipped ClusterServingRuntime."""
     rt = RUNTIMES[runtime]
-    definition = yaml.safe_load((require_reference() / "runtimes" / f"runtime_{rt.runtime}.yaml").read_text())
+    definition = yaml.safe_load((REFERENCE / "runtimes" / f"runtime_{rt.runtime}.yaml").read_text())
     assert definition["metadata"]["name"] == rt.runtime
     assert rt.model_format in [f["name"] for f in definition["spec"]["supportedModelFormats"]]
     (container,) = definition["spec"]["containers"]
@@ -261,7 +262,7 @@ def test_startup_probe_only_where_the_runtime_has_none():
     probe = isvc("kserve-huggingface")["spec"]["predictor"]["model"]["startupProbe"]
     assert probe["httpGet"] == {"path": "/openai/v1/models", "port": 8080}
     assert probe["initialDelaySeconds"] + probe["failureThreshold"] * probe["periodSeconds"] >= 1800
-    runtimes = require_reference() / "runtimes"
+    runtimes = REFERENCE / "runtimes"
     vllm = yaml.safe_load((runtimes / "runtime_kserve-vllmserver.yaml").read_text())["spec"]["containers"][0]
     hf = yaml.safe_load((runtimes / "runtime_kserve-huggingfaceserver.yaml").read_text())["spec"]["containers"][0]
     assert "startupProbe" in vllm and "startupProbe" not in hf

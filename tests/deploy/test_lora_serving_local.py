@@ -9,7 +9,7 @@ the tokenizer, model.json naming the base folder), built directly from the tiny 
 initialisations of both LoRA matrices (PEFT's ``init_lora_weights=False``), so each changes the model's output.
 The deploy step's own functions plan the server (one base, two LoRA modules) and run it; each adapter must answer
 a chat completion under its own name and reproduce the log-probabilities and greedy tokens that transformers +
-PEFT compute for it (the evaluate step's reference, components/deploy/logprobs.py), and the two adapters must
+PEFT compute for it (the evaluate step's reference, components/models/logprobs.py), and the two adapters must
 differ from each other and from the base. One engine start (~1-3 minutes on two busy cores).
 
 The serving virtualenv is built first where it is absent (tests/fakes/serving_image.py, as the rehearsal does);
@@ -24,8 +24,8 @@ import time
 import pytest
 
 from components.deploy.local_server import serve_adapters_locally
-from components.deploy.logprobs import server_logprobs
 from components.deploy.plan import plan_servers
+from components.models.logprobs import server_logprobs
 from components.models.tiny import materialize
 from tests.helpers.serving import build_adapter, serving_vllm
 

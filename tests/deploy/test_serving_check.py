@@ -1,4 +1,4 @@
-"""Issue 19, defect 8: the deploy step proves the server runs the evaluated model (components/deploy/logprobs.py).
+"""Issue 19, defect 8: the deploy step proves the server runs the evaluated model (components/models/logprobs.py).
 
 A served model that reads the exported config differently still answers a chat message; these tests put such a
 server (tests/fakes/vllm_server.py, a real model behind vLLM's completions API) in front of the deploy step's
@@ -14,7 +14,7 @@ import torch
 
 from components import kube
 from components.deploy.inference_service import build_inference_service, deploy_inference_service
-from components.deploy.logprobs import (
+from components.models.logprobs import (
     LOGPROB_TOLERANCE,
     TIE_MARGIN,
     ServingMismatch,

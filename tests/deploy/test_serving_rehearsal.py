@@ -5,9 +5,9 @@
 For the exported final model of (a) a dense full fine-tune (no DeepSpeed: ``Trainer.save_model``), (b) a Qwen3-MoE
 full fine-tune under ZeRO-3 (2 ranks: gathered layer by layer, ``export_gathered``) and (c) a LoRA fine-tune under
 ZeRO-3 merged into its base (``merge_lora_zero3``), each trained for a few steps by the project's trainer
-(``torchrun -m components.train.trainer.sft``) from a tiny base whose config carries Qwen3's RoPE base (1,000,000):
+(``torchrun -m components.train.trainer``) from a tiny base whose config carries Qwen3's RoPE base (1,000,000):
 
-1. the evaluate step's own function scores it and writes the serving reference (components/deploy/logprobs.py);
+1. the evaluate step's own function scores it and writes the serving reference (components/models/logprobs.py);
 2. the deploy step's own function (``deploy_inference_service``, with the manifest ``inference_service_for_run``
    renders) creates the InferenceService on the fake API server; a fake KServe controller runs the predictor pod
    from it and manifests/serving's ServingRuntime exactly as rendered: the real vLLM (the CPU build of the pinned
@@ -35,9 +35,9 @@ from pathlib import Path
 import pytest
 
 from components.deploy.inference_service import deploy_inference_service, inference_service_for_run
-from components.deploy.logprobs import LOGPROB_TOLERANCE, read_reference, reference_path
 from components.deploy.serving_runtime import serving_runtime_manifest
 from components.evaluate.evaluate import evaluate
+from components.models.logprobs import LOGPROB_TOLERANCE, read_reference, reference_path
 from components.paths import pvc_uri
 from components.settings import Settings
 from components.train.config import deepspeed_config_path

@@ -15,7 +15,8 @@ from components.deploy.serving_runtime import (
     SERVING_RUNTIME_FILE,
     serving_runtime_manifest,
 )
-from tests.helpers.crd_schema import crd_errors, require_reference
+from tests.helpers.crd_schema import crd_errors
+from tests.helpers.repo import REFERENCE
 
 SERVING = SERVING_RUNTIME_FILE.parent
 
@@ -56,7 +57,7 @@ def test_inference_service_resolves_to_it():
 
 
 def test_startup_probe_agrees_with_kserves_own_runtime():
-    kserve = yaml.safe_load((require_reference() / "runtimes" / "runtime_kserve-vllmserver.yaml").read_text())
+    kserve = yaml.safe_load((REFERENCE / "runtimes" / "runtime_kserve-vllmserver.yaml").read_text())
     ours = serving_runtime_manifest("ns")["spec"]["containers"][0]
     assert ours["startupProbe"]["httpGet"] == kserve["spec"]["containers"][0]["startupProbe"]["httpGet"]
 

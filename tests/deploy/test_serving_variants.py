@@ -383,7 +383,7 @@ def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_p
     InferenceServices; each served name is smoke-tested and checked against its own evaluation's reference."""
     from components.deploy import inference_service
     from components.deploy.component import deploy_model
-    from components.deploy.logprobs import FORMAT_VERSION, REFERENCE_FILE
+    from components.models.logprobs import FORMAT_VERSION, REFERENCE_FILE
     from components.settings import Settings
 
     mount = tmp_path / "models"
@@ -436,7 +436,7 @@ def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_s
     evaluation's reference."""
     from components.deploy import local_server
     from components.deploy.component import deploy_model
-    from components.deploy.logprobs import FORMAT_VERSION, REFERENCE_FILE
+    from components.models.logprobs import FORMAT_VERSION, REFERENCE_FILE
     from components.settings import Settings
 
     serve = [adapter(tmp_path, "a"), full(tmp_path, "f"), adapter(tmp_path, "b")]

@@ -48,6 +48,19 @@ def _train_briefly(base: str, dataset: str, out: str, steps: int = 60) -> None:
     AutoTokenizer.from_pretrained(base).save_pretrained(out)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """This module's models run on one CPU thread. On a 2-core machine whose cores other work shares, torch's
+    threads wait on each other: the ``tiny`` fixture's training took 72 s on two threads and 4 s on one (on the
+    idle machine 1.5 s and 2 s); its setup once took 298 s. The threads come back after the module."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """A tiny base model, a briefly tuned copy, and the same data prepared unpacked and packed."""
@@ -389,7 +402,7 @@ def test_task_scores_pick_the_judged_metric():
 
 
 def test_packed_rows_split_back_into_their_examples_for_vllm():
-    from components.data.packing import split_examples
+    from components.models.packing import split_examples
 
     packed = {
         "input_ids": [1, 2, 3, 4, 5, 6, 0, 0],

@@ -481,12 +481,21 @@ class FakeKubeAPI:
         )
 
     def add_node(
-        self, name: str, labels: dict, *, gpus: int = 8, taints: list | None = None, unschedulable: bool = False
+        self,
+        name: str,
+        labels: dict,
+        *,
+        gpus: int = 8,
+        taints: list | None = None,
+        unschedulable: bool = False,
+        devices: dict | None = None,
     ) -> None:
-        """A Node with ``gpus`` allocatable ``nvidia.com/gpu``, these labels and taints."""
+        """A Node with ``gpus`` allocatable ``nvidia.com/gpu`` (and ``devices``: a device plugin's extended
+        resources, name -> count), these labels and taints."""
         allocatable = {"cpu": "190", "memory": "2000Gi", "pods": "110"}
         if gpus:
             allocatable["nvidia.com/gpu"] = str(gpus)
+        allocatable.update({k: str(v) for k, v in (devices or {}).items()})
         self._put_core(
             "nodes",
             "",

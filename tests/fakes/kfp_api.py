@@ -3,7 +3,7 @@
 It speaks the part of the API that submitting a pipeline needs (healthz, pipelines and their upload
 endpoints, pipeline versions, experiments, runs, recurring runs), keeps its state in memory and logs
 every request for tests to inspect. Request bodies are checked against the definitions in the real
-swagger spec (``../shared/reference/kfp/kfp_api_single_file.swagger.json`` from the project root):
+swagger spec (``tests/reference/kfp/kfp_api_single_file.swagger.json``):
 unknown fields, wrong JSON types and missing required fields are answered with 400 as grpc-gateway
 would, and the semantic checks the API server makes on the way (cron trigger, max_concurrency 1-10,
 referenced pipeline/version/experiment exist, runtime parameters declared by the pipeline) are made too.
@@ -194,7 +194,7 @@ def _bad(message: str) -> ApiError:
 
 
 def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 Handler = Callable[..., Any]

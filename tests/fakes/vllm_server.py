@@ -1,6 +1,6 @@
 """A local stand-in for vLLM's OpenAI server that computes its answers with a real model (transformers, float32).
 
-It answers what the deploy step's checks ask (components/deploy/logprobs.py) the way vLLM 0.32's
+It answers what the deploy step's checks ask (components/models/logprobs.py) the way vLLM 0.32's
 ``/v1/completions`` does (``vllm/entrypoints/openai/completion/``, checked against the real engine in
 tests/deploy/test_serving_rehearsal.py): ``prompt`` as token ids or text; with ``echo`` the prompt's tokens come
 first in ``logprobs`` (``token_logprobs[0]`` is None: the first token has no context); ``logprobs: k`` gives the top

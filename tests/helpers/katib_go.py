@@ -3,12 +3,11 @@
 Katib's Experiment CRD has no schema (x-kubernetes-preserve-unknown-fields): the API server keeps any field and
 Katib's Go decoding silently drops one it does not know. So an Experiment is checked against
 
-- the Go types it is decoded into (``../shared/reference/katib/experiment_types.go``, ``common_types.go``): every
+- the Go types it is decoded into (``tests/reference/katib/experiment_types.go``, ``common_types.go``): every
   key must be a json field of its struct, of the right kind (``experiment_type_errors``);
 - the admission webhook's rules (``katib/validator.go``), ported function by function (``katib_webhook_errors``);
 
 and ``katib_trial_job`` builds the job Katib creates for one trial (manifest/generator.go ``applyParameters``).
-Tests that read the Go types skip where the reference folder is absent, and fail in CI.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ _SCALARS = {"string": str, "int32": int, "int": int, "bool": bool, "float64": (i
 
 def _go_types() -> tuple[dict, dict]:
     """``{struct: {json name: go type}}`` (inline structs flattened) and ``{alias: python type}``."""
-    ref = repo.require_reference("katib") / "katib"
+    ref = repo.REFERENCE / "katib"
     text = (ref / "experiment_types.go").read_text() + (ref / "common_types.go").read_text()
     aliases = {name: _SCALARS[base] for name, base in _ALIAS.findall(text)}
     raw = {name: _FIELD.findall(body) for name, body in _STRUCT.findall(text)}

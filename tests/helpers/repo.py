@@ -1,4 +1,4 @@
-"""Where the tests find things: the repository root, the reference specs beside it, and the command line."""
+"""Where the tests find things: the repository root, the reference specs (tests/reference/), and the command line."""
 
 import contextlib
 import io
@@ -10,32 +10,15 @@ import sys
 import warnings
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[2]
-# The real CRDs, runtimes and API specs tests check against (../shared/reference/README.md); REFERENCE_DIR
-# points elsewhere, e.g. at a checkout of them in CI.
-REFERENCE = Path(os.environ.get("REFERENCE_DIR") or ROOT.parent / "shared" / "reference")
+# The real CRDs, runtimes and API specs tests check against, copied unchanged from upstream with their sources and
+# licences in tests/reference/README.md. REFERENCE_DIR names another folder of the same layout instead.
+REFERENCE = Path(os.environ.get("REFERENCE_DIR") or ROOT / "tests" / "reference")
 
 
 def in_ci() -> bool:
     """Whether the tests run in CI (``CI=true``, as GitHub Actions and GitLab set it)."""
     return os.environ.get("CI", "").lower() in ("true", "1")
-
-
-def require_reference(*parts: str) -> Path:
-    """``REFERENCE``, once ``REFERENCE/<parts>`` exists. Where it is absent the calling test skips with the
-    reason, except in CI, where it fails: a skipped check against the real specs would pass unseen there."""
-    needed = REFERENCE.joinpath(*parts)
-    if not needed.exists():
-        why = (
-            f"reference specs not found at {needed} (they live beside the project, in shared/reference; "
-            "REFERENCE_DIR names another folder)"
-        )
-        if in_ci():
-            pytest.fail(f"{why}; CI runs every check against them", pytrace=False)
-        pytest.skip(why)
-    return REFERENCE
 
 
 def run_cli(*args: str, timeout: float = 120, env=None) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from components.deploy.logprobs import transformers_reference
+from components.models.logprobs import transformers_reference
 
 PROMPTS = [[{"role": "user", "content": "Repeat apple twice."}], [{"role": "user", "content": "Name a river."}]]
 # The engine's start on two busy cores: a minute or more; CUDA graphs are off on CPU.

@@ -3,7 +3,7 @@
 Katib's Experiment CRD has no schema (x-kubernetes-preserve-unknown-fields): the API server keeps any field and
 Katib's Go decoding silently drops one it does not know. So the rendered Experiment is checked against
 
-- the Go types it is decoded into (``../shared/reference/katib/experiment_types.go``, ``common_types.go``): every
+- the Go types it is decoded into (``tests/reference/katib/experiment_types.go``, ``common_types.go``): every
   key must be a json field of its struct, of the right kind (``go_type_errors``);
 - the admission webhook's rules (``katib/validator.go``), ported function by function in tests/helpers/katib_go.py
   (``katib_webhook_errors``);
@@ -457,7 +457,7 @@ def test_the_trial_entry_point_writes_the_runs_config_with_the_trials_values(tmp
         "--",
         "torchrun",
         "-m",
-        "components.train.trainer.sft",
+        "components.train.trainer",
         "--config",
         f"{trial_dir}/train_config.json",
     ]

@@ -24,7 +24,7 @@ from components.train.launcher import trainjob
 from components.train.launcher.trainjob import trainjob_for_run
 from tests.fakes.katib import NS, SPACE, KatibAPI, katib_ends, katib_runs, trial
 from tests.helpers.katib_go import katib_trial_job, trial_name
-from tests.helpers.repo import require_reference
+from tests.helpers.repo import REFERENCE
 
 UUID = "4d2c9b1e-7a3f-4e6d-8c5b-1f0a9e8d7c6b"  # what KFP's run ids look like
 FAST = {"poll_seconds": 0.01}
@@ -44,7 +44,7 @@ def jobset_longest_pod_name(jobset: str, replicated_job: str, replicas: int, com
 
 def runtime_replicated_jobs() -> list[str]:
     """The replicated jobs of the torch-distributed ClusterTrainingRuntime, as released (v2.1.0) and on main."""
-    ref = require_reference("runtimes") / "runtimes"
+    ref = REFERENCE / "runtimes"
     released = yaml.safe_load((ref / "v2.1.0_torch_distributed.yaml").read_text())
     names = [r["name"] for r in released["spec"]["template"]["spec"]["replicatedJobs"]]
     chart = (ref / "runtime_torch_distributed.yaml").read_text()  # a Helm template: read its one list by pattern

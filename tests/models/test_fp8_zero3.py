@@ -30,7 +30,7 @@ RANK_SCRIPT = textwrap.dedent("""
     from components.models.hub import BASE_MODEL_RECORD, resolve_model_for_run
     from components.train.trainer.arguments import SFTConfig
     from components.train.config import deepspeed_config_path
-    from components.train.trainer.sft import load_model
+    from components.train.trainer.common import load_model
 
     how, repo, cache_root, out = sys.argv[1:5]
     rank = int(os.environ["RANK"])

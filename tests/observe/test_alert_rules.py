@@ -91,6 +91,7 @@ def prometheus_config(target: str, **extra) -> dict:
     }
 
 
+@pytest.mark.slow  # a real Prometheus: its first scrape answers ~5 s after it starts
 def test_prometheus_scrapes_the_trainer_and_answers_through_its_api(start_prometheus, trainer_endpoint):
     metrics, callback = trainer_endpoint
     callback.on_train_begin(None, state(0), None)
@@ -124,6 +125,7 @@ def test_prometheus_scrapes_the_trainer_and_answers_through_its_api(start_promet
     assert query('llm_train_step{run_id="run-7"} < llm_train_max_steps')  # the stall rule's guard holds
 
 
+@pytest.mark.slow  # a real Prometheus and Alertmanager: its first scrape answers ~5 s after it starts
 def test_a_nan_loss_scraped_by_prometheus_reaches_the_webhook_through_alertmanager(
     start_prometheus, start_alertmanager, trainer_endpoint, tmp_path
 ):
@@ -164,6 +166,7 @@ def test_a_nan_loss_scraped_by_prometheus_reaches_the_webhook_through_alertmanag
     assert attachment["color"] == "danger"
 
 
+@pytest.mark.slow  # a real Prometheus: its first scrape answers ~5 s after it starts
 def test_every_dashboard_query_parses_in_prometheus(start_prometheus, trainer_endpoint):
     """Prometheus itself parses each panel's query (Grafana's $run_id and $__range filled in as Grafana does)."""
     metrics, callback = trainer_endpoint

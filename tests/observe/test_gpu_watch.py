@@ -85,6 +85,7 @@ def prometheus(start_prometheus, dcgm):
     return server, set_job, sees
 
 
+@pytest.mark.slow  # a real Prometheus: its first scrape answers ~5 s after it starts
 def test_utilisation_is_logged_and_each_low_episode_posts_once(prometheus, monkeypatch):
     server, set_job, sees = prometheus
     clock, lines = Clock(), []
@@ -142,6 +143,7 @@ def test_an_unreachable_prometheus_is_one_warning_and_never_raises(caplog):
     assert lines == [] and posts == []
 
 
+@pytest.mark.slow  # a real Prometheus: its first scrape answers ~5 s after it starts
 def test_a_prometheus_error_answer_is_a_warning(prometheus, caplog):
     server, _, _ = prometheus
     watch = GpuWatch(server.url, 'bad"namespace', NAME, query_seconds=0, post=lambda p: pytest.fail("posted"))
@@ -150,6 +152,7 @@ def test_a_prometheus_error_answer_is_a_warning(prometheus, caplog):
     assert "bad_data" in caplog.text  # Prometheus's own errorType for a query it cannot parse
 
 
+@pytest.mark.slow  # a real Prometheus: its first scrape answers ~5 s after it starts
 def test_pod_names_become_a_regex_prometheus_accepts_and_matches_exactly(prometheus):
     server, _, _ = prometheus
     assert query_prometheus(server.url, utilisation_query(NS, ["web.v1-0", "a-b"])) == []  # parsed, no series
@@ -171,6 +174,7 @@ def test_the_settings_make_the_watch_and_an_empty_url_makes_none():
     )
 
 
+@pytest.mark.slow  # a real Prometheus: its first scrape answers ~5 s after it starts
 def test_the_launcher_logs_utilisation_beside_the_progress_and_an_unreachable_prometheus_fails_nothing(
     prometheus, monkeypatch, capsys
 ):

@@ -1,4 +1,4 @@
-"""Langfuse traces (components/observe/langfuse_trace.py) through the real Langfuse SDK to a local receiver that
+"""Langfuse traces (components/langfuse_trace.py) through the real Langfuse SDK to a local receiver that
 decodes what the SDK sends (tests/fakes/langfuse_receiver.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from components.observe.langfuse_trace import configured, trace_evaluation, trace_smoke_test
+from components.langfuse_trace import configured, trace_evaluation, trace_smoke_test
 from components.train.trainer import metrics as trainer_metrics
 from components.train.trainer.arguments import SFTConfig
 from components.train.trainer.metrics import LangfuseRunCallback

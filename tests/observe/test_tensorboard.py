@@ -25,9 +25,9 @@ def test_the_tensorboard_conforms_to_the_crd():
 def test_logspath_is_the_folder_the_trainer_writes_its_events_to():
     manifest = tensorboard_manifest("tb-run-1", "team-a", "llm-models", "run-1")
     assert manifest["spec"] == {"logspath": "pvc://llm-models/runs/run-1"}
-    # Every stage's output_dir (components/train/stages.py) lies under the run's folder, and the trainer's event
+    # Every stage's output_dir (components/stages.py) lies under the run's folder, and the trainer's event
     # folder under that (sft.py: TENSORBOARD_LOGGING_DIR = <output_dir>/tensorboard): TensorBoard finds them all.
-    from components.train.stages import STAGES, stage_folder
+    from components.stages import STAGES, stage_folder
 
     for stage in STAGES:
         events = pvc_uri(

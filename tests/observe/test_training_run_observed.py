@@ -29,7 +29,7 @@ TORCHRUN = [
     "--nproc_per_node",
     "1",
     "-m",
-    "components.train.trainer.sft",
+    "components.train.trainer",
     "--config",
 ]
 

@@ -8,7 +8,7 @@ from google.protobuf import json_format
 from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components.train.stages import STAGES
+from components.stages import STAGES
 from pipelines.compile import COMPILED, same_pipeline
 from tests.helpers.repo import run_cli
 

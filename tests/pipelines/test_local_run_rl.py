@@ -99,7 +99,7 @@ def test_render_writes_the_rm_and_grpo_stages_and_grpo_trains_the_policy_not_the
 
 
 def test_each_stage_starts_from_the_last_earlier_stage_that_hands_its_model_on():
-    from components.train.stages import started_from
+    from components.stages import started_from
 
     started = started_from(["sft", "rm", "dpo", "grpo"], lambda stage: f"/m/{stage}")
     assert started == {"sft": None, "rm": "/m/sft/final", "dpo": "/m/sft/final", "grpo": "/m/dpo/final"}

@@ -5,7 +5,7 @@ import yaml
 from tests.helpers.repo import run_cli
 
 
-def test_render_writes_the_tensorboard_and_the_experiment(tmp_path, reference):
+def test_render_writes_the_tensorboard_and_the_experiment(tmp_path):
     from tests.helpers.crd_schema import crd_errors
     from tests.helpers.katib_go import experiment_type_errors, katib_webhook_errors
 

@@ -130,7 +130,7 @@ def test_unreachable_host_is_one_clear_line():
     assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
-def test_render_includes_the_manifests_the_run_would_create(tmp_path, reference):
+def test_render_includes_the_manifests_the_run_would_create(tmp_path):
     from tests.helpers.crd_schema import crd_errors
 
     result = run_cli(
@@ -167,7 +167,7 @@ def test_render_of_the_local_preset_has_no_cluster_manifests(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["llm_finetune.yaml", "params.yaml", "train_config.json"]
 
 
-def test_render_with_trainjob_backend_writes_a_valid_trainjob(tmp_path, reference):
+def test_render_with_trainjob_backend_writes_a_valid_trainjob(tmp_path):
     from tests.helpers.crd_schema import crd_errors
 
     result = run_cli(

@@ -17,7 +17,7 @@ soon as any replica with restartPolicy Never fails. ``cleanPodPolicy: None`` lea
 after a failure, as the operator does. Elastic jobs are not modelled (the job fails, saying so).
 
 **Trainer v2 (TrainJob trainer.kubeflow.org/v1alpha1, runtime ``torch-distributed``).** The runtime's pod
-template (replicated job and container ``node``, /work/shared/reference/runtimes/runtime_torch_distributed.yaml)
+template (replicated job and container ``node``, tests/reference/runtimes/runtime_torch_distributed.yaml)
 gets the TrainJob's image, command, args, env and resources and its ``runtimePatches``; the torch plugin
 (pkg/runtime/framework/plugins/torch/torch.go) upserts ``PET_NNODES``, ``PET_NPROC_PER_NODE``,
 ``PET_NODE_RANK`` (from the pod's ``batch.kubernetes.io/job-completion-index`` annotation),

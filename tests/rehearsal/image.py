@@ -124,7 +124,7 @@ def check(image: TrainerImage, cwd: Path) -> None:
     """What the Dockerfile's smoke test checks (and builds), plus: ``components`` comes from the image, not the
     dev install."""
     probe = (
-        "import json, components, components.train.trainer.sft, deepspeed, peft, tensorboard; "
+        "import json, components, components.train.trainer.__main__, deepspeed, peft, tensorboard; "
         "from importlib.metadata import distribution as d; "
         "from deepspeed.comm.torch import build_shm_op; build_shm_op(); "
         "print(json.dumps([components.__file__, str(d('kubeflow-llm-post-training')._path)]))"

@@ -119,9 +119,10 @@ def call_train_step(arguments: dict):
 
 def patch_for_this_machine() -> None:
     """The two deliberate deviations from the cluster run (module docstring, step 3)."""
-    import components.train.component as component
     import components.train.config as config
+    import components.train.job_setup as job_setup
     import components.train.launcher.job as launch
+    import components.train.run as train_run
 
     build = config.build_trainer_config
 
@@ -140,8 +141,9 @@ def patch_for_this_machine() -> None:
         (launch, "run_training_job", run_polling_faster),
     ):
         setattr(module, name, new)
-        if hasattr(component, name):  # should the step ever import it at module level
-            setattr(component, name, new)
+        for step in (train_run, job_setup):  # should the step's modules ever import it at module level
+            if hasattr(step, name):
+                setattr(step, name, new)
 
 
 def probe(spec_path: Path, repo: str) -> dict:

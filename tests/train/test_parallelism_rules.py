@@ -81,8 +81,8 @@ def test_a_model_that_fits_runs_under_hsdp(tiny_moe):
 def test_hsdp_checks_the_plans_memory_per_gpu(tiny_moe):
     """The same estimate as the plan's (plan.py's hsdp_memory_gib): a GPU too small for the tiny MoE's 4 x 128-token
     rows of activations and logits is refused, naming the setting."""
+    from components.estimate.plan import hsdp_memory_gib
     from components.models.shape import model_shape
-    from components.train.launcher.plan import hsdp_memory_gib
 
     est = hsdp_memory_gib(model_shape(TINY_MOE), False, 8, 4096, 1)
     values = P.resolve(FULL)

@@ -7,7 +7,7 @@ import yaml
 
 from components.data import samples
 from components.settings import Settings, defaults
-from components.train.stages import STAGES, stage_overrides, stage_train_settings
+from components.stages import STAGES, stage_overrides, stage_train_settings
 from components.validate.rules import check, warnings
 from pipelines import params as P
 from pipelines.errors import UsageError

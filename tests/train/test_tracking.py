@@ -13,7 +13,7 @@ from components.validate.rules import check
 from tests.helpers.repo import run_cli
 
 
-def test_the_jobs_pods_read_the_trackers_keys_from_the_secret_by_reference(tmp_path, reference):
+def test_the_jobs_pods_read_the_trackers_keys_from_the_secret_by_reference(tmp_path):
     from tests.helpers.crd_schema import crd_errors
 
     result = run_cli(

@@ -100,14 +100,14 @@ def test_gate_both_ways():
 
 def test_unknown_config_key_lists_the_valid_ones(workdir):
     path = _config(workdir, learning_rat=1.0)
-    result = run_module("components.train.trainer.sft", "--config", path)
+    result = run_module("components.train.trainer", "--config", path)
     assert result.returncode == 2
     assert "unknown keys ['learning_rat']; valid keys are" in result.stderr and "'learning_rate'" in result.stderr
 
 
 def test_missing_dataset_is_named(workdir, tmp_path):
     path = _config(workdir, dataset_path=str(tmp_path / "nothing"))
-    result = run_module("components.train.trainer.sft", "--config", path)
+    result = run_module("components.train.trainer", "--config", path)
     assert result.returncode == 2 and "is not a prepared dataset; run prepare_dataset first" in result.stderr
 
 

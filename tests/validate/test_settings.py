@@ -93,7 +93,7 @@ def test_choices_name_the_setting_and_the_values_it_takes():
 
 
 def test_every_choice_is_declared_beside_its_help():
-    # What the help says a setting takes is what the checks allow: --help, the KFP UI and the README show the help.
+    # What the help says a setting takes is what the checks allow: --help, the KFP UI and docs/settings.md show it.
     declared = {name: spec.choices for name, spec in specs().items() if spec.choices}
     assert {
         "method",

@@ -7,7 +7,7 @@ credentials outside a pod: nothing in the code under test is replaced.
 import pytest
 
 from components.settings import ADVANCED, Settings, split_arguments
-from components.train.stages import stage_train_settings
+from components.stages import stage_train_settings
 from components.validate.component import validate_inputs
 from pipelines import params as P
 from tests.helpers.pipeline_args import reference_arguments as _inputs

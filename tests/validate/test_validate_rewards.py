@@ -138,7 +138,7 @@ def test_a_good_reward_function_passes(tmp_path):
         _errors(
             **GRPO,
             grpo_rewards={"function": 1.0},
-            grpo_reward_function="components.train.trainer.rewards:completion_text",
+            grpo_reward_function="components.rewards:completion_text",
         )
         != []
     )  # no completions kw
@@ -197,8 +197,8 @@ def test_prompt_rows_are_the_grpo_stages_data_not_sfts():
 
 
 def test_the_memory_fit_counts_grpos_reference_model_and_generations():
+    from components.estimate.memory import GIB, grpo_extra_bytes
     from components.models.shape import load_architecture, model_shape
-    from components.train.launcher.memory import GIB, grpo_extra_bytes
 
     shape = model_shape(load_architecture("Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"))
     zero3 = {"stage": 3}

@@ -7,11 +7,12 @@ import sys
 
 import pytest
 
+from components import stages
 from components.data import formats, tokenizing
 from components.deploy import inference_service
 from components.hpo import space
 from components.settings import choices, defaults
-from components.train import config, stages
+from components.train import config
 from components.train.config import check_combination, check_method_deepspeed
 from components.train.launcher import job as launch
 from components.validate.rules import check

@@ -13,7 +13,7 @@ runner's (``components.kube.CustomResourceRunner``), shared with the Katib searc
 
 A failed job is sorted by ``classify_failure`` into retriable (re-run up to ``job_restarts`` times) or
 deterministic (raised at once): the causes and their order are described once, in
-components/train/launcher/failures.py. A re-run deletes the job (foreground: it is gone only once its pods are,
+components/jobs/failures.py. A re-run deletes the job (foreground: it is gone only once its pods are,
 GPUs freed), waits until the API server answers 404, and creates it again under the same name, so the trainer
 writes the same run folder and resumes from its latest complete checkpoint. Re-runs are counted in the job's
 ``RESTARTS_ANNOTATION``, so a retried launcher pod that re-attaches to a failed job re-runs it or raises exactly
@@ -28,6 +28,8 @@ from typing import Any
 
 from kubernetes import client as k8s
 
+from components.jobs.failures import classify_failure, failure_report
+from components.jobs.kinds import DELETION_TIMEOUT_SECONDS, job_kind
 from components.kube import (
     CustomResourceRunner,
     PodLogFollower,
@@ -36,8 +38,6 @@ from components.kube import (
     true_condition,
     unstartable_pod_reason,
 )
-from components.train.launcher.failures import classify_failure, failure_report
-from components.train.launcher.kinds import DELETION_TIMEOUT_SECONDS, job_kind
 
 CLEANUP_POLICIES = ("keep", "on-success", "always")
 # What train_model can launch: the two job kinds, or torchrun on the step's own machine (launcher/local.py).
@@ -74,7 +74,7 @@ def run_training_job(
         pending_timeout_seconds: how long a pod may stay Unschedulable before the job is given up (0: at once).
         cleanup: delete the job when it ends: ``keep`` (never: the operator's TTL, if any, removes it),
             ``on-success`` (keep failed jobs and their pods for inspection) or ``always``.
-        job_restarts: how many times a job that failed for a retriable cause (components/train/launcher/failures.py)
+        job_restarts: how many times a job that failed for a retriable cause (components/jobs/failures.py)
             is deleted and created again under the same name, to resume from its last checkpoint. Counted on the
             job (``RESTARTS_ANNOTATION``), so a retried launcher continues the count. 0: never.
         on_created: called with each job as the API server returned it, as soon as it exists (created,
@@ -237,6 +237,10 @@ def training_job_for_run(
         tracking_secret=c.tracking_secret,
         metrics_port=c.metrics_port,
         langfuse_secret=c.langfuse_secret,
+        nccl_env=dict(c.nccl_env) or None,
+        rdma_resource=c.rdma_resource,
+        rdma_per_pod=c.rdma_per_pod,
+        ipc_lock=c.ipc_lock,
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.

@@ -1,4 +1,4 @@
-"""The local training backend: ``torchrun --standalone --nproc_per_node N -m components.train.trainer.sft``.
+"""The local training backend: ``torchrun --standalone --nproc_per_node N -m components.train.trainer``.
 
 The same trainer entry point the cluster job's pods run, as N CPU processes talking over gloo.
 """
@@ -41,7 +41,7 @@ def run_torchrun(config_path: str, nproc_per_node: int, env: dict | None = None)
         "--nproc_per_node",
         str(nproc_per_node),
         "-m",
-        "components.train.trainer.sft",
+        "components.train.trainer",
         "--config",
         config_path,
     )

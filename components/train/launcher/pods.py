@@ -11,6 +11,7 @@ from __future__ import annotations
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 
+from components.jobs.kinds import TERMINATION_GRACE_PERIOD_SECONDS
 from components.kube import RUN_ID_LABEL
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS
@@ -19,13 +20,10 @@ from components.security import container_security_context, pod_security_context
 # NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
 # the per-rank INFO flood. Callers override or add (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) per cluster.
 NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN"}
-# An evicted or preempted pod gets SIGTERM, then SIGKILL after the grace period (30 s by default). The trainer
-# saves a complete checkpoint on SIGTERM (components/train/trainer/checkpoints.py): for Qwen3-30B-A3B each pod writes
-# ~183 GB of ZeRO-3 shards, 3-6 minutes at 0.5-1 GB/s to a shared volume. torchrun SIGKILLs its ranks 30 s
+# The grace period (components/jobs/kinds.py) covers the checkpoint on SIGTERM. torchrun SIGKILLs its ranks 30 s
 # after forwarding SIGTERM unless TORCH_ELASTIC_SHUTDOWN_TIMEOUT says otherwise; it must end before the
 # kubelet's SIGKILL. Spot reclaims and hard evictions give less notice: the save_steps checkpoints cover those.
-TERMINATION_GRACE_PERIOD_SECONDS = 600
-TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS = 570
+TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_PERIOD_SECONDS - 30
 
 TRAINER_VOLUME_MOUNTS = [
     k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
@@ -90,7 +88,18 @@ def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: st
         k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
         k8s.V1EnvVar(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS)),
     ]
-    return env + [k8s.V1EnvVar(name=k, value=str(v)) for k, v in sorted({**NCCL_DEFAULTS, **(nccl_env or {})}.items())]
+    nccl = {**NCCL_DEFAULTS, **(nccl_env or {})}
+    return env + [k8s.V1EnvVar(name=k, value=_env_value(v)) for k, v in sorted(nccl.items())]
+
+
+def _env_value(value) -> str:
+    """An environment variable's text for a setting's value: KFP hands integers over as doubles (4.0 -> "4"), and
+    NCCL reads booleans as 0/1."""
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
 
 
 # The trainer's Prometheus endpoint (components/train/trainer/metrics.py): the container port's name, which the
@@ -130,7 +139,7 @@ def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str
         "--nproc_per_node",
         str(gpus_per_node),
         "-m",
-        "components.train.trainer.sft",
+        "components.train.trainer",
         "--config",
         config_path,
     ]
@@ -159,6 +168,9 @@ def trainer_pod_template(
     metrics_port: int = 0,
     job_name: str = "",
     langfuse_secret: str = "",
+    rdma_resource: str = "",
+    rdma_per_pod: int = 1,
+    ipc_lock: bool = False,
 ) -> k8s.V1PodTemplateSpec:
     """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
 
@@ -167,6 +179,8 @@ def trainer_pod_template(
         nnodes: torchrun's ``--nnodes``: a count, or ``min:max`` for an elastic job.
         metrics_port: where local rank 0 serves Prometheus metrics (a named container port ``metrics`` and the
             scrape annotations); 0: none. job_name labels the series; langfuse_secret: Langfuse's keys (optional).
+        rdma_resource: the device plugin's RDMA resource (e.g. ``rdma/ib``), ``rdma_per_pod`` of it requested
+            with the GPUs; empty: none (NCCL then uses TCP between nodes). ipc_lock: add the IPC_LOCK capability.
 
     Returns:
         The template: one container (``torchrun`` command and args, env, GPU/CPU/memory requests equal to
@@ -175,6 +189,8 @@ def trainer_pod_template(
         service-account token. Empty selectors, tolerations, affinity and priority are left out.
     """
     resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
+    if rdma_resource:  # extended resources are requested as whole units, requests equal to limits
+        resources[rdma_resource] = str(rdma_per_pod)
     container = k8s.V1Container(
         name=container_name,
         image=image,
@@ -185,7 +201,7 @@ def trainer_pod_template(
         ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=metrics_port)] if metrics_port else None,
         resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
         volume_mounts=TRAINER_VOLUME_MOUNTS,
-        security_context=container_security_context(),
+        security_context=container_security_context(ipc_lock=ipc_lock),
     )
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(

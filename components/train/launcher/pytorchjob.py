@@ -2,7 +2,7 @@
 
 One Master pod plus ``num_nodes - 1`` Worker pods, each running::
 
-    torchrun --nnodes N --nproc_per_node G -m components.train.trainer.sft --config FILE
+    torchrun --nnodes N --nproc_per_node G -m components.train.trainer --config FILE
 
 The training operator (release-1.9) injects the rendezvous into every ``pytorch`` container as
 ``PET_MASTER_ADDR``/``PET_MASTER_PORT`` (``localhost`` on the Master, the Master's Service elsewhere),
@@ -110,6 +110,9 @@ def build_pytorchjob(
     tracking_secret: str = "",
     metrics_port: int = 0,
     langfuse_secret: str = "",
+    rdma_resource: str = "",
+    rdma_per_pod: int = 1,
+    ipc_lock: bool = False,
 ) -> dict:
     """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
 
@@ -131,6 +134,8 @@ def build_pytorchjob(
         cpu: CPU request and limit per pod.
         memory: memory request and limit per pod.
         nccl_env: NCCL variables merged over ``pods.NCCL_DEFAULTS``.
+        rdma_resource, rdma_per_pod, ipc_lock: the RDMA device each pod requests and the capability verbs need
+            (``pods.trainer_pod_template``).
         tracking_secret: Secret with the experiment tracker's keys (``pods.TRACKING_KEYS``, each optional); empty:
             none referenced.
         clean_pod_policy: pods the operator deletes when the job ends: ``Running`` (the default: pods still
@@ -197,6 +202,9 @@ def build_pytorchjob(
         metrics_port=metrics_port,
         job_name=name,
         langfuse_secret=langfuse_secret,
+        rdma_resource=rdma_resource,
+        rdma_per_pod=rdma_per_pod,
+        ipc_lock=ipc_lock,
     )
     # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
     restart_policy = "OnFailure" if elastic else RESTART_POLICY

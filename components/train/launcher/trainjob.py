@@ -14,9 +14,8 @@ server prunes the fields a CRD's schema lacks, with only a warning, so a TrainJo
 would start its pods without the claims: the launcher and preflight read which release is installed
 (``installed_trainer_version``, from the TrainJob schema the API server publishes) and render for it.
 
-Built as a plain dict checked against the CRD (tests/test_trainjob.py): the ``kubeflow`` SDK that
-models it ships its own ``kubeflow/__init__.py`` beside kubeflow-training's, and one of the two
-packages then shadows the other's ``kubeflow`` namespace.
+Built as a plain dict checked against the CRD (tests/train/launcher/): the ``kubeflow`` SDK (0.5.0) installs and
+imports beside kubeflow-training, but its models cannot render Trainer v2.1's ``podTemplateOverrides``.
 """
 
 from __future__ import annotations
@@ -25,14 +24,23 @@ from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from components.jobs.kinds import (
+    TRAINJOB_GROUP,
+    TRAINJOB_KIND,
+    TRAINJOB_NODE,
+    TRAINJOB_NODE_RANK_LABEL,
+    TRAINJOB_PLURAL,
+    TRAINJOB_POD_SELECTOR_LABEL,
+    TRAINJOB_VERSION,
+)
 from components.kube import RUN_ID_LABEL, call_api, job_name_for, load_api_client
 from components.train.launcher.pods import trainer_pod_template
 from components.train.launcher.pytorchjob import validate_job
 
-GROUP, VERSION, PLURAL, KIND = "trainer.kubeflow.org", "v1alpha1", "trainjobs", "TrainJob"
+GROUP, VERSION, PLURAL, KIND = TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL, TRAINJOB_KIND
 RUNTIME = "torch-distributed"
 # The replicated job and container of the torch runtimes, where the controller injects the PET_* variables.
-NODE = "node"
+NODE = TRAINJOB_NODE
 # Who owns our entry in spec.runtimePatches (entries are a map keyed by manager).
 PATCH_MANAGER = "llm-post-training.kubeflow.org/launcher"
 # The Trainer releases whose TrainJob this package renders, each by the spec field that patches the runtime's pods
@@ -49,8 +57,8 @@ UNSUPPORTED_PATCH_FIELDS = {"podSpecOverrides": "Trainer v2.0"}
 OPENAPI_PATH = f"/openapi/v3/apis/{GROUP}/{VERSION}"
 # JobSet labels every pod with its JobSet's name, which is the TrainJob's; the Job controller labels
 # each pod with its completion index, which the torch runtime makes the node rank.
-POD_SELECTOR_LABEL = "jobset.sigs.k8s.io/jobset-name"
-NODE_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
+POD_SELECTOR_LABEL = TRAINJOB_POD_SELECTOR_LABEL
+NODE_RANK_LABEL = TRAINJOB_NODE_RANK_LABEL
 
 
 def build_trainjob(
@@ -79,13 +87,17 @@ def build_trainjob(
     trainer_version: str = TRAINER_V2_2,
     metrics_port: int = 0,
     langfuse_secret: str = "",
+    rdma_resource: str = "",
+    rdma_per_pod: int = 1,
+    ipc_lock: bool = False,
 ) -> dict:
     """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
 
     Args:
         name, namespace, image, config_path, num_nodes, gpus_per_node, data_pvc, model_pvc, hf_token_secret,
         node_selector, tolerations, labels, affinity, shm_size, cpu, memory, nccl_env, tracking_secret,
-            metrics_port, langfuse_secret: as for ``build_pytorchjob``; every node runs the same ``torchrun``
+            metrics_port, langfuse_secret, rdma_resource, rdma_per_pod, ipc_lock: as for ``build_pytorchjob``
+            (the RDMA resource is requested in ``resourcesPerNode``); every node runs the same ``torchrun``
             command. The runtime patch cannot declare container ports (the TrainJob schema's patch container has
             none): the metrics port is in the scrape annotations only, and the PodMonitor reaches it by relabeling.
         runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``).
@@ -112,6 +124,12 @@ def build_trainjob(
         raise ValueError(f"trainer_version {trainer_version!r} must be one of {', '.join(TRAINER_VERSIONS)}")
     if active_deadline_seconds is not None and trainer_version == TRAINER_V2_1:
         raise ValueError(unsupported_deadline(active_deadline_seconds))
+    if ipc_lock and trainer_version == TRAINER_V2_1:
+        raise ValueError(
+            "ipc_lock=true: Trainer v2.1's podTemplateOverrides cannot set the container's security context; add "
+            "IPC_LOCK to the torch-distributed ClusterTrainingRuntime's node container and set ipc_lock=false, or "
+            "use train_backend=pytorchjob or Trainer v2.2"
+        )
     template = trainer_pod_template(
         container_name=NODE,
         image=image,
@@ -133,6 +151,9 @@ def build_trainjob(
         metrics_port=metrics_port,
         job_name=name,
         langfuse_secret=langfuse_secret,
+        rdma_resource=rdma_resource,
+        rdma_per_pod=rdma_per_pod,
+        ipc_lock=ipc_lock,
     )
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,

@@ -8,10 +8,10 @@ argparse, which knows nothing of the model's other metadata (bounds, choices, pl
 class at once. Duplication accepted, consistency enforced: a test fails when the two differ in a name, a type, a
 default or a help text (TRL keeps its configs beside ``TrainingArguments`` the same way).
 
-A config file's ``stage`` picks the class (``sft.config_class``): ``SFTConfig`` for ``sft`` and ``cpt`` (continued
-pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig``
-(components/train/trainer/dpo_arguments.py, which imports this module) for ``dpo``; TRL is imported only for the
-latter.
+A config file's ``stage`` picks the class (``config_file.config_class``): ``SFTConfig`` for ``sft`` and ``cpt``
+(continued pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig``,
+``RMStageConfig`` and ``GRPOStageConfig`` (dpo_arguments.py, rm_arguments.py and grpo_arguments.py, which import this
+module) for ``dpo``, ``rm`` and ``grpo``; TRL is imported only for those.
 """
 
 # No ``from __future__ import annotations``: HfArgumentParser reads these fields' types as real classes.
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from transformers import TrainingArguments
 
-from components.train.stages import STAGES
+from components.stages import STAGES
 
 
 @dataclass

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
-from components.train.trainer.checkpoint_dirs import MARKER, latest_complete_checkpoint, prune_checkpoints
+from components.models.checkpoint_dirs import MARKER, latest_complete_checkpoint, prune_checkpoints
 
 log = logging.getLogger("sft.checkpoints")
 
@@ -43,8 +43,8 @@ EXIT_SIGTERM = 128 + signal.SIGTERM
 class CompleteMarkerCallback(TrainerCallback):
     """After each save: wait for every rank, then rank 0 writes the marker and prunes to the last ``keep``.
 
-    The Trainer's own rotation (``save_total_limit``) cannot tell complete from partial, so sft.py turns it
-    off and hands the limit to this callback.
+    The Trainer's own rotation (``save_total_limit``) cannot tell complete from partial, so
+    common.checkpoint_callbacks turns it off and hands the limit to this callback.
     """
 
     def __init__(self, keep: int):

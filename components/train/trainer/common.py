@@ -1,6 +1,6 @@
-"""What every stage's run shares (sft.py runs sft and cpt, dpo.py runs dpo): resolving the base model, loading it
-for the method, the checkpoint callbacks, the progress output, training with resumption, the summary metrics and the
-final export.
+"""What every stage's run shares (sft.py runs sft and cpt; dpo.py, rm.py and grpo.py the others): resolving the base
+model, loading it for the method, the checkpoint callbacks, the progress output, training with resumption, the summary
+metrics and the final export.
 
 Every module of the trainer logs under the ``sft`` logger and its children (``sft.progress``, ``sft.dpo``, ...): the
 name is what the pods' log lines carry, and Katib's metrics collector and the run's tests read those lines.
@@ -22,9 +22,9 @@ from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_callback import ProgressCallback as HFProgressCallback
 
 from components.distributed import global_rank
+from components.models.checkpoint_dirs import latest_complete_checkpoint
 from components.models.hub import BASE_MODEL_RECORD, resolve_model_for_run
 from components.train.config import load_deepspeed_config
-from components.train.trainer.checkpoint_dirs import latest_complete_checkpoint
 from components.train.trainer.checkpoints import CompleteMarkerCallback, SaveOnSigtermCallback
 from components.train.trainer.export import export_final
 from components.train.trainer.lora import apply_lora

@@ -1,8 +1,8 @@
 """Preference tuning, the ``dpo`` stage: TRL's ``DPOTrainer`` on the pairs prepare_dataset wrote.
 
-    torchrun ... -m components.train.trainer.sft --config train_config.json        # the config says "stage": "dpo"
+    torchrun ... -m components.train.trainer --config train_config.json        # the config says "stage": "dpo"
 
-The same entry point as SFT (sft.py), and the same model loading, checkpoints, progress lines and export
+The same entry point as every stage (__main__.py), and the same model loading, checkpoints, progress lines and export
 (common.py); what differs:
 
 - Data: a ``save_to_disk`` DatasetDict with ``train`` and ``eval`` splits of TRL's conversational preference
@@ -14,7 +14,7 @@ The same entry point as SFT (sft.py), and the same model loading, checkpoints, p
   prepared dataset.
 - Loss: DPO's sigmoid loss with ``beta`` = ``dpo_beta`` against a frozen reference, held without a second copy
   of the weights: full fine-tuning precomputes the reference log-probs of every pair before training
-  (``precompute_ref_log_probs``, set by parse_config; TRL then keeps no reference model, and under ZeRO-3 it
+  (``precompute_ref_log_probs``, set by config_file.parse_config; TRL then keeps no reference model, and under ZeRO-3 it
   gathers the partitioned model for that pass); LoRA/QLoRA passes the PEFT model with ``ref_model=None`` and TRL
   scores the reference through the model with the trained adapter off (PEFT >= 0.20: a frozen copy of the
   freshly initialised adapter, named ``ref``, which is zero like the adapter-off base).

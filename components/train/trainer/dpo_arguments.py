@@ -1,5 +1,5 @@
 """The dpo stage's config class: TRL's ``DPOConfig`` plus ``SFTConfig``'s own fields (the settings the trainer
-adds and the run's paths). Its own module, so that only the dpo stage imports TRL (``sft.config_class``)."""
+adds and the run's paths). Its own module, so that only the dpo stage imports TRL (``config_file.config_class``)."""
 
 # No ``from __future__ import annotations``: HfArgumentParser reads these fields' types as real classes.
 from dataclasses import dataclass, field

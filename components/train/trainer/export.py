@@ -258,8 +258,7 @@ def readable_by_every_user(folder: str) -> None:
 
     safetensors writes weights with mode 0600 (a temporary file renamed into place), so only the trainer pods' user
     could read the model. The serving pod may run as another user: KServe's own runtimes, a namespace that assigns
-    user ids, a trainer image that runs as root (found by the serving rehearsal, where vLLM runs as the
-    ServingRuntime's user 1000).
+    user ids, a trainer image that runs as root while vLLM runs as the ServingRuntime's user 1000.
     """
     for path in (Path(folder), *Path(folder).rglob("*")):
         path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
@@ -290,7 +289,7 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
     final_dir = os.path.join(cfg.output_dir, "final")
     trainer.model.config.use_cache = True  # off for packed training; generation (serving) wants the KV cache
     # On for training only (the MoE router's auxiliary loss, trainer/common.py). Left in the export, transformers 5's
-    # Qwen3-MoE generate() fails on a padded batch (the evaluation's answers: found by the serving rehearsal).
+    # Qwen3-MoE generate() fails on a padded batch (the evaluation's answers, served batches).
     if getattr(trainer.model.config, "output_router_logits", False):
         trainer.model.config.output_router_logits = False
     zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3

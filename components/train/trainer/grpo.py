@@ -1,21 +1,21 @@
 """Reinforcement learning with verifiable rewards, the ``grpo`` stage: TRL's ``GRPOTrainer`` on the prompts
 prepare_dataset wrote.
 
-    torchrun ... -m components.train.trainer.sft --config train_config.json        # the config says "stage": "grpo"
+    torchrun ... -m components.train.trainer --config train_config.json        # the config says "stage": "grpo"
 
-The same entry point as SFT (sft.py), and the same model loading, checkpoints, progress lines and export
+The same entry point as every stage (__main__.py), and the same model loading, checkpoints, progress lines and export
 (common.py); what differs:
 
 - Data: a ``save_to_disk`` DatasetDict with ``train`` and ``eval`` splits of TRL's conversational prompt layout,
   ``{"prompt": [turns], "answer": "..."}``. TRL applies the chat template and passes every other column (``answer``)
   to the reward functions by name.
 - Each step samples ``grpo_num_generations`` completions per prompt (at most ``grpo_max_completion_length`` tokens, at
-  ``grpo_temperature``), scores them with the rewards of ``grpo_rewards`` (rewards.py: built-in verifiable rewards,
-  a reward model, the user's function; TRL sums them with their weights, GRPOConfig ``reward_weights``), and raises
-  the likelihood of the completions that beat their group's mean, with a KL penalty of weight ``grpo_beta`` to the
-  reference (the stage's starting model: TRL keeps a frozen copy for full fine-tuning, and uses the adapter-off model
-  for LoRA). ``per_device_train_batch_size`` counts completions: TRL's generation batch, micro-batch x accumulation x
-  processes, must hold whole groups (validate_inputs checks it).
+  ``grpo_temperature``), scores them with the rewards of ``grpo_rewards`` (components/rewards.py: built-in verifiable
+  rewards, a reward model, the user's function; TRL sums them with their weights, GRPOConfig ``reward_weights``), and
+  raises the likelihood of the completions that beat their group's mean, with a KL penalty of weight ``grpo_beta`` to
+  the reference (the stage's starting model: TRL keeps a frozen copy for full fine-tuning, and uses the adapter-off
+  model for LoRA). ``per_device_train_batch_size`` counts completions: TRL's generation batch, micro-batch x
+  accumulation x processes, must hold whole groups (validate_inputs checks it).
 - Generation: transformers' ``generate`` in the training processes on a laptop; on GPUs with vllm installed (the
   trainer image), TRL's vLLM colocate mode (grpo_arguments.vllm_colocate): an engine in each rank shares its GPU.
 - Metrics (metrics.json): TRL's sampled evaluation on the eval split (``eval_reward``, each reward's
@@ -36,7 +36,8 @@ from trl import GRPOTrainer
 from components.distributed import global_rank
 from components.models.mfu import flops_per_token, peak_flops
 from components.models.shape import model_shape
-from components.train.stages import reward_model_dir
+from components.rewards import builtin_reward, load_reward_function
+from components.stages import reward_model_dir
 from components.train.trainer.callbacks import ProgressCallback
 from components.train.trainer.checkpoints import CheckpointMixin
 from components.train.trainer.common import (
@@ -48,7 +49,6 @@ from components.train.trainer.common import (
     train_resuming,
     use_progress,
 )
-from components.train.trainer.rewards import builtin_reward, load_reward_function
 
 log = logging.getLogger("sft.grpo")
 # The frozen adapter TRL adds to a PeftModel whose adapter it keeps training (GRPOTrainer.__init__: model.add_adapter(

@@ -1,5 +1,5 @@
 """The grpo stage's config class: TRL's ``GRPOConfig`` plus ``SFTConfig``'s own fields. Its own module, so that only the
-grpo stage imports TRL's GRPO (``sft.config_class``)."""
+grpo stage imports TRL's GRPO (``config_file.config_class``)."""
 
 # No ``from __future__ import annotations``: HfArgumentParser reads these fields' types as real classes.
 import importlib.util

@@ -1,7 +1,7 @@
 """Live training metrics for Prometheus, served by each pod's local rank 0 while the trainer runs; the run's record
 in Langfuse (settings, checkpoints, final metrics), kept by global rank 0 when Langfuse's keys are set.
 
-    TRAINER_METRICS_PORT=9410 torchrun ... -m components.train.trainer.sft --config FILE
+    TRAINER_METRICS_PORT=9410 torchrun ... -m components.train.trainer --config FILE
     curl http://<pod>:9410/metrics     # llm_train_step{run_id=...,stage="sft",job_name=...,node_rank="0"} 12.0
 
 What the pod's environment says (components/train/launcher/pods.py sets it from the settings; a local run from
@@ -14,9 +14,9 @@ progress line shows (callbacks.py): the loss is the mean over every rank, the sa
 series tells the run's state; a pod that stops reporting is the one whose scrape fails. The alert rules and the
 dashboard (manifests/monitoring/) read exactly ``METRIC_NAMES``.
 
-The server starts before the model loads (``serve``, called by sft.py's entry point) so that a port another process
-holds is an error in the first second, not after minutes of loading; the callback (``MetricsCallback``, attached
-with the progress output) updates the values.
+The server starts before the model loads (``serve``, called by the entry point, __main__.py) so that a port another
+process holds is an error in the first second, not after minutes of loading; the callback (``MetricsCallback``,
+attached with the progress output) updates the values.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import typing
 from prometheus_client import CollectorRegistry, Gauge, start_http_server
 from transformers import TrainerCallback
 
-from components.observe.langfuse_trace import Trace, configured, start_trace
+from components.langfuse_trace import Trace, configured, start_trace
 
 log = logging.getLogger("sft.metrics")
 

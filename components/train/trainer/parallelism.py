@@ -4,8 +4,9 @@ Two families, chosen by the ``parallelism`` setting:
 
 - ``deepspeed`` (the default): the DeepSpeed config named by ``deepspeed_config`` (ZeRO-3 over every GPU, ...). For
   the shipped ``zero3_hpz`` (ZeRO++ hierarchical partitioning) the secondary partition must be one node's GPUs:
-  ``hpz_config`` writes a copy of the file with ``zero_hpz_partition_size`` = torchrun's ``LOCAL_WORLD_SIZE``
-  (the shipped file says 8, a DGX node).
+  ``job_deepspeed_config`` writes a copy of the file with ``zero_hpz_partition_size`` = torchrun's
+  ``LOCAL_WORLD_SIZE`` (the shipped file says 8, a DGX node), and for any ZeRO-3 config the prefetch, live and
+  reduce sizes from the model's largest layer where the file says "auto".
 - ``hsdp`` and ``hsdp_ep``: transformers' own distributed training (``transformers.distributed.DistributedConfig``,
   applied by ``from_pretrained``): FSDP2 shards the weights, gradients and optimizer states over one node's GPUs
   (``fsdp_size`` = ``LOCAL_WORLD_SIZE``) and replicates them over the nodes (``dp_replicate_size`` = ``WORLD_SIZE``
@@ -21,13 +22,14 @@ all-gathers, fp32 gradient reductions): fp32 master weights and Adam states, as 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from components.train.config import HPZ_SHIPPED, hpz_partition
+from components.train.config import hpz_partition, job_zero_config, load_deepspeed_config
 
 PARALLELISMS = ("deepspeed", "hsdp", "hsdp_ep")
 
@@ -65,14 +67,20 @@ def hpz_partition_size(env: Mapping[str, str] | None = None) -> int:
     return hpz_partition(*nodes_and_gpus(env))
 
 
-def hpz_config(path: str, env: Mapping[str, str] | None = None) -> str:
-    """A copy of the DeepSpeed JSON at ``path`` with ``zero_hpz_partition_size`` set for this job
-    (``hpz_partition_size``), in this pod's temporary folder; its path. The same content for every rank of a pod:
-    each writes its own file and renames it into place."""
-    config = json.loads(Path(path).read_text())
-    size = hpz_partition_size(env)
-    config.setdefault("zero_optimization", {})["zero_hpz_partition_size"] = size
-    target = Path(tempfile.gettempdir(), f"{HPZ_SHIPPED}-partition{size}.json")
+def job_deepspeed_config(name_or_path: str, largest_layer: int = 0, env: Mapping[str, str] | None = None) -> str:
+    """The DeepSpeed JSON this job runs with, written to this pod's temporary folder; its path. As
+    ``components.train.config.job_zero_config`` says (the rule the memory fit and the plan count with): the shipped
+    ``zero3_hpz``'s secondary partition = one node's GPUs (``hpz_partition_size``), and ZeRO-3's "auto" sizes from
+    the model's ``largest_layer`` (0: left to transformers); ``name_or_path`` itself where the job changes nothing.
+    The same content for every rank of a pod: each writes its own file and renames it into place."""
+    config = load_deepspeed_config(name_or_path)
+    nodes, gpus = nodes_and_gpus(env)
+    zero = job_zero_config(name_or_path, nodes, gpus, largest_layer)
+    if zero == config.get("zero_optimization", {}):
+        return name_or_path  # nothing of this job's to write (ZeRO-2, DDP, a config with its own sizes)
+    config["zero_optimization"] = zero
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
+    target = Path(tempfile.gettempdir(), f"deepspeed-{Path(name_or_path).stem}-{digest}.json")
     own = target.with_suffix(f".{os.getpid()}.tmp")
     own.write_text(json.dumps(config, indent=2))
     own.replace(target)

@@ -1,8 +1,9 @@
 """A reward model, the ``rm`` stage: TRL's ``RewardTrainer`` on the preference pairs prepare_dataset wrote.
 
-    torchrun ... -m components.train.trainer.sft --config train_config.json        # the config says "stage": "rm"
+    torchrun ... -m components.train.trainer --config train_config.json        # the config says "stage": "rm"
 
-The same entry point as SFT (sft.py), and the same checkpoints, progress lines and export (common.py); what differs:
+The same entry point as every stage (__main__.py), and the same checkpoints, progress lines and export (common.py);
+what differs:
 
 - Model: the previous stage's model with a sequence-classification head of one label
   (``AutoModelForSequenceClassification``, ``num_labels=1``: the head is new, the body is the previous stage's),
@@ -15,7 +16,7 @@ The same entry point as SFT (sft.py), and the same checkpoints, progress lines a
   evaluation batches), ``eval_margin``, ``eval_loss``, plus what every stage reports. The evaluation step recounts the
   accuracy over every held-out pair (components/evaluate/rewards.py).
 - Hand-on: the rm stage's model is a scorer, not the policy; the next stage trains from the model this one started
-  from (components/train/stages.py ``hands_on``), and grpo reads this model from ``<run>/rm/final``.
+  from (components/stages.py ``hands_on``), and grpo reads this model from ``<run>/rm/final``.
 """
 
 from __future__ import annotations

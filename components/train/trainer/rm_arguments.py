@@ -1,5 +1,5 @@
 """The rm stage's config class: TRL's ``RewardConfig`` plus ``SFTConfig``'s own fields. Its own module, so that only the
-rm stage imports TRL's reward trainer (``sft.config_class``)."""
+rm stage imports TRL's reward trainer (``config_file.config_class``)."""
 
 # No ``from __future__ import annotations``: HfArgumentParser reads these fields' types as real classes.
 from dataclasses import dataclass, field

@@ -1,59 +1,31 @@
-"""Supervised fine-tuning: the entry point every pod (or local process) of the training job runs, for every stage.
+"""Supervised fine-tuning, the ``sft`` and ``cpt`` stages: the Hugging Face Trainer on the packed rows
+prepare_dataset wrote.
 
-    torchrun --nproc_per_node 8 --nnodes 2 ... -m components.train.trainer.sft \\
-        --config /mnt/models/runs/<id>/train/train_config.json
+    torchrun ... -m components.train.trainer --config train_config.json        # the config says "stage": "sft"
 
-The config's ``stage`` says what this run is: ``sft`` (the default) and ``cpt`` (continued pretraining: the data
-step labels every token of its plain-text rows, so it is the same loss on other rows) run here; ``dpo`` runs
-preference tuning with TRL (dpo.py), ``rm`` a reward model (rm.py) and ``grpo`` reinforcement learning with
-verifiable rewards (grpo.py); all share the model loading, checkpoints, progress and export (common.py).
+Every stage runs from the same entry point (__main__.py) and shares the model loading, checkpoints, progress lines and
+export (common.py). ``cpt`` (continued pretraining: the data step labels every token of its plain-text rows) is the
+same loss on other rows.
 
-For sft and cpt: reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with
-the Hugging Face Trainer: DDP, or DeepSpeed ZeRO-2/3 when the config names a DeepSpeed JSON; full
-fine-tuning or PEFT LoRA/QLoRA. Checkpoints every ``save_steps`` (DeepSpeed's shards only under DeepSpeed;
-complete-marker written last, last ``save_total_limit`` kept), resumes from the newest complete one, logs
-progress on rank 0 and to TensorBoard, and ends with ``final/`` (see export.py) and ``metrics.json``.
-On SIGTERM it saves a complete checkpoint at the end of the current step and exits with 143
-(checkpoints.py: what the pod's grace period must cover).
+Reads the tokenized (packed) dataset written by prepare_dataset (no re-tokenisation) and trains with the Hugging Face
+Trainer: DDP, or DeepSpeed ZeRO-2/3 when the config names a DeepSpeed JSON; full fine-tuning or PEFT LoRA/QLoRA.
+Checkpoints every ``save_steps`` (DeepSpeed's shards only under DeepSpeed; complete-marker written last, last
+``save_total_limit`` kept), resumes from the newest complete one, logs progress on rank 0 and to TensorBoard, and ends
+with ``final/`` (see export.py) and ``metrics.json``. On SIGTERM it saves a complete checkpoint at the end of the
+current step and the process exits with 143 (checkpoints.py: what the pod's grace period must cover).
 """
 
 from __future__ import annotations
 
-import argparse
-import atexit
-import dataclasses
-import enum
-import json
-import logging
-import os
-import re
-import sys
 import time
-import types
-import typing
-from pathlib import Path
 
 import datasets
-import torch.distributed as dist
-import yaml
-from transformers import AutoTokenizer, HfArgumentParser
-from transformers.hf_argparser import DataClassType
+from transformers import AutoTokenizer
 
-from components.distributed import global_rank
 from components.models.batches import label_nll, token_weighted_loss
-from components.train.config import (
-    DEEPSPEED_CONFIGS,
-    HPZ_SHIPPED,
-    METHODS,
-    check_combination,
-    deepspeed_config_path,
-)
-from components.train.stages import STAGES
-from components.train.trainer.arguments import DPO_DERIVED, SFTConfig
 from components.train.trainer.callbacks import ProgressCallback
-from components.train.trainer.checkpoints import EXIT_SIGTERM, CheckpointTrainer
+from components.train.trainer.checkpoints import CheckpointTrainer
 from components.train.trainer.common import (
-    TrainingInterrupted,
     checkpoint_callbacks,
     finish_run,
     load_model,
@@ -62,280 +34,12 @@ from components.train.trainer.common import (
     train_resuming,
     use_progress,
 )
-from components.train.trainer.metrics import serve as serve_metrics
-from components.train.trainer.parallelism import check_parallelism, hpz_config
 from components.train.trainer.speed import attn_implementation, packed_collator
-
-log = logging.getLogger("sft")
-
-# The columns each stage's prepared splits must have: tokenized rows with labels, or TRL's preference layout
-# (conversational: lists of turns; TRL applies the chat template and masks the prompt itself).
-REQUIRED_COLUMNS = {
-    "sft": ("input_ids", "labels"),
-    "cpt": ("input_ids", "labels"),
-    "dpo": ("prompt", "chosen", "rejected"),
-    "rm": ("prompt", "chosen", "rejected"),
-    "grpo": ("prompt",),
-}
-
-
-def _read_config(path: str) -> dict:
-    """The config file's mapping; ValueError naming the file for a missing, empty or unparsable one."""
-    try:
-        raw = Path(path).read_text()
-    except FileNotFoundError:
-        raise ValueError(f"{path}: no such file (the trainer config the launcher writes)") from None
-    if path.endswith((".yaml", ".yml")):
-        try:
-            data = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from None
-    else:
-        try:
-            data = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: not valid JSON: {exc}") from None
-    if data is None:
-        raise ValueError(f"{path}: the config is empty; it must be a mapping of SFTConfig fields")
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the config must be a mapping of SFTConfig fields, not a {type(data).__name__}")
-    return data
-
-
-_TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a number", str: "a string"}
-
-
-def _type_error(name: str, value, hint) -> str | None:
-    """Why ``value`` does not fit the field's annotation ``hint``, or None.
-
-    HfArgumentParser.parse_dict does not check types, and a wrong one surfaces later as a traceback deep in
-    the Trainer, after the model has loaded; only plain scalar types are checked here (enums are strings).
-    """
-    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    words = []
-    for option in options:
-        origin = typing.get_origin(option) or option
-        if option is type(None):
-            if value is None:
-                return None
-        elif option is bool:
-            if isinstance(value, bool):
-                return None
-        elif option in (int, float):
-            if isinstance(value, int if option is int else (int, float)) and not isinstance(value, bool):
-                return None
-        elif option is str or (isinstance(origin, type) and issubclass(origin, enum.Enum)):
-            if isinstance(value, str):
-                return None
-            option = str
-        elif isinstance(origin, type):
-            if isinstance(value, origin):
-                return None
-            words.append(f"a {origin.__name__}")
-            continue
-        else:
-            return None  # Any, Literal, ...: not checked
-        if option in _TYPE_WORDS and _TYPE_WORDS[option] not in words:
-            words.append(_TYPE_WORDS[option])
-    return f"{name} must be {' or '.join(words)}, got {value!r}" if words else None
-
-
-def config_class(stage: str) -> type[SFTConfig]:
-    """The config class of a trainer config whose ``stage`` is ``stage`` (one of ``STAGES``)."""
-    if stage == "dpo":
-        # Lazy: TRL is imported by the dpo stage only (dpo_arguments.py is the one config module that imports it).
-        from components.train.trainer.dpo_arguments import DPOStageConfig
-
-        return DPOStageConfig
-    if stage == "rm":
-        from components.train.trainer.rm_arguments import RMStageConfig
-
-        return RMStageConfig
-    if stage == "grpo":
-        from components.train.trainer.grpo_arguments import GRPOStageConfig
-
-        return GRPOStageConfig
-    return SFTConfig
-
-
-def parse_config(path: str):
-    """Load the config of the file's ``stage`` (``SFTConfig``, or ``DPOStageConfig`` for dpo) from a JSON or YAML file;
-    an unknown stage, unknown keys, wrong types, bad combinations and a missing dataset are errors.
-
-    Every error is a ValueError naming the file and the field, raised before TrainingArguments is built
-    (which sets up devices and process groups) and before anything is written.
-    """
-    data = _read_config(path)
-    stage = data.get("stage", "sft")
-    if stage not in STAGES:
-        raise ValueError(f"{path}: stage {stage!r} is not one of {list(STAGES)}")
-    config_cls = config_class(stage)
-    hints = typing.get_type_hints(config_cls)
-    valid = {f.name for f in dataclasses.fields(config_cls)}
-    unknown = sorted(set(data) - valid)
-    if unknown:
-        raise ValueError(f"{path}: unknown keys {unknown}; valid keys are {sorted(valid)}")
-    if stage == "dpo":
-        derived = sorted(set(data) & set(DPO_DERIVED))
-        if derived:
-            raise ValueError(
-                f"{path}: {derived} are set by the trainer for stage 'dpo'; set "
-                f"{[DPO_DERIVED[k] for k in derived]} instead"
-            )
-        if data.get("train_sampling_strategy") == "group_by_length":
-            # TRL tokenizes the preference rows inside the trainer, so the prepared rows have no input_ids to
-            # group by and transformers' LengthGroupedSampler would fail after the model has loaded.
-            raise ValueError(
-                f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage 'dpo' rows "
-                "(prompt/chosen/rejected, tokenized by TRL); use 'random'"
-            )
-    if stage in ("rm", "grpo"):
-        _check_rl_keys(path, stage, data)
-    for name, value in data.items():
-        if why := _type_error(name, value, hints[name]):
-            raise ValueError(f"{path}: {why}")
-    method = data.get("method", "full")
-    if method not in METHODS:
-        raise ValueError(f"{path}: method {method!r} is not one of {list(METHODS)}")
-    if isinstance(data.get("deepspeed"), str):
-        # The launcher writes a setting's name (its image is not this one): resolve it in this install.
-        try:
-            data["deepspeed"] = deepspeed_config_path(data["deepspeed"])
-        except ValueError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-        if data["deepspeed"] and not Path(data["deepspeed"]).is_file():
-            shipped = ", ".join(c for c in DEEPSPEED_CONFIGS if c != "none")
-            raise ValueError(
-                f"{path}: deepspeed {data['deepspeed']!r}: no such file; use a shipped name "
-                f"({shipped}) or a JSON file on a mounted volume"
-            )
-        if data["deepspeed"] and data["deepspeed"] == deepspeed_config_path(HPZ_SHIPPED):
-            # ZeRO++'s secondary partition is one node's GPUs: this job's, not the shipped file's 8.
-            data["deepspeed"] = hpz_config(data["deepspeed"])
-    if why := check_parallelism(data):
-        raise ValueError(f"{path}: {why}")
-    errors = check_combination(data)
-    if errors:
-        raise ValueError(f"{path}: " + "; ".join(errors))
-    dataset_path = data.get("dataset_path", "")
-    if not dataset_path or not Path(dataset_path, "dataset_dict.json").exists():
-        raise ValueError(f"{path}: dataset_path {dataset_path!r} is not a prepared dataset; run prepare_dataset first")
-    _check_dataset(dataset_path, stage)
-    if stage == "dpo":
-        defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
-        data.update(
-            beta=data.get("dpo_beta", defaults["dpo_beta"]),
-            max_length=data.get("max_seq_length", defaults["max_seq_length"]),
-            # Full fine-tuning: the reference log-probs of every pair are computed once, before training, and TRL
-            # then keeps no reference model (no second copy of the weights on the GPUs). LoRA: each step scores the
-            # reference with the same model, its adapter off (dpo.py).
-            precompute_ref_log_probs=data.get("method", "full") == "full",
-        )
-    if stage in ("rm", "grpo"):
-        _derive_rl_fields(path, stage, data, {f.name: f for f in dataclasses.fields(config_cls)})
-    (cfg,) = HfArgumentParser(DataClassType(config_cls)).parse_dict(data)
-    return cfg
-
-
-def _check_rl_keys(path: str, stage: str, data: dict) -> None:
-    """The rm and grpo stages' keys the trainer derives (set the settings instead), and the sampler they need."""
-    if stage == "grpo":
-        from components.train.trainer.grpo_arguments import GRPO_DERIVED as derived_keys
-    else:
-        from components.train.trainer.rm_arguments import RM_DERIVED as derived_keys
-    derived = sorted(set(data) & set(derived_keys))
-    if derived:
-        raise ValueError(
-            f"{path}: {derived} are set by the trainer for stage {stage!r}; set "
-            f"{[derived_keys[k] for k in derived]} instead"
-        )
-    if data.get("train_sampling_strategy") == "group_by_length":
-        raise ValueError(
-            f"{path}: train_sampling_strategy 'group_by_length' cannot sort stage {stage!r} rows (text, "
-            "tokenized by TRL); use 'random'"
-        )
-
-
-def _derive_rl_fields(path: str, stage: str, data: dict, fields: dict) -> None:
-    """Fill in TRL's fields of the rm and grpo stages from the settings (``RM_DERIVED``, ``GRPO_DERIVED``); for grpo,
-    load the rewards first: an unknown reward, a user function that does not import or cannot take ``prompts`` and
-    ``completions``, a missing reward model and a bad answer format are errors before any model loads."""
-
-    def value(name):
-        f = fields[name]
-        return data.get(name, f.default if f.default is not dataclasses.MISSING else f.default_factory())
-
-    if stage == "rm":
-        data["max_length"] = value("max_seq_length")
-        return
-    from components.train.stages import reward_model_dir
-    from components.train.trainer.grpo_arguments import vllm_colocate
-    from components.train.trainer.rewards import REWARD_SOURCES, RewardFunctionError, load_reward_function
-
-    rewards = value("grpo_rewards")
-    unknown = sorted(set(rewards) - set(REWARD_SOURCES))
-    if unknown:
-        raise ValueError(f"{path}: grpo_rewards names {unknown}, which are not rewards; use {list(REWARD_SOURCES)}")
-    used = {name: float(weight) for name, weight in rewards.items() if weight}
-    if not used:
-        raise ValueError(f"{path}: grpo_rewards gives no reward a non-zero weight; set at least one")
-    if "function" in used:
-        try:
-            load_reward_function(value("grpo_reward_function"))
-        except RewardFunctionError as exc:
-            raise ValueError(f"{path}: {exc}") from None
-    if "model" in used and not value("grpo_reward_model"):
-        rm = reward_model_dir(data.get("output_dir", ""))
-        if not Path(rm, "config.json").exists():
-            raise ValueError(
-                f"{path}: grpo_rewards uses model and grpo_reward_model is empty, but the run's rm stage "
-                f'has no model at {rm}; run stages with "rm" before "grpo" or set grpo_reward_model'
-            )
-    try:
-        re.compile(value("grpo_answer_pattern"))
-    except re.error as exc:
-        raise ValueError(f"{path}: grpo_answer_pattern is not a valid regular expression ({exc})") from None
-    data.update(
-        num_generations=value("grpo_num_generations"),
-        max_completion_length=value("grpo_max_completion_length"),
-        beta=value("grpo_beta"),
-        temperature=value("grpo_temperature"),
-        reward_weights=list(used.values()),
-        **vllm_colocate(),
-        # GRPO's batches hold prompt_ids and completion_ids, no input_ids: the Trainer cannot count their tokens
-        # and would warn at every step.
-        include_num_input_tokens_seen="no",
-    )
-
-
-def _check_dataset(dataset_path: str, stage: str = "sft") -> None:
-    data = datasets.load_from_disk(dataset_path)
-    for split in ("train", "eval"):
-        if split not in data:
-            raise ValueError(f"{dataset_path}: no {split!r} split (found {list(data)}); run prepare_dataset again")
-        missing = [c for c in REQUIRED_COLUMNS[stage] if c not in data[split].column_names]
-        if missing:
-            raise ValueError(
-                f"{dataset_path}: split {split!r} lacks columns {missing} (stage {stage!r} needs "
-                f"{list(REQUIRED_COLUMNS[stage])}); it must come from prepare_dataset"
-            )
 
 
 def main(cfg) -> dict:
-    """Train according to ``cfg`` and return the final metrics (also written to metrics.json)."""
-    if cfg.stage == "dpo":
-        # Lazy: TRL is imported by the dpo stage only (its import costs the other stages seconds on every rank).
-        from components.train.trainer.dpo import main as train_dpo
-
-        return train_dpo(cfg)
-    if cfg.stage in ("rm", "grpo"):
-        # Lazy, as for dpo: each imports its own part of TRL.
-        if cfg.stage == "rm":
-            from components.train.trainer.rm import main as train_rl
-        else:
-            from components.train.trainer.grpo import main as train_rl
-
-        return train_rl(cfg)
+    """Train the sft or cpt stage according to ``cfg`` (an ``SFTConfig``) and return the final metrics (also
+    metrics.json)."""
     started = time.time()
     model_path = start_run(cfg)
     tokenizer = AutoTokenizer.from_pretrained(model_path)
@@ -365,43 +69,3 @@ def main(cfg) -> dict:
     metrics = summary_metrics(trainer, result, {"eval_loss": eval_metrics["eval_loss_per_token"]}, started)
     finish_run(trainer, cfg, tokenizer, model_path, metrics)
     return metrics
-
-
-def make_parser() -> argparse.ArgumentParser:
-    """The command line: one ``--config`` file (JSON or YAML)."""
-    p = argparse.ArgumentParser(prog="torchrun ... -m components.train.trainer.sft", description=__doc__.split("\n")[0])
-    p.add_argument(
-        "--config", required=True, help="trainer config (JSON or YAML): SFTConfig fields, DPOStageConfig for stage dpo"
-    )
-    return p
-
-
-if __name__ == "__main__":
-    args = make_parser().parse_args()
-    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")
-    try:
-        config = parse_config(args.config)
-        # Before the model loads: a metrics port another process holds is an error in the first second.
-        serve_metrics(config)
-    except (ValueError, RuntimeError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        sys.exit(2)
-    code = 0
-    try:
-        main(config)
-    except TrainingInterrupted as stop:
-        if global_rank() == 0:
-            log.warning("%s", stop)
-        code = EXIT_SIGTERM  # non-zero: the job was interrupted, not finished
-    if dist.is_initialized():
-        # Leave together and tear the process group down: a rank that exits while gloo's threads are
-        # still running aborts with "terminate called without an active exception" (seen on 2 CPU ranks).
-        dist.barrier()
-        dist.destroy_process_group()
-    # The same abort still struck a finished rank 1 in CI twice after the teardown (a C++ thread still joinable when
-    # the interpreter's finalisation destroys it): leave without finalisation, after what an exit runs in Python
-    # (the atexit handlers: logging, TensorBoard, MLflow and W&B close there) and with the output flushed.
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

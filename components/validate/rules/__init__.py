@@ -12,7 +12,7 @@ no ML library is imported.
 from __future__ import annotations
 
 from components.settings import Settings
-from components.validate.rules.cluster import check_cluster_settings
+from components.validate.rules.cluster import check_cluster_settings, network_warnings
 from components.validate.rules.data import check_data_settings
 from components.validate.rules.deploy import check_deploy_settings
 from components.validate.rules.evaluate import check_evaluate_settings
@@ -57,7 +57,8 @@ def check(values: dict) -> list[str]:
 
 def warnings(values: dict) -> list[str]:
     """What runs but is probably not what was meant (valid ``values``): logged by validate_inputs and the CLI."""
-    out = stage_warnings(Settings.from_flat(values))
+    s = Settings.from_flat(values)
+    out = stage_warnings(s) + network_warnings(s)
     for i, name in enumerate(variant_names(values.get("variants") or [])):
         own = variant_values(values, i)
         out += [f"variants[{i}] ({name!r}): {w}" for w in warnings(own)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from urllib.parse import urlsplit
 
 from components.names import DNS1123_SUBDOMAIN, name_error
@@ -16,12 +17,56 @@ RENDEZVOUS_PORTS = {
 }
 
 
+# An extended resource's name (a device plugin's, e.g. rdma/ib): a DNS subdomain prefix, a slash, a qualified name
+# (Kubernetes validation: IsQualifiedName, and extended resources outside kubernetes.io must carry a prefix).
+EXTENDED_RESOURCE = re.compile(
+    r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+NCCL_VARIABLE = re.compile(r"^NCCL_[A-Z0-9_]+$")
+
+
+def check_network_settings(s: Settings) -> list[str | None]:
+    """The training pods' network: an RDMA resource name the API server accepts, NCCL variables only."""
+    c = s.cluster
+    errors: list[str | None] = []
+    if c.rdma_resource:
+        prefix = c.rdma_resource.partition("/")[0]
+        if not EXTENDED_RESOURCE.match(c.rdma_resource) or len(prefix) > 253:
+            errors.append(
+                f"rdma_resource={c.rdma_resource!r} is not an extended resource name (<domain>/<name>, as the "
+                "device plugin advertises it in kubectl get node -o jsonpath='{.status.allocatable}'), e.g. rdma/ib"
+            )
+        elif c.rdma_resource in ("nvidia.com/gpu", "cpu", "memory"):
+            errors.append(f"rdma_resource={c.rdma_resource!r} is not a network device; e.g. rdma/ib, or leave it empty")
+    for key, value in (c.nccl_env or {}).items():
+        if not NCCL_VARIABLE.match(str(key)):
+            errors.append(f"nccl_env key {key!r} is not an NCCL variable (NCCL_ and capitals), e.g. NCCL_IB_HCA")
+        elif not isinstance(value, (str, int, float, bool)):
+            errors.append(f"nccl_env {key}={value!r}: give a string or a number")
+    return errors
+
+
+def network_warnings(s: Settings) -> list[str]:
+    """What runs, but not over RDMA: verbs without IPC_LOCK. (No RDMA resource at all is no warning: the plan that
+    validate_inputs logs names the TCP transport and its speed.)"""
+    c = s.cluster
+    out = []
+    if c.rdma_resource and not c.ipc_lock and "efa" not in c.rdma_resource:
+        out.append(
+            f"rdma_resource={c.rdma_resource} without ipc_lock: InfiniBand/RoCE verbs pin the memory they register, "
+            "and without IPC_LOCK (or an unlimited memlock limit from the runtime) NCCL's IB transport fails to "
+            "register it and falls back to TCP; set ipc_lock=true"
+        )
+    return out
+
+
 def check_cluster_settings(s: Settings) -> list[str | None]:
     """Claim, Secret, queue and priority-class names; scheduling options that go together; backend limits."""
     c = s.cluster
     errors = [
         name_error("data_pvc", c.data_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
         name_error("model_pvc", c.model_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
+        *check_network_settings(s),
     ]
     if c.hf_token_secret:
         errors.append(name_error("hf_token_secret", c.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))

@@ -10,9 +10,9 @@ import os
 import re
 
 from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.rewards import REWARD_SOURCES, check_reward_function, grpo_function_error  # noqa: F401 (the grpo rules)
 from components.settings import Settings
-from components.train.stages import stage_overrides
-from components.train.trainer.rewards import REWARD_SOURCES, check_reward_function
+from components.stages import stage_overrides
 
 EXAMPLE = '{"answer": 1.0, "format": 0.5}'
 
@@ -100,16 +100,6 @@ def check_reward_settings(s: Settings) -> list[str | None]:
             "change grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
         )
     return errors
-
-
-def grpo_function_error(s: Settings) -> str | None:
-    """The grpo stage's user reward function imported here (the grpo data step, which mounts the data volume): the
-    error naming grpo_reward_function, or None (also when the stage uses no function)."""
-    t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
-    rewards = t.grpo_rewards if isinstance(t.grpo_rewards, dict) else {}
-    if not rewards.get("function") or not t.grpo_reward_function.strip():
-        return None
-    return check_reward_function(t.grpo_reward_function.strip())
 
 
 def reward_warnings(s: Settings) -> list[str]:

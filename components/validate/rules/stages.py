@@ -1,12 +1,12 @@
-"""The stages (components/train/stages.py): each once, each with its data, and their own training settings valid."""
+"""The stages (components/stages.py): each once, each with its data, and their own training settings valid."""
 
 from __future__ import annotations
 
 import dataclasses
 
 from components.settings import Settings, TrainSettings
+from components.stages import STAGE_DATA, STAGES, stage_overrides
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
-from components.train.stages import STAGE_DATA, STAGES, stage_overrides
 from components.validate.rules.fields import field_errors
 from components.validate.rules.rewards import check_reward_settings, reward_warnings
 

@@ -7,10 +7,10 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
+from components.estimate.memory import check_memory_fit
 from components.settings import Settings
+from components.stages import stage_overrides
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
-from components.train.launcher.memory import check_memory_fit
-from components.train.stages import stage_overrides
 
 
 def check_train_settings(s: Settings) -> list[str | None]:
@@ -40,7 +40,7 @@ def check_train_settings(s: Settings) -> list[str | None]:
 def parallelism_errors(s: Settings) -> list[str | None]:
     """``parallelism`` hsdp/hsdp_ep (transformers' FSDP2, components/train/trainer/parallelism.py): with no DeepSpeed
     config, full fine-tuning, the sft/cpt stages, experts that divide over a node (hsdp_ep), and a final export whose
-    fp32 gather fits rank 0's pod (components/train/launcher/plan.py's ``hsdp_export_host_gib``)."""
+    fp32 gather fits rank 0's pod (components/estimate/plan.py's ``hsdp_export_host_gib``)."""
     t, c = s.train, s.cluster
     if t.parallelism == "deepspeed":
         return []
@@ -58,9 +58,9 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     other = [stage for stage in s.stages.stages if stage not in ("sft", "cpt")]
     if other:
         return [f"{name} runs the sft and cpt stages only; stages has {other}: use parallelism=deepspeed"]
+    from components.estimate.memory import POD_MEMORY_GIB
+    from components.estimate.plan import hsdp_export_host_gib
     from components.models.shape import load_architecture, model_shape
-    from components.train.launcher.memory import POD_MEMORY_GIB
-    from components.train.launcher.plan import hsdp_export_host_gib
 
     config = load_architecture(t.model_name_or_path)
     if config is None or c.train_backend == "local":
@@ -82,7 +82,7 @@ def parallelism_errors(s: Settings) -> list[str | None]:
 
 
 def memory_errors(s: Settings) -> list[str]:
-    """The stages whose job would not fit in GPU memory (components/train/launcher/memory.py), each with its own
+    """The stages whose job would not fit in GPU memory (components/estimate/memory.py), each with its own
     settings; none for a local run. Ask on settings known to be valid: an estimate over bad inputs is noise."""
     if s.cluster.train_backend == "local":
         return []
@@ -93,8 +93,8 @@ def memory_errors(s: Settings) -> list[str]:
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
         if t.parallelism != "deepspeed":
             # HSDP shards the model states over one node's GPUs only: the plan's estimate (plan.py, hsdp_memory_gib).
+            from components.estimate.plan import hsdp_memory_gib
             from components.models.shape import load_architecture, model_shape
-            from components.train.launcher.plan import hsdp_memory_gib
 
             config = load_architecture(s.train.model_name_or_path)
             if config is None:

@@ -55,7 +55,7 @@ def torchrun_summary(exitcode: str) -> list[str]:
         '  File "/usr/local/bin/torchrun", line 8, in <module>',
         "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
         "============================================================",
-        "components.train.trainer.sft FAILED",
+        "components.train.trainer FAILED",
         "Root Cause (first observed failure):",
         "[0]:",
         "  rank      : 0 (local_rank: 0)",

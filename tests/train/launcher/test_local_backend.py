@@ -62,7 +62,7 @@ def test_torchrun_runs_in_a_process_that_skips_the_final_collection(monkeypatch,
         "--nproc_per_node",
         "2",
         "-m",
-        "components.train.trainer.sft",
+        "components.train.trainer",
         "--config",
         config,
     )

@@ -104,7 +104,7 @@ def test_pods_run_torchrun_on_the_trainer_entry_point_without_a_shell():
             "--nproc_per_node",
             "8",
             "-m",
-            "components.train.trainer.sft",
+            "components.train.trainer",
             "--config",
             config,
         ]

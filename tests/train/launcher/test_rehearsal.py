@@ -293,7 +293,7 @@ def trained_and_exported(r: Rehearsal, base: Path) -> list[str]:
 def test_trainer_image_is_a_regular_install_of_the_wheel(trainer_image):
     """The image's package is the wheel's, installed as pip installs it in the Dockerfile: no editable hooks."""
     site = trainer_image.site_packages
-    assert (site / "components" / "train" / "trainer" / "sft.py").exists()
+    assert (site / "components" / "train" / "trainer" / "__main__.py").exists()
     assert list(site.glob("kubeflow_llm_post_training-*.dist-info"))
     assert not list(site.glob("__editable__*")), "the image must not carry an editable install"
     # Package data the pods read at run time came with the wheel.

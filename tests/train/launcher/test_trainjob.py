@@ -21,7 +21,8 @@ from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import build_trainjob, trainjob_for_run
 from tests.fakes.k8s_api import FakeKubeAPI
-from tests.helpers.crd_schema import crd_errors, require_reference
+from tests.helpers.crd_schema import crd_errors
+from tests.helpers.repo import REFERENCE
 
 ROOT = Path(__file__).resolve().parents[3]
 CRD = "trainer.kubeflow.org_trainjobs.yaml"
@@ -110,7 +111,7 @@ def test_trainjob_runs_the_same_command_and_pods_as_the_pytorchjob():
 
 def test_patches_target_the_runtimes_replicated_job_and_container():
     """runtimePatches merge by name: they must name what torch-distributed really has."""
-    text = (require_reference() / "runtimes" / "runtime_torch_distributed.yaml").read_text()
+    text = (REFERENCE / "runtimes" / "runtime_torch_distributed.yaml").read_text()
     runtime = yaml.safe_load("\n".join(line for line in text.splitlines() if "{{" not in line))
     assert runtime["metadata"]["name"] == manifest()["spec"]["runtimeRef"]["name"]
     (rjob,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]

@@ -3,7 +3,7 @@ through ``spec.podTemplateOverrides`` and has no ``activeDeadlineSeconds``; ``sp
 v2.2.0. The API server prunes the fields a structural schema does not declare, with only a warning, so a TrainJob
 rendered for the wrong release starts its pods without the claims, ``/dev/shm`` or placement.
 
-Checked against each release's real CRD (../shared/reference/crds/ and crds/v2.1.0/) with the project's schema
+Checked against each release's real CRD (tests/reference/crds/ and crds/v2.1.0/) with the project's schema
 checker, and against the API server's pruning; the installed release is read from the schema the (fake) API server
 publishes, as the launcher and preflight read it.
 """
@@ -36,7 +36,8 @@ from components.train.launcher.trainjob import (
 from components.validate.preflight import preflight
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.cluster import NS, PARAMS, ready_cluster
-from tests.helpers.crd_schema import crd_errors, require_reference
+from tests.helpers.crd_schema import crd_errors
+from tests.helpers.repo import REFERENCE
 
 ROOT = Path(__file__).resolve().parents[3]
 CRDS = {TRAINER_V2_2: "trainer.kubeflow.org_trainjobs.yaml", TRAINER_V2_1: "v2.1.0/trainer.kubeflow.org_trainjobs.yaml"}
@@ -74,7 +75,7 @@ def manifest(version: str, **overrides) -> dict:
 
 @functools.cache
 def _schema(version: str) -> dict:
-    crd = yaml.load((require_reference() / "crds" / CRDS[version]).read_text(), Loader=yaml.CSafeLoader)
+    crd = yaml.load((REFERENCE / "crds" / CRDS[version]).read_text(), Loader=yaml.CSafeLoader)
     (served,) = crd["spec"]["versions"]
     return served["schema"]["openAPIV3Schema"]
 
@@ -113,7 +114,7 @@ def pod_patch(job: dict) -> dict:
 
 
 def runtime_v2_1() -> dict:
-    return yaml.safe_load((require_reference() / "runtimes" / "v2.1.0_torch_distributed.yaml").read_text())
+    return yaml.safe_load((REFERENCE / "runtimes" / "v2.1.0_torch_distributed.yaml").read_text())
 
 
 def merge_by_name(base: list, patch: list, key: str = "name") -> list:

@@ -11,8 +11,8 @@ from components.train.trainer import parallelism
 from components.train.trainer.parallelism import (
     check_parallelism,
     distributed_config,
-    hpz_config,
     hpz_partition_size,
+    job_deepspeed_config,
     nodes_and_gpus,
     resumable,
 )
@@ -42,7 +42,7 @@ def test_hsdp_shards_within_a_node_and_replicates_over_the_nodes():
 def test_hpz_partition_is_one_nodes_gpus_and_off_on_one_node(tmp_path):
     shipped = deepspeed_config_path("zero3_hpz")
     assert json.loads(Path(shipped).read_text())["zero_optimization"]["zero_hpz_partition_size"] == 8
-    four = hpz_config(shipped, {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
+    four = job_deepspeed_config("zero3_hpz", env={"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"})
     zero = json.loads(Path(four).read_text())["zero_optimization"]
     assert zero["zero_hpz_partition_size"] == 4 and zero["stage"] == 3
     assert hpz_partition_size({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "8"}) == 1  # one node: nothing to keep in it
@@ -72,16 +72,49 @@ def _config(workdir, tmp_path, **over) -> str:
 
 def test_the_trainer_sets_the_shipped_hpz_files_partition_to_the_jobs_gpus_per_node(workdir, tmp_path, monkeypatch):
     """The shipped zero3_hpz.json says 8; a job of 2 nodes x 4 GPUs gets 4 (LOCAL_WORLD_SIZE), with no file edit."""
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     monkeypatch.setattr(parallelism, "nodes_and_gpus", lambda env=None: (2, 4))
     cfg = parse_config(_config(workdir, tmp_path, deepspeed="zero3_hpz"))
     assert cfg.deepspeed != deepspeed_config_path("zero3_hpz")
-    assert json.loads(Path(cfg.deepspeed).read_text())["zero_optimization"]["zero_hpz_partition_size"] == 4
-    # A user's own JSON keeps its value.
+    zero = json.loads(Path(cfg.deepspeed).read_text())["zero_optimization"]
+    assert zero["zero_hpz_partition_size"] == 4
+    # A user's own JSON keeps its value (its "auto" sizes are filled in as for any ZeRO-3 config).
     own = tmp_path / "mine.json"
     own.write_text(Path(deepspeed_config_path("zero3_hpz")).read_text())
-    assert parse_config(_config(workdir, tmp_path, deepspeed=str(own))).deepspeed == str(own)
+    mine = json.loads(Path(parse_config(_config(workdir, tmp_path, deepspeed=str(own))).deepspeed).read_text())
+    assert mine["zero_optimization"]["zero_hpz_partition_size"] == 8
+
+
+def test_zero3_prefetches_whole_layers_of_the_model_where_the_config_says_auto(workdir, tmp_path):
+    """transformers fills ZeRO-3's "auto" sizes from the hidden size (0.9 h^2 = 3.8M parameters of prefetch for
+    Qwen3-30B-A3B, whose MoE blocks gather 1.2 GB each); the trainer writes one decoder layer's parameters instead
+    (components/train/config.py::zero3_sizes), which the memory fit counts. Explicit numbers stay the user's."""
+    from components.models.hub import load_model_config
+    from components.models.shape import model_shape
+    from components.train.trainer.config_file import parse_config
+
+    layer = model_shape(load_model_config("builtin:tiny-qwen3")).largest_layer
+    zero = json.loads(Path(parse_config(_config(workdir, tmp_path, deepspeed="zero3")).deepspeed).read_text())
+    zero = zero["zero_optimization"]
+    assert zero["stage3_prefetch_bucket_size"] == zero["reduce_bucket_size"] == layer
+    assert zero["stage3_max_live_parameters"] == 10**9  # DeepSpeed's own floor, above two tiny layers
+    assert zero["stage3_param_persistence_threshold"] == "auto"  # left to transformers
+    own = tmp_path / "mine.json"
+    explicit = json.loads(Path(deepspeed_config_path("zero3")).read_text())
+    explicit["zero_optimization"]["stage3_prefetch_bucket_size"] = 12345
+    own.write_text(json.dumps(explicit))
+    mine = json.loads(Path(parse_config(_config(workdir, tmp_path, deepspeed=str(own))).deepspeed).read_text())
+    assert mine["zero_optimization"]["stage3_prefetch_bucket_size"] == 12345
+    assert mine["zero_optimization"]["reduce_bucket_size"] == layer
+    # The reference model: a whole layer, its MoE block one leaf, is 623M parameters, and two stay live.
+    from components.models.shape import load_architecture
+    from components.train.config import job_zero_config
+
+    reference = model_shape(load_architecture("Qwen/Qwen3-30B-A3B")).largest_layer
+    assert reference == 623_120_640
+    sized = job_zero_config("zero3", 2, 8, reference)
+    assert (sized["stage3_prefetch_bucket_size"], sized["stage3_max_live_parameters"]) == (reference, 2 * reference)
 
 
 @pytest.mark.parametrize(
@@ -93,14 +126,14 @@ def test_the_trainer_sets_the_shipped_hpz_files_partition_to_the_jobs_gpus_per_n
     ],
 )
 def test_hsdp_configs_that_cannot_run_are_one_error_naming_the_field(workdir, tmp_path, over, message):
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     with pytest.raises(ValueError, match=message):
         parse_config(_config(workdir, tmp_path, **over))
 
 
 def test_hsdp_writes_no_periodic_checkpoints_and_never_resumes(workdir, tmp_path):
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     cfg = parse_config(_config(workdir, tmp_path, parallelism="hsdp", save_steps=5))
     assert cfg.save_strategy == "no" and not resumable(cfg)

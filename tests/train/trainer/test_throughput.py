@@ -16,13 +16,13 @@ import pyarrow as pa
 import pytest
 import torch
 
-from components.data.packing import packed_batches
 from components.models.mfu import (
     attention_length,
     causal_attention_length,
     document_lengths,
     flops_per_token,
 )
+from components.models.packing import packed_batches
 from components.models.shape import model_shape
 from components.train.trainer import speed
 from components.train.trainer.callbacks import ProgressCallback

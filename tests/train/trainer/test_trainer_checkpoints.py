@@ -104,7 +104,7 @@ def test_qlora_on_cpu_and_with_zero3_offload_are_refused_naming_the_field(tmp_pa
 
 def test_the_entry_point_rejects_an_impossible_combination_before_training(tmp_path):
     path = write_trainer_config(_config(tmp_path, method="qlora"), str(tmp_path / "cfg.json"))
-    result = run_module("components.train.trainer.sft", "--config", path)
+    result = run_module("components.train.trainer", "--config", path)
     assert result.returncode == 2 and "method 'qlora' needs CUDA GPUs" in result.stderr
 
 
@@ -114,7 +114,7 @@ def test_a_dataset_without_labels_is_named(tmp_path):
     rows = Dataset.from_list([{"input_ids": [1, 2, 3]}])
     DatasetDict(train=rows, eval=rows).save_to_disk(str(tmp_path / "data"))
     path = write_trainer_config(_config(tmp_path, dataset_path=str(tmp_path / "data")), str(tmp_path / "cfg.json"))
-    result = run_module("components.train.trainer.sft", "--config", path)
+    result = run_module("components.train.trainer", "--config", path)
     assert result.returncode == 2 and "split 'train' lacks columns ['labels']" in result.stderr
 
 

@@ -125,13 +125,13 @@ def workdir(tmp_path_factory):
 
 def _run(config_path):
     """The trainer's entry point on ``config_path``, in this process (its config errors end before any work)."""
-    return run_module("components.train.trainer.sft", "--config", str(config_path))
+    return run_module("components.train.trainer", "--config", str(config_path))
 
 
 def _run_process(config_path):
     """The same as a real process: the one test of the entry point's exit code and error line as a pod sees them."""
     return subprocess.run(
-        [sys.executable, "-m", "components.train.trainer.sft", "--config", str(config_path)],
+        [sys.executable, "-m", "components.train.trainer", "--config", str(config_path)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -178,6 +178,24 @@ def test_a_missing_config_file_is_one_error_line(tmp_path):
     )
 
 
+def test_the_entry_point_trains_every_stage_with_a_module_of_its_own():
+    from components.stages import STAGES
+    from components.train.trainer.__main__ import STAGE_MODULES
+
+    assert set(STAGE_MODULES) == set(STAGES)
+    folder = Path(__file__).parents[3] / "components" / "train" / "trainer"
+    assert all((folder / f"{module}.py").is_file() for module in STAGE_MODULES.values())
+
+
+def test_the_entry_point_skips_the_final_garbage_collection_from_its_start(tmp_path, monkeypatch):
+    from components import quick_exit
+
+    frozen: list[bool] = []
+    monkeypatch.setattr(quick_exit, "freeze_heap_at_exit", lambda: frozen.append(True))
+    result = _run(tmp_path / "nowhere.json")
+    assert result.returncode == 2 and frozen == [True]  # before the config is read
+
+
 @pytest.mark.parametrize(
     "field, value, message",
     [
@@ -199,7 +217,7 @@ def test_wrong_value_types_name_the_field_before_any_model_loads(workdir, tmp_pa
 
 
 def test_a_valid_config_passes_the_checks(workdir, tmp_path):
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**_valid(workdir, tmp_path / "out"), "learning_rate": 1, "deepspeed": "zero2"}))

@@ -1,7 +1,7 @@
 """The trainer entry point under real 2-rank torchrun on CPU (gloo): DeepSpeed ZeRO-2/3, LoRA, kill and resume.
 
 DeepSpeed 0.19.8 runs on CPU here: with no GPU it picks its CPU accelerator and, without oneCCL, the
-gloo backend; the trainer wraps the process group accelerate created (sft.py).
+gloo backend; the trainer wraps the process group accelerate created (common.py).
 """
 
 import json
@@ -98,7 +98,7 @@ def _start(config):
         "--nproc_per_node",
         "2",
         "-m",
-        "components.train.trainer.sft",
+        "components.train.trainer",
         "--config",
         config,
     ]

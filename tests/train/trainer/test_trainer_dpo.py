@@ -98,7 +98,7 @@ def _parse(path):
     """parse_config in this process: without ddp_backend, which outside torchrun has no process group to join."""
     from pathlib import Path
 
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     cfg = json.loads(Path(path).read_text())
     cfg.pop("ddp_backend")
@@ -111,7 +111,7 @@ def _parse(path):
 
 def test_an_unknown_stage_is_one_error_line_naming_the_file_and_field(workdir):
     path = _config(workdir, "ppo", stage="ppo")
-    result = run_module("components.train.trainer.sft", "--config", path)
+    result = run_module("components.train.trainer", "--config", path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip() == f"error: {path}: stage 'ppo' is not one of ['cpt', 'sft', 'dpo', 'rm', 'grpo']"
 

@@ -21,10 +21,10 @@ import shutil
 
 import pytest
 
+from components.rewards import answer_reward, format_reward, length_reward, load_reward_function
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
 from components.train.launcher.local import run_torchrun
-from components.train.trainer.rewards import answer_reward, format_reward, length_reward, load_reward_function
 from tests.helpers.repo import run_module
 from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
 
@@ -103,7 +103,7 @@ def _parse(path):
     """parse_config in this process: without ddp_backend, which outside torchrun has no process group to join."""
     from pathlib import Path
 
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     cfg = json.loads(Path(path).read_text())
     cfg.pop("ddp_backend")
@@ -227,7 +227,7 @@ def test_what_is_wrong_is_named_before_any_model_loads(workdir, over, message):
 def test_a_user_function_with_the_wrong_signature_exits_2_with_one_line(workdir):
     (workdir / "bad_reward.py").write_text("def f(text):\n    return []\n")
     path = _config(workdir, "bad-sig", grpo_reward_function=f"{workdir / 'bad_reward.py'}:f")
-    result = run_module("components.train.trainer.sft", "--config", path)
+    result = run_module("components.train.trainer", "--config", path)
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().startswith(
         f"error: {path}: grpo_reward_function '{workdir / 'bad_reward.py'}:f': f(text) does not take completions"

@@ -10,7 +10,7 @@ from components.models.batches import pad_collator
 from components.train.config import deepspeed_config_path
 from components.train.launcher.local import run_torchrun
 from components.train.trainer.arguments import SFTConfig
-from components.train.trainer.sft import load_model
+from components.train.trainer.common import load_model
 from tests.helpers.trainer import make_workdir, trainer_config
 
 

@@ -96,7 +96,7 @@ def _config(root, name: str, **over) -> str:
 def _parse(path):
     from pathlib import Path
 
-    from components.train.trainer.sft import parse_config
+    from components.train.trainer.config_file import parse_config
 
     cfg = json.loads(Path(path).read_text())
     cfg.pop("ddp_backend")

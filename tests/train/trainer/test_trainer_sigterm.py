@@ -48,7 +48,7 @@ class _Job:
             "--nproc_per_node",
             "2",
             "-m",
-            "components.train.trainer.sft",
+            "components.train.trainer",
             "--config",
             config,
         ]

@@ -1,106 +1,14 @@
 """The plan of a training job before it runs: seconds per optimizer step, tokens/s per GPU, the bottleneck, the run's
 wall time and GPU-hours, and the memory per GPU, from the settings and the model's config.json alone (no torch, no
-cluster, no GPU, no download). ``python -m pipelines.run ... --plan`` prints it.
+cluster, no GPU, no download). ``python -m pipelines.run ... --plan`` prints it; validate_inputs logs it.
 
-Notation: P parameters (all experts), A active parameters (``ModelShape.active``: the experts' top-k, the output
-head), T_r trainable (LoRA: the adapters; full: P), L layers, d = heads x head_dim, s = max_seq_length, b = micro-batch
-rows, k = gradient_accumulation_steps, G = gpus_per_node, M = num_nodes, N = M G GPUs.
-
-Compute, per micro-step and GPU (components/models/mfu.py: 6 A + 12 L d T per token, PaLM appendix B):
-
-    tokens                 t = s b                    (packed rows are full; the pad tail is counted as work)
-    forward                t (2 A + 4 L d T)
-    backward               t (4 A + 8 L d T)          (activation and weight gradients, 2 A each)
-    recomputation          t (2 A + 4 L d T)          when activation_checkpointing: x 4/3 in all
-    LoRA                   minus 2 t A_f: the weight gradients of frozen nn.Linear weights (attention, dense MLP,
-                           router, head) are never computed; a fused expert tensor adapted through PEFT's
-                           target_parameters gets its whole gradient (PEFT builds W + B A, autograd differentiates
-                           the sum), so its A stays at 6
-    seconds                FLOPs / achieved_tflops_per_gpu
-
-T is the mean number of keys a token attends to, causal within its document: (s + 1) / 2 when one document fills a
-row (the upper bound, used before a dataset is prepared), or from the prepared dataset's length histogram
-(sum n (n + 1) / 2 / sum n over its buckets). ``achieved_tflops_per_gpu`` defaults to 129: 8 layers of
-Qwen3-30B-A3B's shape (128 experts, top-8) trained on one H100 at 19,563 tokens/s with transformers' grouped_mm
-experts and SDPA, no recomputation (benchmarks/results/plan.md cites the log). Recomputed FLOPs run at that speed.
-
-Collectives, with ring algorithms (NCCL's for all-gather and reduce-scatter): for S bytes over n ranks every GPU
-sends and receives B = S (n - 1) / n (all-reduce: 2 B; an all-to-all of S bytes per GPU: B as well). Parameters
-and gradients travel in bf16 (2 bytes) under DeepSpeed; plain DDP all-reduces fp32 gradients (4 bytes). Per
-optimizer step:
-
-    ZeRO-3, full           every micro-step: all-gather 2P (forward), all-gather 2P (backward: ZeRO-3 frees each
-                           block after its forward), reduce-scatter 2P of gradients (DeepSpeed refuses no_sync under
-                           ZeRO-2/3: gradients are reduced at every backward). Recomputation adds no third gather:
-                           DeepSpeed charges the parameters a recomputed forward fetches to the backward module that
-                           needs them (ds_recompute_parameters) and frees them after its backward.
-    ZeRO-3, LoRA           the frozen base is gathered just the same (2P forward, 2P backward); only the adapters'
-                           gradients are reduce-scattered (2 T_r)
-    ZeRO++ hpZ (ZeRO-3 with zero_hpz_partition_size = h, h = G: one node)
-                           after its forward all-gather over all N ranks, each block keeps a secondary bf16 partition
-                           over the h ranks of its node (2P/h more memory per GPU); every later gather comes from it
-                           over NVLink until the optimizer step invalidates it (DeepSpeed's stage3.py,
-                           invalidate_secondary_tensor, which touches trainable parameters only). So per optimizer
-                           step: one all-gather 2P over N (the first forward), 2k - 1 all-gathers 2P within the node,
-                           k reduce-scatters 2 T_r over N. A frozen LoRA base keeps its secondary partition for the
-                           whole run: after the first step only the adapters cross nodes.
-    HSDP (parallelism hsdp: transformers' DistributedConfig, FSDP2 with fsdp_size = G, dp_replicate_size = M)
-                           fp32 weights sharded over the G GPUs of a node, bf16 compute (fsdp_mixed_precision:
-                           bf16 all-gathers, fp32 reductions). Every micro-step, within the node: all-gather 2P
-                           (forward), all-gather 2P (backward: reshard_after_forward; Qwen3-MoE's _fsdp_plan
-                           keeps lm_head gathered from forward to backward, 1% of P, counted anyway), reduce-scatter
-                           4P. Across nodes, once per optimizer step: all-reduce of each GPU's fp32 gradient shard 4P/G
-                           over the M GPUs of the same local rank (one per node: its own NIC, so all of it is network
-                           traffic). The Trainer defers it (Trainer._defer_fsdp_gradient_reduction:
-                           set_requires_all_reduce(False) on all but the last micro-step) and FSDP2 sums the
-                           reduce-scattered shards meanwhile (torch's _fsdp_collectives.foreach_reduce,
-                           partial_reduce_output), so it runs in the last micro-step's backward.
-    HSDP + EP (parallelism hsdp_ep: ep_size = G)
-                           each GPU holds E/G whole experts, a node all of them (the expert FSDP group efsdp = 1):
-                           only the dense parameters D = P - X (X: expert parameters) are gathered (2D forward, 2D
-                           backward) and reduce-scattered (4D) within the node; the routed tokens travel instead:
-                           per MoE layer an all-to-all to the experts and one back, of t k h bf16 values per GPU
-                           (k experts per token, uniform routing), in the forward, again in the backward, and in the
-                           recomputed forward. Across nodes, as HSDP: the all-reduce of 4P/G per step.
-    ZeRO-2                 every micro-step: reduce-scatter 2 T_r; after the step: all-gather of the updated 2 T_r
-    ZeRO-1 / DDP           once per step, in the last micro-step's backward: all-reduce of the gradients (4 T_r)
-
-Links (bandwidths are settings, per GPU and per direction): a ring inside one node runs on NVLink
-(``intra_node_gb_per_s``). A ring over M > 1 nodes is built as NCCL builds it on DGX-class nodes, one channel per
-NIC (rail-aligned): each channel enters and leaves every node once, so a node's whole inbound traffic equals one
-GPU's ring traffic B, spread over its G NICs. Each GPU then moves B (G - 1) / G over NVLink and B / G over its share of
-the network (``inter_node_gb_per_s`` = the node's network bandwidth / G: 50 GB/s for a DGX H100's 8 x 400 Gb/s):
-
-    seconds = max(B (G - 1) / G / intra, B / G / inter)
-
-Each phase's collectives share the links, so a phase's communication takes max(NVLink bytes / intra, network bytes
-/ inter) over all its collectives.
-
-Overlap and step time. DeepSpeed prefetches the next blocks' parameters while the current block computes and
-reduce-scatters gradients while the backward goes on; DDP all-reduces buckets during the backward. So within a
-micro-step:
-
-    micro-step = max(forward compute, forward communication) + max(backward compute, backward communication)
-                 + exposed
-
-The forward phase gets only the forward's FLOPs to hide behind (1/4 of the micro-step's with recomputation), which is
-why the phases are taken apart rather than max(compute, comm) over the whole micro-step. ``exposed`` is what nothing
-can hide: under ZeRO-3 the first module's gather at the start of each forward (the embedding, vocab x hidden; the
-prefetcher starts from the module it fetches) and the last gradients' reduce-scatter at the end of each backward (the
-embedding's again, when it is trained); under ZeRO-2 that reduce-scatter. Per optimizer step come the optimizer
-update, memory-bound at ``OPTIMIZER_BYTES_PER_PARAM`` bytes per trainable parameter this GPU updates over
-``HBM_BYTES_PER_S``, and ZeRO-2's all-gather of the updated parameters (the next forward needs them). The bottleneck
-is ``compute`` when every phase's compute covers its communication, else the link that is busiest.
-
-The run: tokens per optimizer step k b s x N (x the packing efficiency, for real tokens); steps = max_steps, or the
-training split's rows x epochs / (b k N), rows from the prepared dataset's statistics when given, else
-``dataset_tokens_estimate`` / s; wall time = steps x step seconds; GPU-hours = wall time x N. Memory per GPU is
-components/train/launcher/memory.py's estimate, the one validate_inputs checks. Under HSDP the model states are
-sharded over a node's G GPUs only: 16P/G (fp32 weights 4, fp32 gradients 4, Adam 8) + 10 L' (L' the largest block
-FSDP2 gathers: bf16 copies of the current and the prefetched block, 4 L', and the block's bf16 gradient with its fp32
-copy for the reduce-scatter, 6 L'; under EP the experts stay whole on their GPU and L' is the largest dense block);
-activations and overhead as memory.py's. The final export then gathers the whole fp32 model on rank 0's host
-(transformers' gather_full_state_dict, 4P): validate_inputs refuses the layout where that passes the pod's memory.
+Why: a sparse model's layout decides what crosses nodes, and a job that is network-bound or does not fit is cheaper
+found out before GPUs are requested than after. The model, per optimizer step: compute from the model FLOPs (6 A +
+12 L d T per token, components/models/mfu.py) plus recomputation, at ``achieved_tflops_per_gpu``; every collective of
+the layout (ZeRO-3, hpZ, HSDP, HSDP + EP, ZeRO-2, DDP) as ring bytes on the link it crosses (NVLink within a node,
+each GPU's share of the node's NICs between nodes); per phase max(compute, communication) plus what cannot overlap.
+Memory per GPU is components/estimate/memory.py's estimate. docs/plan.md has the derivation, its notation and its
+sources.
 """
 
 from __future__ import annotations
@@ -110,6 +18,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from components.models.mfu import model_flops_per_token, recompute_flops_per_token
 from components.models.shape import KNOWN_MODELS, ModelShape, load_architecture, lora_targets, model_shape
 from components.settings import Settings
 from components.train.config import job_zero_config
@@ -151,7 +60,7 @@ class Collective:
 
     @property
     def network_bytes_per_gpu(self) -> float:
-        """What crosses this GPU's share of the network: B / G for a ring over several nodes (module docstring)."""
+        """What crosses this GPU's share of the network: B / G for a ring over several nodes (docs/plan.md)."""
         return self.bytes_per_gpu / self.per_node if self.nodes > 1 else 0.0
 
     @property
@@ -192,12 +101,14 @@ class Plan:
     flops_per_token_dense: float  # 6 A
     flops_per_token_attention: float  # 12 L d T
     flops_per_micro_step: float  # what the GPU executes (recomputation and LoRA included)
+    recompute_flops_per_micro_step: float  # of which recomputation (hardware FLOPs, never in MFU)
     compute_s: float  # per micro-step
     forward_compute_s: float
     backward_compute_s: float
     collectives: list[Collective]
     intra_gb_per_s: float
     inter_gb_per_s: float
+    transport: str  # what NCCL uses between nodes, as the pods request it (network_transport)
     achieved_tflops: float
     recompute: bool
     micro_step_s: list[float]
@@ -320,7 +231,7 @@ def collectives(
     tokens: int = 0,
     recompute: bool = False,
 ) -> list[Collective]:
-    """Every collective of one optimizer step (module docstring's table). ``tokens`` per micro-step and GPU and
+    """Every collective of one optimizer step (docs/plan.md's table). ``tokens`` per micro-step and GPU and
     ``recompute`` matter only to expert parallelism's all-to-alls."""
     n, m, g = num_nodes * gpus_per_node, num_nodes, gpus_per_node
     stage = zero.get("stage", 0)
@@ -350,7 +261,7 @@ def collectives(
                     )
                 )
             else:
-                # The frozen base keeps its secondary partition for the whole run (module docstring); the adapters'
+                # The frozen base keeps its secondary partition for the whole run (docs/plan.md); the adapters'
                 # weights are gathered over all ranks after each step.
                 out[-1] = Collective(
                     "frozen base, forward (from the secondary partition after the run's first step)",
@@ -442,15 +353,15 @@ def hsdp_collectives(
 def hsdp_export_host_gib(shape: ModelShape, gpus_per_node: int) -> float:
     """Rank 0's pod at the final export under HSDP, in GiB: the whole model gathered in fp32 on rank 0's host
     (transformers' gather_full_state_dict, cpu_offload) plus memory.py's per-rank process and /dev/shm figures."""
-    from components.train.launcher.memory import HOST_PROCESS_BYTES, SHM_BYTES_PER_RANK
+    from components.estimate.memory import HOST_PROCESS_BYTES, SHM_BYTES_PER_RANK
 
     return (4 * shape.total + (HOST_PROCESS_BYTES + SHM_BYTES_PER_RANK) * gpus_per_node) / GIB
 
 
 def hsdp_memory_gib(shape: ModelShape, ep: bool, gpus_per_node: int, max_seq_length: int, rows: int) -> dict:
-    """Memory per GPU under HSDP (module docstring): memory.py's activations and overhead, model states sharded over
+    """Memory per GPU under HSDP (docs/plan.md): memory.py's activations and overhead, model states sharded over
     one node."""
-    from components.train.launcher.memory import estimate_gib
+    from components.estimate.memory import estimate_gib
 
     est = estimate_gib(shape, "full", {"stage": 3}, gpus_per_node, max_seq_length, rows)
     embed = shape.vocab * shape.hidden
@@ -489,8 +400,8 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     stats.json), for the real row count, packing efficiency and document lengths; without it the run's size is the
     ``dataset_tokens_estimate`` setting. ``stage``: the training stage to plan (default: sft when it runs, else the
     first); its ``stage_settings`` apply."""
-    from components.train.launcher.memory import estimate_gib
-    from components.train.stages import stage_overrides
+    from components.estimate.memory import estimate_gib
+    from components.stages import stage_overrides
 
     typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
     values = typed.flat()
@@ -503,7 +414,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     if hsdp:
         zero = {}  # validate_inputs refuses hsdp with a DeepSpeed config
     else:  # the shipped zero3_hpz's partition as the trainer sets it: the job's GPUs per node (1, off, on one node)
-        zero = job_zero_config(v["deepspeed_config"], int(v["num_nodes"]), int(v["gpus_per_node"]))
+        zero = job_zero_config(v["deepspeed_config"], int(v["num_nodes"]), int(v["gpus_per_node"]), shape.largest_layer)
     zero_stage, hpz = zero.get("stage", 0), int(zero.get("zero_hpz_partition_size", 1) or 1)
     m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
     n = m * g
@@ -520,7 +431,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
         frozen_linear_active = shape.active - (experts_active if expert_lora else 0)
     trainable = shape.total if method == "full" else lora
 
-    # Compute (module docstring).
+    # Compute (docs/plan.md).
     tokens = s * rows
     real = 1.0
     if stats and stats.get("train", {}).get("packing_efficiency"):
@@ -529,18 +440,21 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     att_source = "the prepared dataset's length histogram"
     if t_att is None:
         t_att, att_source = (s + 1) / 2, "one document per row, (s + 1) / 2: an upper bound"
-    dense = 6 * shape.active
-    attention = 12 * shape.layers * shape.q_dim * t_att
+    model_flops = model_flops_per_token(shape, t_att)  # 6 A + 12 L d T: forward a third, backward two thirds
+    dense, attention = 6 * shape.active, model_flops - 6 * shape.active
     recompute = bool(v["activation_checkpointing"])
-    fwd_flops = tokens * (2 * shape.active + 4 * shape.layers * shape.q_dim * t_att)
-    bwd_flops = tokens * (4 * shape.active - 2 * frozen_linear_active + 8 * shape.layers * shape.q_dim * t_att)
-    if recompute:
-        bwd_flops += fwd_flops
+    fwd_flops = tokens * model_flops / 3
+    bwd_flops = tokens * (2 * model_flops / 3 - 2 * frozen_linear_active)
+    recompute_flops = tokens * recompute_flops_per_token(shape, t_att) if recompute else 0.0
+    bwd_flops += recompute_flops  # hardware work, reported apart from the model FLOPs
     speed = float(v["achieved_tflops_per_gpu"]) * 1e12
     fwd_s, bwd_s = fwd_flops / speed, bwd_flops / speed
 
     # Communication and overlap.
     intra, inter = float(v["intra_node_gb_per_s"]) * GB, float(v["inter_node_gb_per_s"]) * GB
+    transport = network_transport(v)
+    if transport.startswith("TCP"):  # NCCL's sockets over the pod network: the node's TCP bandwidth over its GPUs
+        inter = min(inter, float(v["tcp_node_gb_per_s"]) * GB / g)
     steps_collectives = collectives(shape, method, zero, m, g, trainable, parallelism, tokens, recompute)
     blocked = None
     if hsdp:
@@ -550,7 +464,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
             "no periodic checkpoints under HSDP: transformers 5.23's Trainer cannot resume a model sharded "
             "at load time, so a re-run trains from the start (components/train/trainer/parallelism.py)"
         )
-        from components.train.launcher.memory import POD_MEMORY_GIB
+        from components.estimate.memory import POD_MEMORY_GIB
 
         host = hsdp_export_host_gib(shape, g)
         if host > POD_MEMORY_GIB:
@@ -644,12 +558,14 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
         flops_per_token_dense=dense,
         flops_per_token_attention=attention,
         flops_per_micro_step=fwd_flops + bwd_flops,
+        recompute_flops_per_micro_step=recompute_flops,
         compute_s=fwd_s + bwd_s,
         forward_compute_s=fwd_s,
         backward_compute_s=bwd_s,
         collectives=steps_collectives,
         intra_gb_per_s=intra / GB,
         inter_gb_per_s=inter / GB,
+        transport=transport,
         achieved_tflops=speed / 1e12,
         recompute=recompute,
         micro_step_s=micro,
@@ -736,6 +652,22 @@ def _duration(seconds: float) -> str:
     return f"{hours:,.1f} h" if hours >= 1 else f"{seconds / 60:,.1f} min"
 
 
+def network_transport(v: dict) -> str:
+    """What NCCL uses between the training pods, as the settings request it: RDMA where the pods request the
+    device plugin's resource (``rdma_resource``), else TCP sockets over the pod network. Without an RDMA device in
+    the pod NCCL finds no InfiniBand/RoCE/EFA interface and falls back to its socket transport, whatever the
+    node's NICs are."""
+    if int(v.get("num_nodes", 1)) <= 1:
+        return "no inter-node traffic (one node)"
+    resource = str(v.get("rdma_resource") or "")
+    if resource:
+        return f"RDMA ({resource} x {int(v.get('rdma_per_pod', 1))} per pod; inter_node_gb_per_s)"
+    return (
+        f"TCP on the pod network (no rdma_resource requested; tcp_node_gb_per_s {float(v['tcp_node_gb_per_s']):g} "
+        "GB/s per node)"
+    )
+
+
 def format_plan(p: Plan) -> str:
     """The plan as the CLI prints it and validate_inputs logs it."""
     k = p.accumulation
@@ -744,11 +676,19 @@ def format_plan(p: Plan) -> str:
         f"  per GPU: micro-batch {p.micro_batch} x {p.max_seq_length} tokens, {k} micro-steps per optimizer step",
         f"  compute:  {p.compute_s:.3f} s per micro-step: {p.flops_per_micro_step / 1e12:,.1f} TFLOP at "
         f"{p.achieved_tflops:g} TFLOP/s per GPU (achieved_tflops_per_gpu)",
-        f"            6 x {p.active_params / 1e9:.2f}B active parameters + attention 12 L d T, T = "
-        f"{p.attention_length:,.0f} keys per token ({p.attention_source})"
-        f"{', x 4/3 for recomputed activations' if p.recompute else ''}",
+        f"            model FLOPs {(p.flops_per_token_dense + p.flops_per_token_attention) / 1e9:.1f} GFLOP per token: "
+        f"6 x {p.active_params / 1e9:.2f}B active parameters (embedding lookup 0, lm_head counted) + attention "
+        f"12 L d T, T = {p.attention_length:,.0f} keys per token ({p.attention_source})",
+        *(
+            [
+                f"            + recomputation {p.recompute_flops_per_micro_step / 1e12:,.1f} TFLOP per micro-step "
+                "(hardware FLOPs: the decoder layers' forward again; not model FLOPs)"
+            ]
+            if p.recompute
+            else []
+        ),
         f"  links:    {p.intra_gb_per_s:g} GB/s per GPU within a node (intra_node_gb_per_s), {p.inter_gb_per_s:g} "
-        "GB/s per GPU between nodes (inter_node_gb_per_s)",
+        f"GB/s per GPU between nodes over {p.transport}",
     ]
     if p.collectives:
         lines.append("  collectives per optimizer step (bytes per GPU: all / over the network):")

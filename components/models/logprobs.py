@@ -37,7 +37,7 @@ import os
 import urllib.error
 import urllib.request
 
-from components.data.packing import IGNORE_INDEX, split_examples
+from components.models.packing import IGNORE_INDEX, split_examples
 
 REFERENCE_FILE = "serving_check.json"
 FORMAT_VERSION = 1

@@ -15,8 +15,25 @@ from dataclasses import dataclass
 
 from kubeflow.training.constants import constants as kfc
 
-from components.train.launcher import trainjob
-from components.train.launcher.pods import TERMINATION_GRACE_PERIOD_SECONDS
+# The TrainJob's API identity (trainer.kubeflow.org/v1alpha1; components/train/launcher/trainjob.py renders it):
+# the cluster's torch runtimes name their replicated job and container ``node``. JobSet labels every pod with its
+# JobSet's name, which is the TrainJob's; the Job controller labels each pod with its completion index, which the
+# torch runtime makes the node rank.
+TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL, TRAINJOB_KIND = (
+    "trainer.kubeflow.org",
+    "v1alpha1",
+    "trainjobs",
+    "TrainJob",
+)
+TRAINJOB_NODE = "node"
+TRAINJOB_POD_SELECTOR_LABEL = "jobset.sigs.k8s.io/jobset-name"
+TRAINJOB_NODE_RANK_LABEL = "batch.kubernetes.io/job-completion-index"
+
+# An evicted or preempted pod gets SIGTERM, then SIGKILL after the grace period (30 s by default). The trainer
+# saves a complete checkpoint on SIGTERM (components/train/trainer/checkpoints.py): for Qwen3-30B-A3B each pod writes
+# ~183 GB of ZeRO-3 shards, 3-6 minutes at 0.5-1 GB/s to a shared volume. The launcher's pods
+# (components/train/launcher/pods.py) carry it.
+TERMINATION_GRACE_PERIOD_SECONDS = 600
 
 # A foreground deletion waits for the pods' graceful termination: up to their grace period (a rank hung in NCCL
 # never acts on SIGTERM and is killed only then), plus time for the operator and the garbage collector. A job
@@ -48,7 +65,7 @@ class JobKind:
             return worker if worker in names and master not in names else master
         # JobSet pods have generated names; the node rank is the Job completion index.
         return next(
-            (p.metadata.name for p in pods if (p.metadata.labels or {}).get(trainjob.NODE_RANK_LABEL) == "0"), None
+            (p.metadata.name for p in pods if (p.metadata.labels or {}).get(TRAINJOB_NODE_RANK_LABEL) == "0"), None
         )
 
     def suspended(self, job: dict) -> bool:
@@ -68,15 +85,15 @@ JOB_KINDS = {
         kfc.JOB_CONDITION_FAILED,
         kfc.JOB_NAME_LABEL,
     ),
-    trainjob.KIND: JobKind(
-        trainjob.KIND,
-        trainjob.GROUP,
-        trainjob.VERSION,
-        trainjob.PLURAL,
-        trainjob.NODE,
+    TRAINJOB_KIND: JobKind(
+        TRAINJOB_KIND,
+        TRAINJOB_GROUP,
+        TRAINJOB_VERSION,
+        TRAINJOB_PLURAL,
+        TRAINJOB_NODE,
         "Complete",
         "Failed",
-        trainjob.POD_SELECTOR_LABEL,
+        TRAINJOB_POD_SELECTOR_LABEL,
     ),
 }
 

@@ -1,63 +1,11 @@
 """Will the training job fit? Per-GPU and per-pod (host) memory estimates, checked before any job is created.
 
-Per GPU, in bytes, with P parameters (all MoE experts included), N = num_nodes x gpus_per_node GPUs,
-L = the largest block ZeRO-3 gathers at once, T = trainable LoRA parameters (lora.py's targets; on a
-fused expert tensor of shape (E, out, in) PEFT adds a rank-r pair per expert: E r (in + out)):
-
-  model states (the weights, gradients and Adam states; DeepSpeed's own estimators for full fine-tuning,
-  ``estimate_zero{2,3}_model_states_mem_needs``, give the same numbers and a test holds us to them):
-    full, ZeRO-3                    4L + 18P/N     (offload_optimizer: 4L + 2P/N; offload_param too: 4L)
-    full, ZeRO-2                    2P + 18P/N     (offload_optimizer: 2P)
-    full, no DeepSpeed (DDP, fp32)  16P            (fp32 weights 4 + grads 4 + Adam 8, replicated)
-    lora, ZeRO-3                    4L + 2P/N + 18T/N
-    ZeRO-3 with hpZ (ZeRO++)        + 2P/h         (zero_hpz_partition_size h > 1: each block keeps a secondary bf16
-                                                    partition over h ranks, its node's; plan.py says why)
-    lora, ZeRO-2 or DDP             2P + 16T       (frozen bf16 base replicated; fp32 adapter + grads + Adam)
-    qlora (DDP)                     0.52Q + 4(P-Q) + 16T
-        Q = nn.Linear weights of the decoder layers, which bitsandbytes stores as NF4 (~4.13 bits with double
-        quantisation). Everything else stays 16-bit when loaded, and PEFT's prepare_model_for_kbit_training
-        then casts every parameter that is not 4-bit to fp32: embeddings, norms, the router, the output head
-        (transformers never quantises it) and, in Qwen3-MoE, the experts, which transformers 5 holds as fused
-        3-D tensors rather than nn.Linear modules. For Qwen3-30B-A3B that is ~29B parameters in fp32, ~111 GiB
-        per GPU. A 4-layer slice of that shape measured 11.37 GiB on an H100 (its bf16 weights: 5.80 GiB); this
-        formula gives 11.36 (tests/test_memory_fit.py).
-  activations (bf16, gradient checkpointing on, as the trainer runs on GPUs; b = micro-batch, s = seq):
-    checkpointed layer inputs       2 s b h x layers
-    one layer recomputed            2 s b (6h + 2(q + 2kv) + 3 I)   (I = intermediate, k x moe_intermediate for MoE)
-    logits                          10 s b V       (bf16 logits + fp32 copy + fp32 gradient)
-    LoRA on expert tensors          2 w X          (X = one layer's expert parameters, 3 E h moe_intermediate:
-                                                    PEFT builds W + BA in the forward and gets its gradient in the
-                                                    backward; w = 2 bytes, 4 under qlora's fp32 experts)
-  plus 3 GiB for the CUDA context, NCCL buffers and allocator fragmentation.
-
-The grpo stage adds, per GPU (``grpo_extra_bytes``; TRL's GRPOTrainer, trl/trainer/grpo_trainer.py):
-    the reference model             2P/N under ZeRO-3 (TRL partitions its frozen bf16 copy like the policy), 2P
-                                    otherwise; none with grpo_beta 0 or LoRA (the reference is the adapter off)
-    the generations' KV cache       2 x 2 bytes x layers x kv x (prompt + completion tokens) x completions a rank
-                                    generates at once (micro-batch x gradient_accumulation_steps), with transformers'
-                                    generate; on a cluster TRL's vLLM colocate engine instead holds its share of the
-                                    GPU, vllm_gpu_memory_utilization (TRL's default 0.3), whatever the batch
-The rm stage scores chosen and rejected of each pair in one forward pass, as dpo: twice the rows.
-
-Attention memory is linear in s because flash-attention (or SDPA's memory-efficient kernel) never
-materialises the s x s scores.
-
-Per pod (host memory, against the pod's ``memory`` limit; R = gpus_per_node ranks, M = num_nodes pods):
-
-    every rank                      3 GiB process (CUDA context, NCCL, libraries, data-loader workers)
-                                    + 0.5 GiB written to /dev/shm (NCCL segments, batches from data-loader
-                                    workers). /dev/shm is a memory-backed emptyDir: what is written there
-                                    counts toward the pod's limit; its size (64Gi) is a cap, not a reservation.
-    ZeRO-3 (zero.Init)              6LR            (DeepSpeed's estimator: each rank's largest layer in fp32,
-                                                    x 1.5 for pinned buffers); with offload instead
-                                    24T'/M + 3P/M  (offload_optimizer: fp32 master, grads, Adam; offload_param:
-                                                    bf16 weights; each x 1.5; T' = trainable: P full, T LoRA)
-    ZeRO-1/2 or DDP                 R C + 24T'/M with offload_optimizer, C = what a rank converts on the CPU
-                                    and holds until the Trainer moves the model to its GPU: the checkpoint is
-                                    memory-mapped (shared, reclaimable page cache), but Qwen3-MoE's per-expert
-                                    checkpoint tensors are fused into new ones (C = 2 x expert parameters),
-                                    and full fine-tuning without DeepSpeed casts every weight to fp32 (C = 4P)
-    qlora                           2LR            (bitsandbytes loads onto the GPU one tensor at a time)
+Why: a job that cannot fit should fail in validate_inputs, naming the knob to turn, not as an OOM after its GPUs were
+granted. Per GPU: the model states of the method and DeepSpeed stage (for full fine-tuning DeepSpeed's own
+``estimate_zero{2,3}_model_states_mem_needs`` give the same numbers, and a test holds us to them), bf16 activations
+with gradient checkpointing, the grpo stage's reference model and generations, and 3 GiB of overhead; per pod (host
+memory, against the trainer pod's limit): each rank's process and /dev/shm, and what ZeRO's loading or offload holds.
+docs/memory.md has every formula and the measurements behind them.
 """
 
 from __future__ import annotations
@@ -83,20 +31,31 @@ LORA_PRESET = "qwen3-30b-a3b-lora"
 def base_weight_bytes(shape: ModelShape, method: str) -> int:
     """The frozen base's weights on one GPU once loaded (and, for qlora, prepared by PEFT), before any sharding.
 
-    qlora: NF4 for the decoder's nn.Linear weights, fp32 for every other tensor (module docstring); else bf16.
+    qlora: NF4 for the decoder's nn.Linear weights, fp32 for every other tensor (docs/memory.md); else bf16.
     """
     if method == "qlora":
         return int(NF4_BYTES_PER_PARAM * shape.linear) + 4 * (shape.total - shape.linear)
     return 2 * shape.total
 
 
+def gathered_params(shape: ModelShape) -> int:
+    """The most parameters ZeRO-3 holds gathered at once: a whole decoder layer (it prefetches layer by layer,
+    components/train/config.py::zero3_sizes; a Qwen3-MoE block is one leaf of it) or the embedding, whichever is
+    larger (DeepSpeed's estimators call it ``largest_layer_params``)."""
+    return max(shape.largest_block, shape.largest_layer)
+
+
 def model_states_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, lora_params: int = 0) -> int:
-    """Weights + gradients + optimizer states per GPU (see the module docstring for the formulas)."""
+    """Weights + gradients + optimizer states per GPU (docs/memory.md has the formulas)."""
     p, n, t = shape.total, n_gpus, lora_params
     stage = zero.get("stage", 0)
     offload_opt = zero.get("offload_optimizer", {}).get("device", "none") != "none"
     offload_param = zero.get("offload_param", {}).get("device", "none") != "none"
-    largest = 4 * shape.largest_block
+    # ZeRO-3's live bf16 parameters: the running layer (or the embedding) and the one prefetched, and the gradient
+    # reduce bucket (components/train/config.py::zero3_sizes, where the config says "auto").
+    largest = 4 * gathered_params(shape)
+    if stage == 3 and isinstance(zero.get("reduce_bucket_size"), (int, float)):
+        largest += 2 * int(zero["reduce_bucket_size"])
     hpz = int(zero.get("zero_hpz_partition_size", 1) or 1)
     secondary = int(2 * p / hpz) if stage == 3 and hpz > 1 else 0
     if method == "full":
@@ -119,7 +78,7 @@ def model_states_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, 
 def activation_bytes(
     shape: ModelShape, max_seq_length: int, per_device_train_batch_size: int, expert_lora_bytes_per_param: int = 0
 ) -> int:
-    """Activation memory per GPU for one micro-batch with gradient checkpointing (module docstring).
+    """Activation memory per GPU for one micro-batch with gradient checkpointing (docs/memory.md).
 
     ``expert_lora_bytes_per_param``: 0 without LoRA on expert tensors, else the experts' bytes per parameter
     (2 in bf16, 4 under qlora), for the adapted expert weights PEFT builds per layer.
@@ -156,7 +115,7 @@ def estimate_gib(
 def host_bytes_per_pod(
     shape: ModelShape, method: str, zero: dict, num_nodes: int, gpus_per_node: int, lora_params: int = 0
 ) -> dict:
-    """Host memory of one trainer pod in bytes: ``processes``, ``shm``, ``model`` and ``total`` (module docstring).
+    """Host memory of one trainer pod in bytes: ``processes``, ``shm``, ``model`` and ``total`` (docs/memory.md).
 
     ``model`` is what the ranks hold of the model in host memory: while loading it, and offloaded states.
     For full fine-tuning under ZeRO-3 it equals DeepSpeed's ``estimate_zero3_model_states_mem_needs`` (cpu).
@@ -169,9 +128,9 @@ def host_bytes_per_pod(
     offloaded = HOST_BUFFER_FACTOR * (16 * trainable * offload_opt + 2 * shape.total * offload_param) / num_nodes
     model: float
     if method == "qlora":
-        model = 2 * shape.largest_block * ranks
+        model = 2 * gathered_params(shape) * ranks
     elif stage == 3:
-        model = offloaded if (offload_opt or offload_param) else HOST_BUFFER_FACTOR * 4 * shape.largest_block * ranks
+        model = offloaded if (offload_opt or offload_param) else HOST_BUFFER_FACTOR * 4 * gathered_params(shape) * ranks
     else:
         converted = 4 * shape.total if (method == "full" and stage == 0) else 2 * shape.expert_params
         model = converted * ranks + offloaded
@@ -195,7 +154,7 @@ def grpo_extra_bytes(
     gpu_memory_gib: float,
     colocate: bool,
 ) -> int:
-    """What the grpo stage holds per GPU beyond the policy's training (module docstring): the reference model and
+    """What the grpo stage holds per GPU beyond the policy's training (docs/memory.md): the reference model and
     the generations (``completions`` sequences of ``sequence_tokens`` a rank generates at once; ``colocate``: vLLM's
     reserved share of the GPU instead)."""
     reference = 0
@@ -297,7 +256,7 @@ def check_memory_fit(
     if config is None:
         return None
     shape = model_shape(config)
-    zero = job_zero_config(deepspeed_config, num_nodes, gpus_per_node)
+    zero = job_zero_config(deepspeed_config, num_nodes, gpus_per_node, shape.largest_layer)
     n_gpus = num_nodes * gpus_per_node
     lora, expert_lora = 0, False
     if method in ("lora", "qlora"):

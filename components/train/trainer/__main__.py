@@ -1,0 +1,69 @@
+"""The trainer program: what every pod (or local process) of a training job runs, for every stage.
+
+    torchrun --nproc_per_node 8 --nnodes 2 ... -m components.train.trainer \\
+        --config /mnt/models/runs/<id>/train/train_config.json
+
+It reads the config file (config_file.py), serves the live metrics (metrics.py), trains the config's ``stage`` with
+that stage's module (``STAGE_MODULES``; what the stages share is common.py) and leaves (process_exit.py). Exit
+status: 0 for a finished run, 2 for a config error (one ``error:`` line, before any model loads), 143 when SIGTERM
+stopped the run at a complete checkpoint that a re-run resumes from (checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+from components.distributed import global_rank
+from components.quick_exit import freeze_heap_at_exit
+from components.train.trainer.checkpoints import EXIT_SIGTERM
+from components.train.trainer.common import TrainingInterrupted
+from components.train.trainer.config_file import parse_config
+from components.train.trainer.metrics import serve as serve_metrics
+from components.train.trainer.process_exit import leave
+
+log = logging.getLogger("sft")
+
+# The module of this package that trains each stage (components/stages.py). Imported for the run's stage only: dpo,
+# rm and grpo import their part of TRL, which would cost every other stage seconds on every rank.
+STAGE_MODULES = {"cpt": "sft", "sft": "sft", "dpo": "dpo", "rm": "rm", "grpo": "grpo"}
+
+
+def train(cfg) -> dict:
+    """Train ``cfg.stage`` according to ``cfg``; return the final metrics (also written to metrics.json)."""
+    return importlib.import_module(f"components.train.trainer.{STAGE_MODULES[cfg.stage]}").main(cfg)
+
+
+def make_parser() -> argparse.ArgumentParser:
+    """The command line: one ``--config`` file (JSON or YAML)."""
+    p = argparse.ArgumentParser(prog="torchrun ... -m components.train.trainer", description=__doc__.split("\n")[0])
+    p.add_argument("--config", required=True, help="trainer config (JSON or YAML): its stage's config class's fields")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse, train, exit: the process ends here (process_exit.leave), with the status the module docstring says."""
+    freeze_heap_at_exit()
+    args = make_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")
+    try:
+        cfg = parse_config(args.config)
+        # Before the model loads: a metrics port another process holds is an error in the first second.
+        serve_metrics(cfg)
+    except (ValueError, RuntimeError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    code = 0
+    try:
+        train(cfg)
+    except TrainingInterrupted as stop:
+        if global_rank() == 0:
+            log.warning("%s", stop)
+        code = EXIT_SIGTERM  # non-zero: the job was interrupted, not finished
+    leave(code)
+
+
+if __name__ == "__main__":
+    main()
