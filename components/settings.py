@@ -188,6 +188,13 @@ class SFTSettings:
         plain=False,
         choices=("deepspeed", "hsdp", "hsdp_ep"),
     )
+    chunked_cross_entropy: bool = setting(
+        False,
+        "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "
+        "(tokens x vocabulary) logits (4 x 4096 tokens of Qwen3: 10 GB in fp32): larger micro-batches fit. "
+        "Plain PyTorch, under ZeRO-3 and FSDP2 alike.",
+        plain=False,
+    )
 
 
 @dataclass
@@ -236,6 +243,14 @@ class TrainSettings(SFTSettings):
     )
     activation_checkpointing: bool = setting(
         True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False
+    )
+    recompute_every_n_layers: int = setting(
+        1,
+        "With activation_checkpointing: recompute every n-th decoder layer only (transformers' every_n_layers); "
+        "the others keep their activations: 1/n of the recomputation for more memory. The memory fit and "
+        "--plan count it.",
+        plain=False,
+        min=1,
     )
     save_steps: int = setting(
         200, "Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).", min=1

@@ -11,7 +11,7 @@ docs/memory.md has every formula and the measurements behind them.
 from __future__ import annotations
 
 from components.models.shape import ModelShape, load_architecture, lora_targets, model_shape
-from components.train.config import job_zero_config
+from components.train.config import LOSS_CHUNK_TOKENS, job_zero_config
 
 GIB = 1024**3
 OVERHEAD_BYTES = 3 * GIB
@@ -75,20 +75,35 @@ def model_states_bytes(shape: ModelShape, method: str, zero: dict, n_gpus: int, 
     raise ValueError(f"method {method!r} is not one of full, lora, qlora")
 
 
+def recomputed_layers(layers: int, every_n_layers: int) -> int:
+    """How many decoder layers activation checkpointing recomputes: transformers checkpoints layer i when
+    i % every_n_layers == 0 (``_set_gradient_checkpointing``); 0 (no checkpointing) recomputes none."""
+    return -(-layers // every_n_layers) if every_n_layers else 0
+
+
 def activation_bytes(
-    shape: ModelShape, max_seq_length: int, per_device_train_batch_size: int, expert_lora_bytes_per_param: int = 0
+    shape: ModelShape,
+    max_seq_length: int,
+    per_device_train_batch_size: int,
+    expert_lora_bytes_per_param: int = 0,
+    every_n_layers: int = 1,
+    chunked_loss: bool = False,
 ) -> int:
-    """Activation memory per GPU for one micro-batch with gradient checkpointing (docs/memory.md).
+    """Activation memory per GPU for one micro-batch (docs/memory.md): the checkpointed layers keep their input,
+    the others (``every_n_layers`` > 1, or 0: no checkpointing) all their activations; the logits of every token,
+    or with ``chunked_loss`` of ``LOSS_CHUNK_TOKENS`` at a time (trainer/chunked_loss.py).
 
     ``expert_lora_bytes_per_param``: 0 without LoRA on expert tensors, else the experts' bytes per parameter
     (2 in bf16, 4 under qlora), for the adapted expert weights PEFT builds per layer.
     """
     tokens = max_seq_length * per_device_train_batch_size
-    checkpoints = 2 * tokens * shape.hidden * shape.layers
+    recomputed = recomputed_layers(shape.layers, every_n_layers)
+    checkpoints = 2 * tokens * shape.hidden * recomputed
     one_layer = 2 * tokens * (6 * shape.hidden + 2 * (shape.q_dim + 2 * shape.kv_dim) + 3 * shape.intermediate)
-    logits = 10 * tokens * shape.vocab
+    kept = (shape.layers - recomputed) * one_layer
+    logits = 10 * (min(tokens, LOSS_CHUNK_TOKENS) if chunked_loss else tokens) * shape.vocab
     layer_experts = shape.expert_params // shape.sparse_layers if shape.sparse_layers else 0
-    return checkpoints + one_layer + logits + 2 * expert_lora_bytes_per_param * layer_experts
+    return checkpoints + kept + one_layer + logits + 2 * expert_lora_bytes_per_param * layer_experts
 
 
 def estimate_gib(
@@ -100,14 +115,21 @@ def estimate_gib(
     per_device_train_batch_size: int,
     lora_params: int = 0,
     expert_lora: bool = False,
+    every_n_layers: int = 1,
+    chunked_loss: bool = False,
 ) -> dict:
     """The per-GPU estimate in GiB: ``model_states``, ``activations``, ``overhead`` and ``total``.
 
     ``expert_lora``: LoRA adapters on the fused expert tensors (lora.py's ``experts.*`` targets).
+    ``every_n_layers``: the recomputed layers' stride (``recompute_every_n_layers``); 0: no checkpointing.
+    ``chunked_loss``: the logits of ``LOSS_CHUNK_TOKENS`` tokens at a time (``chunked_cross_entropy``).
     """
     states = model_states_bytes(shape, method, zero, n_gpus, lora_params) / GIB
     expert_bytes = (4 if method == "qlora" else 2) if expert_lora else 0
-    acts = activation_bytes(shape, max_seq_length, per_device_train_batch_size, expert_bytes) / GIB
+    acts = (
+        activation_bytes(shape, max_seq_length, per_device_train_batch_size, expert_bytes, every_n_layers, chunked_loss)
+        / GIB
+    )
     overhead = OVERHEAD_BYTES / GIB
     return {"model_states": states, "activations": acts, "overhead": overhead, "total": states + acts + overhead}
 
@@ -241,6 +263,8 @@ def check_memory_fit(
     lora_target_modules: str = "",
     pod_memory_gib: float = POD_MEMORY_GIB,
     grpo: dict | None = None,
+    every_n_layers: int = 1,
+    chunked_loss: bool = False,
 ) -> str | None:
     """An error naming the knob to change when the job cannot fit, else None.
 
@@ -251,6 +275,8 @@ def check_memory_fit(
     name (``zero3``), a JSON path, or ``none``. ``lora_target_modules`` as the trainer takes it (empty: by
     model type, see components/train/trainer/lora.py). ``grpo``: the grpo stage's ``grpo_extra_bytes`` keywords
     (beta, completions, sequence_tokens, colocate): its reference model and generations count too.
+    ``every_n_layers``: the recomputed layers' stride (``recompute_every_n_layers``; 0: activation_checkpointing off).
+    ``chunked_loss``: the stage computes its loss with ``chunked_cross_entropy``.
     """
     config = model if isinstance(model, dict) else load_architecture(model)
     if config is None:
@@ -262,7 +288,18 @@ def check_memory_fit(
     if method in ("lora", "qlora"):
         modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", lora_target_modules)
         lora, expert_lora = shape.lora_params(lora_r, modules + parameters), bool(parameters)
-    est = estimate_gib(shape, method, zero, n_gpus, max_seq_length, per_device_train_batch_size, lora, expert_lora)
+    est = estimate_gib(
+        shape,
+        method,
+        zero,
+        n_gpus,
+        max_seq_length,
+        per_device_train_batch_size,
+        lora,
+        expert_lora,
+        every_n_layers,
+        chunked_loss,
+    )
     if grpo:
         extra = grpo_extra_bytes(shape, method, zero, n_gpus, gpu_memory_gib=gpu_memory_gib, **grpo) / GIB
         est.update(total=est["total"] + extra, grpo=extra)

@@ -400,7 +400,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     stats.json), for the real row count, packing efficiency and document lengths; without it the run's size is the
     ``dataset_tokens_estimate`` setting. ``stage``: the training stage to plan (default: sft when it runs, else the
     first); its ``stage_settings`` apply."""
-    from components.estimate.memory import estimate_gib
+    from components.estimate.memory import estimate_gib, recomputed_layers
     from components.stages import stage_overrides
 
     typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
@@ -443,9 +443,12 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     model_flops = model_flops_per_token(shape, t_att)  # 6 A + 12 L d T: forward a third, backward two thirds
     dense, attention = 6 * shape.active, model_flops - 6 * shape.active
     recompute = bool(v["activation_checkpointing"])
+    every_n = int(v.get("recompute_every_n_layers", 1)) if recompute else 0
+    chunked = bool(v.get("chunked_cross_entropy")) and stage in ("cpt", "sft")
+    recomputed = recomputed_layers(shape.layers, every_n)
     fwd_flops = tokens * model_flops / 3
     bwd_flops = tokens * (2 * model_flops / 3 - 2 * frozen_linear_active)
-    recompute_flops = tokens * recompute_flops_per_token(shape, t_att) if recompute else 0.0
+    recompute_flops = tokens * recompute_flops_per_token(shape, t_att, recomputed / shape.layers)
     bwd_flops += recompute_flops  # hardware work, reported apart from the model FLOPs
     speed = float(v["achieved_tflops_per_gpu"]) * 1e12
     fwd_s, bwd_s = fwd_flops / speed, bwd_flops / speed
@@ -518,7 +521,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     est = (
         hsdp_memory_gib(shape, parallelism == "hsdp_ep", g, s, rows)
         if hsdp
-        else estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora)
+        else estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora, every_n, chunked)
     )
 
     # The run.

@@ -62,6 +62,10 @@ def hpz_partition(num_nodes: int, gpus_per_node: int) -> int:
     return gpus_per_node if num_nodes > 1 else 1
 
 
+# Tokens of logits the chunked causal-LM loss computes at a time (trainer/chunked_loss.py; the memory fit counts it):
+# 1,024 x 151,936 fp32 logits are 0.6 GB, ~1.5 GB with their bf16 copy and gradient, and the head's matmul is
+# still large enough to run near a GPU's peak.
+LOSS_CHUNK_TOKENS = 1024
 # DeepSpeed's own floor for the parameters ZeRO-3 keeps gathered at once (stage3_max_live_parameters' default).
 ZERO3_MIN_LIVE_PARAMETERS = 10**9
 # The ZeRO-3 sizes a DeepSpeed config may leave to "auto", which transformers fills from the hidden size alone
@@ -140,7 +144,7 @@ def build_trainer_config(
     stage: str = "sft",
 ) -> dict:
     """The config dict the pipeline writes for the trainer: every setting of ``train``
-    (``components.settings.TrainSettings``) under its own name, two renamed (below), plus the run's paths and the
+    (``components.settings.TrainSettings``) under its own name, three renamed (below), plus the run's paths and the
     policy the package fixes (not settings: they are what makes the job correct, not a matter of taste).
 
     ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
@@ -157,6 +161,9 @@ def build_trainer_config(
     if deepspeed_config_path(deepspeed):
         cfg["deepspeed"] = deepspeed
     cfg["warmup_steps"] = cfg.pop("warmup_ratio")  # transformers 5: a float < 1 is a ratio of total steps
+    # transformers 5.23 takes the layer stride as activation_checkpointing_kwargs["every_n_layers"] (Trainer pops it
+    # before the rest reaches torch.utils.checkpoint); 1 is its default.
+    cfg["activation_checkpointing_kwargs"] = {"every_n_layers": cfg.pop("recompute_every_n_layers")}
     cfg.update(
         {
             "stage": stage,

@@ -23,6 +23,7 @@ import datasets
 from transformers import AutoTokenizer
 
 from components.models.batches import label_nll, token_weighted_loss
+from components.train.trainer import chunked_loss
 from components.train.trainer.callbacks import ProgressCallback
 from components.train.trainer.checkpoints import CheckpointTrainer
 from components.train.trainer.common import (
@@ -45,6 +46,8 @@ def main(cfg) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(model_path)
     data = datasets.load_from_disk(cfg.dataset_path)
     model = load_model(cfg, model_path)
+    if cfg.chunked_cross_entropy:
+        chunked_loss.enable(model.get_base_model() if hasattr(model, "get_base_model") else model)
 
     callbacks, sigterm = checkpoint_callbacks(cfg)
     trainer = CheckpointTrainer(

@@ -136,6 +136,8 @@ def memory_errors(s: Settings) -> list[str]:
             lora_r=t.lora_r,
             lora_target_modules=t.lora_target_modules,
             grpo=grpo,
+            every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
+            chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
         )
         if problem:
             errors.append(f"stage {stage}: {problem}" if len(s.stages.stages) > 1 else problem)

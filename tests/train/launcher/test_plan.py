@@ -374,3 +374,29 @@ def test_the_cpu_measurement_and_the_plan_count_the_same_hsdp_collectives():
     items = collectives(shape, "full", {}, 2, 2, shape.total, "hsdp")
     crossing = [c for c in items if c.link == INTER]
     assert [(c.kind, c.size, c.dtype_bytes) for c in crossing] == [("all-reduce", 4 * shape.total / 2, 4)]
+
+
+def test_recomputing_fewer_layers_trades_memory_for_compute_in_the_plan_and_the_fit():
+    every, half, none = (
+        _plan(FULL),
+        _plan(FULL, recompute_every_n_layers=2),
+        _plan(FULL, activation_checkpointing=False),
+    )
+    # Half the layers' forward again (24 of 48), and none without checkpointing.
+    assert half.recompute_flops_per_micro_step == pytest.approx(every.recompute_flops_per_micro_step / 2)
+    assert none.recompute_flops_per_micro_step == 0
+    assert every.compute_s > half.compute_s > none.compute_s
+    # The layers not checkpointed keep their activations: the fit counts them (it did not, before this setting).
+    acts = [p.memory_gib["activations"] for p in (every, half, none)]
+    assert acts[0] < acts[1] < acts[2] and acts[2] > 2.5 * acts[0]
+    assert none.fits and none.tokens_per_s_per_gpu > every.tokens_per_s_per_gpu
+
+
+def test_the_chunked_loss_keeps_only_a_chunk_of_logits_in_the_fit():
+    """4 rows of 4096 tokens: 16,384 x 151,936 logits at 10 bytes each (bf16, fp32, gradient) in the plain loss;
+    1,024 tokens' worth with chunked_cross_entropy (components/train/trainer/chunked_loss.py)."""
+    four = dict(per_device_train_batch_size=4, gradient_accumulation_steps=1)
+    plain, chunked = _plan(FULL, **four), _plan(FULL, chunked_cross_entropy=True, **four)
+    saved = (plain.memory_gib["activations"] - chunked.memory_gib["activations"]) * GIB
+    assert saved == pytest.approx(10 * (16384 - 1024) * 151936, rel=1e-9)
+    assert chunked.memory_gib["total"] < 46 and chunked.fits

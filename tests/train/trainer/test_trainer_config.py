@@ -37,7 +37,7 @@ def _cluster_config(deepspeed_config="zero3", packing=True, **settings):
 
 
 def test_every_training_setting_reaches_the_trainer_config_under_its_name():
-    """One place per setting: a TrainSettings field is a trainer config key (two renamed) that SFTConfig takes."""
+    """One place per setting: a TrainSettings field is a trainer config key (three renamed) that SFTConfig takes."""
     import dataclasses
 
     from components.train.trainer.arguments import SFTConfig
@@ -49,10 +49,30 @@ def test_every_training_setting_reaches_the_trainer_config_under_its_name():
         0.1,
         1e-5,
     )
-    renamed = {"deepspeed_config": "deepspeed", "warmup_ratio": "warmup_steps"}
+    renamed = {
+        "deepspeed_config": "deepspeed",
+        "warmup_ratio": "warmup_steps",
+        "recompute_every_n_layers": "activation_checkpointing_kwargs",
+    }
     names = {renamed.get(f.name, f.name) for f in dataclasses.fields(TrainSettings)}
     assert names <= set(cfg)
     assert set(cfg) <= {f.name for f in dataclasses.fields(SFTConfig)}  # the trainer takes every key
+
+
+def test_recompute_every_n_layers_is_what_transformers_checkpoints_and_the_memory_fit_counts(tmp_path):
+    """recompute_every_n_layers reaches TrainingArguments.activation_checkpointing_kwargs; transformers then
+    checkpoints layer i when i % n == 0, the count the memory fit and the plan use (recomputed_layers)."""
+    from components.estimate.memory import recomputed_layers
+    from components.models.tiny import build_model, build_tokenizer
+
+    assert _cluster_config(recompute_every_n_layers=2)["activation_checkpointing_kwargs"] == {"every_n_layers": 2}
+    model = build_model(build_tokenizer())
+    layers = model.config.num_hidden_layers
+    for n in (1, 2, 3):
+        model.activation_checkpointing_enable(every_n_layers=n)
+        checkpointed = sum(bool(layer.gradient_checkpointing) for layer in model.model.layers)
+        assert checkpointed == recomputed_layers(layers, n), n
+    assert recomputed_layers(48, 0) == 0 and recomputed_layers(48, 2) == 24 and recomputed_layers(48, 5) == 10
 
 
 def _own_fields(cls, base=None) -> dict:
