@@ -188,6 +188,13 @@ class SFTSettings:
         plain=False,
         choices=("deepspeed", "hsdp", "hsdp_ep"),
     )
+    liger_kernels: bool = setting(
+        False,
+        "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPUs with liger-kernel, as the trainer image ha"
+        "s; a logged no-op elsewhere), and its fused linear cross-entropy where the output head is not ZeRO-3"
+        "-partitioned and chunked_cross_entropy is off.",
+        plain=False,
+    )
     chunked_cross_entropy: bool = setting(
         False,
         "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "

@@ -187,14 +187,14 @@ def validate_inputs(
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
             lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, grpo_rewards,
             grpo_answer_pattern, grpo_length_budget, grpo_reward_model, grpo_reward_function, grpo_num_generations,
-            grpo_max_completion_length, grpo_beta, grpo_temperature, parallelism, chunked_cross_entropy,
-            lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing, recompute_every_n_layers,
-            logging_steps, report_to, grpo_column_mapping, stage_settings, variants_parallel, deploy_variants,
-            hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
-            dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s, inter_node_gb_per_s,
-            rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s, tracking_secret, metrics_port,
-            prometheus_url, gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement. python -m
-            pipelines.run --help describes each.
+            grpo_max_completion_length, grpo_beta, grpo_temperature, parallelism, liger_kernels,
+            chunked_cross_entropy, lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing,
+            recompute_every_n_layers, logging_steps, report_to, grpo_column_mapping, stage_settings,
+            variants_parallel, deploy_variants, hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials,
+            hpo_algorithm, hpo_trial_steps, dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s,
+            inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s,
+            tracking_secret, metrics_port, prometheus_url, gpu_util_threshold, gpu_util_window_seconds,
+            min_reward_improvement. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

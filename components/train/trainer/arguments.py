@@ -184,6 +184,16 @@ class SFTConfig(TrainingArguments):
         },
     )
 
+    liger_kernels: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPUs with liger-kernel, as the trainer image ha"
+                "s; a logged no-op elsewhere), and its fused linear cross-entropy where the output head is not ZeRO-3"
+                "-partitioned and chunked_cross_entropy is off."
+            )
+        },
+    )
     chunked_cross_entropy: bool = field(
         default=False,
         metadata={

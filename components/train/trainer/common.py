@@ -31,7 +31,7 @@ from components.train.trainer.lora import apply_lora
 from components.train.trainer.metrics import attach as attach_metrics
 from components.train.trainer.metrics import finish as finish_record
 from components.train.trainer.parallelism import distributed_config, resumable
-from components.train.trainer.speed import attn_implementation
+from components.train.trainer.speed import apply_liger_kernels, attn_implementation
 
 log = logging.getLogger("sft")
 
@@ -62,6 +62,10 @@ def load_model(cfg, model_path: str):
     block as a leaf module.
     """
     config = AutoConfig.from_pretrained(model_path)
+    if cfg.liger_kernels:
+        # Before the model is built: Liger replaces transformers' Qwen3 modules. Its fused loss only where the head's
+        # weight is whole outside the forward (not ZeRO-3), and not beside the trainer's own chunked loss.
+        apply_liger_kernels(config.model_type, fused_loss=_zero_stage(cfg) != 3 and not cfg.chunked_cross_entropy)
     # DeepSpeed keeps fp32 master weights itself; plain DDP full fine-tuning needs fp32 weights for Adam.
     low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
     dtype = torch.bfloat16 if low_precision else torch.float32

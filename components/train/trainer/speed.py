@@ -86,7 +86,7 @@ def packed_collator(pad_token_id: int, attn_implementation: str):
     return flatten
 
 
-def apply_liger_kernels(model_type: str) -> bool:
+def apply_liger_kernels(model_type: str, fused_loss: bool = True) -> bool:
     """Patch transformers' Qwen3 or Qwen3-MoE modelling with Liger's Triton kernels; return whether it did.
 
     Patched: RoPE, RMSNorm, SwiGLU and the causal-LM loss, which becomes Liger's fused linear cross-entropy: it
@@ -96,8 +96,9 @@ def apply_liger_kernels(model_type: str) -> bool:
     ``forward`` in transformers' modules, for every model of that type this process builds afterwards.
 
     A no-op returning False (logged once) without CUDA, without the ``liger_kernel`` package, or for another
-    ``model_type``. Not known to work under DeepSpeed ZeRO-3: the fused loss reads ``lm_head.weight`` outside
-    the module's forward, where ZeRO-3 has not gathered it (Liger-Kernel issue #1048).
+    ``model_type``. ``fused_loss=False`` keeps the model's own loss: under DeepSpeed ZeRO-3 the fused loss reads
+    ``lm_head.weight`` outside the module's forward, where ZeRO-3 has not gathered it (Liger-Kernel issue #1048);
+    there the trainer's ``chunked_cross_entropy`` (chunked_loss.py) keeps the logits small instead.
     """
     if model_type not in ("qwen3", "qwen3_moe"):
         _once(
@@ -114,10 +115,11 @@ def apply_liger_kernels(model_type: str) -> bool:
         _once("liger:import", "Liger kernels not applied: liger_kernel does not import (%s)", exc)
         return False
     apply = apply_liger_kernel_to_qwen3 if model_type == "qwen3" else apply_liger_kernel_to_qwen3_moe
-    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
+    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=fused_loss)
     _once(
         f"liger:applied:{model_type}",
-        "Liger kernels applied to %s: RoPE, RMSNorm, SwiGLU, fused linear cross-entropy",
+        "Liger kernels applied to %s: RoPE, RMSNorm, SwiGLU%s",
         model_type,
+        ", fused linear cross-entropy" if fused_loss else "",
     )
     return True

@@ -259,6 +259,9 @@ def test_liger_patches_qwen3_and_qwen3_moe_when_installed_on_a_gpu(monkeypatch, 
     assert speed.apply_liger_kernels("llama") is False
     kernels = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
     assert calls == [("qwen3", kernels), ("qwen3_moe", kernels)]
+    # Under ZeRO-3 (or beside the chunked loss) the model keeps its own loss.
+    assert speed.apply_liger_kernels("qwen3_moe", fused_loss=False) is True
+    assert calls[-1] == ("qwen3_moe", {**kernels, "fused_linear_cross_entropy": False})
 
 
 def test_the_baseline_gets_the_same_tokens_per_optimizer_step_from_accumulation():
@@ -299,3 +302,19 @@ def test_the_documented_smoke_command_runs_on_cpu_and_records_nothing():
     assert "micro-batch 1 x 5 accumulation" in out.stdout  # the baseline's: ~5 examples per packed row
     assert "speed-up: " in out.stdout
     assert results.read_text() == before
+
+
+def test_the_liger_setting_reaches_the_models_load_and_is_a_logged_no_op_on_cpu(tmp_path, caplog, fresh_speed_log):
+    """liger_kernels=true: load_model asks for Liger before it builds the model; without CUDA that is one log line
+    and the model is transformers' own (tests/train/trainer/test_gpu_speed.py checks the kernels on a GPU)."""
+    from components.models.tiny import build_model, build_tokenizer
+    from components.train.trainer.arguments import SFTConfig
+    from components.train.trainer.common import load_model
+
+    tokenizer = build_tokenizer()
+    build_model(tokenizer).save_pretrained(tmp_path / "base")
+    cfg = SFTConfig(output_dir=str(tmp_path / "out"), use_cpu=True, report_to=[], liger_kernels=True)
+    with caplog.at_level(logging.INFO, logger="sft.speed"):
+        model = load_model(cfg, str(tmp_path / "base"))
+    assert "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)" in caplog.text
+    assert type(model).forward.__module__.startswith("transformers.")
