@@ -23,8 +23,11 @@ sys.path.insert(0, str(ROOT))
 
 PRESETS = ("qwen3-30b-a3b-full", "qwen3-30b-a3b-lora")
 # GB/s per GPU between nodes: 8 x 400 Gb/s per node (DGX H100, the default), 8 x 200 Gb/s, one 400 Gb/s link per
-# node (what the arithmetic takes), one 200 Gb/s and one 100 Gb/s link per node.
+# node, one 200 Gb/s and one 100 Gb/s link per node.
 NETWORKS = (50.0, 25.0, 6.25, 3.125, 1.5625)
+# Each network is RDMA the pods request (InfiniBand): without a device in the pod NCCL falls back to TCP on the pod
+# network and every row would be tcp_node_gb_per_s's (docs/plan.md, "The transport").
+RDMA = ("rdma_resource=rdma/ib", "rdma_per_pod=8", "ipc_lock=true")
 
 
 def table(preset: str, networks: tuple[float, ...]) -> str:
@@ -38,7 +41,7 @@ def table(preset: str, networks: tuple[float, ...]) -> str:
         "|---:|---|---|---:|---:|---:|---|---:|---:|---|---|",
     ]
     for bw in networks:
-        values = P.resolve(preset, overrides=[f"inter_node_gb_per_s={bw}"])
+        values = P.resolve(preset, overrides=[f"inter_node_gb_per_s={bw}", *RDMA])
         options = alternatives(values, architecture(values["model_name_or_path"]))
         base = options[0][1].tokens_per_s_per_gpu
         order = ("ZeRO-3", "ZeRO++", "HSDP (", "HSDP + EP")
