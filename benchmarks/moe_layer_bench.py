@@ -1,0 +1,616 @@
+"""The reference job's compute levers on a few of Qwen3-30B-A3B's layers, on one GPU, through the trainer's own entry
+point.
+
+    python benchmarks/moe_layer_bench.py                         # one H100/H200: 4 layers, rows of 4096, < 8 min
+    python benchmarks/moe_layer_bench.py --out $OUT              # + moe-layer-bench.json and the trainers' log there
+    python benchmarks/moe_layer_bench.py --levers preset,mb4     # some levers only
+    python benchmarks/moe_layer_bench.py --tiny                  # CPU smoke test: a tiny MoE over gloo, ~1 min
+
+What runs. One model folder: Qwen3-30B-A3B's architecture (components/models/architectures/) with ``--layers``
+decoder layers (4 by default: 3.1B parameters, 16 bytes each as fp32 master weights, gradients and Adam's moments,
+about 50 GB, the most that fits one H100 beside the activations), random bf16 weights, and the builtin tiny
+tokenizer (the trainer and the data step need one; token ids then span 2,048 of the 151,936 embedding rows, which
+changes no FLOP: the lookup costs none and the head scores every vocabulary entry anyway). One dataset: synthetic
+documents with the lengths of benchmarks/train_throughput.py and of the 2026-11-23 measurement (log-normal, median
+``seq``/8), written as text rows, then tokenized and packed into rows of ``seq`` by the data step itself
+(``components.data.prepare.prepare``). Then, per lever, the trainer as a pod runs it: ``torchrun --nproc_per_node 1
+-m components.train.trainer --config FILE``, the config from ``build_trainer_config`` (the launcher's own function)
+with ``max_steps`` = ``--steps``, a progress line every step, no checkpoint, no report_to. The trainer ends as it
+always does: one evaluation pass over the one held-out row and the export to ``final/`` (deleted after the lever).
+
+Levers: the reference preset per GPU (qwen3-30b-a3b-full: ZeRO-3, activation checkpointing of every layer, 1 row x 4
+accumulation steps) with one thing changed; every lever trains 4 rows of ``seq`` per optimizer step:
+
+    preset              as the preset
+    mb4                 4 rows x 1 accumulation step
+    mb4-chunked-ce      4 rows x 1, chunked_cross_entropy (the head's logits 1,024 tokens at a time)
+    recompute-off       activation_checkpointing false
+    recompute-every-2   recompute_every_n_layers 2
+    no-zero             deepspeed_config none: plain PyTorch on one GPU (fp32 weights, bf16 autocast)
+    liger               liger_kernels (under ZeRO-3 without Liger's fused loss: Liger-Kernel #1048)
+    mb4-liger-no-zero   4 rows x 1, deepspeed_config none, liger_kernels (with the fused linear cross-entropy)
+
+A lever that cannot run here is reported as skipped, with the reason: a setting the trainer does not have
+(``TrainSettings``), Liger without a GPU or without liger_kernel.
+
+Read from the trainer: tokens/s = the mean of its progress lines' ``tokens/s/device`` over the steps after
+``--warmup``; its logged MFU, and its own FLOPs/token ("MFU basis"), as cross-checks. Counted here as the plan and
+the trainer count (components/models/mfu.py): model FLOP/s = tokens/s x ``model_flops_per_token`` (6 x active
+parameters, lm_head included, embedding 0, causal attention per document over the prepared split's documents);
+hardware FLOP/s adds the recomputation (``recompute_flops_per_token`` for the recomputed share of the layers, and
+the head's forward again under chunked cross-entropy). Peak GPU memory: the most ``nvidia-smi`` showed in use while
+the lever ran (CUDA context and allocator cache included: the trainer writes no peak of its own).
+
+Prints one ``RESULT {json}`` line per lever and a table; ``--out DIR`` also writes moe-layer-bench.json and
+moe-layer-bench-trainer.log (every trainer's output). ``--budget-seconds`` bounds the whole run, building included:
+a lever that would start with too little time left is not run (its RESULT says so; ``--levers`` runs it later),
+and one that runs past the budget is stopped and fails. Exit status 1 when a lever failed (the others still run),
+2 for a usage error, else 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.metadata
+import importlib.util
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# No torch here: the parent stays light; the model is built and the trainer runs in processes of their own.
+from components.models.mfu import PEAK_BF16_FLOPS, model_flops_per_token, recompute_flops_per_token  # noqa: E402
+from components.models.shape import ModelShape, load_architecture, model_shape  # noqa: E402
+from components.settings import TrainSettings  # noqa: E402
+from components.train.config import build_trainer_config, write_trainer_config  # noqa: E402
+
+REFERENCE_MODEL = "Qwen/Qwen3-30B-A3B"
+# --tiny: a Qwen3-MoE small enough for two shared CPU cores (the builtin tokenizer's 2,048-token vocabulary).
+TINY_CONFIG: dict[str, Any] = {
+    "architectures": ["Qwen3MoeForCausalLM"],
+    "model_type": "qwen3_moe",
+    "vocab_size": 2048,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_experts": 8,
+    "num_experts_per_tok": 2,
+    "moe_intermediate_size": 32,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "norm_topk_prob": True,
+    "tie_word_embeddings": False,
+    "router_aux_loss_coef": 0.001,
+}
+# The reference preset's settings per GPU (pipelines/presets/qwen3-30b-a3b-full.yaml and the settings' defaults).
+PRESET: dict[str, Any] = {
+    "deepspeed_config": "zero3",
+    "activation_checkpointing": True,
+    "per_device_train_batch_size": 1,
+    "gradient_accumulation_steps": 4,
+}
+ROWS_PER_STEP = 4  # rows per optimizer step, the preset's 1 x 4: every lever trains the same tokens per step
+
+
+@dataclasses.dataclass(frozen=True)
+class Lever:
+    name: str
+    what: str
+    settings: dict[str, Any]  # TrainSettings fields over PRESET
+
+
+MB4 = {"per_device_train_batch_size": 4, "gradient_accumulation_steps": 1}
+# In the order they run: when --budget-seconds runs out, the last ones are left out.
+LEVERS = [
+    Lever("preset", "the preset: ZeRO-3, recompute every layer, 1 row x 4", {}),
+    Lever("mb4", "4 rows x 1 accumulation step", MB4),
+    Lever("mb4-chunked-ce", "4 rows x 1, chunked cross-entropy", {**MB4, "chunked_cross_entropy": True}),
+    Lever("recompute-off", "no activation checkpointing", {"activation_checkpointing": False}),
+    Lever("recompute-every-2", "recompute every 2nd layer", {"recompute_every_n_layers": 2}),
+    Lever("no-zero", "deepspeed none: plain PyTorch, fp32 weights", {"deepspeed_config": "none"}),
+    Lever("liger", "Liger RMSNorm/SwiGLU/RoPE (no fused loss under ZeRO-3)", {"liger_kernels": True}),
+    Lever(
+        "mb4-liger-no-zero",
+        "4 rows x 1, no ZeRO, Liger with its fused linear cross-entropy",
+        {**MB4, "deepspeed_config": "none", "liger_kernels": True},
+    ),
+]
+STEP_LINE = re.compile(r"step (\d+)/(\d+) \| loss (\S+) \| lr \S+ \| (\d+) tokens/s/device \| MFU (\S+)")
+BASIS_LINE = re.compile(r"MFU basis: ([\d.e+]+) GFLOPs/token")
+RUNNING: set[int] = set()  # the child processes running now (stop() kills them)
+
+
+def model_config(tiny: bool, layers: int) -> dict:
+    """config.json of the benchmarked model: TINY_CONFIG, or Qwen3-30B-A3B's with ``layers`` decoder layers."""
+    if tiny:
+        return dict(TINY_CONFIG)
+    config = load_architecture(REFERENCE_MODEL)
+    assert config is not None, "the package ships Qwen3-30B-A3B's architecture"
+    return {**{k: v for k, v in config.items() if not k.startswith("_")}, "num_hidden_layers": layers}
+
+
+def document_lengths(seq: int, tokens: int, seed: int = 0) -> list[int]:
+    """Synthetic document lengths (EOS included) totalling at least ``tokens``: log-normal, median ``seq``/8, sigma
+    0.8, between 32 and ``seq`` (benchmarks/train_throughput.py's examples, the 2026-11-23 measurement's rows)."""
+    rng, out = random.Random(seed), list[int]()
+    while sum(out) < tokens:
+        out.append(int(min(seq, max(32, rng.lognormvariate(math.log(seq / 8), 0.8)))))
+    return out
+
+
+def build_inputs(workdir: Path, config: dict, seq: int, rows: int, gpu: bool) -> dict:
+    """The model folder and the prepared dataset under ``workdir``; returns what the levers need (inputs.json).
+
+    Runs in a process of its own (``--prepare-into``): it imports torch and, on a GPU, initialises the weights there.
+    """
+    import datasets
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    from components.data.prepare import prepare
+    from components.models.mfu import attention_length
+    from components.models.tiny import build_tokenizer
+
+    started = time.time()
+    model_dir, data_dir = workdir / "model", workdir / "data"
+    tokenizer = build_tokenizer()
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    hf_config = Qwen3MoeConfig(
+        **fields, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id, bos_token_id=None
+    )
+    torch.manual_seed(0)
+    with torch.device("cuda" if gpu else "cpu"):
+        model = AutoModelForCausalLM.from_config(hf_config, dtype=torch.bfloat16)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    del model
+    built = time.time()
+
+    # Text rows of words that are one token each (" word"), so a document of n tokens is n - 1 words + EOS.
+    words = sorted(t[1:] for t in tokenizer.get_vocab() if t.startswith("Ġ") and t[1:].isascii() and t[1:].isalpha())
+    rng = random.Random(1)
+    source = workdir / "synthetic.jsonl"
+    with open(source, "w") as f:
+        for n in document_lengths(seq, int(rows * seq * 1.03) + seq):
+            f.write(json.dumps({"text": "".join(" " + rng.choice(words) for _ in range(n - 1))}) + "\n")
+    stats = prepare(
+        str(source),
+        str(model_dir),
+        str(data_dir),
+        max_seq_length=seq,
+        eval_size=1,  # one held-out document: the trainer's closing evaluation pass stays short
+        seed=0,
+        format="text",
+        over_length="truncate",
+        num_proc=1,
+    )
+    train = datasets.load_from_disk(str(data_dir))["train"]
+    return {
+        "model_dir": str(model_dir),
+        "data_dir": str(data_dir),
+        "attention_length": attention_length(train),  # what the trainer's progress callback measures
+        "train_rows": len(train),
+        "train_tokens": stats["train"].get("tokens"),
+        "packing_efficiency": stats["train"].get("packing_efficiency"),
+        "model_bytes": sum(p.stat().st_size for p in model_dir.glob("*.safetensors")),
+        "build_seconds": round(built - started, 1),
+        "prepare_seconds": round(time.time() - built, 1),
+    }
+
+
+class GpuMemory:
+    """The most GPU memory in use (MiB, every process) while it runs, sampled by ``nvidia-smi`` every 200 ms."""
+
+    def __init__(self) -> None:
+        self.peak_mib: float | None = None
+        self._proc: subprocess.Popen | None = None
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> GpuMemory:
+        if shutil.which("nvidia-smi"):
+            cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "200"]
+            self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+            self._thread = threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True)
+            self._thread.start()
+        return self
+
+    def _read(self, stream: IO[str]) -> None:
+        for line in stream:
+            try:
+                used = float(line.split(",")[0])
+            except ValueError:
+                continue
+            self.peak_mib = used if self.peak_mib is None else max(self.peak_mib, used)
+
+    def __exit__(self, *exc) -> None:
+        if self._proc:
+            self._proc.terminate()
+            self._proc.wait()
+        if self._thread:
+            self._thread.join(timeout=5)
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and every process below it. Not SIGTERM: the trainer answers that by saving a checkpoint
+    (fp32 master weights and Adam's moments), and torchrun starts its ranks in process groups of their own."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(parent, []).append(int(stat.parent.name))
+    tree, todo = [], [pid]
+    while todo:
+        tree.append(todo.pop())
+        todo += children.get(tree[-1], [])
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_logged(cmd: list[str], log: Path, timeout: float, env: dict[str, str]) -> tuple[int | None, float]:
+    """Run ``cmd`` with its output in ``log``; ``(exit status, or None when it ran out of time, seconds)``. Out of
+    time, it is killed with every process it started (torchrun and its rank)."""
+    started = time.monotonic()
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+        RUNNING.add(proc.pid)
+        try:
+            code: int | None = proc.wait(timeout=max(timeout, 1))
+        except subprocess.TimeoutExpired:
+            kill_tree(proc.pid)
+            proc.wait()
+            code = None
+        finally:
+            RUNNING.discard(proc.pid)
+    return code, time.monotonic() - started
+
+
+def stop(signum, frame) -> None:
+    """SIGTERM/SIGINT (a ``timeout`` around this script): no trainer left behind holding the GPU."""
+    for pid in list(RUNNING):
+        kill_tree(pid)
+    sys.exit(128 + signum)
+
+
+def child_env(workdir: Path, gpu: bool) -> dict[str, str]:
+    """The trainer's environment: this checkout importable, no network, no metrics port, caches in ``workdir``."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
+    env.update(
+        HF_HOME=str(workdir / "hf-home"),
+        HF_HUB_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONUNBUFFERED="1",
+        OMP_NUM_THREADS=str(8 if gpu else max(1, os.cpu_count() or 1)),
+    )
+    env.pop("TRAINER_METRICS_PORT", None)
+    return env
+
+
+def error_of(text: str, code: int | None) -> str:
+    """One line on why a run failed, from its output."""
+    if code is None:
+        return "stopped: out of time (--lever-timeout or --budget-seconds)"
+    if "out of memory" in text.lower():
+        return "CUDA out of memory"
+    lines = [ln.strip() for ln in text.splitlines() if re.search(r"(Error|Exception)\b", ln) and "Traceback" not in ln]
+    last = lines[-1] if lines else (text.strip().splitlines() or ["no output"])[-1]
+    return f"exit {code}: {last[:300]}"
+
+
+def gpu_device() -> dict | None:
+    """The GPU's name, memory and driver from nvidia-smi, or None where there is none."""
+    if not shutil.which("nvidia-smi"):
+        return None
+    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
+    try:
+        first = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()[0]
+    except (subprocess.SubprocessError, IndexError):
+        return None
+    name, memory, driver = (x.strip() for x in first.split(","))
+    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
+    return {"name": name, "memory_gib": round(float(memory) / 1024, 1), "driver": driver, "peak_bf16_flops": peak}
+
+
+def versions() -> dict[str, str]:
+    """The versions of what the trainer runs on, read without importing them."""
+    out = {"python": sys.version.split()[0]}
+    for name in ("torch", "transformers", "deepspeed", "accelerate", "datasets", "liger-kernel", "flash-attn"):
+        try:
+            out[name] = importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            out[name] = "none"
+    return out
+
+
+def why_not(lever: Lever, gpu: bool) -> str | None:
+    """Why ``lever`` cannot run here (skipped, not failed), or None."""
+    settings = {f.name for f in dataclasses.fields(TrainSettings)}
+    missing = sorted(set(lever.settings) - settings)
+    if missing:
+        return f"the trainer has no setting {', '.join(missing)}"
+    if lever.settings.get("liger_kernels"):
+        if not gpu:
+            return "Liger's kernels are Triton GPU kernels"
+        if importlib.util.find_spec("liger_kernel") is None:
+            return "liger_kernel is not installed"
+    return None
+
+
+def lever_config(lever: Lever, inputs: dict, args, workdir: Path, gpu: bool) -> tuple[str, dict]:
+    """The trainer config of ``lever`` (``build_trainer_config``, as the launcher writes it); (path, dict)."""
+    train = TrainSettings(
+        model_name_or_path=inputs["model_dir"],
+        method="full",
+        max_seq_length=args.seq,
+        learning_rate=1e-5,
+        max_steps=args.steps,
+        warmup_ratio=0.0,
+        seed=0,
+        save_steps=10**6,  # no checkpoint inside the run
+        logging_steps=1,  # a progress line (tokens/s, MFU) per optimizer step
+        report_to=[],
+        **{**PRESET, **lever.settings},
+    )
+    cfg = build_trainer_config(
+        train,
+        dataset_path=inputs["data_dir"],
+        output_dir=str(workdir / "runs" / lever.name),
+        use_cpu=not gpu,
+        model_cache_dir=str(workdir / "cache"),
+    )
+    return write_trainer_config(cfg, str(workdir / "configs" / f"{lever.name}.json")), cfg
+
+
+def measure(cfg: dict, text: str, shape: ModelShape, inputs: dict, args, peak: float | None) -> dict:
+    """The lever's figures from its trainer's output: tokens/s after warm-up, FLOP/s counted, the trainer's MFU."""
+    steps = [m.groups() for m in STEP_LINE.finditer(text)]
+    measured = [s for s in steps if int(s[0]) > args.warmup]
+    if not measured:
+        raise ValueError(f"no progress line after step {args.warmup} (got {len(steps)}); raise --steps")
+    rates = [float(s[3]) for s in measured]
+    tokens_per_s = statistics.fmean(rates)
+    keys = inputs["attention_length"]
+    flops = model_flops_per_token(shape, keys)
+    every_n = int((cfg.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1))
+    # transformers checkpoints layer i when i % every_n_layers == 0 (components/estimate/memory.py::recomputed_layers)
+    recomputed = -(-shape.layers // every_n) if cfg.get("activation_checkpointing") else 0
+    hw = flops + recompute_flops_per_token(shape, keys, recomputed / shape.layers)
+    if cfg.get("chunked_cross_entropy"):
+        hw += 2 * shape.hidden * shape.vocab  # the head's forward again, chunk by chunk, in the backward
+    mfus = [float(s[4].rstrip("%")) / 100 for s in measured if s[4].endswith("%")]
+    basis = BASIS_LINE.search(text)
+    return {
+        "tokens_per_s": round(tokens_per_s, 1),
+        "tokens_per_s_min_max": [min(rates), max(rates)],
+        "measured_steps": len(measured),
+        "final_loss": float(measured[-1][2]),
+        "attention_length": keys,
+        "model_gflops_per_token": flops / 1e9,
+        "trainer_gflops_per_token": float(basis.group(1)) if basis else None,
+        "model_flops_per_s": tokens_per_s * flops,
+        "model_tflops": float(f"{tokens_per_s * flops / 1e12:.4g}"),
+        "recomputed_layers": recomputed,
+        "hw_tflops": float(f"{tokens_per_s * hw / 1e12:.4g}"),
+        "mfu": round(tokens_per_s * flops / peak, 4) if peak else None,
+        "trainer_mfu": round(statistics.fmean(mfus), 4) if mfus else None,
+    }
+
+
+def run_lever(lever: Lever, inputs: dict, shape: ModelShape, args, workdir: Path, gpu, deadline: float, log: IO[str]):
+    """Train ``lever`` with the trainer's entry point; its RESULT dict."""
+    path, cfg = lever_config(lever, inputs, args, workdir, gpu is not None)
+    result: dict[str, Any] = {
+        "lever": lever.name,
+        "what": lever.what,
+        "deepspeed": cfg.get("deepspeed", "none"),
+        "activation_checkpointing": cfg["activation_checkpointing"],
+        "every_n_layers": (cfg.get("activation_checkpointing_kwargs") or {}).get("every_n_layers", 1),
+        "rows_x_accumulation": f"{cfg['per_device_train_batch_size']} x {cfg['gradient_accumulation_steps']}",
+        **{k: cfg[k] for k in ("chunked_cross_entropy", "liger_kernels") if k in cfg},
+        "layers": shape.layers,
+        "seq": args.seq,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1"]
+    cmd += ["-m", "components.train.trainer", "--config", path]
+    lever_log = workdir / "logs" / f"{lever.name}.log"
+    lever_log.parent.mkdir(parents=True, exist_ok=True)
+    timeout = min(args.lever_timeout, deadline - time.monotonic())
+    with GpuMemory() as memory:
+        code, seconds = run_logged(cmd, lever_log, timeout, child_env(workdir, gpu is not None))
+    text = lever_log.read_text(errors="replace")
+    log.write(f"===== {lever.name}: {' '.join(cmd)}\n{json.dumps(cfg, sort_keys=True)}\n{text}\n")
+    log.flush()
+    shutil.rmtree(cfg["output_dir"], ignore_errors=True)  # final/: the whole model again
+    result.update(seconds=round(seconds, 1), peak_gpu_gib=round(memory.peak_mib / 1024, 2) if memory.peak_mib else None)
+    if code != 0:
+        return {**result, "status": "failed", "error": error_of(text, code)}
+    try:
+        figures = measure(cfg, text, shape, inputs, args, gpu["peak_bf16_flops"] if gpu else None)
+    except ValueError as exc:
+        return {**result, "status": "failed", "error": str(exc)}
+    return {**result, "status": "ok", **figures}
+
+
+def table(results: list[dict]) -> str:
+    """The results as a markdown table."""
+
+    def cell(r: dict, key: str, fmt: str = "{}") -> str:
+        return "" if r.get(key) is None else fmt.format(r[key])
+
+    head = (
+        "| lever | ZeRO | recompute | rows x accum | tokens/s | model TFLOP/s | hw TFLOP/s | MFU | peak GPU GiB "
+        "| s | status |\n|---|---|---|---|---:|---:|---:|---:|---:|---:|---|"
+    )
+    lines = [head]
+    for r in results:
+        zero = "" if "deepspeed" not in r else ("none" if r["deepspeed"] == "none" else Path(r["deepspeed"]).stem)
+        recompute = "" if "activation_checkpointing" not in r else "off"
+        if r.get("activation_checkpointing"):
+            recompute = "every layer" if r["every_n_layers"] == 1 else f"every {r['every_n_layers']}"
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r.get('error') or r.get('reason')}"
+        lines.append(
+            f"| {r['lever']} | {zero} | {recompute} | {r.get('rows_x_accumulation', '')} "
+            f"| {cell(r, 'tokens_per_s', '{:,.0f}')} | {cell(r, 'model_tflops', '{:.3g}')} "
+            f"| {cell(r, 'hw_tflops', '{:.3g}')} | {cell(r, 'mfu', '{:.1%}')} | {cell(r, 'peak_gpu_gib', '{:.1f}')} "
+            f"| {cell(r, 'seconds', '{:.0f}')} | {status} |"
+        )
+    return "\n".join(lines)
+
+
+def default_workdir(gpu: bool) -> Path:
+    """A fresh folder: on a GPU machine in /dev/shm when it has room (the model is read and written once per lever)."""
+    shm = Path("/dev/shm")
+    if gpu and shm.is_dir() and shutil.disk_usage(shm).free > 40 * 2**30:
+        return Path(tempfile.mkdtemp(prefix="moe-layer-bench-", dir=shm))
+    return Path(tempfile.mkdtemp(prefix="moe-layer-bench-"))
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    p.add_argument("--layers", type=int, default=4, help="Qwen3-30B-A3B decoder layers (4 fit one H100)")
+    p.add_argument("--seq", type=int, help="row length (default 4096; --tiny 256)")
+    p.add_argument("--steps", type=int, help="optimizer steps per lever (default 5; --tiny 3)")
+    p.add_argument("--warmup", type=int, help="steps left out of tokens/s (default 2; --tiny 1)")
+    p.add_argument("--levers", help="comma-separated names, run in the table's order (default: all)")
+    p.add_argument("--budget-seconds", type=float, default=450.0, help="bound on the whole run, building included")
+    p.add_argument("--lever-timeout", type=float, default=300.0, help="bound on one lever's trainer")
+    p.add_argument("--tiny", action="store_true", help="CPU smoke test: tiny MoE, 2 layers, rows of 256, gloo")
+    p.add_argument("--out", help="folder for moe-layer-bench.json and moe-layer-bench-trainer.log")
+    p.add_argument("--workdir", help="where the model, data and runs go (default: a fresh temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the working folder")
+    p.add_argument("--prepare-into", help=argparse.SUPPRESS)  # the child that builds the model and the data
+    args = p.parse_args(argv)
+    args.seq = args.seq or (256 if args.tiny else 4096)
+    args.steps = args.steps or (3 if args.tiny else 5)
+    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 2)
+    if args.steps <= args.warmup:
+        p.error(f"--steps {args.steps} must be more than --warmup {args.warmup}")
+    names = [lv.name for lv in LEVERS]
+    if args.levers:
+        args.levers = [n.strip() for n in args.levers.split(",") if n.strip()]
+        unknown = sorted(set(args.levers) - set(names))
+        if unknown:
+            p.error(f"unknown levers {unknown}; choose from {names}")
+    else:
+        args.levers = names
+    return args
+
+
+def prepare_inputs(args, workdir: Path, deadline: float, log: IO[str]) -> dict | None:
+    """Build the model and the data in a child process (``--prepare-into``); its inputs.json, or None on failure."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--prepare-into", str(workdir), "--seq", str(args.seq)]
+    cmd += ["--steps", str(args.steps), "--layers", str(args.layers)] + (["--tiny"] if args.tiny else [])
+    code, seconds = run_logged(cmd, workdir / "prepare.log", deadline - time.monotonic(), child_env(workdir, False))
+    text = (workdir / "prepare.log").read_text(errors="replace")
+    log.write(f"===== prepare: {' '.join(cmd)}\n{text}\n")
+    if code != 0:
+        print(f"error: building the model and data failed ({error_of(text, code)})\n{text[-3000:]}", file=sys.stderr)
+        return None
+    inputs = json.loads((workdir / "inputs.json").read_text())
+    print(
+        f"# built in {seconds:.0f}s: {inputs['model_bytes'] / 2**30:.2f} GiB of bf16 weights, {inputs['train_rows']} "
+        f"packed rows of {args.seq} (packing efficiency {inputs['packing_efficiency']}), "
+        f"{inputs['attention_length']:.0f} keys/token per document",
+        flush=True,
+    )
+    return inputs
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    config = model_config(args.tiny, args.layers)
+    if args.prepare_into:
+        workdir = Path(args.prepare_into)
+        built = build_inputs(workdir, config, args.seq, args.steps * ROWS_PER_STEP, gpu=not args.tiny)
+        (workdir / "inputs.json").write_text(json.dumps(built))
+        return 0
+    started = time.monotonic()
+    deadline = started + args.budget_seconds
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    gpu = None if args.tiny else gpu_device()
+    if not args.tiny and gpu is None:
+        print("error: no NVIDIA GPU here (nvidia-smi); use --tiny for the CPU smoke test", file=sys.stderr)
+        return 2
+    shape = model_shape(config)
+    workdir = Path(args.workdir) if args.workdir else default_workdir(gpu is not None)
+    workdir.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out) if args.out else None
+    if out:
+        out.mkdir(parents=True, exist_ok=True)
+    device = gpu or {"name": "CPU (--tiny: gloo, fp32)", "peak_bf16_flops": None}
+    header = {
+        "device": device,
+        "versions": versions(),
+        "model": f"{'tiny Qwen3-MoE' if args.tiny else REFERENCE_MODEL} x {shape.layers} layers",
+        "params": shape.total,
+        "active_params": shape.active,
+        "seq": args.seq,
+        "rows_per_step": ROWS_PER_STEP,
+        "budget_seconds": args.budget_seconds,
+    }
+    print(f"# {json.dumps(header)}", flush=True)
+    results: list[dict] = []
+    log = open(out / "moe-layer-bench-trainer.log" if out else os.devnull, "w")
+    try:
+        inputs = prepare_inputs(args, workdir, deadline, log)
+        if inputs is None:
+            return 1
+        for lever in (lv for lv in LEVERS if lv.name in args.levers):
+            reason = why_not(lever, gpu is not None)
+            # Start a lever only with the time one takes left: the ones run so far, or a floor before the first.
+            taken = [r["seconds"] for r in results if r.get("seconds")]
+            needed = max(20 if args.tiny else 45, 1.15 * statistics.median(taken) if taken else 0)
+            if reason is None and deadline - time.monotonic() < needed:
+                result = {"lever": lever.name, "what": lever.what, "status": "not run", "reason": "--budget-seconds"}
+            elif reason:
+                result = {"lever": lever.name, "what": lever.what, "status": "skipped", "reason": reason}
+            else:
+                result = run_lever(lever, inputs, shape, args, workdir, gpu, deadline, log)
+            results.append(result)
+            print("RESULT " + json.dumps(result), flush=True)
+            if result["status"] == "failed":
+                tail = (workdir / "logs" / f"{lever.name}.log").read_text(errors="replace")[-2000:]
+                print(f"# {lever.name} failed; the end of its output:\n{tail}", flush=True)
+    finally:
+        log.close()
+        if out:
+            summary = {**header, "levers": results, "seconds": round(time.monotonic() - started, 1)}
+            (out / "moe-layer-bench.json").write_text(json.dumps(summary, indent=2))
+        if not args.keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+    print(table(results), flush=True)
+    left = [r["lever"] for r in results if r["status"] == "not run"]
+    if left:
+        print(f"# not run within --budget-seconds: {', '.join(left)} (--levers {','.join(left)} runs them)")
+    print(f"# {time.monotonic() - started:.0f}s in all", flush=True)
+    return 1 if any(r["status"] == "failed" for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
