@@ -198,6 +198,7 @@ def _gpu_error(
     per_device_train_batch_size: int,
     max_seq_length: int,
     gpu_memory_gib: float,
+    levers: tuple[str, ...] = (),
 ) -> str:
     rl = f" + {est['grpo']:.1f} grpo's reference model and generations" if "grpo" in est else ""
     summary = (
@@ -206,7 +207,8 @@ def _gpu_error(
         f"{gpu_memory_gib:g} GiB"
     )
     if est["model_states"] + est["overhead"] + est.get("grpo", 0) <= gpu_memory_gib:
-        fix = (
+        # Activations: first what costs memory only (recomputation, the logits), then the batch.
+        fix = "".join(f"set {lever}, or " for lever in levers) + (
             f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "
             f"(now {max_seq_length}) and raise gradient_accumulation_steps to keep the global batch"
         )
@@ -265,6 +267,7 @@ def check_memory_fit(
     grpo: dict | None = None,
     every_n_layers: int = 1,
     chunked_loss: bool = False,
+    loss_chunkable: bool = False,
 ) -> str | None:
     """An error naming the knob to change when the job cannot fit, else None.
 
@@ -276,7 +279,8 @@ def check_memory_fit(
     model type, see components/train/trainer/lora.py). ``grpo``: the grpo stage's ``grpo_extra_bytes`` keywords
     (beta, completions, sequence_tokens, colocate): its reference model and generations count too.
     ``every_n_layers``: the recomputed layers' stride (``recompute_every_n_layers``; 0: activation_checkpointing off).
-    ``chunked_loss``: the stage computes its loss with ``chunked_cross_entropy``.
+    ``chunked_loss``: the stage computes its loss with ``chunked_cross_entropy``; ``loss_chunkable``: it could (cpt,
+    sft), so a job that does not fit is told so.
     """
     config = model if isinstance(model, dict) else load_architecture(model)
     if config is None:
@@ -307,7 +311,20 @@ def check_memory_fit(
     problems = []
     if est["total"] > gpu_memory_gib:
         problems.append(
-            _gpu_error(method, zero, est, shape, num_nodes, per_device_train_batch_size, max_seq_length, gpu_memory_gib)
+            _gpu_error(
+                method,
+                zero,
+                est,
+                shape,
+                num_nodes,
+                per_device_train_batch_size,
+                max_seq_length,
+                gpu_memory_gib,
+                levers=(
+                    *(["activation_checkpointing=true with recompute_every_n_layers=1"] if every_n_layers != 1 else []),
+                    *(["chunked_cross_entropy=true"] if loss_chunkable and not chunked_loss else []),
+                ),
+            )
         )
     if host["total"] / GIB > pod_memory_gib:
         problems.append(_host_error(method, zero, host, num_nodes, gpus_per_node, pod_memory_gib))

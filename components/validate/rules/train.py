@@ -138,6 +138,7 @@ def memory_errors(s: Settings) -> list[str]:
             grpo=grpo,
             every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
             chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
+            loss_chunkable=stage in ("cpt", "sft"),
         )
         if problem:
             errors.append(f"stage {stage}: {problem}" if len(s.stages.stages) > 1 else problem)

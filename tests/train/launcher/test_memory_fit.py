@@ -275,3 +275,21 @@ def test_the_hpz_secondary_partition_is_the_jobs_node_as_the_trainer_sets_it():
         "max_seq_length": 4096,
     }
     assert plan(values, load_architecture("Qwen/Qwen3-30B-A3B")).memory_gib["total"] == pytest.approx(91.537, abs=0.01)
+
+
+def test_a_micro_batch_or_recompute_that_does_not_fit_is_one_error_naming_the_levers():
+    """8 rows of 4096 without recomputation: one error before any GPU, naming first what costs memory only
+    (recompute every layer, the chunked loss), then the batch; with both levers the same batch fits."""
+    from components.settings import defaults
+    from components.validate.rules import check
+
+    eight = {**defaults(), "per_device_train_batch_size": 8, "gradient_accumulation_steps": 1}
+    (error,) = check({**eight, "activation_checkpointing": False})
+    assert "needs about 207.3 GiB per GPU" in error
+    assert (
+        "set activation_checkpointing=true with recompute_every_n_layers=1, or set chunked_cross_entropy=true, or "
+        "lower per_device_train_batch_size (now 8)"
+    ) in error
+    (error,) = check({**eight, "recompute_every_n_layers": 2})
+    assert "recompute_every_n_layers=1" in error
+    assert check({**eight, "chunked_cross_entropy": True}) == []
