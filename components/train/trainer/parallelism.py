@@ -80,7 +80,9 @@ def job_deepspeed_config(name_or_path: str, largest_layer: int = 0, env: Mapping
         return name_or_path  # nothing of this job's to write (ZeRO-2, DDP, a config with its own sizes)
     config["zero_optimization"] = zero
     digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:12]
-    target = Path(tempfile.gettempdir(), f"deepspeed-{Path(name_or_path).stem}-{digest}.json")
+    # In a folder of its own under the file's own name: the run's model card records which config it was.
+    target = Path(tempfile.gettempdir(), f"deepspeed-job-{digest}", Path(name_or_path).stem + ".json")
+    target.parent.mkdir(exist_ok=True)
     own = target.with_suffix(f".{os.getpid()}.tmp")
     own.write_text(json.dumps(config, indent=2))
     own.replace(target)
