@@ -350,12 +350,19 @@ def hsdp_collectives(
     return out
 
 
+# The shard size of the final export (components/train/trainer/export.py's MAX_SHARD_BYTES, which a test holds equal):
+# with one layer, what the export keeps on rank 0's host at once.
+EXPORT_SHARD_BYTES = 5 * 2**30
+
+
 def hsdp_export_host_gib(shape: ModelShape, gpus_per_node: int) -> float:
-    """Rank 0's pod at the final export under HSDP, in GiB: the whole model gathered in fp32 on rank 0's host
-    (transformers' gather_full_state_dict, cpu_offload) plus memory.py's per-rank process and /dev/shm figures."""
+    """Rank 0's pod at the final export under HSDP, in GiB: one decoder layer gathered in bf16 and one shard of the
+    export buffered on rank 0's host (export.py's ``export_gathered``, one layer at a time) plus memory.py's per-rank
+    process and /dev/shm figures."""
     from components.estimate.memory import HOST_PROCESS_BYTES, SHM_BYTES_PER_RANK
 
-    return (4 * shape.total + (HOST_PROCESS_BYTES + SHM_BYTES_PER_RANK) * gpus_per_node) / GIB
+    layer = 2 * (shape.largest_layer or shape.largest_block)
+    return (layer + EXPORT_SHARD_BYTES + (HOST_PROCESS_BYTES + SHM_BYTES_PER_RANK) * gpus_per_node) / GIB
 
 
 def hsdp_memory_gib(shape: ModelShape, ep: bool, gpus_per_node: int, max_seq_length: int, rows: int) -> dict:
@@ -464,15 +471,16 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
         if method != "full":
             notes.append(f"parallelism {parallelism} trains method full only: validate_inputs refuses {method}")
         notes.append(
-            "no periodic checkpoints under HSDP: transformers 5.23's Trainer cannot resume a model sharded "
-            "at load time, so a re-run trains from the start (components/train/trainer/parallelism.py)"
+            "checkpoints under HSDP: every rank writes its own shards of the weights and the optimizer state (torch's "
+            "distributed checkpoint, components/train/trainer/sharded_checkpoints.py); a re-run resumes on the same "
+            "nodes x GPUs"
         )
         from components.estimate.memory import POD_MEMORY_GIB
 
         host = hsdp_export_host_gib(shape, g)
         if host > POD_MEMORY_GIB:
             blocked = (
-                f"the final export gathers the whole fp32 model on rank 0's host: {host:.0f} GiB with its "
+                f"the final export holds one layer and one shard on rank 0's host: {host:.0f} GiB with its "
                 f"pod's {g} processes, over the pod's {POD_MEMORY_GIB:g} GiB"
             )
             notes.append(f"does not run: {blocked}")

@@ -22,7 +22,7 @@ from components.train.trainer.checkpoints import EXIT_SIGTERM
 from components.train.trainer.common import TrainingInterrupted
 from components.train.trainer.config_file import parse_config
 from components.train.trainer.metrics import serve as serve_metrics
-from components.train.trainer.process_exit import leave
+from components.train.trainer.process_exit import die_with_parent, leave
 
 log = logging.getLogger("sft")
 
@@ -45,6 +45,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse, train, exit: the process ends here (process_exit.leave), with the status the module docstring says."""
+    die_with_parent()
     freeze_heap_at_exit()
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")

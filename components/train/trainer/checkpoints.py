@@ -82,6 +82,15 @@ class CheckpointMixin(_TrainerBase):
 
     _writing_checkpoint = False
 
+    def _run_epoch(self, *args, **kwargs):
+        """``Trainer._run_epoch``, except when the run resumed at its last step: transformers 5.23's loop runs a step
+        before it checks ``max_steps``, so a re-run that resumes from the checkpoint at ``max_steps`` (the run died
+        in its export or evaluation) would train one step past the schedule and export another model."""
+        if 0 < self.state.max_steps <= self.state.global_step:
+            self.control.should_training_stop = True
+            return None
+        return super()._run_epoch(*args, **kwargs)
+
     def _save_checkpoint(self, model, trial):
         self._writing_checkpoint = True
         try:

@@ -30,7 +30,7 @@ from components.train.trainer.export import export_final
 from components.train.trainer.lora import apply_lora
 from components.train.trainer.metrics import attach as attach_metrics
 from components.train.trainer.metrics import finish as finish_record
-from components.train.trainer.parallelism import distributed_config, resumable
+from components.train.trainer.parallelism import distributed_config
 from components.train.trainer.speed import apply_liger_kernels, attn_implementation
 
 log = logging.getLogger("sft")
@@ -177,7 +177,7 @@ def use_progress(trainer, progress) -> None:
 
 def train_resuming(trainer, sigterm):
     """``trainer.train()`` from the newest complete checkpoint, if any; TrainingInterrupted once SIGTERM stopped it."""
-    last = latest_complete_checkpoint(trainer.args.output_dir) if resumable(trainer.args) else None
+    last = latest_complete_checkpoint(trainer.args.output_dir)
     if last and trainer.is_world_process_zero():
         log.info("resuming from %s", last)
     result = trainer.train(resume_from_checkpoint=last)

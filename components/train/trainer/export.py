@@ -82,20 +82,51 @@ def _saved_names(model) -> list[str]:
     return list(remove_tied_weights_from_state_dict(stand_ins, model))
 
 
-def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES) -> None:
-    """Write ``model`` to ``out_dir`` as ``save_pretrained`` would, gathering ZeRO-3 partitions one layer at a time.
-
-    Collective under ZeRO-3: every rank calls it, in the same order; rank 0 writes. Each layer's parameters
-    are gathered with ``deepspeed.zero.GatheredParameters`` (a no-op for a model that is not partitioned),
-    copied to CPU by rank 0 in the dtype the engine holds them in (bf16 for bf16 training), renamed to the
-    checkpoint format with transformers' ``revert_weight_conversion`` (Qwen3-MoE's fused experts become one
-    tensor per expert, as ``save_pretrained`` writes them and vLLM loads them) and added to a buffer that is
-    written as a safetensors shard before it would pass ``max_shard_bytes``. Then the index (several shards)
-    or ``model.safetensors`` (one), the config and the generation config.
-    Peak host memory on rank 0: one shard + one layer.
-    """
+def gather_zero3(tensors: dict, names: list[str], main: bool, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Rank 0's CPU copies of ``tensors[names]`` (one layer of a ZeRO-3 partitioned model), in the dtype the engine
+    holds them in (``dtype`` is for the FSDP2 path only); ``{}`` on the other ranks. Collective: every rank calls it,
+    and ``deepspeed.zero.GatheredParameters`` gathers the partitions (a no-op for a model that is not partitioned)."""
     import deepspeed
 
+    params = [tensors[n] for n in names if isinstance(tensors[n], torch.nn.Parameter)]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+        # Rank 0 copies while the full tensors exist (they are partitioned again on leaving); the others only gather.
+        return {n: tensors[n].detach().to("cpu", copy=True) for n in names} if main else {}
+
+
+def gather_dtensors(tensors: dict, names: list[str], main: bool, dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
+    """Rank 0's CPU copies of ``tensors[names]`` (one layer of a model transformers sharded at load: FSDP2, expert
+    parallel), each cast to ``dtype`` before it is gathered (bf16 from fp32 master weights: half the bytes on the
+    wire and on rank 0) and made whole by ``DTensor.full_tensor`` (a collective over the tensor's mesh: every rank
+    calls it, in the same order); ``{}`` on the other ranks."""
+    from torch.distributed.tensor import DTensor
+
+    part = {}
+    for name in names:
+        tensor = tensors[name].detach()
+        if dtype is not None and tensor.is_floating_point():
+            tensor = tensor.to(dtype)
+        if isinstance(tensor, DTensor):
+            tensor = tensor.full_tensor()
+        if main:
+            part[name] = tensor.to("cpu")
+    return part
+
+
+def export_gathered(
+    model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES, *, gather=gather_zero3, dtype=None
+) -> None:
+    """Write ``model`` to ``out_dir`` as ``save_pretrained`` would, gathering its shards one layer at a time.
+
+    Collective: every rank calls it, in the same order; rank 0 writes. Each layer's tensors are made whole by
+    ``gather`` (``gather_zero3`` for a ZeRO-3 engine, ``gather_dtensors`` for a model transformers sharded with
+    FSDP2), copied to CPU by rank 0 (in ``dtype``, or the dtype the model holds them in), renamed to the checkpoint
+    format with transformers' ``revert_weight_conversion`` (Qwen3-MoE's fused experts become one tensor per expert,
+    as ``save_pretrained`` writes them and vLLM loads them) and added to a buffer that is written as a safetensors
+    shard before it would pass ``max_shard_bytes``. Then the index (several shards) or ``model.safetensors`` (one),
+    the config and the generation config.
+    Peak host memory on rank 0: one shard + one layer (tests/train/trainer/test_hsdp_trainer.py measures it).
+    """
     main = _is_main_process()
     out = Path(out_dir)
     if main:
@@ -132,10 +163,7 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
         buffer, buffer_bytes = {}, 0
 
     for done, names in enumerate(groups.values(), start=1):
-        params = [tensors[n] for n in names if isinstance(tensors[n], torch.nn.Parameter)]
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-            # Rank 0 copies while the full tensors exist; the other ranks only take part in the gather.
-            part = {n: tensors[n].detach().to("cpu", copy=True) for n in names} if main else {}
+        part = gather(tensors, names, main, dtype)
         if not main:
             continue
         total_params += sum(part[n].numel() for n in names if isinstance(tensors[n], torch.nn.Parameter))
@@ -160,7 +188,7 @@ def export_gathered(model, out_dir: str, max_shard_bytes: int = MAX_SHARD_BYTES)
         index = {"metadata": {"total_parameters": total_params, "total_size": total_bytes}, "weight_map": weight_map}
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     # What save_pretrained records beside the weights.
-    model.config.dtype = str(model.dtype).split(".")[1]
+    model.config.dtype = str(dtype or model.dtype).split(".")[1]
     model.config.architectures = [type(model).__name__]
     model.config.save_pretrained(out)
     if model.can_generate():
@@ -296,6 +324,10 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
     if cfg.method == "full":
         if zero3:
             export_gathered(trainer.model, final_dir)
+        elif trainer.is_distributed_loading_by_transformers:
+            # hsdp / hsdp_ep: fp32 master weights sharded by FSDP2, exported in the dtype the run computed in.
+            dtype = torch.bfloat16 if cfg.bf16 else None
+            export_gathered(trainer.model, final_dir, gather=gather_dtensors, dtype=dtype)
         else:
             trainer.save_model(final_dir)
     else:

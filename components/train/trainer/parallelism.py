@@ -91,7 +91,8 @@ def job_deepspeed_config(name_or_path: str, largest_layer: int = 0, env: Mapping
 
 def check_parallelism(data: dict) -> str | None:
     """The error for a trainer config whose ``parallelism`` cannot run with its other fields, else None. For
-    ``hsdp``/``hsdp_ep`` it turns the periodic checkpoints off (``save_strategy`` no): see ``resumable``."""
+    ``hsdp``/``hsdp_ep`` it sets ``save_only_model``: the Trainer checkpoints a model sharded at load only so, and
+    sharded_checkpoints.py writes the optimizer, scheduler and RNG state beside the shards itself."""
     parallelism = data.get("parallelism", "deepspeed")
     if parallelism not in PARALLELISMS:
         return f"parallelism {parallelism!r} is not one of {list(PARALLELISMS)}"
@@ -108,15 +109,5 @@ def check_parallelism(data: dict) -> str | None:
         )
     if data.get("stage", "sft") not in ("sft", "cpt"):
         return f"parallelism {parallelism!r} runs the sft and cpt stages only, not {data.get('stage')!r}"
-    data["save_strategy"] = "no"
+    data["save_only_model"] = True
     return None
-
-
-def resumable(args) -> bool:
-    """Whether a run under ``args`` (SFTConfig) resumes from its newest complete checkpoint. Not under ``hsdp`` and
-    ``hsdp_ep`` (transformers 5.23): ``Trainer.__init__`` refuses to checkpoint the optimizer state of a model
-    sharded at load time (trainer.py, "Resuming is not supported for models sharded at load time"), and resuming its
-    weights alone fails in ``Trainer._load_from_checkpoint`` (``load_state_dict`` copies plain tensors into DTensor
-    parameters: "got mixed torch.Tensor and DTensor"). So such a run writes no periodic checkpoints and a re-run
-    trains from the start."""
-    return getattr(args, "parallelism", "deepspeed") == "deepspeed"

@@ -25,7 +25,6 @@ from transformers import AutoTokenizer
 from components.models.batches import label_nll, token_weighted_loss
 from components.train.trainer import chunked_loss
 from components.train.trainer.callbacks import ProgressCallback
-from components.train.trainer.checkpoints import CheckpointTrainer
 from components.train.trainer.common import (
     checkpoint_callbacks,
     finish_run,
@@ -35,6 +34,7 @@ from components.train.trainer.common import (
     train_resuming,
     use_progress,
 )
+from components.train.trainer.sharded_checkpoints import ShardedCheckpointTrainer
 from components.train.trainer.speed import attn_implementation, packed_collator
 
 
@@ -50,7 +50,7 @@ def main(cfg) -> dict:
         chunked_loss.enable(model.get_base_model() if hasattr(model, "get_base_model") else model)
 
     callbacks, sigterm = checkpoint_callbacks(cfg)
-    trainer = CheckpointTrainer(
+    trainer = ShardedCheckpointTrainer(
         model=model,
         args=cfg,
         train_dataset=data["train"],

@@ -40,7 +40,7 @@ def check_train_settings(s: Settings) -> list[str | None]:
 def parallelism_errors(s: Settings) -> list[str | None]:
     """``parallelism`` hsdp/hsdp_ep (transformers' FSDP2, components/train/trainer/parallelism.py): with no DeepSpeed
     config, full fine-tuning, the sft/cpt stages, experts that divide over a node (hsdp_ep), and a final export whose
-    fp32 gather fits rank 0's pod (components/estimate/plan.py's ``hsdp_export_host_gib``)."""
+    one layer and one shard fit rank 0's pod (components/estimate/plan.py's ``hsdp_export_host_gib``)."""
     t, c = s.train, s.cluster
     if t.parallelism == "deepspeed":
         return []
@@ -74,9 +74,8 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     host = hsdp_export_host_gib(shape, c.gpus_per_node)
     if host > POD_MEMORY_GIB:
         return [
-            f"{name}: the final export gathers the whole fp32 model ({4 * shape.total / 1024**3:.0f} GiB) on rank "
-            f"0's host (transformers' gather_full_state_dict), {host:.0f} GiB with the pod's processes, over the "
-            f"pod's {POD_MEMORY_GIB:g} GiB: use parallelism=deepspeed (ZeRO-3 exports one layer at a time)"
+            f"{name}: the final export holds one layer and one 5 GiB shard on rank 0's host, {host:.0f} GiB with "
+            f"the pod's processes, over the pod's {POD_MEMORY_GIB:g} GiB: use parallelism=deepspeed"
         ]
     return []
 

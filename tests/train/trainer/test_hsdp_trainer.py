@@ -1,14 +1,17 @@
 """transformers' FSDP2 layouts through the trainer: ``parallelism`` hsdp and hsdp_ep train the tiny Qwen3-MoE on 4
 CPU ranks over gloo (torchrun's 4 local ranks stand for 2 "nodes" x 2: ``LOCAL_WORLD_SIZE`` is 4 here, so this is
 FSDP2 over 4 ranks, and expert parallelism over 4 ranks; the 2-pod HSDP split is measured in
-tests/train/trainer/test_cross_pod_bytes.py) with the losses, eval_loss and exported weights of plain DDP, and write
-no periodic checkpoints, so a re-run trains from the start (components/train/trainer/parallelism.py: transformers
-5.23 cannot resume them).
+tests/train/trainer/test_cross_pod_bytes.py) with the losses, eval_loss and exported weights of plain DDP; write
+sharded checkpoints (model and optimizer through torch's distributed checkpoint: sharded_checkpoints.py) that a re-run
+after a kill resumes from with the losses of an uninterrupted run; and export one layer at a time.
 """
 
 import json
-import re
+import os
+import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -53,19 +56,16 @@ def _weights(root: Path, name: str) -> dict:
     return load_file(path)
 
 
-def _first_losses(text: str) -> list[str]:
-    """The loss of every progress line for step 1 in the trainer's output (rank 0's ``step 1/N | loss X``)."""
-    return re.findall(r"step 1/\d+ \| loss (\S+)", text)
+def _logged_losses(out: Path) -> dict[int, float]:
+    last = max(out.glob("checkpoint-*/trainer_state.json"), key=lambda p: int(p.parent.name.split("-")[1]))
+    return {e["step"]: e["loss"] for e in json.loads(last.read_text())["log_history"] if "loss" in e}
 
 
-def test_hsdp_layouts_train_and_export_as_ddp_does_and_a_rerun_starts_over(tmp_path, capsys):
+def test_hsdp_layouts_train_and_export_as_ddp_does_with_sharded_checkpoints(tmp_path):
     model = netns_bytes.make_moe(tmp_path)
     metrics = {"ddp": _run(tmp_path, model, "ddp")}
-    first = {}
     for layout in ("hsdp", "hsdp_ep"):
-        capsys.readouterr()
         metrics[layout] = _run(tmp_path, model, layout, parallelism=layout)
-        first[layout] = _first_losses(capsys.readouterr().out)
     reference = _weights(tmp_path, "ddp")
     for layout in ("hsdp", "hsdp_ep"):
         m = metrics[layout]
@@ -75,11 +75,75 @@ def test_hsdp_layouts_train_and_export_as_ddp_does_and_a_rerun_starts_over(tmp_p
         weights = _weights(tmp_path, layout)
         assert sorted(weights) == sorted(reference)  # a plain checkpoint: the names save_pretrained writes
         assert all((weights[k] - reference[k]).abs().max() <= WEIGHT_TOLERANCE for k in reference), layout
-        assert not list((tmp_path / layout).glob("checkpoint-*"))  # save_strategy no: nothing to resume from
-    assert list((tmp_path / "ddp").glob("checkpoint-*"))
+        # Every save_steps: the model's and the optimizer's shards (one file per rank), the scheduler, each rank's
+        # RNG, the Trainer's state, and the complete-marker last; nothing gathered on one rank.
+        last = tmp_path / layout / f"checkpoint-{STEPS}"
+        assert (last / "COMPLETE").exists() and (last / "trainer_state.json").exists()
+        assert len(list((last / "model").glob("shard-*-model-*.safetensors"))) == RANKS
+        assert len(list((last / "optimizer").glob("*.distcp"))) == RANKS
+        assert (last / "scheduler.pt").exists() and len(list(last.glob("rng_state_*.pth"))) == RANKS
+        assert not list(last.glob("model*.safetensors")) and not (last / "optimizer.pt").exists()
 
-    # A re-run of the hsdp job (as after an eviction) trains from the start: step 1 again, with the same loss.
-    again = _run(tmp_path, model, "hsdp", steps=STEPS + 1, parallelism="hsdp")
-    out = capsys.readouterr().out
-    assert again["global_step"] == STEPS + 1 and "resuming from" not in out
-    assert len(first["hsdp"]) == 1 and _first_losses(out) == first["hsdp"]
+
+def _start(config: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS)]
+    cmd += ["-m", "components.train.trainer", "--config", config]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+@pytest.mark.parametrize("layout", ["hsdp", "hsdp_ep"])
+def test_a_killed_hsdp_run_resumes_and_ends_like_an_uninterrupted_one(tmp_path, layout, capfd):
+    model = netns_bytes.make_moe(tmp_path)
+    over = dict(
+        model_name_or_path=str(model),
+        parallelism=layout,
+        max_steps=6,
+        save_steps=2,
+        logging_steps=1,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=1,
+    )
+    run_torchrun(trainer_config(tmp_path, "straight", **over), nproc_per_node=RANKS)
+
+    config = trainer_config(tmp_path, "killed", **over)
+    out = tmp_path / "killed"
+    proc = _start(config)
+    deadline = time.time() + 300
+    while not (out / "checkpoint-2" / "COMPLETE").exists():
+        assert proc.poll() is None and time.time() < deadline, "the run ended before its first checkpoint"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)  # torchrun and every rank, as a lost node would
+    proc.wait()
+    assert not (out / "metrics.json").exists()
+    capfd.readouterr()
+
+    run_torchrun(config, nproc_per_node=RANKS)
+    assert "resuming from " + str(out / "checkpoint-") in capfd.readouterr().out
+    a = json.loads((tmp_path / "straight" / "metrics.json").read_text())
+    b = json.loads((out / "metrics.json").read_text())
+    assert a["global_step"] == b["global_step"] == 6
+    # The same weights, Adam moments, scheduler, data position and RNG after the resume: the losses of the steps
+    # after it equal the uninterrupted run's (fp32 on CPU: the same operations in the same order).
+    straight, resumed = _logged_losses(tmp_path / "straight"), _logged_losses(out)
+    assert resumed.keys() == straight.keys() == set(range(1, 7))
+    assert all(abs(resumed[s] - straight[s]) <= 1e-5 for s in straight), (straight, resumed)
+    assert b["eval_loss"] == pytest.approx(a["eval_loss"], abs=1e-5)
+    reference, weights = _weights(tmp_path, "straight"), _weights(tmp_path, "killed")
+    assert all((weights[k] - reference[k]).abs().max() <= 1e-5 for k in reference)
+
+
+def test_hsdp_export_holds_one_layer_and_one_shard_on_rank_0(tmp_path):
+    """Rank 0's host memory while it exports a model sharded over 4 ranks: the layers are gathered one at a time and
+    written in shards of ``max_shard_bytes``, so the peak above the memory before the export stays below one layer's
+    full weights plus one shard (transformers' own save_pretrained gathers the whole model on rank 0 first)."""
+    script = Path(__file__).with_name("hsdp_export_memory.py")
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(RANKS)]
+    # A fixed mmap threshold: glibc otherwise raises it to the largest block freed so far, and later blocks of that
+    # size come from its heap, which returns freed pages only from the top: resident memory would count fragmentation.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 20)}
+    subprocess.run([*cmd, str(script), str(tmp_path)], check=True, cwd=ROOT, timeout=600, env=env)
+    report = json.loads((tmp_path / "report.json").read_text())
+    layer, shard, model = report["layer_bytes"], report["max_shard_bytes"], report["model_bytes"]
+    assert model > 2 * (layer + shard + report["slack_bytes"])  # holding the whole model could not pass
+    assert report["peak_rss_delta_bytes"] < layer + shard + report["slack_bytes"], report
+    assert report["shards"] > 1

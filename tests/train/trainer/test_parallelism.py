@@ -14,7 +14,6 @@ from components.train.trainer.parallelism import (
     hpz_partition_size,
     job_deepspeed_config,
     nodes_and_gpus,
-    resumable,
 )
 from tests.helpers.trainer import make_workdir
 
@@ -132,10 +131,14 @@ def test_hsdp_configs_that_cannot_run_are_one_error_naming_the_field(workdir, tm
         parse_config(_config(workdir, tmp_path, **over))
 
 
-def test_hsdp_writes_no_periodic_checkpoints_and_never_resumes(workdir, tmp_path):
+def test_hsdp_checkpoints_through_save_only_model_which_the_trainer_requires_of_a_model_sharded_at_load(
+    workdir, tmp_path
+):
+    """transformers 5.23's Trainer.__init__ refuses checkpoints of a model sharded at load unless save_only_model is
+    on; sharded_checkpoints.py writes the optimizer beside the shards itself (test_hsdp_trainer.py resumes them)."""
     from components.train.trainer.config_file import parse_config
 
     cfg = parse_config(_config(workdir, tmp_path, parallelism="hsdp", save_steps=5))
-    assert cfg.save_strategy == "no" and not resumable(cfg)
-    assert resumable(parse_config(_config(workdir, tmp_path, deepspeed="zero3")))
+    assert cfg.save_strategy == "steps" and cfg.save_steps == 5 and cfg.save_only_model
+    assert not parse_config(_config(workdir, tmp_path, deepspeed="zero3")).save_only_model
     assert check_parallelism({"parallelism": "deepspeed", "deepspeed": "x.json"}) is None
