@@ -21,3 +21,58 @@ def name_error(field: str, value: str, pattern: re.Pattern, limit: int, what: st
         f"{field}={value!r} is not a valid Kubernetes {what} (lowercase letters, digits, '-', at most {limit}); "
         f"e.g. {suggestion!r}"
     )
+
+
+# Label keys and values (k8s.io/apimachinery pkg/util/validation/validation.go): a key is a qualified name, an
+# optional DNS-1123 subdomain prefix of at most 253 characters and "/", then a name of at most 63 characters
+# (IsQualifiedName); a value is empty or such a name (IsValidLabelValue). Node selectors and tolerations hold them.
+QUALIFIED_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
+
+
+def label_key_error(field: str, key) -> str | None:
+    """The error for a label key (of a node selector, a toleration) the API server rejects, or None."""
+    if isinstance(key, str):
+        prefix, slash, name = key.rpartition("/")
+        prefix_ok = not slash or (len(prefix) <= 253 and DNS1123_SUBDOMAIN.fullmatch(prefix))
+        if prefix_ok and len(name) <= 63 and QUALIFIED_NAME.fullmatch(name):
+            return None
+    return (
+        f"{field}: key {key!r} is not a Kubernetes label key (an optional DNS subdomain prefix and '/', then at "
+        "most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit), e.g. "
+        "'nvidia.com/gpu.product'"
+    )
+
+
+def label_value_error(field: str, key, value) -> str | None:
+    """The error for a label value the API server rejects (node selectors: strings only), or None."""
+    if isinstance(value, str) and len(value) <= 63 and LABEL_VALUE.fullmatch(value):
+        return None
+    return (
+        f"{field}: {key}={value!r} is not a Kubernetes label value (a string of at most 63 letters, digits, '-', "
+        "'_' or '.', beginning and ending with a letter or digit; or empty), e.g. 'NVIDIA-H100-80GB-HBM3'"
+    )
+
+
+# An image reference, in the grammar of the distribution project's reference package (distribution/reference,
+# regexp.go: ReferenceRegexp), which container runtimes parse image names with: [domain[:port]/]path[:tag][@digest],
+# path components lowercase, a name of at most 255 characters (NameTotalLengthMax).
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_HOST = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[(?:[a-fA-F0-9:]+)\])"
+IMAGE_REFERENCE = re.compile(
+    rf"^(?P<name>(?:{_HOST}(?::[0-9]+)?/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,})?$"
+)
+
+
+def image_error(field: str, value: str) -> str | None:
+    """The error for an image reference a container runtime cannot parse, or None."""
+    match = IMAGE_REFERENCE.fullmatch(value)
+    if match and len(match.group("name")) <= 255:
+        return None
+    return (
+        f"{field}={value!r} is not an image reference ([registry[:port]/]repository[:tag][@sha256:digest], the "
+        "repository in lowercase), e.g. 'ghcr.io/my-org/llm-trainer:0.4.0'"
+    )

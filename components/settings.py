@@ -196,7 +196,7 @@ class SFTSettings:
         plain=False,
     )
     chunked_cross_entropy: bool = setting(
-        False,
+        True,
         "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "
         "(tokens x vocabulary) logits (4 x 4096 tokens of Qwen3: 10 GB in fp32): larger micro-batches fit. "
         "Plain PyTorch, under ZeRO-3 and FSDP2 alike.",
@@ -209,9 +209,14 @@ class TrainSettings(SFTSettings):
     """The training step: SFTSettings plus TrainingArguments' own fields, written under the same names (two are
     renamed by build_trainer_config: deepspeed_config -> deepspeed, warmup_ratio -> warmup_steps)."""
 
-    per_device_train_batch_size: int = setting(1, "Rows per GPU per forward pass (the micro-batch).", min=1)
+    per_device_train_batch_size: int = setting(
+        4,
+        "Rows per GPU per forward pass (the micro-batch). The reference job's 4 x 4096 tokens: each expert's grouped "
+        "GEMM sees 4x the rows of a 1-row micro-batch, and ZeRO-3 gathers each layer once per 4 rows.",
+        min=1,
+    )
     gradient_accumulation_steps: int = setting(
-        4, "Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).", min=1
+        1, "Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).", min=1
     )
     learning_rate: float = setting(
         5e-5, "Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).", above=0, below=1
@@ -404,6 +409,13 @@ class DataSettings:
     )
     num_proc: int = setting(8, "Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).", min=1)
     eval_size: float = setting(0.05, "Held-out fraction (< 1) or number of conversations (>= 1).")
+    max_bad_rows: int = setting(
+        0,
+        "Broken rows (not JSON, not UTF-8, an unknown role, a malformed turn) each stage's data step skips, counted "
+        "in its report, before it fails the run; 0: the first one fails it.",
+        plain=False,
+        min=0,
+    )
     dataset_tokens_estimate: int = setting(
         100_000_000,
         "The plan's size of the training split in tokens, before prepare_dataset has counted it "
@@ -540,6 +552,15 @@ class ClusterSettings:
         "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
         "minutes to add a GPU node).",
         min=60,
+    )
+    stall_timeout_seconds: int = setting(
+        2700,
+        "End the training job as stalled, and re-run it from its last checkpoint (job_restarts), when its trainer "
+        "makes no optimizer step for this long; the Prometheus alert LLMTrainingStalled uses the same limit. "
+        "2700 (45 min): about 3x the longest step-free stretch of the reference job, a checkpoint save (~366 GB "
+        "for Qwen3-30B-A3B at 0.5 GB/s: 12 min) plus a step. 0: not watched.",
+        plain=False,
+        min=0,
     )
     # Watching a run (components/train/trainer/metrics.py, components/observe/gpu_watch.py, manifests/monitoring/).
     metrics_port: int = setting(

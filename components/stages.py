@@ -32,11 +32,15 @@ STAGE_DATA = {
 # Preference tuning moves a tuned model a little: rates 10-100x below SFT's (TRL's own default is 1e-6) and one
 # epoch (more overfits the pairs). A reward model trains a fresh head on the whole model: TRL's RewardConfig default
 # rate (1e-4), one epoch, method full (rm.py). GRPO: TRL's GRPOConfig default rate (1e-6), one pass over the prompts.
-# A run's stage_settings override these.
+# These three run the default 64-sequence global batch as 1 row x 4 micro-steps, not the sft/cpt default 4 x 1: DPO
+# and the reward model put chosen and rejected of each pair through one forward (twice the rows), GRPO holds a
+# reference model and its generations, and none of them has the chunked loss (Qwen3-30B-A3B at 4 rows: ~93 GiB per
+# H100, components/estimate/memory.py). A run's stage_settings override these.
+PREFERENCE_MICRO_BATCH = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4}
 STAGE_DEFAULTS: dict[str, dict] = {
-    "dpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0},
-    "rm": {"learning_rate": 1e-4, "num_train_epochs": 1.0, "method": "full"},
-    "grpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0},
+    "dpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0, **PREFERENCE_MICRO_BATCH},
+    "rm": {"learning_rate": 1e-4, "num_train_epochs": 1.0, "method": "full", **PREFERENCE_MICRO_BATCH},
+    "grpo": {"learning_rate": 1e-6, "num_train_epochs": 1.0, **PREFERENCE_MICRO_BATCH},
 }
 
 

@@ -3,7 +3,8 @@
 The settings model (components/settings.py) is the single source of names, types and defaults; any setting can
 be set by name, whether the pipeline has it as a parameter of its own or inside ``advanced_settings``
 (``components.settings.split_arguments`` makes the pipeline's arguments). A preset is a YAML file of overrides;
-later sources win (preset < params file < -p). Every problem is a UsageError naming the key and the fix.
+later sources win (preset < params file < -p); a preset's ``stage_settings`` are kept for the stages the run trains.
+Every problem is a UsageError naming the key and the fix.
 """
 
 from __future__ import annotations
@@ -111,7 +112,20 @@ def resolve(preset: str, params_file: str | None = None, overrides: Sequence[str
     for layer in layers:
         for key, value in layer.items():
             params[key] = coerce(key, value, specs)
+    if not any("stage_settings" in layer for layer in layers[1:]):
+        params["stage_settings"] = _run_stages_only(params)
     return params
+
+
+def _run_stages_only(params: dict) -> dict:
+    """A preset's ``stage_settings`` for the stages this run (or one of its variants) trains: a preset carries them
+    for every stage it has data for, so that ``-p stages=[...]`` finds them; for a stage the run does not train they
+    change nothing, and the user did not write them, so the run neither carries them nor warns about them."""
+    stages = set(params["stages"])
+    for variant in params["variants"]:
+        if isinstance(variant, dict) and isinstance(variant.get("stages"), list):
+            stages.update(variant["stages"])
+    return {stage: over for stage, over in params["stage_settings"].items() if stage in stages}
 
 
 def check(params: dict) -> None:

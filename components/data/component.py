@@ -44,19 +44,28 @@ def prepare_dataset(
     """
     import json
     import os
+    import sys
 
+    from components.data.formats import DataError
     from components.data.run import prepare_stage_dataset
     from components.observe.outcome import recording_outcome
     from components.observe.process import start_step
     from components.settings import Settings
 
     start_step("prepare_dataset")
-    # How this step ended, for the run's exit handler (components/observe/outcome.py).
-    with recording_outcome(f"prepare_dataset[{stage}]", data_root, run_id):
-        prepared = prepare_stage_dataset(Settings.from_flat(settings), stage=stage, data_root=data_root, run_id=run_id)
-        os.makedirs(dataset.path, exist_ok=True)
-        with open(os.path.join(dataset.path, "stats.json"), "w") as f:
-            json.dump(prepared.stats, f, indent=2, ensure_ascii=False)
-        with open(report.path, "w", encoding="utf-8") as f:
-            f.write(prepared.report)
-        dataset.metadata.update(prepared.metadata)
+    try:
+        # How this step ended, for the run's exit handler (components/observe/outcome.py).
+        with recording_outcome(f"prepare_dataset[{stage}]", data_root, run_id):
+            prepared = prepare_stage_dataset(
+                Settings.from_flat(settings), stage=stage, data_root=data_root, run_id=run_id
+            )
+            os.makedirs(dataset.path, exist_ok=True)
+            with open(os.path.join(dataset.path, "stats.json"), "w") as f:
+                json.dump(prepared.stats, f, indent=2, ensure_ascii=False)
+            with open(report.path, "w", encoding="utf-8") as f:
+                f.write(prepared.report)
+            dataset.metadata.update(prepared.metadata)
+    except DataError as e:
+        # Bad data (recorded above): the one line that names the row, the setting and the fix, not a traceback.
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None

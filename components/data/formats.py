@@ -11,7 +11,9 @@ Hangul often arrives decomposed and equal text must give equal tokens and equal 
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from dataclasses import dataclass
 
 CHAT_FORMATS = ("messages", "sharegpt", "alpaca", "prompt_completion")
 FORMATS = (*CHAT_FORMATS, "text", "preference", "prompts")
@@ -35,6 +37,43 @@ REQUIRED = {
 DETECT_ORDER = ("messages", "sharegpt", "preference", "alpaca", "prompt_completion", "text")
 
 
+@dataclass(frozen=True)
+class Options:
+    """How the data step's messages name what its user sets: the standalone command's flags (``COMMAND_LINE``), or a
+    pipeline stage's settings (components/data/run.py). An empty name: the stage has no such setting (its format is
+    fixed, or it maps no columns), and the message offers none."""
+
+    source: str
+    format: str
+    columns: str
+    max_bad_rows: str
+    eval_size: str
+    flags: bool  # ``--format alpaca`` (flags) or ``dataset_format=alpaca`` (settings)
+
+    def set(self, option: str, value) -> str:
+        """``option`` set to ``value``, as this user writes it."""
+        name = getattr(self, option)
+        return f"{name} {value}" if self.flags else f"{name}={value}"
+
+    def mapping(self, canonical: str, column: str) -> str:
+        """The column mapping of ``column`` onto the format's ``canonical`` name, as this user writes it."""
+        if self.flags:
+            return f"{self.columns} {canonical}={column}"
+        return f"{self.columns}={json.dumps({canonical: column})}"
+
+
+COMMAND_LINE = Options("--source", "--format", "--columns", "--max-bad-rows", "--eval-size", flags=True)
+
+
+def _fixes(names: Options, column: str, yours: str) -> str:
+    """What to set when a source's columns do not fit its format: the format, or a column mapping (those the stage
+    has)."""
+    fixes = [f"map your column names onto the format's, e.g. {names.mapping(column, yours)}"] if names.columns else []
+    if names.format:
+        fixes.append(f"{'pass' if names.flags else 'set'} {names.format} to the rows' format")
+    return ", or ".join(fixes) or "give the stage rows with those columns"
+
+
 class DataError(ValueError):
     """The data cannot be prepared; the message names the file/line/field and the fix."""
 
@@ -47,25 +86,27 @@ class RowError(ValueError):
         self.reason = reason
 
 
-def detect_format(columns, where: str) -> str:
-    """The format whose required columns are all present in ``columns``; an error listing what was found."""
+def detect_format(columns, where: str, names: Options = COMMAND_LINE) -> str:
+    """The format whose required columns are all present in ``columns``; an error listing what was found and what
+    to set (``names``: the user's names for the options)."""
     for fmt in DETECT_ORDER:
         if all(c in columns for c in REQUIRED[fmt]):
             return fmt
+    yours = next(iter(sorted(columns)), "your_column")
     raise ValueError(
         f"{where}: cannot tell the format from the columns {sorted(columns)}; expected one of "
         + ", ".join(f"{f} ({'/'.join(REQUIRED[f])})" for f in DETECT_ORDER)
-        + "; declare --format and map your column names with --columns, e.g. --columns messages=dialog"
+        + f"; {_fixes(names, 'messages', yours)}"
     )
 
 
-def check_columns(fmt: str, columns, where: str) -> None:
-    """Raise when ``fmt``'s required columns are not all in ``columns``, naming those found."""
+def check_columns(fmt: str, columns, where: str, names: Options = COMMAND_LINE) -> None:
+    """Raise when ``fmt``'s required columns are not all in ``columns``, naming those found and what to set."""
     missing = [c for c in REQUIRED[fmt] if c not in columns]
     if missing:
         raise ValueError(
             f"{where}: format {fmt!r} needs column(s) {missing} but found {sorted(columns)}; "
-            f"map your names with --columns (e.g. --columns {missing[0]}=your_column) or pick the right --format"
+            f"{_fixes(names, missing[0], next(iter(sorted(columns)), 'your_column'))}"
         )
 
 

@@ -38,7 +38,7 @@ import datasets
 import numpy as np
 
 from components.data import caching, formats, reading, tokenizing
-from components.data.formats import DataError
+from components.data.formats import COMMAND_LINE, DataError, Options
 from components.data.report import length_histogram
 from components.data.tokenizing import OVER_LENGTH
 from components.models.hub import resolve_model
@@ -71,6 +71,7 @@ def prepare(
     max_bad_rows: int = 0,
     pvc_mounts: dict | None = None,
     cache_dir: str | None = None,
+    names: Options = COMMAND_LINE,
 ) -> dict:
     """Prepare ``source`` with ``tokenizer`` into ``out_dir``; return the stats written to stats.json.
 
@@ -93,6 +94,8 @@ def prepare(
         max_bad_rows: skip up to this many unparseable / invalid UTF-8 / unknown-role rows (counted) instead of failing.
         pvc_mounts: claim name -> mount path, to resolve ``pvc://claim/path`` sources.
         cache_dir: keep results here under their fingerprint and reuse them when inputs are unchanged.
+        names: what errors call the options: this command's flags (the default), or a pipeline stage's settings
+            (components/data/run.py).
     """
     started = time.time()
     source_list = [source] if isinstance(source, str) else list(source)
@@ -140,6 +143,7 @@ def prepare(
                 template_kwargs,
                 max_bad_rows,
                 pvc_mounts,
+                names,
             )
             stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
         # Unlink first: on a cache hit the file is a hard link to the cached copy, which must not change.
@@ -207,6 +211,7 @@ def _build(
     template_kwargs,
     max_bad_rows,
     pvc_mounts,
+    names: Options = COMMAND_LINE,
 ) -> dict:
     work = tmp / "_work"
     work.mkdir()
@@ -219,6 +224,7 @@ def _build(
         pvc_mounts=pvc_mounts,
         max_bad_rows=max_bad_rows,
         seed=seed,
+        names=names,
     )
     if kind not in TEXT_KINDS:
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
@@ -230,9 +236,16 @@ def _build(
     else:
         n_eval = round(eval_size * n_rows) if eval_size < 1 else int(eval_size)
         if not 0 < n_eval < n_rows:
+            duplicates = counts["dropped"].get("duplicate", 0)
+            # Rows are counted after exact duplicates are dropped: say so when that is why there are few.
+            deduplicated = (
+                f" ({counts['rows_in']} rows read, {duplicates} of them exact duplicates of another, dropped)"
+                if duplicates
+                else ""
+            )
             raise DataError(
-                f"eval_size {eval_size} gives {n_eval} eval rows out of {n_rows}; "
-                "it must leave at least one for each split (lower eval_size or add data)"
+                f"{names.set('eval_size', eval_size)} gives {n_eval} eval rows out of {n_rows}{deduplicated}; "
+                f"it must leave at least one for each split (change {names.eval_size}, or add data)"
             )
         keys = _column(canonical, "split_key")
         is_eval = np.zeros(n_rows, dtype=bool)

@@ -17,13 +17,13 @@ import datasets
 import pyarrow as pa
 
 from components.data import formats, sources
-from components.data.formats import DataError, RowError
+from components.data.formats import COMMAND_LINE, DataError, Options, RowError
 from components.data.sources import SourceError
 
 log = logging.getLogger("prepare_dataset")
 
 # Rows with nothing to learn are cleaning, always dropped and counted; broken rows fail the run unless
-# --max-bad-rows allows skipping that many.
+# max_bad_rows (--max-bad-rows) allows skipping that many.
 CLEANING_REASONS = ("empty_turn", "no_assistant_turn", "empty_text")
 BAD_ROW_REASONS = ("unparseable", "invalid_utf8", "unknown_role", "malformed")
 
@@ -84,11 +84,13 @@ def read_canonical(
     seed: int,
     seen: set,
     counts: dict,
+    names: Options = COMMAND_LINE,
 ) -> tuple[str, int]:
     """Stream ``source_list`` into an Arrow file of canonical rows at ``path``; return (kind, rows written).
 
     ``seen`` holds the digests of rows already kept (duplicates are dropped across all sources);
-    ``counts`` collects ``rows_in`` and the dropped rows per reason.
+    ``counts`` collects ``rows_in`` and the dropped rows per reason. ``names``: what the errors call the options
+    (the command's flags, or a pipeline stage's settings).
     """
     resolved = [(s, sources.resolve(s, pvc_mounts)) for s in source_list]  # every path checked before reading
     kind, first_kind_source, writer, batch, written = None, None, None, [], 0
@@ -104,18 +106,23 @@ def read_canonical(
                         raise row
                     row = {rename.get(k, k): v for k, v in row.items()}
                     if source_fmt is None:
-                        source_fmt = formats.detect_format(row, where)
+                        source_fmt = formats.detect_format(row, where, names)
                     if first_where is None:
-                        formats.check_columns(source_fmt, row, where)
+                        formats.check_columns(source_fmt, row, where, names)
                         first_where = where
                     elif any(c not in row for c in formats.REQUIRED[source_fmt]):
                         try:
-                            other = formats.detect_format(row, where)
+                            other = formats.detect_format(row, where, names)
                         except ValueError:
-                            formats.check_columns(source_fmt, row, where)
+                            formats.check_columns(source_fmt, row, where, names)
+                        separately = (
+                            f"pass them as separate {names.source} arguments"
+                            if names.flags
+                            else f"list them as separate sources in {names.source} (comma-separated)"
+                        )
                         raise DataError(
                             f"{where}: mixed formats: this row is {other!r} but {first_where} is {source_fmt!r}; "
-                            "put each format in its own file and pass them as separate --source arguments"
+                            f"put each format in its own file and {separately}"
                         )
                     row = formats.clean(formats.to_canonical(source_fmt, row))
                 except RowError as e:
@@ -124,10 +131,14 @@ def read_canonical(
                         continue
                     n_bad = counts["dropped"].get(e.reason, 0) + 1
                     if sum(counts["dropped"].get(r, 0) for r in BAD_ROW_REASONS) + 1 > max_bad_rows:
-                        cap = f" (more than max_bad_rows={max_bad_rows} bad rows)" if max_bad_rows else ""
-                        raise DataError(
-                            f"{where}: {e}{cap}; fix the data, or raise --max-bad-rows to skip such rows"
-                        ) from None
+                        cap = (
+                            f" (more than the {max_bad_rows} bad rows {names.max_bad_rows} allows)"
+                            if max_bad_rows
+                            else ""
+                        )
+                        skip = names.set("max_bad_rows", max(10, 2 * max_bad_rows))
+                        verb = "pass" if names.flags else "set"
+                        raise DataError(f"{where}: {e}{cap}; to skip such rows instead, {verb} {skip}") from None
                     counts["dropped"][e.reason] = n_bad
                     log.warning("skipping %s: %s", where, e)
                     continue

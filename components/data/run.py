@@ -6,11 +6,15 @@ from __future__ import annotations
 import os
 from typing import NamedTuple
 
+from components.data.formats import DataError, Options
 from components.data.once import prepare_once
 from components.data.report import markdown
 from components.paths import pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import dataset_folder, stage_data
+from components.stages import STAGE_DATA, dataset_folder, stage_data
+
+# The setting that maps each stage's columns (the others read their format's own names).
+COLUMN_MAPPINGS = {"sft": "column_mapping", "grpo": "grpo_column_mapping"}
 
 
 class PreparedStage(NamedTuple):
@@ -25,21 +29,51 @@ def _sources(value: str) -> list[str]:
     return [x.strip() for x in value.split(",") if x.strip()]
 
 
+def stage_options(stage: str) -> Options:
+    """What the data step's errors call the options of ``stage``'s data: the pipeline's settings (its source
+    setting, dataset_format unless the stage's format is fixed, its column mapping if it has one, max_bad_rows)."""
+    source_setting, fixed_format = STAGE_DATA[stage]
+    return Options(
+        source=source_setting,
+        format="" if fixed_format else "dataset_format",
+        columns=COLUMN_MAPPINGS.get(stage, ""),
+        max_bad_rows="max_bad_rows",
+        eval_size="eval_size",
+        flags=False,
+    )
+
+
+def _eval_prompts_problem(s: Settings, data_root: str) -> str | None:
+    """eval_prompts on the data volume that is not there: evaluate_model would fail on it after training. (A local
+    run's validate_inputs reads the file itself; on a cluster only this step and evaluation mount the volume.)"""
+    path = s.evaluate.eval_prompts
+    on_volume = os.path.normpath(path).startswith(os.path.normpath(data_root) + os.sep)
+    if on_volume and not os.path.isfile(path):
+        return (
+            f"eval_prompts={path!r} is not a file on the data volume; pass a JSONL file of "
+            '{"messages": [...]} lines, or builtin:sample for the bundled prompts'
+        )
+    return None
+
+
 def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: str) -> PreparedStage:
     """Prepare ``stage``'s data (components/stages.py: its source and format) of run ``run_id`` under
     ``<data_root>/runs/<run id>/<stage's dataset folder>``, reusing a prepared copy with the same fingerprint
     (components/data/once.py), tokenized with ``model_name_or_path``'s tokenizer and chat template.
 
-    The grpo stage's reward function (a file on the data volume, which validate_inputs' pod does not mount) is
-    checked first: a ValueError names the problem before the training job requests GPUs.
+    What validate_inputs' pod cannot see, on the data volume this step mounts, is checked first: the sft stage's
+    ``eval_prompts`` file and the grpo stage's reward function; a DataError names the problem before the training
+    job requests GPUs. The data's own errors (DataErrors too) name the stage's settings (``stage_options``).
     """
+    if stage == "sft" and (problem := _eval_prompts_problem(s, data_root)):
+        raise DataError(problem)
     if stage == "grpo":
         # validate_inputs cannot import a reward function in a file on the data volume, which its pod does not
         # mount: this CPU pod does, and fails before the training job requests GPUs.
         from components.rewards import grpo_function_error
 
         if problem := grpo_function_error(s):
-            raise ValueError(problem)
+            raise DataError(problem)
     data_pvc = s.cluster.data_pvc
     source, data_format = stage_data(s, stage)
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
@@ -59,8 +93,10 @@ def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: st
         packing=s.data.packing,
         over_length=s.data.over_length,
         num_proc=s.data.num_proc,
+        max_bad_rows=s.data.max_bad_rows,
         pvc_mounts={data_pvc: data_root},
         cache_dir=os.path.join(data_root, "cache", "prepared"),
+        names=stage_options(stage),
     )
     metadata = {
         "pvc": data_pvc,

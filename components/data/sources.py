@@ -15,7 +15,6 @@ Every reader streams rows as ``(where, row)`` so errors name the file and line, 
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from pathlib import Path
@@ -27,14 +26,12 @@ import pyarrow.parquet as pq
 from huggingface_hub import HfFileSystem
 
 from components.data.formats import RowError
+from components.data.peek import FILE_TYPES, SourceError, local_files
 from components.data.samples import BUILTIN, builtin_path
 
-FILE_TYPES = (".jsonl", ".json", ".parquet", ".csv")
+__all__ = ["FILE_TYPES", "SourceError", "resolve", "read_rows", "identity"]
+
 BATCH_ROWS = 1000
-
-
-class SourceError(ValueError):
-    """A source cannot be read; the message names the source and the fix."""
 
 
 def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
@@ -52,37 +49,8 @@ def resolve(source: str, pvc_mounts: dict[str, str]) -> list[str] | dict:
         source = os.path.join(pvc_mounts[claim], rel)
     if source.startswith("hf://"):
         return [source]
-    if os.path.isdir(source):
-        if any(os.path.exists(os.path.join(source, f)) for f in ("dataset_info.json", "dataset_dict.json")):
-            return {"saved": source}
-        files = sorted(str(p) for p in Path(source).rglob("*") if p.suffix in FILE_TYPES and p.is_file())
-        if not files:
-            raise SourceError(f"source {source!r}: the folder holds no {'/'.join(FILE_TYPES)} files")
-        return files
-    if any(ch in source for ch in "*?[") and not _looks_like_hub_id(source):
-        files = sorted(f for f in glob.glob(source, recursive=True) if f.endswith(FILE_TYPES))
-        if not files:
-            raise SourceError(f"source {source!r}: the pattern matches no {'/'.join(FILE_TYPES)} files")
-        return files
-    if os.path.isfile(source):
-        if not source.endswith(FILE_TYPES):
-            raise SourceError(f"source {source!r}: unsupported file type; use one of {', '.join(FILE_TYPES)}")
-        return [source]
-    if _looks_like_hub_id(source):
-        return _hub_spec(source)
-    raise SourceError(
-        f"source {source!r}: no such file or folder; check the path (or the PVC mount) or pass a Hub dataset id"
-    )
-
-
-def _looks_like_hub_id(source: str) -> bool:
-    name = source.split("?", 1)[0]
-    return (
-        name.count("/") == 1
-        and not name.startswith((".", "/", "~"))
-        and not name.endswith(FILE_TYPES)
-        and not os.path.exists(os.path.dirname(name) or ".")
-    )
+    found = local_files(source)  # the files here, or None for a Hub id (components/data/peek.py)
+    return _hub_spec(source) if found is None else found
 
 
 def _hub_spec(source: str) -> dict:

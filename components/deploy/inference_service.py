@@ -27,9 +27,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import time
 from dataclasses import dataclass
 
 from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
 
 from components.deploy.plan import lora_args
 from components.deploy.smoke import chat_completion
@@ -60,6 +62,11 @@ PROGRESS_DEADLINE_ANNOTATION = "serving.knative.dev/progress-deadline"
 # where KServe puts the base model from storageUri.
 ADAPTER_MOUNT = "/mnt/adapters"
 ADAPTER_VOLUME = "adapters"
+# While the rollout waits for Ready (up to the startup probe's 30 minutes): a line this often with the time waited,
+# the predictor pods' phase and the last lines of the model server's log (KServe names its container so).
+PROGRESS_SECONDS = 60.0
+PREDICTOR_CONTAINER = "kserve-container"
+PROGRESS_LOG_LINES = 3
 # A Hugging Face Hub id (owner/name), as KServe's hf:// storage URIs take it.
 HUB_ID = re.compile(r"^[A-Za-z0-9][-\w.]*/[-\w.]+$")
 
@@ -337,6 +344,44 @@ def merge_patch_to(current, desired):
     return patch
 
 
+def _progress(core, runner: CustomResourceRunner, pods: list, isvc: dict) -> str:
+    """Where a rollout that is not Ready is: each predictor pod's phase and whether its model server is ready, the
+    service's conditions that are not True, then the last ``PROGRESS_LOG_LINES`` lines of each pod's model server
+    log (a model download or a weight load tells its progress there), indented, one a line."""
+    states, logs = [], []
+    for pod in pods:
+        name = pod.metadata.name
+        server = next((c for c in pod.status.container_statuses or [] if c.name == PREDICTOR_CONTAINER), None)
+        waiting = server.state.waiting if server and server.state else None
+        detail = (
+            "not started"
+            if server is None
+            else f"{PREDICTOR_CONTAINER} waiting: {waiting.reason}"
+            if waiting
+            else f"{PREDICTOR_CONTAINER} {'ready' if server.ready else 'not ready'}, {server.restart_count} restarts"
+        )
+        states.append(f"pod {name} {pod.status.phase} ({detail})")
+        if server is None or waiting:
+            continue
+        try:
+            text = call_api(
+                core.read_namespaced_pod_log,
+                name,
+                runner.namespace,
+                container=PREDICTOR_CONTAINER,
+                tail_lines=PROGRESS_LOG_LINES,
+                _preload_content=False,  # raw text: the client would json-decode a log line that is valid JSON
+                retry_delay=runner.retry_delay,
+            ).data.decode("utf-8", errors="replace")
+        except ApiException as exc:
+            if exc.status not in (400, 404):  # not started yet, or gone: nothing to show this time
+                raise
+            continue
+        logs += [f"  [{name}] {line}" for line in text.splitlines() if line.strip()]
+    where = "; ".join(states) or "no predictor pod yet"
+    return "\n".join([f"{where}; {_not_ready_reasons(isvc)}", *logs])
+
+
 def _served_name(manifest: dict, rt: Runtime) -> str:
     flag = rt.served_name_flag + "="
     named = [a[len(flag) :] for a in manifest["spec"]["predictor"]["model"].get("args", []) if a.startswith(flag)]
@@ -374,6 +419,7 @@ def deploy_inference_service(
     pending_timeout_seconds: float = 900.0,
     serving_reference: dict | None = None,
     serving_references: dict[str, dict] | None = None,
+    progress_seconds: float = PROGRESS_SECONDS,
 ) -> dict:
     """Create, or patch in place when it exists; wait for Ready; smoke-test; prove it serves the evaluated model;
     roll back on any failure.
@@ -396,6 +442,8 @@ def deploy_inference_service(
         pending_timeout_seconds: how long a predictor pod may stay Unschedulable.
         serving_reference: from ``components.models.logprobs.read_reference``; None skips that check.
         serving_references: more references by served name (a LoRA module's, checked under its name).
+        progress_seconds: while not Ready, print this often how long it has waited, the predictor pods' phase and
+            the last lines of the model server's log.
 
     Returns:
         ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``, and
@@ -421,6 +469,7 @@ def deploy_inference_service(
         pending_timeout_seconds=pending_timeout_seconds,
         serving_reference=serving_reference,
         serving_references=serving_references,
+        progress_seconds=progress_seconds,
     )
     return result
 
@@ -465,6 +514,7 @@ def _roll_out(
     pending_timeout_seconds: float = 900.0,
     serving_reference: dict | None = None,
     serving_references: dict[str, dict] | None = None,
+    progress_seconds: float = PROGRESS_SECONDS,
 ):
     """deploy_inference_service's work: its result, and a function that rolls the service back (for a later
     service's failure)."""
@@ -524,6 +574,7 @@ def _roll_out(
                 core,
                 generation=applied["metadata"].get("generation", 1),
                 pending_timeout_seconds=pending_timeout_seconds,
+                progress_seconds=progress_seconds,
             )
         except (RuntimeError, TimeoutError) as exc:
             raise type(exc)(f"{what} {exc}; {roll_back()}") from exc
@@ -614,10 +665,20 @@ def _smoke_url(status: dict, canary: bool) -> str:
     return ((status.get("address") or {}).get("url") or status["url"]).rstrip("/")
 
 
-def _wait_ready(runner: CustomResourceRunner, core, *, generation: int, pending_timeout_seconds: float) -> dict:
+def _wait_ready(
+    runner: CustomResourceRunner,
+    core,
+    *,
+    generation: int,
+    pending_timeout_seconds: float,
+    progress_seconds: float = PROGRESS_SECONDS,
+) -> dict:
     """The service once Ready for ``generation`` with a URL; RuntimeError for a pod that cannot start,
-    TimeoutError past the runner's deadline (both without the service's name: the caller adds it and the rollback)."""
+    TimeoutError past the runner's deadline (both without the service's name: the caller adds it and the rollback).
+    Every ``progress_seconds`` of waiting it prints where the rollout is (``_progress``)."""
     unschedulable_since: dict = {}
+    started = time.monotonic()
+    reported = [started]
 
     def ready(isvc: dict) -> dict | None:
         if _ready(isvc, generation) and (isvc.get("status") or {}).get("url"):
@@ -630,6 +691,11 @@ def _wait_ready(runner: CustomResourceRunner, core, *, generation: int, pending_
         ).items
         if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
             raise RuntimeError(f"cannot start: {why}")
+        now = time.monotonic()
+        if now - reported[0] >= progress_seconds:
+            reported[0] = now
+            progress = _progress(core, runner, pods, isvc)
+            print(f"{runner.what} is not Ready yet after {now - started:.0f}s: {progress}", flush=True)
         return None
 
     def not_ready(isvc: dict) -> None:

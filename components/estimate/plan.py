@@ -365,12 +365,29 @@ def hsdp_export_host_gib(shape: ModelShape, gpus_per_node: int) -> float:
     return (layer + EXPORT_SHARD_BYTES + (HOST_PROCESS_BYTES + SHM_BYTES_PER_RANK) * gpus_per_node) / GIB
 
 
-def hsdp_memory_gib(shape: ModelShape, ep: bool, gpus_per_node: int, max_seq_length: int, rows: int) -> dict:
-    """Memory per GPU under HSDP (docs/plan.md): memory.py's activations and overhead, model states sharded over
-    one node."""
+def hsdp_memory_gib(
+    shape: ModelShape,
+    ep: bool,
+    gpus_per_node: int,
+    max_seq_length: int,
+    rows: int,
+    every_n_layers: int = 1,
+    chunked_loss: bool = False,
+) -> dict:
+    """Memory per GPU under HSDP (docs/plan.md): memory.py's activations (with the recompute stride and the chunked
+    loss, as for ZeRO-3) and overhead, model states sharded over one node."""
     from components.estimate.memory import estimate_gib
 
-    est = estimate_gib(shape, "full", {"stage": 3}, gpus_per_node, max_seq_length, rows)
+    est = estimate_gib(
+        shape,
+        "full",
+        {"stage": 3},
+        gpus_per_node,
+        max_seq_length,
+        rows,
+        every_n_layers=every_n_layers,
+        chunked_loss=chunked_loss,
+    )
     embed = shape.vocab * shape.hidden
     dense_layer = (shape.total - shape.expert_params - 2 * embed) // max(1, shape.layers)
     block = max(embed, dense_layer) if ep else max(shape.largest_block, embed)
@@ -527,7 +544,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
 
     # Memory per GPU: memory.py's estimate, the one validate_inputs checks (hpZ's secondary partition included).
     est = (
-        hsdp_memory_gib(shape, parallelism == "hsdp_ep", g, s, rows)
+        hsdp_memory_gib(shape, parallelism == "hsdp_ep", g, s, rows, every_n, chunked)
         if hsdp
         else estimate_gib(shape, method, zero, n, s, rows, lora, expert_lora, every_n, chunked)
     )

@@ -28,6 +28,12 @@ in this order, so that a bystander never hides the cause:
 
 A job that failed with no failed pod (its pods were removed) is unexplained. The report names the pod to blame,
 its trainer container's terminated reason and exit code, and its last log lines.
+
+A job whose pods run but whose trainer makes no optimizer step for ``stall_timeout_seconds`` (components/jobs/
+progress.py: a hung collective under a long NCCL timeout, a stuck data loader or reward function) has not failed in
+the operator's eyes and would hold its GPUs for ever: the launcher ends it as retriable (a hang is most often a node's
+or a network's), re-runs it from its last complete checkpoint up to ``job_restarts`` times, and reports every pod's
+last lines (``stall_report``), since no pod is to blame more than another.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from dataclasses import dataclass
 from components.kube import FATAL_WAITING_REASONS
 
 FAILURE_TAIL_LINES = 20
+STALL_TAIL_LINES = 10  # per pod: a stall blames no pod, so each one's end is shown
 
 NODE_REASONS = frozenset({"Evicted", "Preempting", "Terminated", "Shutdown", "NodeLost"})
 DISRUPTION_REASONS = frozenset(
@@ -178,4 +185,21 @@ def failure_report(
         f"{what} failed: {failed.get('reason', '')}: {failed.get('message', '')}\n"
         f"cause: {cause}\nnot re-run: {final}"
         + (f"\nlast {FAILURE_TAIL_LINES} lines of {culprit}:\n{tail}" if tail else "")
+    )
+
+
+def pod_tails(pods: list, last_lines, lines: int = STALL_TAIL_LINES) -> str:
+    """The last ``lines`` log lines of each of ``pods``, under a heading per pod (what a stalled job's pods said)."""
+    return "\n".join(
+        f"last lines of {pod.metadata.name}:\n" + ("\n".join(last_lines(pod.metadata.name)[-lines:]) or "(none)")
+        for pod in pods
+    )
+
+
+def stall_report(what: str, why: str, tails: str, used: int, job_restarts: int) -> str:
+    """The error for a stalled job that is not re-run: why it is stalled, every pod's last lines (``pod_tails``)."""
+    return (
+        f"{what} stalled: {why}\n"
+        f"not re-run: a retriable cause, but the job was already re-run {used} times (job_restarts={job_restarts})"
+        + (f"\n{tails}" if tails else "")
     )

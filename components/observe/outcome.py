@@ -7,7 +7,8 @@ The KFP v2 backend does not tell an exit handler which step failed or why: its d
 before 2.17.0 can report ``RUNNING`` for a run with nested conditions (kubeflow/pipelines #11979).
 
 So every step that mounts a volume records its own end, ``runs/<run id>/steps/<step>.json`` ``{"step", "state",
-"error", "ended"}``, as it ends (``recording_outcome``), and the exit handler reads them (``run_outcome``):
+"error", "bad_input", "ended"}``, as it ends (``recording_outcome``), and the exit handler reads them (``run_outcome``;
+a local run's summary, ``failed_step``):
 
 - a first failed record names the failing step and its error, whatever state KFP reports;
 - else the state decides: COMPLETE/SUCCEEDED -> succeeded, FAILED -> failed (the step unknown: one that records
@@ -45,10 +46,10 @@ def steps_dir(root: str, run_id: str) -> Path:
     return Path(run_dir(root, run_id)) / "steps"
 
 
-def _write(root: str, run_id: str, step: str, state: str, error: str = "") -> None:
+def _write(root: str, run_id: str, step: str, state: str, error: str = "", bad_input: bool = False) -> None:
     folder = steps_dir(root, run_id)
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"step": step, "state": state, "error": error[-ERROR_CHARS:], "ended": time.time()}
+    record = {"step": step, "state": state, "error": error[-ERROR_CHARS:], "bad_input": bad_input, "ended": time.time()}
     tmp = folder / f".{step}.json.tmp"
     tmp.write_text(json.dumps(record))
     os.replace(tmp, folder / f"{step}.json")
@@ -59,15 +60,18 @@ def recording_outcome(step: str, root: str, run_id: str):
     """Record how the block ends as step ``step`` of run ``run_id`` under volume ``root``; the exception goes on.
 
     SIGTERM (the run was cancelled: the step exits 143) is recorded as cancelled, any other exception as failed
-    with its message. A record that cannot be written never hides the step's own outcome.
+    with its message. A ValueError is bad input (the steps' convention: the message names the setting and the fix),
+    recorded as its message alone with ``bad_input``; any other exception with its type. A record that cannot be
+    written never hides the step's own outcome.
     """
     try:
         yield
     except BaseException as exc:
         cancelled = isinstance(exc, SystemExit) and exc.code == 128 + signal.SIGTERM
-        error = "" if cancelled else f"{type(exc).__name__}: {exc}"
+        bad_input = isinstance(exc, ValueError)
+        error = "" if cancelled else str(exc) if bad_input else f"{type(exc).__name__}: {exc}"
         try:
-            _write(root, run_id, step, CANCELLED if cancelled else FAILED, error)
+            _write(root, run_id, step, CANCELLED if cancelled else FAILED, error, bad_input)
         except OSError:
             pass
         raise
@@ -89,6 +93,12 @@ def read_records(roots: list[str], run_id: str) -> list[dict]:
             except (OSError, ValueError):
                 continue
     return sorted(records, key=lambda r: r.get("ended", 0))
+
+
+def failed_step(roots: list[str], run_id: str) -> dict | None:
+    """The run's first failed step record under these volume roots (``read_records``), or None: what a local run's
+    summary names as its error."""
+    return next((r for r in read_records(roots, run_id) if r.get("state") == FAILED), None)
 
 
 def run_outcome(state: str, task: str, error: str, records: list[dict]) -> tuple[str, str, str]:

@@ -145,6 +145,7 @@ def _train_on_cluster(
         on_created=record_created(out_dir, log),
         job_restarts=s.cluster.job_restarts,
         pending_timeout_seconds=s.cluster.pending_timeout_seconds,
+        stall_timeout_seconds=s.cluster.stall_timeout_seconds,
         watch=gpu_watch_for(s.cluster, current_namespace(), job_name),
     )
     return job_name

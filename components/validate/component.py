@@ -95,7 +95,9 @@ def validate_inputs(
         method: Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).
         max_seq_length: Tokens per training row; longer examples are dropped or truncated (over_length). Memory
             grows with it.
-        per_device_train_batch_size: Rows per GPU per forward pass (the micro-batch).
+        per_device_train_batch_size: Rows per GPU per forward pass (the micro-batch). The reference job's 4 x 4096
+            tokens: each expert's grouped GEMM sees 4x the rows of a 1-row micro-batch, and ZeRO-3 gathers each
+            layer once per 4 rows.
         gradient_accumulation_steps: Micro-batches per optimizer step (global batch = micro-batch x this x GPUs).
         learning_rate: Peak learning rate of the schedule (typical: 1e-5..5e-5 full, 1e-4 LoRA).
         num_train_epochs: Passes over the training split.
@@ -191,10 +193,11 @@ def validate_inputs(
             chunked_cross_entropy, lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing,
             recompute_every_n_layers, logging_steps, report_to, grpo_column_mapping, stage_settings,
             variants_parallel, deploy_variants, hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials,
-            hpo_algorithm, hpo_trial_steps, dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s,
-            inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s,
-            tracking_secret, metrics_port, prometheus_url, gpu_util_threshold, gpu_util_window_seconds,
-            min_reward_improvement. python -m pipelines.run --help describes each.
+            hpo_algorithm, hpo_trial_steps, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu,
+            intra_node_gb_per_s, inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env,
+            tcp_node_gb_per_s, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
+            gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement. python -m pipelines.run --help
+            describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

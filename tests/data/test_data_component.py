@@ -51,3 +51,20 @@ def test_component_writes_the_dataset_metadata_and_report(tokenizer_dir, tmp_pat
     again, _ = run_component(tmp_path, tokenizer_dir, source, "run-2")
     assert again.metadata["cache_hit"] and again.metadata["train_rows"] == md["train_rows"]
     assert datasets.load_from_disk(again.metadata["path"])["train"]["input_ids"] == ds["train"]["input_ids"]
+
+
+def test_bad_data_ends_the_step_with_one_line_and_exit_2_and_records_the_cause(tokenizer_dir, tmp_path, capsys):
+    rows = write_jsonl(tmp_path / "rows.jsonl", [conversation(0), "{not json", conversation(1)])
+    try:
+        run_component(tmp_path, tokenizer_dir, str(rows), "run-1")
+    except SystemExit as stop:
+        assert stop.code == 2
+    else:
+        raise AssertionError("bad data did not fail the step")
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "rows.jsonl:2: not valid JSON" in err and "max_bad_rows=10" in err
+    assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    (record,) = (tmp_path / "data" / "runs" / "run-1" / "steps").glob("*.json")
+    recorded = json.loads(record.read_text())
+    assert recorded["state"] == "FAILED" and recorded["bad_input"] is True
+    assert recorded["error"] == err.strip().removeprefix("error: ")

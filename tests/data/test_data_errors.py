@@ -61,7 +61,9 @@ def test_unparseable_lines_can_be_skipped_up_to_a_cap(tokenizer_dir, tmp_path):
     )
     stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0, max_bad_rows=3)
     assert stats["dropped"] == {"unparseable": 2, "unknown_role": 1, "over_length": 0} and stats["rows_kept"] == 8
-    with pytest.raises(DataError, match=r"d.jsonl:11: unknown role 'bot'.*more than max_bad_rows=2 bad rows"):
+    with pytest.raises(
+        DataError, match=r"d.jsonl:11: unknown role 'bot'.*more than the 2 bad rows --max-bad-rows allows"
+    ):
         prepare(str(src), tokenizer_dir, str(tmp_path / "o2"), 128, 2, 0, max_bad_rows=2)
 
 
@@ -79,7 +81,7 @@ def test_chat_and_text_sources_do_not_mix(tokenizer_dir, tmp_path):
 
 
 def test_eval_size_must_leave_both_splits(corpus, tokenizer_dir, tmp_path):
-    with pytest.raises(DataError, match="eval_size 60 gives 60 eval rows out of 60"):
+    with pytest.raises(DataError, match="--eval-size 60 gives 60 eval rows out of 60"):
         prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 60, 0)
 
 

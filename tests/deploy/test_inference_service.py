@@ -178,6 +178,38 @@ def test_never_ready_times_out_with_the_conditions_reason_and_deletes_the_new_se
     assert "deleted the new InferenceService" in text
 
 
+def test_the_wait_for_ready_says_how_long_the_predictor_pods_phase_and_its_last_log_lines(capsys):
+    pod = f"{NAME}-predictor-7c9f"
+
+    def loading(obj):  # the predictor loads its weights for a few polls, then KServe says Ready
+        if (NS, pod) not in api.pods:
+            api.add_pod(NS, pod, {"serving.kserve.io/inferenceservice": NAME}, container="kserve-container")
+            api.log(NS, pod, "INFO Starting vLLM API server", "INFO Loading safetensors checkpoint shards: 0%")
+        else:
+            api.log(NS, pod, "INFO Loading safetensors checkpoint shards: 50%")
+
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        ready = becomes_ready(api, model_server.url, after=3)
+        api.on_get("inferenceservices", lambda obj: (loading(obj), ready(obj)))
+        deploy_inference_service(isvc(), api_client=api.client, progress_seconds=0, **FAST)
+    lines = capsys.readouterr().out.splitlines()
+    waiting = [i for i, line in enumerate(lines) if "is not Ready yet after" in line]
+    assert waiting and all(
+        lines[i].startswith(f"InferenceService {NS}/{NAME} is not Ready yet after ") for i in waiting
+    )
+    assert f"pod {pod} Running" in lines[waiting[-1]]
+    tail = lines[waiting[-1] + 1 : waiting[-1] + 4]  # the model server's last 3 lines, as far as it had written
+    assert all(line.startswith(f"  [{pod}] INFO ") for line in tail) and len(tail) == 3, lines
+    assert tail[-1] == f"  [{pod}] INFO Loading safetensors checkpoint shards: 50%"
+
+
+def test_the_wait_for_ready_is_quiet_between_progress_lines(capsys):
+    with FakeKubeAPI() as api, OpenAIServer() as model_server:
+        api.on_get("inferenceservices", becomes_ready(api, model_server.url, after=3))
+        deploy_inference_service(isvc(), api_client=api.client, progress_seconds=3600, **FAST)
+    assert "not Ready yet" not in capsys.readouterr().out
+
+
 def test_predictor_pod_that_cannot_start_fails_fast():
     def crashing(obj):
         if ("team-llm", "p-0") not in api.pods:

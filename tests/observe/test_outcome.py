@@ -97,7 +97,7 @@ def test_kfp_local_states_keep_their_task_and_error():
     )
 
 
-def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads_it(tmp_path):
+def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads_it(tmp_path, capsys):
     from kfp.dsl import Dataset, Markdown
 
     from components.data.component import prepare_dataset
@@ -110,7 +110,7 @@ def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads
         "model_name_or_path": "builtin:tiny-qwen3",
         "num_proc": 1,
     }
-    with pytest.raises(Exception) as err:
+    with pytest.raises(SystemExit) as err:  # bad data: one line on stderr, exit 2 (components/data/component.py)
         prepare_dataset.python_func(
             settings=settings,
             stage="sft",
@@ -120,8 +120,8 @@ def test_a_data_step_that_fails_records_its_failure_where_the_exit_handler_reads
             report=Markdown(uri=str(tmp_path / "r")),
         )
     (record,) = read_records([str(tmp_path / "data")], RUN)
-    assert record["step"] == "prepare_dataset[sft]" and record["state"] == "FAILED"
-    assert str(err.value)[:60] in record["error"]
+    assert record["step"] == "prepare_dataset[sft]" and record["state"] == "FAILED" and err.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == f"error: {record['error']}" and record["bad_input"]
 
 
 def test_the_exit_handler_reads_each_variants_records_and_no_other_runs(tmp_path):

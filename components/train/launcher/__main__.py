@@ -2,7 +2,7 @@
 
     python -m components.train.launcher --run-id RUN --config-path /mnt/models/runs/RUN/train/train_config.json \\
         --num-nodes 2 --gpus-per-node 8 --data-pvc llm-data --model-pvc llm-models [--backend trainjob] \\
-        [--job-restarts 2] [--pending-timeout 900] [--dry-run]
+        [--job-restarts 2] [--pending-timeout 900] [--stall-timeout 2700] [--dry-run]
 
 What it does with the job (create or re-attach, follow, re-run, raise) is ``components.train.launcher.job``'s.
 """
@@ -91,6 +91,14 @@ def make_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up when a pod stays Unschedulable this long "
         f"(default {d.pending_timeout_seconds}: time for an autoscaler to add a GPU node; 0: at once)",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=float,
+        default=float(d.stall_timeout_seconds),
+        metavar="SECONDS",
+        help="end the job and re-run it from its last checkpoint (a retriable failure) when its trainer makes no "
+        f"optimizer step for this long (default {d.stall_timeout_seconds}; 0: not watched; needs --metrics-port)",
     )
     p.add_argument(
         "--trainer-version",
@@ -205,6 +213,7 @@ def main(argv: list[str] | None = None) -> None:
             cleanup=args.cleanup,
             job_restarts=args.job_restarts,
             pending_timeout_seconds=args.pending_timeout,
+            stall_timeout_seconds=args.stall_timeout,
             watch=watch,
         )
     except ValueError as exc:  # a bad limit, refused before anything was created

@@ -19,6 +19,12 @@ writes the same run folder and resumes from its latest complete checkpoint. Re-r
 ``RESTARTS_ANNOTATION``, so a retried launcher pod that re-attaches to a failed job re-runs it or raises exactly
 as the first one would. The error names the pod to blame, its container's end and its last log lines (every
 pod's log is drained first).
+
+A job can also run without progressing: pods up, trainer hung (a collective under a long NCCL timeout, a reward
+function). The operator sees nothing wrong, so the launcher watches the trainer's step itself
+(components/jobs/progress.py: the step series each pod's trainer serves, the ones the Prometheus stall alert reads):
+no optimizer step for ``stall_timeout_seconds`` ends the job as a retriable failure, re-run as above, and reported with
+every pod's last lines. A hung rank ignores SIGTERM, so its pod goes only at the end of its grace period.
 """
 
 from __future__ import annotations
@@ -28,8 +34,9 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from components.jobs.failures import classify_failure, failure_report
+from components.jobs.failures import classify_failure, failure_report, pod_tails, stall_report
 from components.jobs.kinds import DELETION_TIMEOUT_SECONDS, job_kind
+from components.jobs.progress import ProgressWatch
 from components.kube import (
     CustomResourceRunner,
     PodLogFollower,
@@ -38,6 +45,7 @@ from components.kube import (
     true_condition,
     unstartable_pod_reason,
 )
+from components.settings import ClusterSettings
 
 CLEANUP_POLICIES = ("keep", "on-success", "always")
 # What train_model can launch: the two job kinds, or torchrun on the step's own machine (launcher/local.py).
@@ -59,6 +67,7 @@ def run_training_job(
     pending_timeout_seconds: float = 900.0,
     cleanup: str = "keep",
     job_restarts: int = 2,
+    stall_timeout_seconds: float = ClusterSettings.stall_timeout_seconds,
     on_created=None,
     api_client=None,
     watch=None,
@@ -77,6 +86,10 @@ def run_training_job(
         job_restarts: how many times a job that failed for a retriable cause (components/jobs/failures.py)
             is deleted and created again under the same name, to resume from its last checkpoint. Counted on the
             job (``RESTARTS_ANNOTATION``), so a retried launcher continues the count. 0: never.
+        stall_timeout_seconds: a job whose trainer makes no optimizer step for this long (read from its pods'
+            metrics, components/jobs/progress.py; model loading and the steps-done tail not counted) is ended as a
+            retriable failure: re-run within ``job_restarts``, else deleted and raised. 0: not watched. The default
+            is the setting's, which the Prometheus stall alert uses too.
         on_created: called with each job as the API server returned it, as soon as it exists (created,
             re-attached, or created again for a re-run), so the caller can record its identity before the
             long wait.
@@ -90,7 +103,8 @@ def run_training_job(
     Raises:
         ValueError: an unknown kind, cleanup policy or a negative limit, before anything is created.
         RuntimeError: the job failed for a deterministic cause, or for a retriable one after ``job_restarts``
-            re-runs (the job's reason, the pod to blame, its container's end and its last log lines); a pod
+            re-runs (the job's reason, the pod to blame, its container's end and its last log lines); it stalled
+            after ``job_restarts`` re-runs (deleted; every pod's last lines); a pod
             cannot start (the container's or the scheduler's reason; the job is deleted to free what it
             holds); or a deletion for a re-run never finished.
         TimeoutError: ``timeout_seconds`` passed (the job is deleted).
@@ -103,6 +117,8 @@ def run_training_job(
         raise ValueError(f"job_restarts must be >= 0, got {job_restarts}")
     if pending_timeout_seconds < 0:
         raise ValueError(f"pending_timeout_seconds must be >= 0, got {pending_timeout_seconds}")
+    if stall_timeout_seconds < 0:
+        raise ValueError(f"stall_timeout_seconds must be >= 0, got {stall_timeout_seconds}")
     runner = CustomResourceRunner(
         manifest,
         kind.plural,
@@ -145,6 +161,17 @@ def run_training_job(
     unschedulable_since: dict = {}
     announce, state = True, None
     seen: dict = {}  # uid -> this job's pod as last seen: a pod deleted since still tells why it ended
+    progress = ProgressWatch(stall_timeout_seconds)
+
+    def rerun(used: int, cause: str) -> None:
+        """Delete the job (its pods first) and create it again under its name, counting the re-run."""
+        nonlocal announce, state, seen
+        print(f"re-running {what} (restart {used + 1}/{job_restarts}): {cause}", flush=True)
+        runner.delete("to create it again once its pods are gone", foreground=True)
+        runner.wait_until_gone()
+        create(used + 1)
+        announce, state, seen = True, None, {}
+        progress.reset()
 
     def poll(job: dict) -> dict | None:
         nonlocal announce, state, seen
@@ -185,15 +212,20 @@ def run_training_job(
             failure = classify_failure(failed, sorted(seen.values(), key=order), kind.container, logs.last_lines)
             used = _restarts(job)
             if failure.retriable and used < job_restarts:
-                print(f"re-running {what} (restart {used + 1}/{job_restarts}): {failure.cause}", flush=True)
-                runner.delete("to create it again once its pods are gone", foreground=True)
-                runner.wait_until_gone()
-                create(used + 1)
-                announce, state, seen = True, None, {}
+                rerun(used, failure.cause)
                 return None
             if cleanup == "always":
                 runner.delete(f"it failed (cleanup={cleanup})")
             raise RuntimeError(failure_report(what, failed, failure, rank0, logs.last_lines, used, job_restarts))
+        if stall := progress(pods):
+            # The logs were drained above: each pod's last lines are where its trainer went quiet.
+            tails, used = pod_tails(pods, logs.last_lines), _restarts(job)
+            if used < job_restarts:
+                print(f"{what} is stalled: {stall}\n{tails}", flush=True)
+                rerun(used, f"stalled: {stall}")
+                return None
+            runner.delete(f"it is stalled (whatever cleanup says: it holds its GPUs): {stall}")
+            raise RuntimeError(stall_report(what, stall, tails, used, job_restarts))
         if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
             runner.delete(why)
             raise RuntimeError(f"{what} cannot start: {why}")

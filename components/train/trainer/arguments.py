@@ -195,7 +195,7 @@ class SFTConfig(TrainingArguments):
         },
     )
     chunked_cross_entropy: bool = field(
-        default=False,
+        default=True,
         metadata={
             "help": (
                 "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "

@@ -4,9 +4,10 @@ The Trainer writes ``checkpoint-<step>/`` (weights, or under DeepSpeed only Deep
 ``CheckpointMixin``; optimizer, scheduler, RNG state per rank, trainer_state.json with the step). A pod
 can die half-way through that, leaving a folder that looks like a checkpoint but cannot be resumed from.
 So a checkpoint counts only once every rank has finished writing and rank 0 has written ``COMPLETE`` into
-it; resuming picks the newest complete one. A pod told to stop (SIGTERM) saves one first:
-``SaveOnSigtermCallback``. Which folders are complete is read by checkpoint_dirs.py (no torch: evaluation reads
-the run's log from the newest complete one too).
+it, with the size of every file it holds; resuming picks the newest complete one that is still readable (sizes as
+recorded, headers that parse: one with a file cut short since is skipped with a warning). A pod told to stop
+(SIGTERM) saves one first: ``SaveOnSigtermCallback``. Which folders are complete and readable is read by
+checkpoint_dirs.py (no torch: evaluation reads the run's log from the newest complete one too).
 """
 
 from __future__ import annotations
@@ -20,7 +21,13 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer, TrainerCallback
 
-from components.models.checkpoint_dirs import MARKER, latest_complete_checkpoint, prune_checkpoints
+from components.models.checkpoint_dirs import (
+    MARKER,
+    latest_complete_checkpoint,
+    prune_checkpoints,
+    unmark_newer,
+    write_marker,
+)
 
 log = logging.getLogger("sft.checkpoints")
 
@@ -41,7 +48,8 @@ EXIT_SIGTERM = 128 + signal.SIGTERM
 
 
 class CompleteMarkerCallback(TrainerCallback):
-    """After each save: wait for every rank, then rank 0 writes the marker and prunes to the last ``keep``.
+    """After each save: wait for every rank, then rank 0 writes the marker (with every file's size, read back
+    before a resume) and prunes to the last ``keep``.
 
     The Trainer's own rotation (``save_total_limit``) cannot tell complete from partial, so
     common.checkpoint_callbacks turns it off and hands the limit to this callback.
@@ -50,14 +58,28 @@ class CompleteMarkerCallback(TrainerCallback):
     def __init__(self, keep: int):
         self.keep = keep
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # A marked checkpoint newer than the step resumed from was skipped as unreadable: unmark it, so that it
+        # does not count as complete while the Trainer writes the same step's folder again over its files.
+        if state.is_world_process_zero:
+            for path in unmark_newer(args.output_dir, state.global_step):
+                log.warning("%s was skipped at resume as unreadable: unmarked, to be written again", path)
+        return control
+
     def on_save(self, args, state, control, **kwargs):
         if dist.is_available() and dist.is_initialized():
             dist.barrier()  # every rank's shards, optimizer and RNG files are on disk
         if state.is_world_process_zero:
             checkpoint = Path(args.output_dir, f"checkpoint-{state.global_step}")
-            (checkpoint / MARKER).write_text(f"step {state.global_step}\n")
+            sizes = write_marker(checkpoint, state.global_step)
             deleted = prune_checkpoints(args.output_dir, self.keep)
-            log.info("checkpoint %s complete%s", checkpoint, f"; deleted {deleted}" if deleted else "")
+            log.info(
+                "checkpoint %s complete (%d files, %.3g GB)%s",
+                checkpoint,
+                len(sizes),
+                sum(sizes.values()) / 1e9,
+                f"; deleted {deleted}" if deleted else "",
+            )
         return control
 
 

@@ -28,7 +28,7 @@ import os
 from typing import TYPE_CHECKING
 
 import torch
-from transformers import Trainer
+from transformers import PreTrainedModel, Trainer
 
 # transformers' loader of what save_pretrained(distributed_checkpoint=True) wrote, into a model already sharded the
 # same way: private in 5.23 (its public path, from_pretrained, builds a new model), pinned with the version.
@@ -79,7 +79,8 @@ class ShardedCheckpointMixin(_TrainerBase):
         if not self._writing_sharded_checkpoint:
             return super().save_model(output_dir, _internal_call)
         assert output_dir is not None  # the Trainer's checkpoint names its folder
-        self.model.save_pretrained(os.path.join(output_dir, MODEL_DIR), distributed_checkpoint=True)
+        model: PreTrainedModel = self.model  # type: ignore[assignment]  # sharded at load: the model itself
+        model.save_pretrained(os.path.join(output_dir, MODEL_DIR), distributed_checkpoint=True)
 
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model=None) -> None:
         if not self._sharded:
@@ -90,6 +91,7 @@ class ShardedCheckpointMixin(_TrainerBase):
         if not self._sharded or checkpoint is None:
             return super()._load_optimizer_and_scheduler(checkpoint)
         load_optimizer_distributed(self.model, self.optimizer, os.path.join(checkpoint, OPTIMIZER_DIR))
+        assert self.lr_scheduler is not None  # created with the optimizer, before the Trainer loads either
         self.lr_scheduler.load_state_dict(torch.load(os.path.join(checkpoint, SCHEDULER_NAME), weights_only=True))
 
 

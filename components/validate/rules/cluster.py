@@ -5,8 +5,19 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from components.names import DNS1123_SUBDOMAIN, name_error
+from components.names import DNS1123_SUBDOMAIN, image_error, label_key_error, label_value_error, name_error
 from components.settings import Settings
+
+# The GPUs one node of a product holds, by the nodes' nvidia.com/gpu.product label (GPU feature discovery names it
+# after nvidia-smi's product name): an HGX/DGX board's 8 SXM GPUs, a GB200/GB300 NVL72 compute tray's 4. A count
+# above it never schedules; other products are left to the preflight, which reads the nodes' allocatable GPUs.
+GPU_PRODUCT = "nvidia.com/gpu.product"
+GPUS_PER_NODE = (
+    (re.compile(r"GB[23]00"), 4, "a GB200/GB300 NVL72 compute tray"),
+    (re.compile(r"-SXM|-HBM3|^NVIDIA-(H200|B200|B300)$"), 8, "an HGX/DGX board"),
+)
+TOLERATION_OPERATORS = ("Exists", "Equal")
+TAINT_EFFECTS = ("", "NoSchedule", "PreferNoSchedule", "NoExecute")
 
 # Ports a training pod already listens on, which its metrics server would clash with: the training operator's
 # PyTorchJob master port (PytorchJobDefaultPort), the c10d rendezvous of elastic jobs and torchrun's default.
@@ -60,13 +71,63 @@ def network_warnings(s: Settings) -> list[str]:
     return out
 
 
+def placement_errors(s: Settings) -> list[str | None]:
+    """The GPU pods' image and placement as the API server and the scheduler take them: the trainer image in the
+    image reference grammar, node selector and toleration keys and values by the label rules, and (on a cluster)
+    no pod asking for more GPUs than a node of the selected product holds."""
+    c = s.cluster
+    errors = [image_error("trainer_image", c.trainer_image)]
+    for key, value in c.node_selector.items():
+        errors.append(label_key_error("node_selector", key) or label_value_error("node_selector", key, value))
+    for i, tol in enumerate(c.tolerations):
+        field = f"tolerations[{i}]"
+        if not isinstance(tol, dict):
+            errors.append(f'{field}={tol!r} is not an object, e.g. {{"key": "nvidia.com/gpu", "operator": "Exists"}}')
+            continue
+        operator = tol.get("operator", "Equal")
+        if operator not in TOLERATION_OPERATORS:
+            errors.append(f"{field}: operator {operator!r} is not one of {', '.join(TOLERATION_OPERATORS)}")
+        if tol.get("effect", "") not in TAINT_EFFECTS:
+            errors.append(f"{field}: effect {tol['effect']!r} is not one of {', '.join(TAINT_EFFECTS[1:])} (or empty)")
+        if tol.get("key", ""):  # an empty key with Exists tolerates every taint
+            errors.append(label_key_error(field, tol["key"]))
+        if operator == "Exists" and tol.get("value", ""):
+            errors.append(f"{field}: operator Exists takes no value (it is {tol['value']!r}); use Equal")
+        elif tol.get("value", "") and (problem := label_value_error(field, tol.get("key"), tol["value"])):
+            errors.append(problem)
+    if c.train_backend != "local":
+        errors += gpus_per_node_errors(s)
+    return errors
+
+
+def gpus_per_node_errors(s: Settings) -> list[str | None]:
+    """The GPU pods (training, evaluation, serving) that ask for more GPUs than a node of the product the node
+    selector names holds (``GPUS_PER_NODE``): such a pod stays Pending."""
+    product = s.cluster.node_selector.get(GPU_PRODUCT)
+    limit = next(((n, what) for pattern, n, what in GPUS_PER_NODE if pattern.search(str(product))), None)
+    if product is None or limit is None:
+        return []
+    most, what = limit
+    asked = [("gpus_per_node", s.cluster.gpus_per_node, "use more num_nodes"), ("eval_gpus", s.evaluate.eval_gpus, "")]
+    if s.deploy.deploy_backend.startswith("kserve"):
+        asked.append(("serving_gpus", s.deploy.serving_gpus, ""))
+    return [
+        f"{name}={count}: a node with {GPU_PRODUCT}={product} holds at most {most} GPUs ({what}), and a pod that asks "
+        f"for more never schedules; use {name} <= {most}" + (f" ({hint})" if hint else "")
+        for name, count, hint in asked
+        if count > most
+    ]
+
+
 def check_cluster_settings(s: Settings) -> list[str | None]:
-    """Claim, Secret, queue and priority-class names; scheduling options that go together; backend limits."""
+    """Claim, Secret, queue and priority-class names; scheduling options that go together; backend limits; the GPU
+    pods' image and placement."""
     c = s.cluster
     errors = [
         name_error("data_pvc", c.data_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
         name_error("model_pvc", c.model_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
         *check_network_settings(s),
+        *placement_errors(s),
     ]
     if c.hf_token_secret:
         errors.append(name_error("hf_token_secret", c.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))

@@ -1,8 +1,14 @@
-"""The data step's rules: sources, the sft stage's format and the held-out split."""
+"""The data step's rules: sources, the sft stage's format and the held-out split; and, for a local run, each local
+source's files and the columns of their first row against the stage's format and column mapping."""
 
 from __future__ import annotations
 
+import json
+
+from components.data.formats import check_columns, detect_format
+from components.data.peek import SourceError, first_columns, local_files
 from components.settings import Settings
+from components.stages import STAGE_DATA
 
 
 def check_data_settings(s: Settings) -> list[str | None]:
@@ -25,4 +31,73 @@ def check_data_settings(s: Settings) -> list[str | None]:
         )
     if d.eval_size <= 0 or (d.eval_size >= 1 and d.eval_size != int(d.eval_size)):
         errors.append(f"eval_size={d.eval_size} must be a fraction in (0, 1) or a whole number of conversations")
+    return errors + _claim_errors(s) + (_local_source_errors(s) if s.cluster.train_backend == "local" else [])
+
+
+def _stage_sources(s: Settings) -> dict[str, str]:
+    """Each source setting the run reads -> the stage whose format and column mapping its rows must fit: the sft
+    data always (evaluation scores its held-out split), eval_source with it, and each other stage's own."""
+    read = {"dataset_source": "sft", "eval_source": "sft"}
+    for stage in s.stages.stages:
+        read.setdefault(STAGE_DATA.get(stage, ("dataset_source",))[0], stage)
+    return read
+
+
+def _sources(value: str) -> list[str]:
+    return [x.strip() for x in value.split(",") if x.strip()]
+
+
+def _claim_errors(s: Settings) -> list[str | None]:
+    """pvc:// sources on the data claim: the only claim the data step mounts."""
+    values, claim = s.flat(), s.cluster.data_pvc
+    return [
+        f"{setting}={values[setting]!r}: {source!r} is on claim {source[6:].partition('/')[0]!r}, but the data step "
+        f"mounts only data_pvc={claim!r}; put the data on it, or set data_pvc to that claim"
+        for setting in _stage_sources(s)
+        for source in _sources(values[setting])
+        if source.startswith("pvc://") and source[6:].partition("/")[0] != claim
+    ]
+
+
+def _local_source_errors(s: Settings) -> list[str | None]:
+    """A local run reads its sources on this machine: each local path must name files, and the first row of each
+    source's first file must have the columns its column mapping names and its format needs (what the data step
+    would fail on a minute later, after loading the tokenizer). Hub ids, builtin: and pvc:// sources are the data
+    step's to read; the rows past the first are too (broken ones: max_bad_rows)."""
+    from components.data.run import COLUMN_MAPPINGS, stage_options
+
+    values = s.flat()
+    errors: list[str | None] = []
+    for setting, stage in _stage_sources(s).items():
+        names, fmt = stage_options(stage), STAGE_DATA[stage][1] or s.data.dataset_format
+        mapping = values[COLUMN_MAPPINGS[stage]] if stage in COLUMN_MAPPINGS else {}
+        for source in _sources(values[setting]):
+            if source.startswith(("builtin:", "pvc://", "hf://")):
+                continue
+            try:
+                files = local_files(source)
+                first = files[0] if isinstance(files, list) else None  # not a Hub id, nor a saved dataset
+                columns = first_columns(first) if first else None
+            except (SourceError, OSError) as e:
+                which = "" if values[setting].strip() == source else f"{source!r}: "
+                errors.append(f"{setting}={values[setting]!r}: {which}{str(e).removeprefix(f'source {source!r}: ')}")
+                continue
+            if first is None or columns is None:  # a Hub id, a saved dataset, a first line too long to peek at
+                continue
+            absent = {ours: theirs for ours, theirs in mapping.items() if theirs not in columns}
+            if absent:
+                ours, theirs = next(iter(absent.items()))
+                errors.append(
+                    f"{names.columns}={json.dumps(mapping)}: maps {ours!r} onto column {theirs!r}, which {first} "
+                    f"does not have (its first row's columns: {columns}); name one of them"
+                )
+                continue
+            renamed = [{theirs: ours for ours, theirs in mapping.items()}.get(c, c) for c in columns]
+            try:
+                if fmt == "auto":
+                    detect_format(renamed, f"{setting}: {first}", names)
+                else:
+                    check_columns(fmt, renamed, f"{setting}: {first}", names)
+            except ValueError as e:
+                errors.append(str(e))
     return errors

@@ -27,7 +27,47 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
         errors.append(
             "canary_traffic_percent needs deployment_mode=Knative (KServe splits traffic between Knative revisions)"
         )
-    return errors + _adapter_serving(s) + _variant_serving(s)
+    return errors + _tensor_parallel(s) + _adapter_serving(s) + _variant_serving(s)
+
+
+def tensor_parallel_sizes(heads: int, kv_heads: int, most: int = 8) -> list[int]:
+    """vLLM's tensor-parallel sizes up to ``most`` for a model of ``heads`` attention and ``kv_heads`` key-value
+    heads. vLLM refuses a size that does not divide the attention heads (``ModelConfig.verify_with_parallel_config``,
+    vllm/config/model.py: "Total number of attention heads (...) must be divisible by tensor parallel size"), and
+    ``QKVParallelLinear`` (vllm/model_executor/layers/linear.py) splits the key-value heads over the GPUs when there
+    are more heads than GPUs (``divide(total_num_kv_heads, tp_size)``) or replicates each on as many GPUs
+    (``divide(tp_size, total_num_kv_heads)``): ``divide`` asserts that the division is exact."""
+    return [
+        tp
+        for tp in range(1, most + 1)
+        if heads % tp == 0 and (kv_heads % tp == 0 if tp < kv_heads else tp % kv_heads == 0)
+    ]
+
+
+def _tensor_parallel(s: Settings) -> list[str | None]:
+    """serving_gpus is vLLM's tensor-parallel size (both KServe backends pass it): one it accepts for the model's
+    attention heads (``tensor_parallel_sizes``), when the model's config.json is known here."""
+    from components.models.shape import load_architecture
+
+    d, model = s.deploy, s.train.model_name_or_path
+    if not d.deploy_backend.startswith("kserve") or d.serving_gpus < 1:
+        return []
+    config = load_architecture(model)
+    if config is None or "num_attention_heads" not in config:
+        return []
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    if d.serving_gpus in tensor_parallel_sizes(heads, kv_heads, d.serving_gpus):
+        return []
+    sizes = ", ".join(map(str, tensor_parallel_sizes(heads, kv_heads)))
+    if heads % d.serving_gpus:
+        why = f"which must divide {model}'s {heads} attention heads"
+    else:
+        why = (
+            f"which must divide {model}'s {kv_heads} key-value heads or be a multiple of them (vLLM splits them "
+            "over the GPUs, or replicates each on as many)"
+        )
+    return [f"serving_gpus={d.serving_gpus} is vLLM's tensor-parallel size, {why}; use one of {sizes}"]
 
 
 def _adapter_serving(s: Settings) -> list[str | None]:

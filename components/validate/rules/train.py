@@ -100,7 +100,13 @@ def memory_errors(s: Settings) -> list[str]:
                 continue
             g = s.cluster.gpus_per_node
             est = hsdp_memory_gib(
-                model_shape(config), t.parallelism == "hsdp_ep", g, t.max_seq_length, t.per_device_train_batch_size
+                model_shape(config),
+                t.parallelism == "hsdp_ep",
+                g,
+                t.max_seq_length,
+                t.per_device_train_batch_size,
+                every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
+                chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
             )
             if est["total"] > s.cluster.gpu_memory_gib:
                 errors.append(

@@ -42,9 +42,14 @@ ONE_400G_LINK_PER_NODE = 50.0 / 8
 RDMA = {"rdma_resource": "rdma/ib", "rdma_per_pod": 8, "ipc_lock": True}
 
 
+# The micro-batch the worked examples below were computed at (the reference preset's before issue 28: 1 row x 4
+# micro-steps, the whole logits); the shipped 4 x 1 with the chunked loss has tests of its own.
+ONE_ROW = {"per_device_train_batch_size": 1, "gradient_accumulation_steps": 4, "chunked_cross_entropy": False}
+
+
 def _settings(preset: str, **over) -> dict:
     values = P.resolve(preset)
-    values.update({**RDMA, **over})
+    values.update({**RDMA, **(ONE_ROW if preset == FULL else {}), **over})
     return values
 
 
@@ -248,8 +253,8 @@ def test_plan_on_the_command_line_needs_no_cluster_gpu_or_download():
     assert result.returncode == 0, result.stderr
     assert seconds < 10  # 0.3 s on a laptop; loose for a loaded CI machine
     out = result.stdout
-    assert "ZeRO-3" in out and "3,060 tokens/s per GPU" in out and "bottleneck: compute" in out
-    assert "171.7 GB, 21.5 GB of it over the network" in out and "45.3 GiB per GPU of 80" in out
+    assert "ZeRO-3" in out and "3,065 tokens/s per GPU" in out and "bottleneck: compute" in out
+    assert "171.7 GB, 21.5 GB of it over the network" in out and "44.2 GiB per GPU of 80" in out
     assert "from the setting dataset_tokens_estimate" in out and "GPU-hours" in out
 
 
@@ -257,7 +262,7 @@ def test_plan_on_a_slow_network_names_the_link_and_a_faster_layout(tmp_path):
     stats = tmp_path / "stats.json"
     stats.write_text(json.dumps({"train": {"rows": 1000, "tokens": 4_000_000, "packing_efficiency": 1.0}}))
     network = ["-p", f"inter_node_gb_per_s={ONE_400G_LINK_PER_NODE}", "-p", "rdma_resource=rdma/ib"]
-    result, _ = _cli("--plan", str(stats), *network)
+    result, _ = _cli("--plan", str(stats), *network, *[f"-p{k}={v}" for k, v in ONE_ROW.items()])
     assert result.returncode == 0, result.stderr
     assert "bottleneck: inter-node link" in result.stdout and "the prepared dataset's statistics" in result.stdout
     assert "faster:   -p per_device_train_batch_size=4 -p gradient_accumulation_steps=1:" in result.stdout
@@ -284,7 +289,7 @@ def test_validate_inputs_logs_the_plan(cluster, caplog):
     assert "plan: full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8, 2 x 8 GPUs, ZeRO-3" in logged
     # The default requests no RDMA device: NCCL runs over TCP between nodes, and the logged plan says so.
     assert "over TCP on the pod network (no rdma_resource requested" in logged
-    assert "296 tokens/s per GPU, bottleneck: inter-node link" in logged
+    assert "1,182 tokens/s per GPU, bottleneck: inter-node link" in logged
 
 
 HSDP = {"parallelism": "hsdp", "deepspeed_config": "none"}
@@ -402,3 +407,19 @@ def test_the_chunked_loss_keeps_only_a_chunk_of_logits_in_the_fit():
     saved = (plain.memory_gib["activations"] - chunked.memory_gib["activations"]) * GIB
     assert saved == pytest.approx(10 * (16384 - 1024) * 151936, rel=1e-9)
     assert chunked.memory_gib["total"] < 46 and chunked.fits
+
+
+def test_the_reference_preset_runs_its_global_batch_as_one_micro_step_of_4_rows_with_the_chunked_loss():
+    """Issue 28: the presets take the largest micro-batch that fits with the same global batch. 64 sequences over 16
+    GPUs are 4 rows each: one micro-step of 4 x 4096 tokens, which fits an H100 with the chunked loss at 44.2 GiB
+    (65.9 with the whole logits), and moves each layer's ZeRO-3 gathers once per 4 rows instead of once per row."""
+    shipped = P.resolve(FULL)
+    p = plan({**shipped, **RDMA}, architecture(shipped["model_name_or_path"]))
+    assert (p.micro_batch, p.accumulation) == (4, 1) and p.micro_batch * p.accumulation * 16 == 64
+    assert p.runs and p.memory_gib["total"] == pytest.approx(44.2, abs=0.05)
+    whole = plan({**shipped, **RDMA, "chunked_cross_entropy": False}, architecture(shipped["model_name_or_path"]))
+    assert whole.memory_gib["total"] == pytest.approx(65.9, abs=0.05)
+    # Over TCP (no rdma_resource) the gathers are the step: a quarter of them per token, four times the tokens/s.
+    config = architecture(shipped["model_name_or_path"])
+    tcp, tcp_one_row = plan(shipped, config), plan({**shipped, **ONE_ROW}, config)
+    assert tcp.tokens_per_s_per_gpu > 3.9 * tcp_one_row.tokens_per_s_per_gpu

@@ -27,6 +27,7 @@ class StandInTrainer:
     """What export_final uses of the Hugging Face Trainer, on one process without DeepSpeed."""
 
     is_deepspeed_enabled = False
+    is_distributed_loading_by_transformers = False  # set by Trainer.__init__: a model sharded at load (hsdp)
 
     def __init__(self, model):
         self.model = model
