@@ -8,6 +8,7 @@ after a kill resumes from with the losses of an uninterrupted run; and export on
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -147,3 +148,50 @@ def test_hsdp_export_holds_one_layer_and_one_shard_on_rank_0(tmp_path):
     assert model > 2 * (layer + shard + report["slack_bytes"])  # holding the whole model could not pass
     assert report["peak_rss_delta_bytes"] < layer + shard + report["slack_bytes"], report
     assert report["shards"] > 1
+
+
+def _two_agents(config: str, port: int) -> None:
+    """The trainer as two nodes of 2 ranks each: two torchrun agents on this machine meeting at one rendezvous
+    (``LOCAL_WORLD_SIZE`` 2 of ``WORLD_SIZE`` 4: HSDP replicates over the two "nodes", dp_replicate_size 2)."""
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "2"]
+    cmd += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "two-nodes"]
+    cmd += ["-m", "components.train.trainer", "--config", config]
+    agents = [subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for agent in agents:
+        _, err = agent.communicate(timeout=600)
+        assert agent.returncode == 0, err[-3000:]
+
+
+def test_a_two_node_hsdp_run_resumes_from_shards_its_replicas_wrote_once(tmp_path):
+    """HSDP over 2 "nodes": the replicas of each shard are written once (DCP's planner), and a re-run from the step-2
+    checkpoint (the step-4 one removed, as if the job had died after step 2) ends as the uninterrupted run did."""
+    from components.deploy.local_server import free_port
+
+    model = netns_bytes.make_moe(tmp_path)
+    over = dict(
+        model_name_or_path=str(model),
+        parallelism="hsdp",
+        max_steps=4,
+        save_steps=2,
+        logging_steps=1,
+        gradient_accumulation_steps=2,
+        per_device_train_batch_size=1,
+    )
+    config = trainer_config(tmp_path, "two-nodes", **over)
+    out = tmp_path / "two-nodes"
+    _two_agents(config, free_port())
+    straight, weights = _logged_losses(out), _weights(tmp_path, "two-nodes")
+    # One file per rank; each holds half the model (its shard), written by one replica only.
+    files = sorted((out / "checkpoint-2" / "model").glob("shard-*.safetensors"))
+    total = sum(f.stat().st_size for f in files)
+    assert len(files) == 4 and total < 1.5 * sum(v.numel() * 4 for v in weights.values())
+
+    shutil.rmtree(out / "checkpoint-4")
+    shutil.rmtree(out / "final")
+    (out / "metrics.json").unlink()
+    _two_agents(config, free_port())
+    resumed = _logged_losses(out)
+    assert resumed.keys() == straight.keys() == {1, 2, 3, 4}
+    assert all(abs(resumed[s] - straight[s]) <= 1e-5 for s in straight), (straight, resumed)
+    again = _weights(tmp_path, "two-nodes")
+    assert all((again[k] - weights[k]).abs().max() <= 1e-5 for k in weights)
