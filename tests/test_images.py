@@ -46,3 +46,22 @@ def test_compiled_pipeline_uses_the_versioned_images():
     images = set(re.findall(r"^ +image: (\S+)$", text, re.M))
     assert images == {version.COMPONENTS_IMAGE}
     assert version.TRAINER_IMAGE in text  # the trainer_image parameter's default
+
+
+# What each report_to choice (components/settings.py) needs installed: transformers' integration imports these.
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb"}
+
+
+def test_every_report_to_choice_is_installed_in_the_trainer_image_by_its_extra():
+    """A cluster run with report_to=wandb used to fail in the pods: neither wandb nor mlflow was in the image."""
+    from components.settings import specs
+
+    choices = set(specs()["report_to"].choices)
+    assert choices == set(TRACKER_PACKAGES), "a report_to choice without its package here"
+    train = _pins(PYPROJECT["project"]["optional-dependencies"]["train"])
+    assert {TRACKER_PACKAGES[c] for c in choices} <= set(train), train
+    trainer = (ROOT / "images" / "trainer" / "Dockerfile").read_text()
+    assert 'pip install ".[train]"' in trainer
+    smoke = re.search(r'python -c "import ([^"]+)"', trainer).group(1)
+    imported = {name.strip() for name in smoke.split(",")}
+    assert {"tensorboard", "mlflow", "wandb"} <= imported, imported  # the image's build proves they import

@@ -13,6 +13,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 from pathlib import Path
 
@@ -34,6 +35,7 @@ from components.validate.preflight import (
     POD_ACCESS,
     SEARCH_ACCESS,
     TENSORBOARD_ACCESS,
+    TENSORBOARD_SERVER_ACCESS,
     preflight,
 )
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -180,6 +182,11 @@ def scripted_runs() -> set[tuple]:
                 tensorboard.tensorboard_manifest("tb-1", NS, "llm-models", RUN_ID), api_client=api.client
             )
         needed |= {rule_for(r.method, r.path) for r in api.requests}
+    with FakeKubeAPI() as api, tempfile.TemporaryDirectory() as root:  # no controller: a Deployment and a Service
+        board = tensorboard.tensorboard_manifest("tb-1", NS, "llm-models", RUN_ID)
+        tensorboard.ensure_tensorboard(board, api_client=api.client, model_root=root)
+        tensorboard.remove_servers(root, RUN_ID, api_client=api.client)  # the exit handler
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
     for train in ("pytorchjob", "trainjob"):
         with FakeKubeAPI() as api:
             assert (
@@ -255,15 +262,24 @@ def test_role_grants_exactly_what_the_code_calls(needed_rules):
     assert granted(role, True) == {r for r in needed_rules if r[0]}
 
 
-def test_cluster_role_grants_only_listing_nodes(needed_rules):
+def test_cluster_role_grants_only_listing_nodes_and_training_runtimes(needed_rules):
     (cluster_role,) = resources("ClusterRole")
-    assert granted(cluster_role, False) == {r for r in needed_rules if not r[0]} == {(False, "", "nodes", "list")}
+    assert (
+        granted(cluster_role, False)
+        == {r for r in needed_rules if not r[0]}
+        == {(False, "", "nodes", "list"), (False, "trainer.kubeflow.org", "clustertrainingruntimes", "list")}
+    )
 
 
-def test_secret_access_is_limited_to_the_token_alert_and_langfuse_secrets():
+def test_secret_access_is_limited_to_the_token_alert_langfuse_and_tracking_secrets():
     (role,) = resources("Role")
     (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
-    assert rule["resourceNames"] == [PARAMS["hf_token_secret"], PARAMS["alert_webhook_secret"], "llm-langfuse"]
+    assert rule["resourceNames"] == [
+        PARAMS["hf_token_secret"],
+        PARAMS["alert_webhook_secret"],
+        "llm-langfuse",
+        "llm-tracking",
+    ]
     assert rule["verbs"] == ["get"]
 
 
@@ -277,6 +293,7 @@ def test_preflight_reviews_what_the_role_grants_to_the_runner():
             *POD_ACCESS,
             *DEPLOYER_ACCESS,
             *TENSORBOARD_ACCESS,
+            *TENSORBOARD_SERVER_ACCESS,
             *SEARCH_ACCESS,
         ]
     }
@@ -326,6 +343,7 @@ def test_parameters_reach_every_resource(tmp_path):
         ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf"),
         ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts"),
         ("langfuseSecret: llm-langfuse", "langfuseSecret: team-langfuse"),
+        ("trackingSecret: llm-tracking", "trackingSecret: team-tracking"),
     ]:
         assert old in text
         text = text.replace(old, new)
@@ -339,7 +357,7 @@ def test_parameters_reach_every_resource(tmp_path):
     ]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
     (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
-    assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse"]
+    assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse", "team-tracking"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
     cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}
     assert cluster["ClusterRoleBinding"]["subjects"] == [

@@ -2,17 +2,20 @@
 
     python -m components.data.prepare --source SRC [--source SRC2 ...] --tokenizer PATH_OR_ID --out DIR \\
         [--format auto|messages|sharegpt|alpaca|prompt_completion|text|preference] [--max-seq-length N] \\
-        [--eval-size N_OR_FRACTION] [--num-proc N]
+        [--eval-size N_OR_FRACTION] [--num-proc N] [--over-length drop|truncate|chunk] [--chunk-overlap N] \\
+        [--near-dedup-threshold J]
 
 Three stages, one module each:
 
 - reading (:mod:`components.data.reading`): every source (:mod:`components.data.sources`) to one
   canonical form (:mod:`components.data.formats`, Unicode NFC); rows with nothing to learn and exact
-  duplicates dropped (counted per reason); each row keyed for a train/eval split by a seeded hash (stable
+  duplicates dropped (counted per reason), and near-duplicates with ``near_dedup_threshold``
+  (:mod:`components.data.near_dedup`); each row keyed for a train/eval split by a seeded hash (stable
   across runs and machines), or eval taken from its own source;
 - tokenizing (:mod:`components.data.tokenizing`): chat rows rendered with the model's chat template and
   only assistant tokens labelled (-100 elsewhere; ``text`` rows learn every token), tokenized in batches
-  with ``num_proc`` workers, and packed into rows of exactly ``max_seq_length`` tokens
+  with ``num_proc`` workers, long text documents cut into chunks (``over_length="chunk"``), and packed into
+  rows of exactly ``max_seq_length`` tokens
   (:mod:`components.models.packing`);
 - caching (:mod:`components.data.caching`): with ``cache_dir``, the result is kept under a fingerprint of
   sources + tokenizer + template + options, and a run with unchanged inputs reuses it instead of redoing
@@ -37,10 +40,10 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from components.data import caching, formats, reading, tokenizing
+from components.data import caching, formats, near_dedup, reading, tokenizing
 from components.data.formats import COMMAND_LINE, DataError, Options
 from components.data.report import length_histogram
-from components.data.tokenizing import OVER_LENGTH
+from components.data.tokenizing import CHUNK, OVER_LENGTH
 from components.models.hub import resolve_model
 
 __all__ = ["DataError", "prepare", "main"]
@@ -71,6 +74,8 @@ def prepare(
     max_bad_rows: int = 0,
     pvc_mounts: dict | None = None,
     cache_dir: str | None = None,
+    chunk_overlap: int = 0,
+    near_dedup_threshold: float = 0.0,
     names: Options = COMMAND_LINE,
 ) -> dict:
     """Prepare ``source`` with ``tokenizer`` into ``out_dir``; return the stats written to stats.json.
@@ -79,7 +84,7 @@ def prepare(
         source: one source string or a list of them (see :mod:`components.data.sources`).
         tokenizer: a tokenizer folder or Hub id; chat data needs a chat template (its own or ``chat_template``).
         out_dir: where the DatasetDict (train, eval) and stats.json go; replaced only when complete.
-        max_seq_length: the packed row length; longer examples are dropped or truncated (``over_length``).
+        max_seq_length: the packed row length; longer examples are dropped, truncated or chunked (``over_length``).
         eval_size: a fraction (< 1) or a number of rows (>= 1) held out for evaluation; ignored with ``eval_source``.
         seed: seeds the train/eval split.
         format: ``auto`` (detected per source from its columns) or one of :data:`formats.FORMATS`.
@@ -87,13 +92,18 @@ def prepare(
         eval_source: source(s) for the eval split instead of a held-out part of ``source``.
         packing: pack into rows of exactly ``max_seq_length`` with restarting ``position_ids``; when off,
             one example per row (``input_ids``, ``labels``).
-        over_length: ``drop`` or ``truncate`` examples longer than ``max_seq_length``.
+        over_length: ``drop`` or ``truncate`` examples longer than ``max_seq_length``, or (text rows only)
+            ``chunk`` them: consecutive chunks of ``max_seq_length`` tokens, each one a training example.
         num_proc: tokenizer worker processes.
         chat_template: a Jinja file or template text that replaces the tokenizer's chat template.
         enable_thinking: passed to the chat template (Qwen3's thinking switch); ``None`` leaves its default.
         max_bad_rows: skip up to this many unparseable / invalid UTF-8 / unknown-role rows (counted) instead of failing.
         pvc_mounts: claim name -> mount path, to resolve ``pvc://claim/path`` sources.
         cache_dir: keep results here under their fingerprint and reuse them when inputs are unchanged.
+        chunk_overlap: with ``over_length="chunk"``, tokens each chunk repeats from the end of the one before it, as
+            context (labels -100: each token is learned once); below ``max_seq_length``.
+        near_dedup_threshold: drop rows whose estimated Jaccard similarity to an earlier row (MinHash LSH over word
+            5-grams) is at least this, in (0, 1]; 0: off.
         names: what errors call the options: this command's flags (the default), or a pipeline stage's settings
             (components/data/run.py).
     """
@@ -102,6 +112,7 @@ def prepare(
     eval_list = [eval_source] if isinstance(eval_source, str) else list(eval_source or [])
     columns, pvc_mounts = dict(columns or {}), dict(pvc_mounts or {})
     _check_options(format, columns, over_length, max_seq_length, eval_size, eval_list, num_proc, max_bad_rows)
+    _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup_threshold)
     tok = tokenizing.load_tokenizer(tokenizer, chat_template)
     template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     resolved = reading.resolve_sources(source_list + eval_list, pvc_mounts)
@@ -115,6 +126,8 @@ def prepare(
         "seed": seed,
         "packing": packing,
         "over_length": over_length,
+        "chunk_overlap": chunk_overlap,
+        "near_dedup_threshold": near_dedup_threshold,
         "template_kwargs": template_kwargs,
     }
     key = caching.fingerprint(resolved, tok, options) if cache_dir else None
@@ -144,6 +157,8 @@ def prepare(
                 max_bad_rows,
                 pvc_mounts,
                 names,
+                chunk_overlap=chunk_overlap,
+                near_dedup_threshold=near_dedup_threshold,
             )
             stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
         # Unlink first: on a cache hit the file is a hard link to the cached copy, which must not change.
@@ -179,8 +194,8 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
         for k in columns
         if k not in known
     ]
-    if over_length not in OVER_LENGTH:
-        problems.append(f"over_length {over_length!r}: use {' or '.join(OVER_LENGTH)}")
+    if over_length not in (*OVER_LENGTH, CHUNK):
+        problems.append(f"over_length {over_length!r}: use {' or '.join(OVER_LENGTH)}, or {CHUNK} for text rows")
     if max_seq_length < 2:
         problems.append(f"max_seq_length {max_seq_length}: must be at least 2")
     if not eval_list and eval_size <= 0:
@@ -191,6 +206,18 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
         problems.append(f"num_proc {num_proc}: must be at least 1")
     if max_bad_rows < 0:
         problems.append(f"max_bad_rows {max_bad_rows}: must be >= 0")
+    if problems:
+        raise DataError("; ".join(problems))
+
+
+def _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup_threshold) -> None:
+    problems = []
+    if chunk_overlap and over_length != CHUNK:
+        problems.append(f"chunk_overlap {chunk_overlap}: only over_length {CHUNK!r} makes chunks to overlap")
+    if not 0 <= chunk_overlap < max_seq_length:
+        problems.append(f"chunk_overlap {chunk_overlap}: must be >= 0 and below max_seq_length ({max_seq_length})")
+    if near_dedup_threshold and not 0 < near_dedup_threshold <= 1:
+        problems.append(f"near_dedup_threshold {near_dedup_threshold}: must be in (0, 1], or 0 (off)")
     if problems:
         raise DataError("; ".join(problems))
 
@@ -212,6 +239,9 @@ def _build(
     max_bad_rows,
     pvc_mounts,
     names: Options = COMMAND_LINE,
+    *,
+    chunk_overlap: int = 0,
+    near_dedup_threshold: float = 0.0,
 ) -> dict:
     work = tmp / "_work"
     work.mkdir()
@@ -228,21 +258,32 @@ def _build(
     )
     if kind not in TEXT_KINDS:
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
+    if over_length == CHUNK and kind != "text":
+        raise DataError(f"over_length {CHUNK!r} cuts text rows (the cpt stage's); {kind} rows are dropped or truncated")
     canonical = datasets.Dataset.from_file(str(work / "canonical.arrow"))
     if eval_list:
         eval_rows = datasets.Dataset.from_file(str(work / "canonical_eval.arrow"))
         canonical = datasets.concatenate_datasets([canonical, eval_rows])
+    near_dedup_seconds = None
+    if near_dedup_threshold:
+        near_started = time.time()
+        near = near_dedup.near_duplicates(canonical, near_dedup_threshold)
+        near_dedup_seconds = round(time.time() - near_started, 2)
+        counts["dropped"]["near_duplicate"] = int(near.sum())
+        if near.any():
+            n_rows -= int(near[:n_rows].sum())
+            kept_rows = canonical.select(np.flatnonzero(~near))
+            canonical = kept_rows.flatten_indices(cache_file_name=str(work / "near_deduplicated.arrow"))
+    if eval_list:
         is_eval = np.arange(len(canonical)) >= n_rows
     else:
         n_eval = round(eval_size * n_rows) if eval_size < 1 else int(eval_size)
         if not 0 < n_eval < n_rows:
-            duplicates = counts["dropped"].get("duplicate", 0)
-            # Rows are counted after exact duplicates are dropped: say so when that is why there are few.
-            deduplicated = (
-                f" ({counts['rows_in']} rows read, {duplicates} of them exact duplicates of another, dropped)"
-                if duplicates
-                else ""
-            )
+            duplicates, near = counts["dropped"].get("duplicate", 0), counts["dropped"].get("near_duplicate", 0)
+            # Rows are counted after duplicates are dropped: say so when that is why there are few.
+            which = [f"{duplicates} of them exact duplicates of another"] if duplicates else []
+            which += [f"{near} near-duplicates (near_dedup_threshold)"] if near else []
+            deduplicated = f" ({counts['rows_in']} rows read, {' and '.join(which)}, dropped)" if which else ""
             raise DataError(
                 f"{names.set('eval_size', eval_size)} gives {n_eval} eval rows out of {n_rows}{deduplicated}; "
                 f"it must leave at least one for each split (change {names.eval_size}, or add data)"
@@ -262,6 +303,8 @@ def _build(
         "max_seq_length": max_seq_length,
         "packing": packing and kind not in TEXT_KINDS,
     }
+    if near_dedup_seconds is not None:
+        stats.update(near_dedup_threshold=near_dedup_threshold, near_dedup_seconds=near_dedup_seconds)
 
     if kind in TEXT_KINDS:  # kept as text for the trainer (TRL tokenizes it): nothing to tokenize or pack
         ds = datasets.DatasetDict(
@@ -285,10 +328,16 @@ def _build(
         num_proc=num_proc,
         template_kwargs=template_kwargs,
         work=work,
+        chunk_overlap=chunk_overlap,
     )
     lengths, label_tokens = _column(tokenized, "length"), _column(tokenized, "label_tokens")
     keep, stats["truncated"], dropped = tokenizing.over_length_mask(lengths, label_tokens, max_seq_length, over_length)
     stats["dropped"].update(dropped)
+    if over_length == CHUNK:  # rows are chunks now: each goes to its document's split
+        is_eval = is_eval[_column(tokenized, "doc")]
+        chunk = _column(tokenized, "chunk")
+        chunked = int((chunk == 1).sum())
+        stats.update(chunk_overlap=chunk_overlap, chunked_documents=chunked, chunks=int((chunk >= 1).sum()) + chunked)
     fitted = np.minimum(lengths, max_seq_length)
     stats["length_histogram"] = length_histogram(lengths)
 
@@ -358,7 +407,19 @@ def main(argv: list[str] | None = None) -> int:
         help="map a source column onto the name a format reads, e.g. messages=dialog (repeatable)",
     )
     p.add_argument("--max-seq-length", type=int, default=2048, help="packed row length; longer examples are dropped")
-    p.add_argument("--over-length", choices=OVER_LENGTH, default="drop")
+    p.add_argument(
+        "--over-length",
+        choices=(*OVER_LENGTH, CHUNK),
+        default="drop",
+        help="examples longer than --max-seq-length: drop, truncate, or chunk (text: consecutive chunks, each learned)",
+    )
+    p.add_argument("--chunk-overlap", type=int, default=0, help="with chunk: tokens repeated as context (unlabelled)")
+    p.add_argument(
+        "--near-dedup-threshold",
+        type=float,
+        default=0.0,
+        help="drop rows at least this similar (MinHash Jaccard, in (0, 1]) to an earlier row; 0: off",
+    )
     p.add_argument("--eval-size", type=float, default=0.05, help="fraction (<1) or count (>=1)")
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--num-proc", type=int, default=1, help="tokenizer worker processes")
@@ -398,6 +459,8 @@ def main(argv: list[str] | None = None) -> int:
             max_bad_rows=args.max_bad_rows,
             pvc_mounts=_mapping(args.pvc_mount, "--pvc-mount"),
             cache_dir=args.data_cache,
+            chunk_overlap=args.chunk_overlap,
+            near_dedup_threshold=args.near_dedup_threshold,
         )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -26,13 +26,23 @@ def markdown(stats: dict) -> str:
     lines = [f"# Prepared dataset ({stats['format']})", ""]
     if stats.get("cache_hit"):
         lines += [f"Reused the cached result for fingerprint `{stats['fingerprint'][:16]}` (inputs unchanged).", ""]
-    # Rows read, minus every drop (cleaning, duplicates, then over-length after tokenizing), are the examples kept.
-    kept = stats["train"]["examples"] + stats["eval"]["examples"]
+    # Rows read, minus every drop (cleaning, duplicates, then over-length after tokenizing), are the examples kept;
+    # a chunked document is one row read and several examples (its chunks).
+    chunks, chunked = stats.get("chunks", 0), stats.get("chunked_documents", 0)
+    kept = stats["train"]["examples"] + stats["eval"]["examples"] - chunks + chunked
     lines += ["| | examples |", "|---|---:|", f"| read | {stats['rows_in']} |"]
     lines += [f"| dropped: {reason} | {n} |" for reason, n in sorted(stats["dropped"].items()) if n]
-    lines += [f"| **kept** (train + eval examples) | **{kept}** |"]
+    lines += [f"| **kept** (train + eval {'documents' if 'chunks' in stats else 'examples'}) | **{kept}** |"]
     if stats["truncated"]:
         lines += [f"| of which truncated to max_seq_length | {stats['truncated']} |"]
+    if "near_dedup_seconds" in stats:
+        lines += [
+            f"| near-duplicate search (threshold {stats['near_dedup_threshold']}) | "
+            f"{stats['dropped'].get('near_duplicate', 0)} dropped in {stats['near_dedup_seconds']} s |"
+        ]
+    if chunked:
+        overlap = f", {stats['chunk_overlap']} tokens of overlap" if stats.get("chunk_overlap") else ""
+        lines += [f"| of which cut into max_seq_length chunks{overlap} | {chunked} (-> {chunks} chunks) |"]
     lines.append("")
     lines += [
         "| split | examples | rows | tokens | label tokens | packing efficiency |",

@@ -91,7 +91,10 @@ def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: st
         columns={"sft": s.data.column_mapping, "grpo": s.stages.grpo_column_mapping}.get(stage, {}),
         eval_source=_sources(eval_source) or None,
         packing=s.data.packing,
-        over_length=s.data.over_length,
+        # cpt trains on whole books and manuals: a long document is cut into chunks, not dropped or truncated.
+        over_length="chunk" if stage == "cpt" else s.data.over_length,
+        chunk_overlap=s.data.cpt_chunk_overlap if stage == "cpt" else 0,
+        near_dedup_threshold=s.data.near_dedup_threshold,
         num_proc=s.data.num_proc,
         max_bad_rows=s.data.max_bad_rows,
         pvc_mounts={data_pvc: data_root},

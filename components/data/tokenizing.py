@@ -3,7 +3,8 @@
 Chat rows are rendered with the model's chat template and only assistant tokens are labelled (-100
 elsewhere, so the model learns to answer, not to ask); ``text`` rows learn every token. Rows are tokenized
 in batches with ``num_proc`` workers; examples longer than ``max_seq_length`` are dropped or truncated
-(``OVER_LENGTH``), and each split is packed into rows of exactly ``max_seq_length`` tokens
+(``OVER_LENGTH``), or, for text (the cpt stage: books, manuals), cut into consecutive chunks of ``max_seq_length``
+tokens (``CHUNK``), and each split is packed into rows of exactly ``max_seq_length`` tokens
 (:mod:`components.models.packing`) or kept one example per row.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import datasets
@@ -25,8 +27,10 @@ from components.models.packing import IGNORE_INDEX, packed_batches
 
 log = logging.getLogger("prepare_dataset")
 
-# What happens to an example longer than max_seq_length: dropped (counted), or cut to fit.
+# What happens to an example longer than max_seq_length: dropped (counted), or cut to fit (the over_length setting).
 OVER_LENGTH = ("drop", "truncate")
+# Or, for text rows, cut into consecutive chunks that each fit: what the cpt stage does (components/data/run.py).
+CHUNK = "chunk"
 
 
 def load_tokenizer(name_or_path: str, chat_template: str | None = None):
@@ -104,6 +108,36 @@ def tokenize_batch(
     return out
 
 
+def chunk_text_batch(batch: dict, indices: list[int], tokenizer, max_seq_length: int, overlap: int) -> dict:
+    """``datasets.map`` function (``with_indices``) for text: each document tokenized with its EOS and cut into
+    consecutive chunks of at most ``max_seq_length`` tokens, each after the first starting ``overlap`` tokens before
+    the previous one's end (a document that fits is one chunk, as it is).
+
+    The repeated tokens are context for the chunk's first new token, not targets: they are labelled -100, so every
+    token of the document is a label exactly once (an epoch weighs each token once, and the loss counts each once).
+    Returns ``input_ids``, ``labels``, ``length`` and ``label_tokens`` per chunk, as :func:`tokenize_batch` does per
+    example, plus ``doc`` (the document's row: a document's chunks stay in its split) and ``chunk`` (0, 1, ...).
+    """
+    eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+    encoded = tokenizer(batch["text"], add_special_tokens=False)["input_ids"]
+    stride = max_seq_length - overlap
+    out: dict[str, list] = {"input_ids": [], "labels": [], "length": [], "label_tokens": [], "doc": [], "chunk": []}
+    for doc, ids in zip(indices, encoded, strict=True):
+        ids = ids + eos
+        n_chunks = 1 if len(ids) <= max_seq_length else 1 + -(-(len(ids) - max_seq_length) // stride)
+        for i in range(n_chunks):
+            start = i * stride
+            chunk = ids[start : start + max_seq_length]
+            context = overlap if i else 0
+            out["input_ids"].append(chunk)
+            out["labels"].append([IGNORE_INDEX] * context + chunk[context:])
+            out["length"].append(len(chunk))
+            out["label_tokens"].append(len(chunk) - context)
+            out["doc"].append(doc)
+            out["chunk"].append(i)
+    return out
+
+
 def _token_at(enc, row: int, char: int, text: str, n_tokens: int) -> int:
     """The first token that covers ``text[char:]`` (``n_tokens`` at the end of the text)."""
     while char < len(text):
@@ -152,24 +186,34 @@ def tokenize(
     num_proc: int,
     template_kwargs: dict,
     work: Path,
+    chunk_overlap: int = 0,
 ):
-    """``canonical`` tokenized and labelled by :func:`tokenize_batch`, cached in ``work`` (a ``datasets.Dataset``)."""
+    """``canonical`` tokenized and labelled by :func:`tokenize_batch`, cached in ``work`` (a ``datasets.Dataset``);
+    with ``over_length`` ``CHUNK``, text cut into chunks by :func:`chunk_text_batch` (``chunk_overlap`` tokens)."""
     log.info("tokenizing %d rows with %d process(es)", len(canonical), num_proc)
+    function: Callable[..., dict]
+    if over_length == CHUNK:
+        function, with_indices = chunk_text_batch, True
+        fn_kwargs = {"tokenizer": tok, "max_seq_length": max_seq_length, "overlap": chunk_overlap}
+    else:
+        function, with_indices = tokenize_batch, False
+        fn_kwargs = {
+            "tokenizer": tok,
+            "kind": kind,
+            "max_seq_length": max_seq_length,
+            "truncate": over_length == "truncate",
+            "template_kwargs": template_kwargs,
+        }
     return canonical.map(
-        tokenize_batch,
+        function,
+        with_indices=with_indices,
         batched=True,
         batch_size=sources.BATCH_ROWS,
         num_proc=num_proc if num_proc > 1 else None,
         remove_columns=canonical.column_names,
         cache_file_name=str(work / "tokenized.arrow"),
         new_fingerprint=hashlib.sha256(str(work).encode()).hexdigest()[:16],
-        fn_kwargs={
-            "tokenizer": tok,
-            "kind": kind,
-            "max_seq_length": max_seq_length,
-            "truncate": over_length == "truncate",
-            "template_kwargs": template_kwargs,
-        },
+        fn_kwargs=fn_kwargs,
         desc="tokenize",
     )
 
@@ -182,6 +226,8 @@ def over_length_mask(
     ``lengths`` are counted before truncation, ``label_tokens`` after it.
     """
     over = lengths > max_seq_length
+    if over_length == CHUNK:  # every chunk fits
+        return ~over, 0, {}
     if over_length == "drop":
         return ~over, 0, {"over_length": int(over.sum())}
     keep = label_tokens > 0  # truncation can cut away every assistant token

@@ -27,7 +27,11 @@ def deploy_model(
     Then the server must reproduce evaluate_model's ``serving_check.json`` (beside the model folder): per-token
     log-probabilities of a few held-out rows within 0.05 nats on average and the greedy first tokens
     (components/models/logprobs.py; ``local`` compares the greedy answers only); otherwise the service is rolled
-    back (local: the server is stopped) and the step fails.
+    back (local: the server is stopped) and the step fails. Last, each server's latency: time to first token and
+    output tokens/s of 4 concurrent streamed chat completions (components/deploy/smoke.py), reported in ``served``
+    and gated on ``max_ttft_seconds`` / ``min_output_tokens_per_second`` (0: not gated; too slow: rolled back too).
+    The InferenceService's replicas: ``min_replicas``..``max_replicas``, scaled on ``scale_metric`` to
+    ``scale_target`` (Standard: an HPA on cpu or memory; Knative: concurrency or rps).
 
     Several models (components/deploy/plan.py): each full fine-tune (or merged LoRA) its own InferenceService
     ``<serving_name>-<variant>``; the LoRA adapters of one base (``merge_lora=false``) one vLLM service with the
@@ -47,7 +51,9 @@ def deploy_model(
         endpoint: the OpenAI-compatible base URL of the served (best) model.
         served_model_name: the model name to put in requests for it.
         smoke_reply: its smoke test's answer (proof the server generates).
-        served: every served name: ``{"variant", "served_model_name", "endpoint", "smoke_reply"}``.
+        served: every served name: ``{"variant", "served_model_name", "endpoint", "smoke_reply", "latency"}``;
+            ``latency``: its server's ``ttft_seconds_p50``, ``ttft_seconds_max``, ``output_tokens_per_second``,
+            ``output_tokens``, ``seconds``, ``requests``, ``max_tokens`` (or ``error`` when not measured).
     """
     from collections import namedtuple
 

@@ -20,6 +20,12 @@ Deployment modes (annotation ``serving.kserve.io/deploymentMode``): ``Standard``
 and HPA; KServe's default, formerly RawDeployment) and ``Knative`` (a Knative Service, formerly
 Serverless; revisions, so ``canaryTrafficPercent`` can send part of the traffic to the new model while the
 previous one keeps the rest). KServe cannot switch an existing service between modes.
+
+Replicas: the predictor's ``minReplicas``/``maxReplicas`` bound the autoscaler, ``scaleMetric``/``scaleTarget`` say
+what it watches. In Standard mode KServe's autoscaler is a HorizontalPodAutoscaler (annotation
+``serving.kserve.io/autoscalerClass: hpa``), which scales on ``cpu`` or ``memory`` (utilisation in % of the
+requests); in Knative mode it is Knative's, which scales on ``concurrency`` or ``rps`` and to zero with
+``minReplicas: 0`` (SCALE_METRICS).
 """
 
 from __future__ import annotations
@@ -33,8 +39,8 @@ from dataclasses import dataclass
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from components.deploy.plan import lora_args
-from components.deploy.smoke import chat_completion
+from components.deploy.plan import SCALE_METRICS, lora_args
+from components.deploy.smoke import TooSlow, chat_completion, check_latency, describe_latency
 from components.kube import DNS1035_LABEL, RUN_ID_LABEL, CustomResourceRunner, call_api, unstartable_pod_reason
 from components.models.logprobs import ServingMismatch, check_server
 from components.paths import MODEL_MOUNT, pvc_uri
@@ -67,6 +73,7 @@ ADAPTER_VOLUME = "adapters"
 PROGRESS_SECONDS = 60.0
 PREDICTOR_CONTAINER = "kserve-container"
 PROGRESS_LOG_LINES = 3
+AUTOSCALER_CLASS_ANNOTATION = "serving.kserve.io/autoscalerClass"
 # A Hugging Face Hub id (owner/name), as KServe's hf:// storage URIs take it.
 HUB_ID = re.compile(r"^[A-Za-z0-9][-\w.]*/[-\w.]+$")
 
@@ -123,6 +130,10 @@ def build_inference_service(
     lora_modules: list[tuple[str, str]] | None = None,
     max_lora_rank: int = 16,
     adapter_claim: str = "",
+    min_replicas: int = 1,
+    max_replicas: int = 1,
+    scale_metric: str = "auto",
+    scale_target: int = 0,
 ) -> dict:
     """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
 
@@ -145,10 +156,16 @@ def build_inference_service(
             adapter served beside the base model ``storage_uri`` names (``lora_args``).
         max_lora_rank: vLLM's ``--max-lora-rank`` with ``lora_modules``.
         adapter_claim: the claim the adapters are on, mounted read-only at ``ADAPTER_MOUNT`` with ``lora_modules``.
+        min_replicas: fewest predictor replicas (0, scale to zero: Knative only).
+        max_replicas: most predictor replicas the autoscaler may run (>= ``min_replicas``); above ``min_replicas``
+            in Standard mode the HPA autoscaler class is named explicitly.
+        scale_metric: what the autoscaler scales on, one of the mode's ``SCALE_METRICS``; ``auto`` for KServe's
+            default (cpu in Standard mode, concurrency in Knative).
+        scale_target: the metric's target per replica; 0 for KServe's default.
 
     Raises:
         ValueError: naming the field, for a bad name, runtime, GPU count, length, storage URI, deployment
-            mode or canary percentage.
+            mode, canary percentage, replica bounds or scale metric.
     """
     if not DNS1035_LABEL.match(name) or len(name) > 63:
         raise ValueError(
@@ -183,9 +200,24 @@ def build_inference_service(
         )
     if lora_modules and not adapter_claim:
         raise ValueError("lora_modules need adapter_claim: the claim the adapters are on")
+    if min_replicas < (0 if deployment_mode == "Knative" else 1):
+        raise ValueError(
+            f"min_replicas must be >= 1 in {deployment_mode} mode (0, scale to zero, needs Knative), got {min_replicas}"
+        )
+    if max_replicas < max(min_replicas, 1):
+        raise ValueError(f"max_replicas ({max_replicas}) must be >= min_replicas ({min_replicas}) and >= 1")
+    if scale_metric != "auto" and scale_metric not in SCALE_METRICS[deployment_mode]:
+        raise ValueError(
+            f"scale_metric {scale_metric!r} is not 'auto' or one of {list(SCALE_METRICS[deployment_mode])}, what "
+            f"KServe's {deployment_mode} mode autoscales on"
+        )
+    if scale_target < 0:
+        raise ValueError(f"scale_target must be >= 0 (0: KServe's default), got {scale_target}")
     rt = RUNTIMES[runtime]
     resources = {"cpu": str(CPU_PER_GPU * gpus), "memory": f"{MEMORY_GI_PER_GPU * gpus}Gi", "nvidia.com/gpu": str(gpus)}
     predictor: dict = {
+        "minReplicas": min_replicas,
+        "maxReplicas": max_replicas,
         "model": {
             "modelFormat": {"name": rt.model_format},
             "runtime": rt.runtime,
@@ -209,7 +241,13 @@ def build_inference_service(
             "httpGet": {"path": rt.openai_route + "/models", "port": 8080},
             **STARTUP_PROBE,
         }
+    if scale_metric != "auto":
+        predictor["scaleMetric"] = scale_metric
+    if scale_target:
+        predictor["scaleTarget"] = scale_target
     annotations = {DEPLOYMENT_MODE_ANNOTATION: deployment_mode}
+    if deployment_mode == "Standard" and max_replicas > min_replicas:
+        annotations[AUTOSCALER_CLASS_ANNOTATION] = "hpa"  # KServe's default in this mode, named: the HPA scales it
     if deployment_mode == "Knative":
         wait = STARTUP_PROBE["initialDelaySeconds"] + STARTUP_PROBE["failureThreshold"] * STARTUP_PROBE["periodSeconds"]
         predictor["annotations"] = {PROGRESS_DEADLINE_ANNOTATION: f"{wait}s"}
@@ -250,6 +288,17 @@ def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, s
         labels={RUN_ID_LABEL: run_id},
         deployment_mode=deploy.deployment_mode,
         canary_traffic_percent=deploy.canary_traffic_percent,
+        **replica_settings(deploy),
+    )
+
+
+def replica_settings(deploy) -> dict:
+    """``build_inference_service``'s replica bounds and scale metric from the deploy settings."""
+    return dict(
+        min_replicas=deploy.min_replicas,
+        max_replicas=deploy.max_replicas,
+        scale_metric=deploy.scale_metric,
+        scale_target=deploy.scale_target,
     )
 
 
@@ -298,6 +347,7 @@ def inference_services_for_servers(
             labels={RUN_ID_LABEL: run_id},
             deployment_mode=deploy.deployment_mode,
             canary_traffic_percent=deploy.canary_traffic_percent,
+            **replica_settings(deploy),
         )
         if not server.adapters:
             manifests.append(
@@ -420,6 +470,7 @@ def deploy_inference_service(
     serving_reference: dict | None = None,
     serving_references: dict[str, dict] | None = None,
     progress_seconds: float = PROGRESS_SECONDS,
+    latency_gates: dict | None = None,
 ) -> dict:
     """Create, or patch in place when it exists; wait for Ready; smoke-test; prove it serves the evaluated model;
     roll back on any failure.
@@ -431,7 +482,11 @@ def deploy_inference_service(
     in-cluster address (``status.address.url``, else ``status.url``). On failure the previous
     spec is restored (merge patch), or the new service is deleted, and the error says which. With
     ``serving_reference`` (the evaluate step's, components/models/logprobs.py) the same address must then
-    reproduce the evaluated model's per-token log-probabilities on held-out rows and its greedy first tokens.
+    reproduce the evaluated model's per-token log-probabilities on held-out rows and its greedy first tokens. With
+    ``latency_gates``, last, its latency: a few concurrent streamed chat completions to the served name
+    (``components.deploy.smoke.check_latency``: time to first token, output tokens/s), gated on the deploy settings
+    ``max_ttft_seconds`` and ``min_output_tokens_per_second`` (0: measured, not gated); a service too slow is rolled
+    back the same way.
 
     Args:
         manifest: from ``build_inference_service``.
@@ -444,9 +499,12 @@ def deploy_inference_service(
         serving_references: more references by served name (a LoRA module's, checked under its name).
         progress_seconds: while not Ready, print this often how long it has waited, the predictor pods' phase and
             the last lines of the model server's log.
+        latency_gates: ``{"max_ttft_seconds": ..., "min_output_tokens_per_second": ...}`` (0: no gate), the
+            ``check_latency`` keyword arguments; None skips the latency probe.
 
     Returns:
-        ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``, and
+        ``{"endpoint": <status.url + OpenAI route>, "served_model_name": ..., "smoke_reply": ...}``, with
+        ``latency_gates`` ``"latency"`` (``check_latency``'s figures), and
         ``"serving_check"`` (check_server's summary) with a ``serving_reference``; a service with LoRA modules
         adds ``"replies"`` (served name -> smoke reply) and ``"serving_checks"`` (served name -> summary).
 
@@ -455,8 +513,8 @@ def deploy_inference_service(
 
     Raises:
         ValueError: the existing service runs in another deployment mode (nothing is changed).
-        RuntimeError: a pod cannot start, the smoke test failed or the server is not the evaluated model (after
-            the rollback).
+        RuntimeError: a pod cannot start, the smoke test failed, the server is not the evaluated model or is slower
+            than the latency gates allow (after the rollback).
         TimeoutError: not Ready within ``timeout_seconds``, with the status conditions' reasons (after the rollback).
         SystemExit: 143 after SIGTERM, once rolled back.
     """
@@ -470,6 +528,7 @@ def deploy_inference_service(
         serving_reference=serving_reference,
         serving_references=serving_references,
         progress_seconds=progress_seconds,
+        latency_gates=latency_gates,
     )
     return result
 
@@ -515,6 +574,7 @@ def _roll_out(
     serving_reference: dict | None = None,
     serving_references: dict[str, dict] | None = None,
     progress_seconds: float = PROGRESS_SECONDS,
+    latency_gates: dict | None = None,
 ):
     """deploy_inference_service's work: its result, and a function that rolls the service back (for a later
     service's failure)."""
@@ -610,6 +670,13 @@ def _roll_out(
                 "greedy tokens equal",
                 flush=True,
             )
+        latency = None
+        if latency_gates is not None:
+            try:
+                latency = check_latency(base_url, served, **latency_gates)
+            except TooSlow as exc:
+                raise RuntimeError(f"{what} is Ready but too slow to serve: {exc}; {roll_back()}") from exc
+            print(f"{what} latency: {describe_latency(latency)}", flush=True)
     print(
         f"{what} is Ready and answered the smoke test"
         + (f" as each of {names}" if len(names) > 1 else "")
@@ -625,6 +692,8 @@ def _roll_out(
         "served_model_name": served,
         "smoke_reply": replies[served],
     }
+    if latency is not None:
+        result["latency"] = latency
     if served in checks:
         result["serving_check"] = checks[served]
     if len(names) > 1:

@@ -13,13 +13,15 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from components import quick_exit
 from components.deploy.plan import lora_args
-from components.deploy.smoke import chat_completion, wait_healthy
+from components.deploy.smoke import TooSlow, chat_completion, wait_healthy
 from components.models.logprobs import ServingMismatch, check_greedy_text, check_server
+from components.observe.process import parent_death_signal
 
 SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
 SERVING_VENV_ENV = "SERVING_VENV"
@@ -41,6 +43,7 @@ def serve_locally(
     keep_serving: bool = False,
     startup_timeout: float = 180.0,
     serving_reference: dict | None = None,
+    probe: Callable[[str, str], dict] | None = None,
 ) -> dict:
     """Start `transformers serve` on the model, send one chat completion, and stop it unless ``keep_serving``.
 
@@ -48,8 +51,13 @@ def serve_locally(
     must also start as the evaluated model's (``check_greedy_text``: `transformers serve` returns no
     log-probabilities, so only the answers are compared); otherwise the server is stopped and the step fails.
 
+    ``probe(endpoint, served_model_name)`` runs last, while the server is up (the deploy step's latency measurement
+    and gate, components/deploy/run.py); what it returns is the result's ``latency``, and what it raises (e.g.
+    ``smoke.TooSlow``) stops the server and fails the step.
+
     Returns ``endpoint`` (the OpenAI-compatible base URL), ``served_model_name``, ``smoke_reply``, with a reference
-    ``greedy_prompts_checked``, and, when kept, the server's ``pid`` (stop it with ``kill <pid>``).
+    ``greedy_prompts_checked``, with a probe ``latency``, and, when kept, the server's ``pid`` (stop it with
+    ``kill <pid>``).
     """
     port = free_port()
     # `transformers serve` in a process that skips the final garbage collection at exit: _stop waits for it.
@@ -71,7 +79,14 @@ def serve_locally(
     env = {**os.environ, "HF_HUB_DISABLE_UPDATE_CHECK": os.environ.get("HF_HUB_DISABLE_UPDATE_CHECK", "1")}
     log = open(log_path, "ab")
     # Own session: a kept server outlives this step's process without being killed with it.
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
+    proc = subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+        preexec_fn=_ends_with_step(keep_serving),
+    )
     endpoint = f"http://127.0.0.1:{port}/v1"
     try:
         # A local port refuses at once until the server listens: asking often costs nothing.
@@ -82,19 +97,32 @@ def serve_locally(
         # a temperature sent along with greedy decoding.
         reply = chat_completion(endpoint, model_path, SMOKE_PROMPT, temperature=None)
         checked = check_greedy_text(endpoint, model_path, serving_reference) if serving_reference else 0
+        latency = probe(endpoint, model_path) if probe else None
     except BaseException as e:
         _stop(proc)
+        if not isinstance(e, Exception):  # the step was stopped (SystemExit, KeyboardInterrupt): not the server's fault
+            raise
+        if isinstance(e, TooSlow):  # it serves, only too slowly: the gate's message says which setting and value
+            raise RuntimeError(f"the local server at {endpoint} is too slow to serve: {e}") from e
         with open(log_path, "rb") as f:
             tail = f.read()[-2000:].decode(errors="replace")
         raise RuntimeError(f"local server failed: {e}\n--- {log_path} ---\n{tail}") from None
     result: dict[str, Any] = {"endpoint": endpoint, "served_model_name": model_path, "smoke_reply": reply}
     if serving_reference:
         result["greedy_prompts_checked"] = checked
+    if probe:
+        result["latency"] = latency
     if keep_serving:
         result["pid"] = proc.pid
     else:
         _stop(proc)
     return result
+
+
+def _ends_with_step(keep_serving: bool):
+    """The server's ``preexec_fn``: SIGTERM when this step's process ends, however it ends (components/observe/
+    process.py), unless it is to be kept, which outlives the step (and the run) by design."""
+    return None if keep_serving else parent_death_signal(signal.SIGTERM)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -137,12 +165,14 @@ def serve_adapters_locally(
     startup_timeout: float = 900.0,
     max_model_len: int = 2048,
     serving_references: dict[str, dict] | None = None,
+    probe: Callable[[str, str], dict] | None = None,
 ) -> dict:
     """Start vLLM's OpenAI server (CPU build) on ``server``'s base (``components.deploy.plan.Server``) with each
     adapter a LoRA module, send one chat completion to every served name, and stop it unless ``keep_serving``.
 
     With ``serving_references`` (served name -> the evaluate step's reference) each adapter must also reproduce
-    the evaluated model's log-probabilities and greedy tokens (``check_server``, as on a cluster).
+    the evaluated model's log-probabilities and greedy tokens (``check_server``, as on a cluster). ``probe``: as
+    ``serve_locally``'s, on the base's served name.
 
     Returns ``endpoint``, ``served_model_name`` (the base's), ``smoke_reply`` (the base's), ``replies`` (served name
     -> reply), ``serving_checks``, ``startup_seconds`` and, when kept, ``pid``.
@@ -175,7 +205,13 @@ def serve_adapters_locally(
     log = open(log_path, "ab")
     started = time.monotonic()
     proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=os.path.dirname(log_path) or "."
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        env=env,
+        cwd=os.path.dirname(log_path) or ".",
+        preexec_fn=_ends_with_step(keep_serving),
     )
     endpoint = f"http://127.0.0.1:{port}/v1"
     replies: dict[str, str] = {}
@@ -187,8 +223,13 @@ def serve_adapters_locally(
             replies[name] = chat_completion(endpoint, name, SMOKE_PROMPT, timeout=300)
         for name, reference in (serving_references or {}).items():
             checks[name] = check_server(endpoint, name, reference, timeout=300)
+        latency = probe(endpoint, server.served_model_name) if probe else None
     except BaseException as e:
         _stop(proc)
+        if not isinstance(e, Exception):  # the step was stopped
+            raise
+        if isinstance(e, TooSlow):
+            raise RuntimeError(f"the local vLLM server at {endpoint} is too slow to serve: {e}") from e
         with open(log_path, "rb") as f:
             tail = f.read()[-3000:].decode(errors="replace")
         what = "does not serve the evaluated model" if isinstance(e, ServingMismatch) else "failed"
@@ -203,6 +244,8 @@ def serve_adapters_locally(
         "serving_checks": checks,
         "startup_seconds": round(startup, 1),
     }
+    if probe:
+        result["latency"] = latency
     if keep_serving:
         result["pid"] = proc.pid
     else:

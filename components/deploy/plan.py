@@ -27,6 +27,10 @@ from dataclasses import dataclass, field
 # higher rank than it was started with (vllm/lora/peft_helper.py: "LoRA rank ... is greater than max_lora_rank").
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 BASE_SUFFIX = "-base"
+# What each KServe deployment mode's autoscaler scales a server's replicas on: a HorizontalPodAutoscaler (Standard) on
+# the pods' resource utilisation, Knative's autoscaler on requests in flight or per second (KServe's docs, "Autoscaling
+# with Kubernetes HPA" and "Knative Autoscaler"); all four are values of the InferenceService CRD's scaleMetric enum.
+SCALE_METRICS = {"Standard": ("cpu", "memory"), "Knative": ("concurrency", "rps")}
 
 
 @dataclass

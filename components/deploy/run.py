@@ -1,6 +1,7 @@
 """The deploy step's work (deploy_model, components/deploy/component.py) as a plain function, testable without KFP:
-serve what the run chose (components/deploy/plan.py: which models share a server), prove each served name answers
-and is the model the evaluation scored, and say where each is."""
+serve what the run chose (components/deploy/plan.py: which models share a server), prove each served name answers,
+is the model the evaluation scored and is fast enough (time to first token, output tokens/s: the latency gates), and
+say where each is."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 from typing import NamedTuple
 
 from components.deploy.plan import Server, plan_servers
+from components.deploy.smoke import check_latency, describe_latency
 from components.models.logprobs import read_reference, reference_path
 from components.settings import Settings
 from components.variants.compare import is_adapter
@@ -19,7 +21,7 @@ log = logging.getLogger("deploy_model")
 class Deployment(NamedTuple):
     """Every served name, and the one of the served (best) model."""
 
-    best: dict  # {"variant", "served_model_name", "endpoint", "smoke_reply"} of the served (best) model
+    best: dict  # {"variant", "served_model_name", "endpoint", "smoke_reply", "latency"} of the served (best) model
     served: list[dict]  # the same for every served name
 
 
@@ -44,8 +46,11 @@ def deploy_models(s: Settings, serve: list[dict], *, model_path: str, run_id: st
     ``deploy_backend=local`` starts ``transformers serve`` here (vLLM's CPU build for a base with two or more
     adapters, components/deploy/local_server.py); the KServe backends create or update one InferenceService per
     server and roll every one of them back when one fails (components/deploy/inference_service.py). Each server must
-    reproduce evaluate_model's ``serving_check.json`` beside its model folder, or the step fails. Each smoke test's
-    generation goes to Langfuse when langfuse_secret's keys are set.
+    reproduce evaluate_model's ``serving_check.json`` beside its model folder, or the step fails. Then each server's
+    latency is measured on a few concurrent streamed chat completions (``components.deploy.smoke.measure_latency``),
+    put in each entry's ``latency``, and gated on ``max_ttft_seconds`` and ``min_output_tokens_per_second`` (0: not
+    gated): a server too slow fails the step (rolled back on a cluster, stopped here). Each smoke test's generation
+    goes to Langfuse when langfuse_secret's keys are set.
     """
     servers = plan_servers(serve, s.deploy.serving_name)
     variant_of = {item["served_model_name"]: item["variant"] for item in serve}
@@ -60,6 +65,7 @@ def deploy_models(s: Settings, serve: list[dict], *, model_path: str, run_id: st
 
     for entry in served:
         log.info("%s at %s answered: %r", entry["served_model_name"], entry["endpoint"], entry["smoke_reply"])
+        log.info("%s latency: %s", entry["served_model_name"], describe_latency(entry["latency"]))
         # The smoke test's generation, with the served model's identity, to Langfuse when langfuse_secret's keys
         # are set.
         trace_smoke_test(
@@ -81,8 +87,35 @@ def deploy_models(s: Settings, serve: list[dict], *, model_path: str, run_id: st
     return Deployment(best, served)
 
 
-def _entry(variant: str, name: str, endpoint: str, reply: str) -> dict:
-    return {"variant": variant, "served_model_name": name, "endpoint": endpoint, "smoke_reply": reply}
+def _entry(variant: str, name: str, endpoint: str, reply: str, latency: dict) -> dict:
+    return {
+        "variant": variant,
+        "served_model_name": name,
+        "endpoint": endpoint,
+        "smoke_reply": reply,
+        "latency": latency,
+    }
+
+
+def latency_probe(s: Settings, *, temperature: float | None):
+    """The probe ``local_server`` runs while its server is up (``probe=``): the latency of a few concurrent streamed
+    chat completions, gated as on a cluster (``check_latency``: ``smoke.TooSlow`` names the setting and the measured
+    value). The server stays tied to this step (it ends with it) until then, and is stopped after it unless
+    ``keep_serving``."""
+    d = s.deploy
+
+    def probe(endpoint: str, model: str) -> dict:
+        # CPU serving: a generous timeout, the probe's requests share the machine's cores.
+        return check_latency(
+            endpoint,
+            model,
+            max_ttft_seconds=d.max_ttft_seconds,
+            min_output_tokens_per_second=d.min_output_tokens_per_second,
+            timeout=300,
+            temperature=temperature,
+        )
+
+    return probe
 
 
 def _serve_here(s: Settings, servers: list[Server], variant_of: dict, references: dict) -> tuple[list[dict], str]:
@@ -102,6 +135,7 @@ def _serve_here(s: Settings, servers: list[Server], variant_of: dict, references
                 server,
                 log_path,
                 keep_serving=keep_serving,
+                probe=latency_probe(s, temperature=0),
                 max_model_len=s.deploy.max_model_len,
                 serving_references={a.served_model_name: references[a.served_model_name] for a in server.adapters},
             )
@@ -114,19 +148,28 @@ def _serve_here(s: Settings, servers: list[Server], variant_of: dict, references
                     check["tokens"],
                     check["greedy_tokens_compared"],
                 )
+            latency = result["latency"]
             served += [
-                _entry(variant_of.get(name, ""), name, result["endpoint"], reply)
+                _entry(variant_of.get(name, ""), name, result["endpoint"], reply, latency)
                 for name, reply in result["replies"].items()
             ]
         else:
             # One model (or one adapter, which transformers serve loads with its base): as for a single run.
             path = server.adapters[0].path if server.adapters else server.model_path
             name = server.adapters[0].served_model_name if server.adapters else server.served_model_name
+            # No temperature: transformers serve decodes greedily by the model's generation config.
             result = local_server.serve_locally(
-                path, log_path, keep_serving=keep_serving, serving_reference=references[name]
+                path,
+                log_path,
+                keep_serving=keep_serving,
+                serving_reference=references[name],
+                probe=latency_probe(s, temperature=None),
             )
+            latency = result["latency"]
             served.append(
-                _entry(variant_of[name], result["served_model_name"], result["endpoint"], result["smoke_reply"])
+                _entry(
+                    variant_of[name], result["served_model_name"], result["endpoint"], result["smoke_reply"], latency
+                )
             )
         if keep_serving:
             log.info("server kept running (pid %s); stop it with: kill %s", result["pid"], result["pid"])
@@ -146,9 +189,17 @@ def _serve_on_cluster(
     manifests = inference_service.inference_services_for_servers(
         servers, s.deploy, s.cluster, run_id=run_id, namespace=current_namespace()
     )
+    results = inference_service.deploy_inference_services(
+        manifests,
+        serving_references=references,
+        latency_gates={
+            "max_ttft_seconds": s.deploy.max_ttft_seconds,
+            "min_output_tokens_per_second": s.deploy.min_output_tokens_per_second,
+        },
+    )
     served = [
-        _entry(variant_of.get(name, ""), name, result["endpoint"], reply)
-        for result in inference_service.deploy_inference_services(manifests, serving_references=references)
+        _entry(variant_of.get(name, ""), name, result["endpoint"], reply, result["latency"])
+        for result in results
         for name, reply in (result.get("replies") or {result["served_model_name"]: result["smoke_reply"]}).items()
     ]
     smoke_prompt = inspect.signature(inference_service.deploy_inference_service).parameters["smoke_prompt"].default

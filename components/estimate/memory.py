@@ -162,6 +162,18 @@ def host_bytes_per_pod(
 
 # TRL 1.16's GRPOConfig.vllm_gpu_memory_utilization: the share of each GPU its colocated vLLM engine reserves.
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
+# Whether the trainer image installs vllm (images/trainer/Dockerfile, pyproject's ``train`` extra). It does not (no vllm
+# release fits the package's transformers, docs/rl.md), so grpo_arguments.vllm_colocate picks transformers' ``generate``
+# in the trainer pods too, and a request for vLLM colocate is counted as what runs instead.
+TRAINER_IMAGE_HAS_VLLM = False
+
+
+def grpo_generation_gather_bytes(shape: ModelShape, zero: dict) -> int:
+    """What transformers' ``generate`` under ZeRO-3 adds per GPU while the grpo stage generates: TRL 1.16 gathers the
+    whole policy onto every GPU for it (GRPOConfig ``ds3_gather_for_generation``, default True: one
+    ``GatheredParameters`` over every parameter), a bf16 copy of the model beside each rank's shard. Without ZeRO-3
+    every GPU holds the whole model already (its model states)."""
+    return 2 * shape.total if zero.get("stage", 0) == 3 else 0
 
 
 def grpo_extra_bytes(
@@ -177,15 +189,17 @@ def grpo_extra_bytes(
     colocate: bool,
 ) -> int:
     """What the grpo stage holds per GPU beyond the policy's training (docs/memory.md): the reference model and
-    the generations (``completions`` sequences of ``sequence_tokens`` a rank generates at once; ``colocate``: vLLM's
-    reserved share of the GPU instead)."""
+    the generations (``completions`` sequences of ``sequence_tokens`` a rank generates at once, their KV cache, and
+    under ZeRO-3 the whole gathered model, ``grpo_generation_gather_bytes``; ``colocate``: vLLM's reserved share of the
+    GPU instead, where the trainer image has vllm, TRAINER_IMAGE_HAS_VLLM)."""
     reference = 0
     if beta > 0 and method == "full":
         reference = int(2 * shape.total / n_gpus) if zero.get("stage", 0) == 3 else 2 * shape.total
-    if colocate:
+    if colocate and TRAINER_IMAGE_HAS_VLLM:
         generations = int(VLLM_GPU_MEMORY_UTILIZATION * gpu_memory_gib * GIB)
     else:
-        generations = 2 * 2 * shape.layers * shape.kv_dim * sequence_tokens * completions
+        kv_cache = 2 * 2 * shape.layers * shape.kv_dim * sequence_tokens * completions
+        generations = kv_cache + grpo_generation_gather_bytes(shape, zero)
     return reference + generations
 
 
@@ -206,7 +220,17 @@ def _gpu_error(
         f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead{rl}) but a GPU has "
         f"{gpu_memory_gib:g} GiB"
     )
-    if est["model_states"] + est["overhead"] + est.get("grpo", 0) <= gpu_memory_gib:
+    gathered = grpo_generation_gather_bytes(shape, zero) / GIB if "grpo" in est else 0.0
+    if gathered and est["total"] - gathered <= gpu_memory_gib:
+        # What fills the GPU is the whole model gathered for generation, which neither more GPUs nor a smaller batch
+        # shrink; LoRA's model states are the bf16 base's shard alone (its reference is the adapter off).
+        fix = (
+            f"its generation (transformers' generate: the trainer image has no vllm) gathers the whole model onto "
+            f"every GPU ({gathered:.1f} GiB, TRL's ds3_gather_for_generation), which neither more GPUs nor a smaller "
+            'batch shrink: train the grpo stage with LoRA (stage_settings={"grpo": {"method": "lora"}}) or use GPUs '
+            "with more memory (gpu_memory_gib)"
+        )
+    elif est["model_states"] + est["overhead"] + est.get("grpo", 0) <= gpu_memory_gib:
         # Activations: first what costs memory only (recomputation, the logits), then the batch.
         fix = "".join(f"set {lever}, or " for lever in levers) + (
             f"lower per_device_train_batch_size (now {per_device_train_batch_size}) or max_seq_length "

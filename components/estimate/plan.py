@@ -17,6 +17,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from components.models.mfu import model_flops_per_token, recompute_flops_per_token
 from components.models.shape import KNOWN_MODELS, ModelShape, load_architecture, lora_targets, model_shape
@@ -758,6 +759,244 @@ def format_plan(p: Plan) -> str:
     return "\n".join(lines)
 
 
+# The grpo stage (docs/plan.md, "The grpo stage"). Prompts are not tokenised before prepare_dataset: an assumed length
+# (a chat template's header and a question of a few lines; builtin:arithmetic's are shorter).
+GRPO_PROMPT_TOKENS = 128
+
+
+@dataclass
+class GRPOPlan:
+    """The figures of the grpo stage's optimizer step and run (``grpo_plan``); seconds unless named otherwise."""
+
+    backend: str
+    num_generations: int
+    completions_per_gpu: int  # per optimizer step: micro-batch x micro-steps, one generation batch
+    prompts_per_step: int
+    completion_tokens: int
+    gather: Collective | None  # ZeRO-3: the whole model onto every GPU for generation
+    gather_s: float
+    decode_bytes: dict  # per decode step per GPU: what it reads from HBM
+    experts_read: float  # distinct experts per MoE layer a decode step's tokens route to (0: dense)
+    decode_step_s: float
+    decode_tokens_per_s_per_gpu: float
+    generation_s: float  # gather + decode (every completion as long as grpo_max_completion_length: an upper bound)
+    reference_s: float  # the KL term's reference forward (0 with grpo_beta 0)
+    reference_note: str
+    train: Plan  # the policy's forward and backward over prompt + completion tokens
+    step_s: float
+    memory_gib: float
+    memory_error: str | None  # validate_inputs' refusal (check_memory_fit), or None when it fits
+    prompts: float | None  # training prompts, where the source says (builtin:arithmetic), else None
+    prompts_source: str
+    epochs: float
+    per_thousand: bool  # the prompts are not known here: the run's figures are per 1,000 prompts
+    steps: int
+    wall_s: float
+    gpu_hours: float
+
+
+def _grpo_prompts(v: dict) -> tuple[float | None, str]:
+    """The grpo stage's training prompts and where the count comes from: builtin:arithmetic's rows less eval_size's
+    share; any other source is counted by prepare_dataset only (None)."""
+    if v["grpo_dataset_source"] != "builtin:arithmetic":
+        return None, f"{v['grpo_dataset_source']!r} is counted by prepare_dataset"
+    from components.data.arithmetic import ROWS
+
+    held = float(v["eval_size"])
+    prompts = ROWS * (1 - held) if held < 1 else ROWS - held
+    return prompts, f"builtin:arithmetic's {ROWS} rows less eval_size {held:g}"
+
+
+def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
+    """The grpo stage's step as the trainer pods run it today: TRL 1.16's GRPOTrainer generating with transformers'
+    ``generate`` (the trainer image has no vllm, memory.TRAINER_IMAGE_HAS_VLLM), then the reference's forward for the
+    KL term, then the policy's forward and backward (``plan`` over prompt + completion tokens). Generation under ZeRO-3
+    first gathers the whole model onto every GPU (GRPOConfig ``ds3_gather_for_generation``, default True); decoding is
+    then memory-bandwidth bound: each decode step reads the weights its tokens use (for a MoE, the distinct experts
+    the step's tokens route to) and the KV cache from HBM at ``HBM_BYTES_PER_S``."""
+    from components.estimate.memory import GIB, check_memory_fit, estimate_gib, grpo_extra_bytes
+    from components.stages import stage_overrides
+
+    typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
+    values = typed.flat()
+    v = {**values, **stage_overrides(typed, "grpo")}
+    shape = model_shape(config)
+    m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
+    n = m * g
+    b, k = int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
+    c, t_c, gens = b * k, int(v["grpo_max_completion_length"]), int(v["grpo_num_generations"])
+    zero = job_zero_config(v["deepspeed_config"], m, g, shape.largest_layer) if v["parallelism"] == "deepspeed" else {}
+    zero3 = zero.get("stage", 0) == 3
+    intra, inter = float(v["intra_node_gb_per_s"]) * GB, float(v["inter_node_gb_per_s"]) * GB
+    if network_transport(v).startswith("TCP"):
+        inter = min(inter, float(v["tcp_node_gb_per_s"]) * GB / g)
+    full_model = Collective("the whole model (generation)", "all-gather", PARAM_BYTES * shape.total, n, m, g, "", "")
+    gather = full_model if zero3 and n > 1 else None
+    gather_s = max(_link_seconds([gather], intra, inter).values()) if gather else 0.0
+
+    # Decode: one token of each of the GPU's c sequences per step. Expected distinct experts per MoE layer that c
+    # tokens choosing top_k of E each route to: E (1 - (1 - top_k / E)^c).
+    experts, top_k = int(config.get("num_experts", 0) or 0), int(config.get("num_experts_per_tok", 0) or 0)
+    experts_read = experts * (1 - (1 - top_k / experts) ** c) if shape.is_moe and experts else 0.0
+    embedding = shape.vocab * shape.hidden  # a lookup reads c rows of it, not the table
+    dense_weights = PARAM_BYTES * (shape.total - shape.expert_params - embedding)
+    expert_weights = PARAM_BYTES * shape.expert_params * (experts_read / experts if experts else 0.0)
+    context = GRPO_PROMPT_TOKENS + t_c / 2  # keys per token on average over the completion
+    kv = 2 * PARAM_BYTES * shape.layers * shape.kv_dim * context * c
+    decode_bytes = {"weights": dense_weights, "experts": expert_weights, "kv_cache": kv}
+    decode_step_s = sum(decode_bytes.values()) / HBM_BYTES_PER_S
+    generation_s = gather_s + t_c * decode_step_s
+
+    # The reference's forward: TRL 1.16 runs it in chunks of the micro-batch (k forwards), each gathering the
+    # reference's layers under ZeRO-3 (its own engine in full; for LoRA the policy with its adapter off).
+    sequence = GRPO_PROMPT_TOKENS + t_c
+    beta = float(v["grpo_beta"])
+    forward_s = 2 * shape.active * b * sequence / (float(v["achieved_tflops_per_gpu"]) * 1e12)
+    chunk_gather_s = gather_s if zero3 else 0.0
+    reference_s = k * max(forward_s, chunk_gather_s) if beta > 0 else 0.0
+    reference_note = (
+        f"KL to the reference (grpo_beta {beta:g}): {k} forwards of {b} x {sequence} tokens per GPU"
+        + (f", each gathering the model's {_gb(full_model.size)} under ZeRO-3" if zero3 else "")
+        if beta > 0
+        else "none (grpo_beta 0 keeps no reference)"
+    )
+
+    # The policy's forward and backward: the plan of a step whose rows are prompt + completion tokens.
+    train = plan({**values, "max_seq_length": sequence}, config, stage="grpo")
+    step_s = generation_s + reference_s + train.step_s
+
+    # Memory per GPU: what validate_inputs checks (components/validate/rules/train.py's arguments).
+    grpo: dict[str, Any] = {
+        "beta": beta,
+        "completions": c,
+        "sequence_tokens": int(v["max_seq_length"]),
+        "colocate": True,
+    }
+    memory_error = check_memory_fit(
+        config,
+        v["method"],
+        v["deepspeed_config"],
+        m,
+        g,
+        int(v["max_seq_length"]),
+        b,
+        gpu_memory_gib=float(v["gpu_memory_gib"]),
+        lora_r=int(v["lora_r"]),
+        lora_target_modules=v["lora_target_modules"],
+        grpo=grpo,
+        every_n_layers=int(v["recompute_every_n_layers"]) if v["activation_checkpointing"] else 0,
+    )
+    lora = 0
+    expert_lora = False
+    if v["method"] in ("lora", "qlora"):
+        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", v["lora_target_modules"])
+        lora, expert_lora = shape.lora_params(v["lora_r"], modules + parameters), bool(parameters)
+    every_n = int(v["recompute_every_n_layers"]) if v["activation_checkpointing"] else 0
+    est = estimate_gib(shape, v["method"], zero, n, int(v["max_seq_length"]), b, lora, expert_lora, every_n, False)
+    extra = grpo_extra_bytes(
+        shape,
+        v["method"],
+        zero,
+        n,
+        beta=beta,
+        completions=c,
+        sequence_tokens=int(v["max_seq_length"]),
+        gpu_memory_gib=float(v["gpu_memory_gib"]),
+        colocate=True,
+    )
+    memory = est["total"] + extra / GIB
+
+    prompts, prompts_source = _grpo_prompts(v)
+    if int(v["max_steps"]) > 0:
+        steps = int(v["max_steps"])
+        prompts_source += f" (max_steps={steps} decides the length)"
+    else:
+        per_step = max(1, c * n // gens)
+        steps = max(1, math.ceil((prompts if prompts is not None else 1000) * float(v["num_train_epochs"]) / per_step))
+    wall = steps * step_s
+    return GRPOPlan(
+        backend="transformers generate" + (" under ZeRO-3" if zero3 else ""),
+        num_generations=gens,
+        completions_per_gpu=c,
+        prompts_per_step=c * n // gens,
+        completion_tokens=t_c,
+        gather=gather,
+        gather_s=gather_s,
+        decode_bytes=decode_bytes,
+        experts_read=experts_read,
+        decode_step_s=decode_step_s,
+        decode_tokens_per_s_per_gpu=c / decode_step_s,
+        generation_s=generation_s,
+        reference_s=reference_s,
+        reference_note=reference_note,
+        train=train,
+        step_s=step_s,
+        memory_gib=memory,
+        memory_error=memory_error,
+        prompts=prompts,
+        prompts_source=prompts_source,
+        epochs=float(v["num_train_epochs"]),
+        per_thousand=prompts is None and int(v["max_steps"]) <= 0,
+        steps=steps,
+        wall_s=wall,
+        gpu_hours=wall * n / 3600,
+    )
+
+
+def format_grpo_plan(p: GRPOPlan) -> str:
+    """The grpo stage's part of the plan, as the CLI prints it and validate_inputs logs it."""
+    t = p.train
+    share = {name: s / p.step_s for name, s in (("generation", p.generation_s), ("reference", p.reference_s))}
+    gather = (
+        f"gathers the whole policy onto every GPU first (TRL's ds3_gather_for_generation): {p.gather.kind} of "
+        f"{_gb(p.gather.size)} over {p.gather.ranks} GPUs, {_gb(p.gather.network_bytes_per_gpu)} per GPU over the "
+        f"network: {p.gather_s:.2f} s"
+        if p.gather
+        else "no gather (every GPU holds the whole model)"
+    )
+    experts = (
+        f" + {_gb(p.decode_bytes['experts'])} of the {p.experts_read:.1f} experts per MoE layer its "
+        f"{p.completions_per_gpu} tokens route to"
+        if p.experts_read
+        else ""
+    )
+    lines = [
+        f"plan of the grpo stage: {p.backend} in the trainer pods (the trainer image has no vllm), "
+        f"{t.num_nodes} x {t.gpus_per_node} GPUs",
+        f"  per step: {p.prompts_per_step} prompts x {p.num_generations} completions "
+        f"({p.completions_per_gpu} per GPU: micro-batch {t.micro_batch} x {t.accumulation} micro-steps), up to "
+        f"{p.completion_tokens} tokens each (grpo_max_completion_length), prompts ~{GRPO_PROMPT_TOKENS} tokens "
+        "(assumed)",
+        f"  generate: {gather}",
+        f"            decode, memory-bandwidth bound: each step a GPU reads "
+        f"{_gb(p.decode_bytes['weights'])} of non-expert weights{experts} + {_gb(p.decode_bytes['kv_cache'])} of KV "
+        f"cache at {HBM_BYTES_PER_S / GB:,.0f} GB/s (HBM, achieved): {p.decode_step_s * 1e3:.1f} ms per step, "
+        f"{p.decode_tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {p.decode_tokens_per_s_per_gpu * t.n_gpus:,.0f} "
+        "for the job",
+        f"            {p.generation_s:.1f} s per step with every completion at the length limit; a lower bound on "
+        "time: transformers' eager MoE launches kernels per expert and layer, which this does not count",
+        f"  reference: {p.reference_note}: {p.reference_s:.1f} s",
+        f"  training: {t.accumulation} micro-steps of {t.micro_batch} x {t.max_seq_length} tokens (prompt + "
+        f"completion): {t.step_s:.1f} s, bottleneck: {t.bottleneck}",
+        f"  step:     {p.step_s:.1f} s per optimizer step (generation {share['generation']:.0%}, reference "
+        f"{share['reference']:.0%}, training {t.step_s / p.step_s:.0%})",
+        f"  memory:   {p.memory_gib:.1f} GiB per GPU of {t.gpu_memory_gib:g} with generation's and the reference's "
+        "share (what validate_inputs checks): " + (f"does NOT fit: {p.memory_error}" if p.memory_error else "fits"),
+    ]
+    if p.per_thousand:
+        lines.append(
+            f"  run:      {p.steps:,} optimizer steps per 1,000 prompts x {p.epochs:g} epochs "
+            f"({p.prompts_source}): {_duration(p.wall_s)} wall, {p.gpu_hours:,.1f} GPU-hours per 1,000 prompts"
+        )
+    else:
+        count = f"{p.prompts:,.0f} prompts x " if p.prompts is not None else ""
+        lines.append(
+            f"  run:      {p.steps:,} optimizer steps ({count}{p.epochs:g} epochs, from "
+            f"{p.prompts_source}): {_duration(p.wall_s)} wall, {p.gpu_hours:,.1f} GPU-hours"
+        )
+    return "\n".join(lines)
+
+
 def read_stats(path: str) -> dict:
     """A prepared dataset's statistics from ``path``: prepare_dataset's stats.json, or its artifact's metadata
     (train_rows, train_tokens, packing_efficiency) saved as JSON. A ValueError says what is wrong."""
@@ -806,4 +1045,6 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
             f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), bottleneck {p.bottleneck}, "
             f"{p.memory_gib['total']:.1f} GiB per GPU"
         )
+    if "grpo" in s.stages.stages and s.train.parallelism == "deepspeed":
+        text += "\n" + format_grpo_plan(grpo_plan(s, config))
     return text

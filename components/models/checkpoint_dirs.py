@@ -176,15 +176,27 @@ def unmark_newer(output_dir: str, step: int) -> list[str]:
     return [str(p) for p in unmarked]
 
 
+def best_checkpoint_name(checkpoint: Path) -> str | None:
+    """The folder name of the best checkpoint that ``checkpoint``'s trainer_state.json records (early stopping:
+    the Trainer's ``best_model_checkpoint``), or None."""
+    try:
+        best = json.loads((checkpoint / "trainer_state.json").read_text()).get("best_model_checkpoint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return Path(best).name if isinstance(best, str) and best else None
+
+
 def prune_checkpoints(output_dir: str, keep: int) -> list[str]:
     """Delete all but the newest ``keep`` complete checkpoints, and partial ones older than the newest complete.
 
-    A partial checkpoint newer than every complete one is left alone: it may be the one being written.
-    Returns the deleted paths.
+    A partial checkpoint newer than every complete one is left alone: it may be the one being written. The best
+    checkpoint the newest complete one records (early stopping loads its weights at the end) is kept too, beyond
+    ``keep``. Returns the deleted paths.
     """
     found = _checkpoints(output_dir)
     complete = [(step, p) for step, p in found if is_complete(p)]
-    doomed = [p for _, p in complete[:-keep]] if keep > 0 else []
+    best = best_checkpoint_name(complete[-1][1]) if complete else None
+    doomed = [p for _, p in complete[:-keep] if p.name != best] if keep > 0 else []
     if complete:
         newest = complete[-1][0]
         doomed += [p for step, p in found if not is_complete(p) and step < newest]

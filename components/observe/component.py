@@ -8,7 +8,8 @@ from components.version import COMPONENTS_IMAGE
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)
 def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str, model_pvc: str, data_root: str):
     """Post the run's outcome (status, the failing task and its error, the last stage's metrics and model URI) to a
-    Slack-compatible webhook, when the run's ``alert_webhook_secret`` Secret holds one; never fails the run.
+    Slack-compatible webhook, when the run's ``alert_webhook_secret`` Secret holds one; never fails the run. First
+    delete the TensorBoard Deployments and Services the run's train steps recorded (components/observe/tensorboard.py).
 
     The webhook URL comes only from ``ALERT_WEBHOOK_URL``, which the Secret reference fills (on the cluster; in a
     local run, from the environment ``pipelines.run`` runs in): a URL is a credential, never a parameter.
@@ -20,14 +21,18 @@ def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str
     Args:
         status: KFP's final status of the pipeline's tasks (state, error, the task it is about).
         run_id: the KFP run id; names the run's folders.
-        model_root: where the model volume is mounted in this step (the stages' metrics.json are read there).
+        model_root: where the model volume is mounted in this step (the stages' metrics.json and the TensorBoard
+            records are read there).
         model_pvc: the model claim, for the model's ``pvc://`` URI.
         data_root: where the data volume is mounted in this step (the data steps' records are read there).
     """
     from components.observe.notify import notify_run_end
     from components.observe.process import start_step
+    from components.observe.tensorboard import remove_servers
 
     start_step("notify_run")
+    # The TensorBoard Deployments and Services the train steps made where Kubeflow's controller is absent.
+    remove_servers(model_root, run_id)
     notify_run_end(
         status.state,
         status.pipeline_task_name or "",

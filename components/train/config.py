@@ -120,9 +120,90 @@ def check_method_deepspeed(method: str, deepspeed_config: str) -> str | None:
     return None
 
 
+# Early stopping (the cpt and sft stages, trainer/sft.py) watches the held-out loss per label token, the figure
+# evaluate_model scores (sft.py's compute_metrics reports it as eval_loss_per_token; lower is better).
+EARLY_STOPPING_STAGES = ("cpt", "sft")
+EARLY_STOPPING_METRIC = "eval_loss_per_token"
+
+
+def check_early_stopping(patience: int, eval_steps: int, save_steps: int, max_steps: int) -> str | None:
+    """The error for early-stopping settings under which the held-out loss is never compared, else None. The one
+    rule: the trainer (``check_combination``) and validate_inputs ask here.
+
+    The Trainer picks the best model among checkpoints, so checkpoints must fall on evaluations (``save_steps`` a
+    multiple of ``eval_steps``, which transformers requires for ``load_best_model_at_end``); ``max_steps`` short of
+    the first evaluation never evaluates. An epoch count's steps are known only once the data is prepared.
+    """
+    if patience <= 0:
+        return None
+    every = eval_steps or save_steps
+    if save_steps % every:
+        return (
+            f"eval_steps={eval_steps} with early_stopping_patience={patience}: save_steps={save_steps} must be a "
+            "multiple of it (checkpoints fall on evaluations, where the best one is chosen); set eval_steps to a "
+            "divisor of save_steps, or 0 to evaluate at every checkpoint"
+        )
+    if 0 < max_steps < every:
+        basis = f"eval_steps={eval_steps}" if eval_steps else f"eval_steps=0: every save_steps={save_steps}"
+        return (
+            f"early_stopping_patience={patience} never evaluates: the first evaluation, at step {every} ({basis}), "
+            f"comes after max_steps={max_steps}; set eval_steps below max_steps, or early_stopping_patience=0"
+        )
+    return None
+
+
+def check_early_stopping_layout(patience: int, parallelism: str, model_config: dict | None) -> str | None:
+    """The error for early stopping under a layout whose best-checkpoint load would give wrong weights, else None.
+
+    Under ``hsdp``/``hsdp_ep`` the best checkpoint is each rank's shards, loaded into the trained model by
+    transformers' ``_load_model_checkpoint_distributed``. For a model whose output head shares the input embedding
+    (``tie_word_embeddings``: Qwen3's small dense models) that load after training gives wrong weights (measured on
+    the tiny Qwen3: held-out loss 32.8 where the checkpoint had 3.2); untied models (Qwen3-MoE) load exactly.
+    """
+    if patience <= 0 or parallelism == "deepspeed" or not (model_config or {}).get("tie_word_embeddings"):
+        return None
+    return (
+        f"early_stopping_patience={patience} with parallelism={parallelism}: the best checkpoint of a model with "
+        "tied word embeddings does not load correctly from its shards; use parallelism=deepspeed, or "
+        "early_stopping_patience=0"
+    )
+
+
+def early_stopping_on(cfg: dict) -> bool:
+    """Whether the trainer config ``cfg`` stops early: a cpt or sft stage with ``early_stopping_patience``, and
+    checkpoints to keep the best in (a hyper-parameter trial has none, ``save_strategy`` no: it trains its steps)."""
+    return (
+        cfg.get("stage", "sft") in EARLY_STOPPING_STAGES
+        and cfg.get("early_stopping_patience", 0) > 0
+        and cfg.get("save_strategy") != "no"
+    )
+
+
+def early_stopping_arguments(eval_steps: int, save_steps: int) -> dict:
+    """The ``TrainingArguments`` fields early stopping needs: evaluate every ``eval_steps`` (0: every ``save_steps``),
+    track the best ``eval_loss_per_token`` and load the best checkpoint's weights at the end."""
+    return {
+        "eval_strategy": "steps",
+        "eval_steps": eval_steps or save_steps,
+        "load_best_model_at_end": True,
+        "metric_for_best_model": EARLY_STOPPING_METRIC,
+        # transformers guesses from the name's ending ("loss": lower is better); this one ends in "per_token".
+        "greater_is_better": False,
+    }
+
+
 def check_combination(cfg: dict) -> list[str]:
     """Errors for settings that cannot work together, each naming the field to change."""
     errors: list[str | None] = []
+    if early_stopping_on(cfg):
+        errors.append(
+            check_early_stopping(
+                cfg.get("early_stopping_patience", 0),
+                cfg.get("eval_steps") or 0,
+                cfg.get("save_steps", 500),  # TrainingArguments' default
+                cfg.get("max_steps", -1),
+            )
+        )
     method = cfg.get("method", "full")
     if method == "qlora" and cfg.get("use_cpu"):
         errors.append("method 'qlora' needs CUDA GPUs (bitsandbytes 4-bit); use method 'lora' or 'full' on CPU")

@@ -134,7 +134,8 @@ def _train_on_cluster(
         from components.observe.tensorboard import ensure_tensorboard, tensorboard_manifest
 
         ensure_tensorboard(
-            tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(), s.cluster.model_pvc, run_id)
+            tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(), s.cluster.model_pvc, run_id),
+            image=s.cluster.trainer_image,  # without Kubeflow's controller, its pod runs the trainer's tensorboard
         )
     manifest = cluster_job(
         s.cluster, run_id=run_id, namespace=current_namespace(), config_path=config_path, stage=stage, mounts=mounts

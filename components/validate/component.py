@@ -79,6 +79,10 @@ def validate_inputs(
     deployment_mode: str,
     canary_traffic_percent: int,
     keep_serving: bool,
+    max_ttft_seconds: float,
+    min_output_tokens_per_second: float,
+    min_replicas: int,
+    max_replicas: int,
     advanced_settings: dict,
 ) -> NamedTuple("ValidateOutputs", [("settings", dict)]):
     """Check the run's settings and the cluster, and fail with every problem listed, each naming the fix.
@@ -132,7 +136,8 @@ def validate_inputs(
         column_mapping: The format's column name -> your column name, e.g. {"messages": "dialog"}.
         eval_source: Take the eval split from this source (same syntax) instead of holding out eval_size; empty:
             hold out.
-        over_length: What happens to examples longer than max_seq_length: drop or truncate.
+        over_length: What happens to examples longer than max_seq_length: drop or truncate (the cpt stage's
+            documents are cut into max_seq_length chunks instead: cpt_chunk_overlap).
         packing: Pack examples into rows of exactly max_seq_length (position_ids restart per example); false: one
             example per row, padded per batch.
         num_proc: Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).
@@ -153,15 +158,19 @@ def validate_inputs(
         active_deadline_seconds: Fail the training job after this long; 0 for no deadline.
         queue_name: Kueue LocalQueue of the training job; empty for none.
         priority_class: PriorityClass of the training pods (pytorchjob only); empty for none.
-        gang_scheduling: Schedule all training pods together (pytorchjob only).
+        gang_scheduling: Schedule all training pods together: pytorchjob: Volcano or scheduler-plugins through the
+            job's schedulingPolicy; trainjob: the ClusterTrainingRuntime's podGroupPolicy does it, and preflight
+            refuses a runtime without one.
         min_nodes: Elastic training down to this many nodes (pytorchjob only); 0 for a fixed size.
         max_restarts: Elastic restarts before the job fails (with min_nodes).
         job_restarts: Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it
             resumes from its last complete checkpoint. 0: a failed job fails the step at once.
         alert_webhook_secret: Secret whose key ALERT_WEBHOOK_URL is a Slack-compatible incoming webhook: the run's
             outcome is posted there when it ends (an optional reference: no Secret, no alert).
-        tensorboard: Create a Kubeflow Tensorboard for the run's training curves (logspath
-            pvc://<model_pvc>/runs/<run id>/...), opened from the Kubeflow dashboard.
+        tensorboard: Show the run's training curves (pvc://<model_pvc>/runs/<run id>/...): a Kubeflow Tensorboard,
+            opened from the dashboard; without Kubeflow's Tensorboard controller a Deployment and Service running
+            the trainer image's tensorboard (the train step logs the kubectl port-forward command), deleted when the
+            run ends.
         pending_timeout_seconds: Fail the step when a job's pod stays unschedulable this long (at least 60: an
             autoscaler needs minutes to add a GPU node).
         langfuse_secret: Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer
@@ -186,18 +195,26 @@ def validate_inputs(
         deployment_mode: KServe's Standard (Deployment) or Knative (revisions, canary).
         canary_traffic_percent: Knative only: share of traffic for the new revision (0: all at once).
         keep_serving: Local runs: leave the model server running after the smoke test.
+        max_ttft_seconds: Pre-deploy latency gate: the longest median time to first token (s) of a few concurrent
+            streamed requests; 0: measured, not gated.
+        min_output_tokens_per_second: Pre-deploy latency gate: the fewest output tokens per second the server
+            streams over those requests together; 0: measured, not gated.
+        min_replicas: KServe: fewest predictor replicas (0: scale to zero, Knative only).
+        max_replicas: KServe: most predictor replicas the autoscaler may run (at least min_replicas).
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
             lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, grpo_rewards,
             grpo_answer_pattern, grpo_length_budget, grpo_reward_model, grpo_reward_function, grpo_num_generations,
             grpo_max_completion_length, grpo_beta, grpo_temperature, parallelism, liger_kernels,
-            chunked_cross_entropy, lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing,
-            recompute_every_n_layers, logging_steps, report_to, grpo_column_mapping, stage_settings,
-            variants_parallel, deploy_variants, hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials,
-            hpo_algorithm, hpo_trial_steps, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu,
+            chunked_cross_entropy, early_stopping_patience, early_stopping_min_delta, lr_scheduler_type,
+            weight_decay, max_grad_norm, activation_checkpointing, recompute_every_n_layers, eval_steps,
+            logging_steps, report_to, grpo_column_mapping, stage_settings, variants_parallel, deploy_variants,
+            hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
+            cpt_chunk_overlap, near_dedup_threshold, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu,
             intra_node_gb_per_s, inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env,
-            tcp_node_gb_per_s, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
-            gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement. python -m pipelines.run --help
-            describes each.
+            tcp_node_gb_per_s, trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit,
+            trainer_shm_size, trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port,
+            prometheus_url, gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, scale_metric,
+            scale_target. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

@@ -10,10 +10,13 @@ What it checks, each failure one message naming the fix:
   need no token, and the pods reference it as optional);
 - with ``train_backend=trainjob``, which Kubeflow Trainer release serves the TrainJob (from the schema the API
   server publishes, components/train/launcher/trainjob.py), and that the settings need nothing it lacks
-  (Trainer v2.1 has no ``activeDeadlineSeconds``);
+  (Trainer v2.1 has no ``activeDeadlineSeconds``); that the ClusterTrainingRuntime ``trainjob_runtime`` names
+  exists, and with ``gang_scheduling`` that it gang-schedules (``spec.podGroupPolicy``: coscheduling or Volcano);
 - with ``hpo_trials > 0``, that the namespace carries Katib's metrics-collector injection label (without it every
   trial's job succeeds, no metric is recorded and Katib requeues the trial forever);
-- this service account may do what the launcher and the deployer do (SelfSubjectAccessReview);
+- this service account may do what the launcher and the deployer do (SelfSubjectAccessReview), and with
+  ``tensorboard`` what the run's TensorBoard needs: create the Kubeflow Tensorboard where its controller is installed,
+  else create and delete the Deployment and Service that stand in for it (one message naming ``tensorboard``);
 - enough schedulable nodes match the node selector, tolerate their taints and have ``gpus_per_node``
   allocatable ``nvidia.com/gpu`` (Nodes are cluster-scoped: without a ClusterRole to list them this
   check is skipped with a warning).
@@ -28,6 +31,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.kube import call_api, current_namespace, load_api_client
+from components.observe import tensorboard
 from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.settings import Settings
 from components.variants import variant_names, variant_values
@@ -58,6 +62,14 @@ LAUNCHER_ACCESS = {
 POD_ACCESS = [("list", "", "pods", ""), ("get", "", "pods", "log")]
 # The train step creates the run's Tensorboard (components/observe/tensorboard.py) when `tensorboard` is on.
 TENSORBOARD_ACCESS = [("create", "tensorboard.kubeflow.org", "tensorboards", "")]
+# Without Kubeflow's Tensorboard controller it creates a Deployment and a Service instead, and the exit handler
+# deletes them.
+TENSORBOARD_SERVER_ACCESS = [
+    ("create", "apps", "deployments", ""),
+    ("delete", "apps", "deployments", ""),
+    ("create", "", "services", ""),
+    ("delete", "", "services", ""),
+]
 # The search step (components/hpo/follow.py) when hpo_trials > 0: its Experiment and the Experiment's Trials.
 SEARCH_ACCESS = [
     ("create", "kubeflow.org", "experiments", ""),
@@ -147,6 +159,42 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
         )
     if not base64.b64decode(data[key]).strip():
         return f"{field}={name!r}: key {key} is empty"
+    return None
+
+
+# The key each tracker's transformers callback cannot do without, read from tracking_secret by the training pods
+# (components/train/launcher/pods.py: TRACKING_KEYS, optional references).
+TRACKER_KEYS = {"mlflow": "MLFLOW_TRACKING_URI", "wandb": "WANDB_API_KEY"}
+
+
+def _tracking_problem(core: k8s.CoreV1Api, namespace: str, name: str, report_to: list[str]) -> str | None:
+    """The problem with ``tracking_secret`` when ``report_to`` names mlflow or wandb: the Secret must exist and hold
+    each named tracker's key. Unlike the optional Secrets above it is an error: the pods' references are optional,
+    so without it the run would fail in the pods at the tracker's first call."""
+    needed = {tracker: key for tracker, key in TRACKER_KEYS.items() if tracker in report_to}
+    if not needed:
+        return None
+    trackers = " and ".join(needed)
+    try:
+        secret = call_api(core.read_namespaced_secret, name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            keys = " ".join(f"--from-literal={key}=..." for key in needed.values())
+            return (
+                f"tracking_secret={name!r}: Secret not found in {namespace}; report_to names {trackers}, whose "
+                f"callback reads its address or key from it (kubectl create secret generic {name} {keys})"
+            )
+        if exc.status == 403:
+            log.warning("tracking_secret=%r: may not read it to check its keys (see manifests/rbac)", name)
+            return None
+        raise
+    data = secret.data or {}
+    for tracker, key in needed.items():
+        if key not in data or not base64.b64decode(data[key]).strip():
+            return (
+                f"tracking_secret={name!r} has no key {key} (it has: {', '.join(sorted(data)) or 'none'}); "
+                f"report_to names {tracker}, whose callback reads it"
+            )
     return None
 
 
@@ -251,6 +299,44 @@ def _trainer_problem(api_client, active_deadline_seconds: int, labels) -> str | 
     return trainjob.unsupported_deadline(active_deadline_seconds) if active_deadline_seconds else None
 
 
+def _runtime_problem(api_client, c) -> str | None:
+    """The problem with ``trainjob_runtime``: no ClusterTrainingRuntime by that name, or (``gang_scheduling``) one
+    without a ``podGroupPolicy``. The TrainJob cannot ask for gang scheduling itself: in Trainer v2 it is the
+    runtime's. Runtimes are cluster-scoped: an account that may not list them gets a warning, not a failure."""
+    from components.train.launcher import trainjob
+
+    field = f"trainjob_runtime={c.trainjob_runtime!r}"
+    try:
+        runtimes = trainjob.cluster_runtimes(api_client)
+    except ApiException as exc:
+        if exc.status not in (403, 404):
+            raise
+        why = (
+            "may not list the ClusterTrainingRuntimes (grant list on clustertrainingruntimes.trainer.kubeflow.org)"
+            if exc.status == 403
+            else "the API server serves no ClusterTrainingRuntimes (is Kubeflow Trainer fully installed?)"
+        )
+        log.warning("%s: %s: neither the runtime nor its gang scheduling is checked", field, why)
+        return None
+    runtime = runtimes.get(c.trainjob_runtime)
+    if runtime is None:
+        return (
+            f"{field}: this cluster has no ClusterTrainingRuntime of that name (it has: "
+            f"{', '.join(sorted(runtimes)) or 'none'}); name one of them, or install it "
+            "(kubectl get clustertrainingruntimes)"
+        )
+    plugin = trainjob.runtime_gang_plugin(runtime)
+    log.info("%s: gang scheduling %s", field, f"by {plugin}" if plugin else "none (no spec.podGroupPolicy)")
+    if c.gang_scheduling and not plugin:
+        return (
+            f"gang_scheduling=true with train_backend=trainjob: the ClusterTrainingRuntime {c.trainjob_runtime} has "
+            "no spec.podGroupPolicy, and Trainer v2 gang-schedules only through the runtime's; add "
+            f"podGroupPolicy (coscheduling or volcano) to it, name a runtime that has one in trainjob_runtime, use "
+            "Kueue (queue_name), or set gang_scheduling=false"
+        )
+    return None
+
+
 def _access_problems(authz: k8s.AuthorizationV1Api, namespace: str, wanted: list[tuple]) -> list[str]:
     problems = []
     for verb, group, resource, subresource in wanted:
@@ -268,6 +354,20 @@ def _access_problems(authz: k8s.AuthorizationV1Api, namespace: str, wanted: list
                 "apply manifests/rbac (kubectl apply -k manifests/) for the pipeline runner"
             )
     return problems
+
+
+def _tensorboard_problem(authz: k8s.AuthorizationV1Api, namespace: str) -> str | None:
+    """Without Kubeflow's Tensorboard controller: whether this account may create and delete the Deployment and
+    Service that serve the run's TensorBoard instead (components/observe/tensorboard.py); one message for all."""
+    if not (denied := _access_problems(authz, namespace, TENSORBOARD_SERVER_ACCESS)):
+        return None
+    what = ", ".join(p.removeprefix("this service account may not ").partition(" in ")[0] for p in denied)
+    return (
+        "tensorboard=true: this cluster serves no tensorboards.tensorboard.kubeflow.org (no Kubeflow Tensorboard "
+        "controller), so the train step serves TensorBoard from a Deployment and a Service and the exit handler "
+        f"deletes them, but this service account may not {what} in {namespace}: apply manifests/rbac (kubectl "
+        "apply -k manifests/) for the pipeline runner, or set tensorboard=false"
+    )
 
 
 def _tolerates(tolerations: list, taint: dict) -> bool:
@@ -430,7 +530,13 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         problems.append(missing)
         if train == "trainjob" and missing is None:
             problems.append(_trainer_problem(api_client, c.active_deadline_seconds, labels))
-        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS + (TENSORBOARD_ACCESS if c.tensorboard else [])
+            problems.append(_runtime_problem(api_client, c))
+        wanted += LAUNCHER_ACCESS[train] + POD_ACCESS
+        if c.tensorboard:  # the Tensorboard where Kubeflow's controller serves it, else a Deployment and Service
+            if tensorboard.served(api_client):
+                wanted += TENSORBOARD_ACCESS
+            else:
+                problems.append(_tensorboard_problem(authz, namespace))
         if s.hpo.hpo_trials:
             problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))
             problems.append(_katib_injection_problem(labels(), namespace))
@@ -462,6 +568,7 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
             )
         )
         problems.append(_langfuse_problem(core, namespace, c.langfuse_secret))
+        problems.append(_tracking_problem(core, namespace, c.tracking_secret, s.train.report_to))
     problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
     if train in TRAIN_APIS:
         if s.variants.variants:  # each variant's job in place of the run's

@@ -9,17 +9,14 @@ import pytest
 import yaml
 
 from components import kube
-from components.deploy.inference_service import RUNTIMES, build_inference_service, deploy_inference_service
+from components.deploy.inference_service import RUNTIMES, deploy_inference_service
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kserve import becomes_ready
 from tests.fakes.openai_server import OpenAIServer
 from tests.helpers.crd_schema import crd_errors
+from tests.helpers.inference_service import CRD, GVP, NAME, NS, STORAGE, isvc
 from tests.helpers.repo import REFERENCE
 
-CRD = "serving.kserve.io_inferenceservices.yaml"
-GVP = ("serving.kserve.io", "v1beta1", "inferenceservices")
-NS, NAME = "team-llm", "qwen3-30b-a3b-sft"
-STORAGE = "pvc://llm-models/runs/8b0e3f2a/train/final"
 FAST = {"poll_seconds": 0.01}
 
 
@@ -27,22 +24,6 @@ FAST = {"poll_seconds": 0.01}
 def short_api_outages(monkeypatch):
     """A scenario mistake must fail in seconds, not after five minutes of API retries."""
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
-
-
-def isvc(runtime="kserve-vllm", **overrides) -> dict:
-    kwargs = dict(
-        name=NAME,
-        namespace=NS,
-        storage_uri=STORAGE,
-        runtime=runtime,
-        gpus=2,
-        max_model_len=8192,
-        served_model_name="qwen3-sft",
-        node_selector={"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
-        tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
-        labels={"pipelines.kubeflow.org/run-id": "8b0e3f2a"},
-    )
-    return build_inference_service(**{**kwargs, **overrides})
 
 
 # -- the manifest ----------------------------------------------------------------------------------------

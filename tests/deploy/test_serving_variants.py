@@ -446,7 +446,7 @@ def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_s
         )
     calls = []
 
-    def adapters(server, log_path, keep_serving=False, max_model_len=0, serving_references=None):
+    def adapters(server, log_path, keep_serving=False, max_model_len=0, serving_references=None, probe=None):
         calls.append(("vllm", server.served_names(), sorted((n, r["variant"]) for n, r in serving_references.items())))
         return {
             "endpoint": "http://127.0.0.1:1/v1",
@@ -454,11 +454,17 @@ def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_s
             "smoke_reply": "hi",
             "replies": {n: f"hi {n}" for n in server.served_names()},
             "serving_checks": {},
+            "latency": {"error": "not measured by this fake"},
         }
 
-    def single(model_path, log_path, keep_serving=False, serving_reference=None):
+    def single(model_path, log_path, keep_serving=False, serving_reference=None, probe=None):
         calls.append(("transformers serve", model_path, serving_reference["variant"]))
-        return {"endpoint": "http://127.0.0.1:2/v1", "served_model_name": model_path, "smoke_reply": "hello"}
+        return {
+            "endpoint": "http://127.0.0.1:2/v1",
+            "served_model_name": model_path,
+            "smoke_reply": "hello",
+            "latency": {"error": "not measured by this fake"},
+        }
 
     monkeypatch.setattr(local_server, "serve_adapters_locally", adapters)
     monkeypatch.setattr(local_server, "serve_locally", single)

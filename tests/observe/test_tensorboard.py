@@ -63,16 +63,16 @@ def test_the_dashboard_path_is_the_controllers_route():
     assert dashboard_path("team-a", "tb-run-1") == "/tensorboard/team-a/tb-run-1/"
 
 
-def test_the_train_step_creates_it_once_and_goes_on_without_the_controller(caplog):
+def test_the_train_step_creates_it_once_where_the_controller_is(tmp_path):
     from components.observe.tensorboard import GROUP, PLURAL, VERSION, ensure_tensorboard
     from tests.fakes.k8s_api import FakeKubeAPI
 
     manifest = tensorboard_manifest("tb-run-1", "team-a", "llm-models", "run-1")
     with FakeKubeAPI() as api:
-        assert ensure_tensorboard(manifest, api_client=api.client) is False  # no controller: a warning, no failure
-        assert "set tensorboard=false" in caplog.text and not api.requests_for("POST")
         api.install_crd(GROUP, VERSION, PLURAL, "Tensorboard")
-        assert ensure_tensorboard(manifest, api_client=api.client) is True
-        assert ensure_tensorboard(manifest, api_client=api.client) is True  # a later stage, a retried step: 409
+        assert ensure_tensorboard(manifest, api_client=api.client, model_root=str(tmp_path)) is True
+        # a later stage, a retried step: 409
+        assert ensure_tensorboard(manifest, api_client=api.client, model_root=str(tmp_path)) is True
         assert len(api.requests_for("POST", f"/{PLURAL}")) == 2
         assert api.objects[(GROUP, VERSION, PLURAL, "team-a", "tb-run-1")]["spec"] == manifest["spec"]
+    # Without the controller: a Deployment and a Service instead (tests/observe/test_tensorboard_server.py).

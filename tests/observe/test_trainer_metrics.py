@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import socket
 import urllib.request
@@ -85,6 +86,23 @@ def test_a_taken_port_is_an_error_naming_the_setting():
         port = holder.getsockname()[1]
         with pytest.raises(RuntimeError, match=rf"metrics_port {port}: .*Set metrics_port to a free port, or 0"):
             TrainerMetrics("sft").serve(port)
+
+
+def test_a_local_runs_trainer_serves_on_a_free_port_when_the_setting_is_taken(caplog):
+    # Local runs (components/train/launcher/local.py sets any_port): the process that binds the port chooses another.
+    with socket.socket() as holder:
+        holder.bind(("0.0.0.0", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        metrics = TrainerMetrics("sft")
+        try:
+            with caplog.at_level(logging.WARNING, logger="sft.metrics"):
+                url = metrics.serve(port, any_port=True)
+            served = metrics.server.server_port
+            assert served != port and url == f"http://localhost:{served}/metrics"
+            assert f"metrics_port {port} is taken on this machine" in caplog.text and str(served) in caplog.text
+        finally:
+            metrics.close()
 
 
 @pytest.fixture

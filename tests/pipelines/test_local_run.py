@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.local import ExecutorLineFilter, StepLines
-from tests.helpers.repo import run_cli
+from tests.helpers.repo import ROOT, run_cli
 
 # The whole terminal output of the default local run: 62 lines measured with five steps, 80 with the stage slots
 # (base model, the stage's data step, two unused slots: two lines each); 640-780 before kfp.local's bookkeeping was
@@ -117,10 +117,22 @@ def test_gate_not_passed_skips_deployment(tmp_path):
     assert "Got executor_input:" in result.stdout and "Executing task" in result.stdout
 
 
-@pytest.mark.slow  # a real kfp.local run up to the failing step: 7 s
-def test_failed_step_gives_exit_1_and_a_failed_summary(tmp_path):
+BROKEN_ROWS = {
+    "not JSON": ("{not json", "rows.jsonl:3: not valid JSON"),
+    "ShareGPT's role in OpenAI rows": (
+        json.dumps({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "hello"}]}),
+        "rows.jsonl:3: unknown role 'human'",
+    ),
+}
+
+
+@pytest.mark.slow  # a real kfp.local run up to the failing step: 20 s
+@pytest.mark.parametrize("line, message", BROKEN_ROWS.values(), ids=BROKEN_ROWS)
+def test_bad_data_in_a_run_exits_2_with_one_error_line_naming_the_pipelines_settings(line, message, tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    sample = (ROOT / "components/data/sample/instructions.jsonl").read_text(encoding="utf-8").splitlines()
+    rows.write_text("\n".join([*sample[:2], line, *sample[2:40]]), encoding="utf-8")  # the first row passes validation
     summary_path = tmp_path / "summary.json"
-    missing = tmp_path / "missing.jsonl"
     result = run_cli(
         "pipelines.run",
         "--workspace",
@@ -128,13 +140,17 @@ def test_failed_step_gives_exit_1_and_a_failed_summary(tmp_path):
         "--summary-json",
         str(summary_path),
         "-p",
-        f"dataset_source={missing}",
+        f"dataset_source={rows}",
         timeout=300,
     )
-    assert result.returncode == 1
+    assert result.returncode == 2, result.stdout + result.stderr
+    cause = f"error: prepare_dataset[sft]: {rows.parent}/{message}"
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith(cause) and last.endswith("; to skip such rows instead, set max_bad_rows=10"), last
+    assert "warning" not in result.stderr and "--max-bad-rows" not in result.stdout + result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
     s = json.loads(summary_path.read_text())
-    assert s["status"] == "failed" and "prepare-dataset" in s["error"]
-    assert "no such file" in result.stdout + result.stderr
+    assert s["status"] == "failed" and s["error"] == last.removeprefix("error: ")
     assert "prepare-dataset: FAILED after " in result.stdout and "status:      FAILED after" in result.stdout
 
 

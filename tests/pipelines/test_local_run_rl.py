@@ -81,6 +81,9 @@ def test_render_writes_the_rm_and_grpo_stages_and_grpo_trains_the_policy_not_the
         "grpo_dataset_source=my-org/prompts",
         "-p",
         'grpo_rewards={"answer": 1.0, "model": 0.5}',
+        # Full fine-tuning's grpo stage does not fit an H100 (the policy gathered for generation: memory.py).
+        "-p",
+        'stage_settings={"grpo": {"method": "lora"}}',
         "--render",
         str(tmp_path),
     )
@@ -89,6 +92,7 @@ def test_render_writes_the_rm_and_grpo_stages_and_grpo_trains_the_policy_not_the
     assert (rm["stage"], grpo["stage"]) == ("rm", "grpo")
     assert rm["model_name_or_path"] == grpo["model_name_or_path"] == "/mnt/models/runs/render-preview/train/final"
     assert rm["method"] == "full" and rm["learning_rate"] == 1e-4 and grpo["learning_rate"] == 1e-6  # stage defaults
+    assert grpo["method"] == "lora"
     assert grpo["dataset_path"] == "/mnt/data/runs/render-preview/dataset-grpo"
     assert grpo["grpo_rewards"] == {"answer": 1.0, "model": 0.5} and grpo["train_sampling_strategy"] == "random"
     names = [

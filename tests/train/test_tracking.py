@@ -66,3 +66,28 @@ def test_a_local_run_with_mlflow_writes_its_metrics_to_a_file_store(tmp_path):
     losses = list(store.glob("*/*/metrics/loss")) + list(store.glob("*/*/*/metrics/loss"))
     assert losses, sorted(str(p.relative_to(store)) for p in store.rglob("*"))[:40]
     assert len(Path(losses[0]).read_text().splitlines()) >= 1
+    # The final model, written after training ended the callback's run, is on the same run as a tag.
+    (tag,) = [t for t in store.rglob("tags/final_model") if t.parent.parent == losses[0].parent.parent]
+    assert tag.read_text() == str(root / "mlflow" / "final")
+
+
+@pytest.mark.slow
+def test_a_run_with_wandb_offline_logs_its_metrics_and_the_final_models_reference(tmp_path):
+    pytest.importorskip("wandb")
+    from components.train.launcher.local import run_torchrun
+    from tests.helpers.trainer import make_workdir, trainer_config
+
+    root = make_workdir(tmp_path)
+    env = {**__import__("os").environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"}
+    run_torchrun(
+        trainer_config(root, "wandb", report_to=["wandb"], max_steps=4, save_steps=4, logging_steps=1),
+        nproc_per_node=2,
+        env=env,
+    )
+    # W&B's offline run file (its records, protobuf; 0.31 ships no reader in Python): the losses, the summary key
+    # and the model artifact's file:// reference are in it.
+    (run,) = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+    data = run.read_bytes()
+    final = str(root / "wandb" / "final")
+    assert b"train/loss" in data and b"final_model" in data
+    assert f"file://{final}".encode() in data

@@ -139,12 +139,16 @@ def test_reviews_ask_about_the_runs_namespace_and_the_backends_resources():
         ("delete", "trainjobs", ""),
         ("list", "pods", ""),
         ("get", "pods", "log"),
-        ("create", "tensorboards", ""),
+        # No Kubeflow Tensorboard controller here: the Deployment and Service that stand in for it.
+        ("create", "deployments", ""),
+        ("delete", "deployments", ""),
+        ("create", "services", ""),
+        ("delete", "services", ""),
     }
     with FakeKubeAPI() as api:  # without the run's Tensorboard, the step does not need to create one
         check(ready_cluster(api), train_backend="trainjob", deploy_backend="local", tensorboard=False)
         reviews = [r.body["spec"]["resourceAttributes"] for r in api.requests_for("POST", "selfsubjectaccessreviews")]
-    assert "tensorboards" not in {r["resource"] for r in reviews}
+    assert not {"tensorboards", "deployments", "services"} & {r["resource"] for r in reviews}
 
 
 @pytest.mark.parametrize(
@@ -191,3 +195,20 @@ def test_transient_errors_are_retried():
         api.fail_next(2, status=503, path_contains="/persistentvolumeclaims/")
         api.drop_next(1, path_contains="selfsubjectaccessreviews")
         assert check(api) == []
+
+
+def test_a_tracker_in_report_to_needs_its_secret_with_the_key_its_pods_read(caplog):
+    """report_to names mlflow or wandb: the pods' MLflow/W&B callbacks read the address or key from tracking_secret
+    (optional references, so a missing Secret would only show as a failure inside the pods, hours later)."""
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        assert check(api) == []  # tensorboard only: no Secret needed
+        (problem,) = check(api, report_to=["tensorboard", "wandb"])
+        assert problem.startswith("tracking_secret='llm-tracking': Secret not found in team-llm; report_to names wandb")
+        assert "kubectl create secret generic llm-tracking --from-literal=WANDB_API_KEY=..." in problem
+        api.add_secret(NS, "llm-tracking", {"MLFLOW_TRACKING_URI": "http://mlflow.team:5000"})
+        assert check(api, report_to=["mlflow"]) == []
+        assert check(api, report_to=["mlflow", "wandb"]) == [
+            "tracking_secret='llm-tracking' has no key WANDB_API_KEY (it has: MLFLOW_TRACKING_URI); report_to names "
+            "wandb, whose callback reads it"
+        ]

@@ -7,7 +7,10 @@ import pytest
 from components.settings import defaults
 from components.validate.rules import check, warnings
 
-GRPO = {"stages": ["sft", "grpo"], "grpo_dataset_source": "builtin:arithmetic"}
+# The reference job's grpo stage with LoRA: in full, generation's gathered model does not fit an 80 GiB GPU
+# (test_the_memory_fit_counts_grpos_reference_model_and_generations).
+LORA_GRPO = {"stage_settings": {"grpo": {"method": "lora"}}}
+GRPO = {"stages": ["sft", "grpo"], "grpo_dataset_source": "builtin:arithmetic", **LORA_GRPO}
 
 
 def _errors(**over) -> list[str]:
@@ -22,6 +25,7 @@ def test_the_bundled_grpo_and_rm_runs_are_valid():
             grpo_dataset_source="builtin:arithmetic",
             dpo_dataset_source="builtin:preference",
             grpo_rewards={"answer": 1.0, "model": 0.5},
+            **LORA_GRPO,
         )
         == []
     )
@@ -159,11 +163,12 @@ def test_groups_of_completions_must_fit_the_batch():
         "per_device_train_batch_size x gradient_accumulation_steps x GPUs = 1 x 4 x 16 = 64; change "
         "grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
     ]
-    assert _errors(**GRPO, grpo_num_generations=48, stage_settings={"grpo": {"gradient_accumulation_steps": 3}}) == []
+    grpo = {"method": "lora", "gradient_accumulation_steps": 3}
+    assert _errors(**{**GRPO, "grpo_num_generations": 48, "stage_settings": {"grpo": grpo}}) == []
 
 
 def test_an_unknown_stage_setting_for_grpo_is_refused_like_any_other():
-    errors = _errors(**GRPO, stage_settings={"grpo": {"grpo_beta": -1.0}})
+    errors = _errors(**{**GRPO, "stage_settings": {"grpo": {"method": "lora", "grpo_beta": -1.0}}})
     assert any(e.startswith("stage_settings.grpo: grpo_beta=-1.0 must be >= 0") for e in errors), errors
 
 
@@ -197,39 +202,58 @@ def test_prompt_rows_are_the_grpo_stages_data_not_sfts():
 
 
 def test_the_memory_fit_counts_grpos_reference_model_and_generations():
-    from components.estimate.memory import GIB, grpo_extra_bytes
+    from components.estimate.memory import grpo_extra_bytes
     from components.models.shape import load_architecture, model_shape
 
     shape = model_shape(load_architecture("Qwen/Qwen3-30B-A3B-Thinking-2507-FP8"))
     zero3 = {"stage": 3}
-    # Full fine-tuning: TRL's frozen bf16 reference, partitioned like the policy under ZeRO-3, plus vLLM's 30% share.
-    extra = grpo_extra_bytes(
-        shape, "full", zero3, 16, beta=0.04, completions=4, sequence_tokens=4096, gpu_memory_gib=80.0, colocate=True
-    )
-    assert extra == int(2 * shape.total / 16) + int(0.3 * 80 * GIB)
-    # No reference with beta 0 or LoRA (the adapter off); transformers' generate holds the KV cache instead.
     kv = 2 * 2 * shape.layers * shape.kv_dim * 4096 * 4
-    for method, beta in (("full", 0.0), ("lora", 0.04)):
-        assert (
-            grpo_extra_bytes(
-                shape,
-                method,
-                zero3,
-                16,
-                beta=beta,
-                completions=4,
-                sequence_tokens=4096,
-                gpu_memory_gib=80.0,
-                colocate=False,
-            )
-            == kv
+    # Full fine-tuning: TRL's frozen bf16 reference, partitioned like the policy under ZeRO-3, the KV cache, and the
+    # whole bf16 model TRL gathers onto every GPU to generate (ds3_gather_for_generation): the trainer image has no
+    # vllm, so a request for vLLM colocate is counted as the transformers generate that runs.
+    for colocate in (True, False):
+        extra = grpo_extra_bytes(
+            shape,
+            "full",
+            zero3,
+            16,
+            beta=0.04,
+            completions=4,
+            sequence_tokens=4096,
+            gpu_memory_gib=80.0,
+            colocate=colocate,
         )
-    # The reference job fits with the grpo stage at 80 GiB; at 60 GiB the grpo stage alone does not, and says why.
+        assert extra == int(2 * shape.total / 16) + kv + 2 * shape.total
+    # No reference with beta 0 or LoRA (the adapter off); without ZeRO-3 the model states hold the whole model already.
+    for method, beta, zero in (("full", 0.0, zero3), ("lora", 0.04, zero3), ("lora", 0.04, {"stage": 2})):
+        assert grpo_extra_bytes(
+            shape,
+            method,
+            zero,
+            16,
+            beta=beta,
+            completions=4,
+            sequence_tokens=4096,
+            gpu_memory_gib=80.0,
+            colocate=False,
+        ) == kv + (2 * shape.total if zero is zero3 else 0)
+    # The reference job with stages sft and grpo is refused in one line naming what to change; its grpo stage with LoRA
+    # fits (the bf16 base's shard, no reference copy, and the gathered model).
+    full = {"stages": ["sft", "grpo"], "grpo_dataset_source": "builtin:arithmetic"}
+    assert _errors(**full) == [
+        "stage grpo: full fine-tuning of Qwen/Qwen3-30B-A3B-Thinking-2507-FP8 needs about 107.3 GiB per GPU (35.5 "
+        "model states + 6.9 activations + 3 overhead + 61.9 grpo's reference model and generations) but a GPU has 80 "
+        "GiB: its generation (transformers' generate: the trainer image has no vllm) gathers the whole model onto "
+        "every GPU (56.9 GiB, TRL's ds3_gather_for_generation), which neither more GPUs nor a smaller batch shrink: "
+        'train the grpo stage with LoRA (stage_settings={"grpo": {"method": "lora"}}) or use GPUs with more memory '
+        "(gpu_memory_gib)"
+    ]
     assert _errors(**GRPO) == []
+    # At 60 GiB the LoRA grpo stage does not fit either, and says why.
     errors = _errors(**GRPO, gpu_memory_gib=60.0)
     assert (
         len(errors) == 1
-        and errors[0].startswith("stage grpo: full fine-tuning of ")
+        and errors[0].startswith("stage grpo: lora fine-tuning of ")
         and "grpo's reference model and generations) but a GPU has 60 GiB" in errors[0]
     ), errors
 

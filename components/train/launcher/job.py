@@ -273,11 +273,16 @@ def training_job_for_run(
         rdma_resource=c.rdma_resource,
         rdma_per_pod=c.rdma_per_pod,
         ipc_lock=c.ipc_lock,
+        cpu=c.trainer_cpu_request,
+        cpu_limit=c.trainer_cpu_limit,
+        memory=c.trainer_memory_request,
+        memory_limit=c.trainer_memory_limit,
+        shm_size=c.trainer_shm_size,
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
         version: dict[str, Any] = {"trainer_version": trainer_version} if trainer_version else {}
-        return trainjob_for_run(**common, **version)
+        return trainjob_for_run(**common, **version, runtime=c.trainjob_runtime)
     return pytorchjob_for_run(
         **common,
         priority_class=c.priority_class,

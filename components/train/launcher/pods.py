@@ -171,11 +171,16 @@ def trainer_pod_template(
     rdma_resource: str = "",
     rdma_per_pod: int = 1,
     ipc_lock: bool = False,
+    cpu_limit: str = "",
+    memory_limit: str = "",
 ) -> k8s.V1PodTemplateSpec:
     """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
 
     Args:
         container_name: where the operator injects the ``PET_*`` rendezvous (``pytorch``; ``node`` for Trainer v2).
+        cpu, memory: the container's requests; cpu_limit, memory_limit: its limits (empty: equal to the request,
+            the Guaranteed QoS class). ``/dev/shm`` (``shm_size``) is memory-backed: what is written there counts
+            toward ``memory_limit``.
         nnodes: torchrun's ``--nnodes``: a count, or ``min:max`` for an elastic job.
         metrics_port: where local rank 0 serves Prometheus metrics (a named container port ``metrics`` and the
             scrape annotations); 0: none. job_name labels the series; langfuse_secret: Langfuse's keys (optional).
@@ -183,14 +188,16 @@ def trainer_pod_template(
             with the GPUs; empty: none (NCCL then uses TCP between nodes). ipc_lock: add the IPC_LOCK capability.
 
     Returns:
-        The template: one container (``torchrun`` command and args, env, GPU/CPU/memory requests equal to
-        limits, the volume mounts) in a pod with the volumes, node placement, priority, labels and the
-        Istio opt-out, running as the non-root user under the ``restricted`` security context, without a
+        The template: one container (``torchrun`` command and args, env, CPU/memory requests and limits, GPU
+        and RDMA requests equal to limits, the volume mounts) in a pod with the volumes, node placement, priority,
+        labels and the Istio opt-out, running as the non-root user under the ``restricted`` security context, without a
         service-account token. Empty selectors, tolerations, affinity and priority are left out.
     """
-    resources = {"cpu": cpu, "memory": memory, "nvidia.com/gpu": str(gpus_per_node)}
+    devices = {"nvidia.com/gpu": str(gpus_per_node)}
     if rdma_resource:  # extended resources are requested as whole units, requests equal to limits
-        resources[rdma_resource] = str(rdma_per_pod)
+        devices[rdma_resource] = str(rdma_per_pod)
+    requests = {"cpu": cpu, "memory": memory, **devices}
+    limits = {"cpu": cpu_limit or cpu, "memory": memory_limit or memory, **devices}
     container = k8s.V1Container(
         name=container_name,
         image=image,
@@ -199,7 +206,7 @@ def trainer_pod_template(
         env=trainer_env(hf_token_secret, nccl_env, tracking_secret)
         + observe_env(metrics_port, labels.get(RUN_ID_LABEL, ""), job_name, langfuse_secret),
         ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=metrics_port)] if metrics_port else None,
-        resources=k8s.V1ResourceRequirements(requests=resources, limits=resources),
+        resources=k8s.V1ResourceRequirements(requests=requests, limits=limits),
         volume_mounts=TRAINER_VOLUME_MOUNTS,
         security_context=container_security_context(ipc_lock=ipc_lock),
     )

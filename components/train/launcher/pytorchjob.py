@@ -98,6 +98,8 @@ def build_pytorchjob(
     shm_size: str = "64Gi",
     cpu: str = "16",
     memory: str = "128Gi",
+    cpu_limit: str = "",
+    memory_limit: str = "",
     nccl_env: dict | None = None,
     clean_pod_policy: str = "Running",
     ttl_seconds_after_finished: int | None = TTL_SECONDS_AFTER_FINISHED,
@@ -131,8 +133,8 @@ def build_pytorchjob(
         labels: put on the job and on every pod.
         affinity: pod affinity as Kubernetes JSON (e.g. keep the pods in one network block); None: none.
         shm_size: size of the memory-backed ``/dev/shm`` (NCCL and dataloader workers); counts toward ``memory``.
-        cpu: CPU request and limit per pod.
-        memory: memory request and limit per pod.
+        cpu: CPU request per pod; cpu_limit: its limit (empty: the request).
+        memory: memory request per pod; memory_limit: its limit (empty: the request), ``/dev/shm`` included.
         nccl_env: NCCL variables merged over ``pods.NCCL_DEFAULTS``.
         rdma_resource, rdma_per_pod, ipc_lock: the RDMA device each pod requests and the capability verbs need
             (``pods.trainer_pod_template``).
@@ -190,6 +192,8 @@ def build_pytorchjob(
         nccl_env=nccl_env,
         cpu=cpu,
         memory=memory,
+        cpu_limit=cpu_limit,
+        memory_limit=memory_limit,
         data_pvc=data_pvc,
         model_pvc=model_pvc,
         shm_size=shm_size,

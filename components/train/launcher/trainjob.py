@@ -1,7 +1,7 @@
 """The same training job as a Kubeflow Trainer v2 ``TrainJob`` (trainer.kubeflow.org/v1alpha1).
 
-The cluster's ``torch-distributed`` ClusterTrainingRuntime supplies the JobSet (one replicated job
-``node`` whose container is ``node``); the TrainJob fills in the image, ``torchrun`` command,
+The cluster's ClusterTrainingRuntime (``trainjob_runtime``, ``torch-distributed`` by default) supplies the JobSet
+(one replicated job ``node`` whose container is ``node``); the TrainJob fills in the image, ``torchrun`` command,
 ``numNodes``, ``numProcPerNode`` and ``resourcesPerNode``, and a pod patch adds what the runtime cannot
 know: the claims, ``/dev/shm``, node placement, labels and the Istio opt-out. The trainer controller injects
 ``PET_NNODES``, ``PET_NPROC_PER_NODE``, ``PET_NODE_RANK``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` into the
@@ -39,6 +39,11 @@ from components.train.launcher.pytorchjob import validate_job
 
 GROUP, VERSION, PLURAL, KIND = TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL, TRAINJOB_KIND
 RUNTIME = "torch-distributed"
+# The runtimes a TrainJob's runtimeRef names (cluster-scoped; kind ClusterTrainingRuntime, the runtimeRef's default).
+RUNTIME_PLURAL = "clustertrainingruntimes"
+# The gang-scheduling plugins of a runtime's spec.podGroupPolicy (the ClusterTrainingRuntime CRD): the Trainer creates
+# the PodGroup of every TrainJob on such a runtime, so the job's pods are placed all at once or not at all.
+GANG_PLUGINS = ("coscheduling", "volcano")
 # The replicated job and container of the torch runtimes, where the controller injects the PET_* variables.
 NODE = TRAINJOB_NODE
 # Who owns our entry in spec.runtimePatches (entries are a map keyed by manager).
@@ -79,6 +84,8 @@ def build_trainjob(
     shm_size: str = "64Gi",
     cpu: str = "16",
     memory: str = "128Gi",
+    cpu_limit: str = "",
+    memory_limit: str = "",
     nccl_env: dict | None = None,
     runtime: str = RUNTIME,
     active_deadline_seconds: int | None = None,
@@ -95,12 +102,14 @@ def build_trainjob(
 
     Args:
         name, namespace, image, config_path, num_nodes, gpus_per_node, data_pvc, model_pvc, hf_token_secret,
-        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, nccl_env, tracking_secret,
-            metrics_port, langfuse_secret, rdma_resource, rdma_per_pod, ipc_lock: as for ``build_pytorchjob``
-            (the RDMA resource is requested in ``resourcesPerNode``); every node runs the same ``torchrun``
+        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, cpu_limit, memory_limit, nccl_env,
+            tracking_secret, metrics_port, langfuse_secret, rdma_resource, rdma_per_pod, ipc_lock: as for
+            ``build_pytorchjob`` (CPU, memory, GPUs and the RDMA resource are ``resourcesPerNode``'s requests and
+            limits, which the Trainer sets on the ``node`` container); every node runs the same ``torchrun``
             command. The runtime patch cannot declare container ports (the TrainJob schema's patch container has
             none): the metrics port is in the scrape annotations only, and the PodMonitor reaches it by relabeling.
-        runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``).
+        runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``): the
+            ``trainjob_runtime`` setting, which preflight checks against the cluster's runtimes.
         active_deadline_seconds: the controller fails the job once it has run this long; None: no limit.
         queue_name: Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``); empty: no Kueue.
         trainer_version: the installed Trainer's TrainJob (``TRAINER_VERSIONS``; ``installed_trainer_version``
@@ -109,7 +118,9 @@ def build_trainjob(
             pods get the runtime's grace period and security context.
 
     Gang scheduling, priority, restarts and the finished-job TTL are the runtime's policy in Trainer
-    v2, not the TrainJob's; ``run_training_job(cleanup=...)`` deletes finished jobs.
+    v2, not the TrainJob's (gang scheduling: the ClusterTrainingRuntime's ``podGroupPolicy``, coscheduling or
+    Volcano; ``gang_scheduling=true`` asks preflight to refuse a runtime without one, ``runtime_gang_plugin``);
+    ``run_training_job(cleanup=...)`` deletes finished jobs.
 
     Raises:
         ValueError: naming the field, for an invalid name, image, node or GPU count, deadline or Trainer
@@ -140,6 +151,8 @@ def build_trainjob(
         nccl_env=nccl_env,
         cpu=cpu,
         memory=memory,
+        cpu_limit=cpu_limit,
+        memory_limit=memory_limit,
         data_pvc=data_pvc,
         model_pvc=model_pvc,
         shm_size=shm_size,
@@ -333,3 +346,21 @@ def installed_trainer_version(api_client=None) -> str:
             raise
         document = {}  # the group/version is not served: no Trainer
     return trainer_version_for(trainjob_spec_fields(document))
+
+
+def runtime_gang_plugin(runtime: dict) -> str:
+    """The gang-scheduling plugin of a ClusterTrainingRuntime (an entry of ``GANG_PLUGINS`` set in its
+    ``spec.podGroupPolicy``), or "" when its TrainJobs' pods are scheduled one by one."""
+    policy = (runtime.get("spec") or {}).get("podGroupPolicy") or {}
+    return next((plugin for plugin in GANG_PLUGINS if plugin in policy), "")
+
+
+def cluster_runtimes(api_client=None) -> dict[str, dict]:
+    """The cluster's ClusterTrainingRuntimes by name.
+
+    Raises:
+        ApiException: the API server refused the list (403: the account may not list the cluster-scoped runtimes).
+    """
+    api_client = api_client or load_api_client()
+    listed = call_api(k8s.CustomObjectsApi(api_client).list_cluster_custom_object, GROUP, VERSION, RUNTIME_PLURAL)
+    return {item["metadata"]["name"]: item for item in listed.get("items") or []}

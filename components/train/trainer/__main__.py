@@ -11,6 +11,21 @@ stopped the run at a complete checkpoint that a re-run resumes from (checkpoints
 
 from __future__ import annotations
 
+# ruff: noqa: E402  (the parent-death request comes before the imports below: they load torch, which takes seconds)
+import os
+import signal
+
+from components import parent_death
+
+# torchrun starts every worker in a session of its own (torch's elastic SubprocessHandler: start_new_session=True),
+# so a signal to the agent's process group never reaches the ranks: killed that way (a cancelled local run,
+# kill -KILL -- -PGID), the agent left them training on with parent pid 1, holding their ports and writing
+# checkpoints for a run nobody waits for. SIGKILL, not SIGTERM: with the agent gone no one restarts or reports the
+# job, and a checkpoint on SIGTERM is the agent's to ask for (checkpoints.py). In a pod the container's end kills
+# every process anyway; this is for the agent that dies alone. Asked before anything else, so no window is left.
+if __name__ == "__main__":
+    parent_death.request(signal.SIGKILL, os.getppid())
+
 import argparse
 import importlib
 import logging
@@ -22,7 +37,7 @@ from components.train.trainer.checkpoints import EXIT_SIGTERM
 from components.train.trainer.common import TrainingInterrupted
 from components.train.trainer.config_file import parse_config
 from components.train.trainer.metrics import serve as serve_metrics
-from components.train.trainer.process_exit import die_with_parent, leave
+from components.train.trainer.process_exit import leave
 
 log = logging.getLogger("sft")
 
@@ -45,7 +60,6 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse, train, exit: the process ends here (process_exit.leave), with the status the module docstring says."""
-    die_with_parent()
     freeze_heap_at_exit()
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")

@@ -204,6 +204,24 @@ class SFTConfig(TrainingArguments):
             )
         },
     )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": (
+                "cpt and sft stages: stop once the held-out loss per label token has not improved for this many "
+                "evaluations (every eval_steps) and keep the best checkpoint as the stage's model; 0 trains to the end."
+            )
+        },
+    )
+    early_stopping_min_delta: float = field(
+        default=0.0,
+        metadata={
+            "help": (
+                "With early_stopping_patience: how much the held-out loss must fall below the best so far to count as "
+                "an improvement."
+            )
+        },
+    )
 
     # Not settings: the train step fills these in for each run.
     stage: str = field(

@@ -1,11 +1,13 @@
-"""Rank-0 progress lines: step, loss, learning rate, tokens/s, MFU (counted per document, mfu.py) and ETA."""
+"""Rank-0 progress lines: step, loss, learning rate, tokens/s, MFU (counted per document, mfu.py) and ETA; early
+stopping on the held-out loss."""
 
 from __future__ import annotations
 
 import logging
+import operator
 import time
 
-from transformers import TrainerCallback
+from transformers import EarlyStoppingCallback, TrainerCallback
 
 from components.models.mfu import attention_length, flops_per_token, peak_flops
 from components.models.shape import model_shape
@@ -89,3 +91,66 @@ class ProgressCallback(TrainerCallback):
                 f"{mfu:.1%}" if mfu is not None else "n/a (no known GPU peak)",
                 eta,
             )
+
+
+class HeldOutEarlyStopping(EarlyStoppingCallback):
+    """transformers' ``EarlyStoppingCallback`` on the held-out loss (``metric_for_best_model``: config.py's
+    ``early_stopping_arguments``), for this trainer's checkpoints and resumes.
+
+    - Its patience counter survives a resume. The Trainer saves it in every checkpoint's trainer_state.json
+      (``stateful_callbacks``) but reads it back only with ``restore_callback_states_from_checkpoint``, which also
+      restores the saved ``TrainerControl``: a SIGTERM checkpoint's ``should_training_stop`` would then end the
+      resumed run after one step. So this callback reads its own entry back when training begins (the Trainer has
+      loaded the checkpoint's state by then).
+    - Every new best is checkpointed. The Trainer keeps a best only where a checkpoint exists at its step: an
+      evaluation between two ``save_steps`` checkpoints that is the best would otherwise be lost, and the run would
+      end on an older one than it reports.
+    """
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        super().on_train_begin(args, state, control, **kwargs)
+        saved = state.stateful_callbacks.get(type(self).__name__)
+        if isinstance(saved, dict):
+            counter = saved.get("attributes", {}).get("early_stopping_patience_counter", 0)
+            self.early_stopping_patience_counter = counter
+            if counter and state.is_world_process_zero:
+                log.info(
+                    "early stopping: %d of %d evaluations without improvement before the resume",
+                    counter,
+                    self.early_stopping_patience,
+                )
+        return control
+
+    def on_evaluate(self, args, state, control, metrics, **kwargs):
+        value = metrics.get(args.metric_for_best_model)
+        better = operator.gt if args.greater_is_better else operator.lt
+        if value is not None and (state.best_metric is None or better(value, state.best_metric)):
+            control.should_save = True  # the Trainer records this step as the best; its checkpoint must exist
+        stopping = control.should_training_stop
+        super().on_evaluate(args, state, control, metrics, **kwargs)
+        if control.should_training_stop and not stopping and state.is_world_process_zero:
+            log.info(
+                "early stopping at step %d of %d: %s has not improved by more than %g for %d evaluations; best "
+                "%.4f at step %s",
+                state.global_step,
+                state.max_steps,
+                args.metric_for_best_model,
+                self.early_stopping_threshold,
+                self.early_stopping_patience,
+                state.best_metric,
+                state.best_global_step,
+            )
+        return control
+
+
+def early_stopping_summary(state) -> dict:
+    """metrics.json's early-stopping figures from the Trainer's final state: where training stopped, of how many
+    steps, and the best evaluation, whose checkpoint's weights are the stage's model."""
+    return {
+        "stopped_early": state.global_step < state.max_steps,
+        "stopped_at_step": state.global_step,
+        "max_steps": state.max_steps,
+        "best_step": state.best_global_step,
+        "best_eval_loss": state.best_metric,
+        "best_checkpoint": state.best_model_checkpoint,
+    }

@@ -30,7 +30,10 @@ from components.train.config import (
     DEEPSPEED_CONFIGS,
     METHODS,
     check_combination,
+    check_early_stopping_layout,
     deepspeed_config_path,
+    early_stopping_arguments,
+    early_stopping_on,
 )
 from components.train.trainer.arguments import DPO_DERIVED, SFTConfig
 from components.train.trainer.parallelism import check_parallelism, job_deepspeed_config
@@ -140,6 +143,17 @@ def _largest_layer(model_name_or_path: str | None) -> int:
         return 0
 
 
+def _model_config(model_name_or_path: str) -> dict | None:
+    """The model's config.json, or None when it cannot be read here (the model's load reports that)."""
+    from components.models.hub import load_model_config
+
+    try:
+        return load_model_config(model_name_or_path)
+    except Exception as exc:  # noqa: BLE001 - a model that cannot be read fails at load, with its own message
+        log.warning("early stopping's layout check skipped: the config of %r: %s", model_name_or_path, exc)
+        return None
+
+
 def parse_config(path: str):
     """Load the config of the file's ``stage`` (``config_class``) from a JSON or YAML file; an unknown stage, unknown
     keys, wrong types, bad combinations and a missing dataset are errors.
@@ -216,6 +230,16 @@ def parse_config(path: str):
         )
     if stage in ("rm", "grpo"):
         _derive_rl_fields(path, stage, data, {f.name: f for f in dataclasses.fields(config_cls)})
+    if early_stopping_on(data):
+        defaults = {f.name: f.default for f in dataclasses.fields(config_cls)}
+        parallelism = data.get("parallelism", defaults["parallelism"])
+        if parallelism != "deepspeed":
+            model_config = _model_config(data.get("model_name_or_path", defaults["model_name_or_path"]))
+            if why := check_early_stopping_layout(data["early_stopping_patience"], parallelism, model_config):
+                raise ValueError(f"{path}: {why}")
+        data.update(
+            early_stopping_arguments(data.get("eval_steps") or 0, data.get("save_steps", defaults["save_steps"]))
+        )
     (cfg,) = HfArgumentParser(DataClassType(config_cls)).parse_dict(data)
     return cfg
 

@@ -50,6 +50,8 @@ from transformers.core_model_loading import revert_weight_conversion
 from transformers.integrations import deepspeed as hf_deepspeed
 from transformers.modeling_utils import remove_tied_weights_from_state_dict
 
+from components.train.trainer.tracking import record_final_model
+
 # DeepSpeed and PEFT are imported inside the functions that need them: DeepSpeed only for a ZeRO-3 export, PEFT only
 # for a LoRA/QLoRA run; the laptop install has neither, and a full fine-tuning run never needs them.
 
@@ -353,4 +355,5 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
             if os.path.isdir(folder):
                 readable_by_every_user(folder)
         log.info("final model in %s", final_dir)
+        record_final_model(list(cfg.report_to or []), final_dir)
     return final_dir

@@ -18,6 +18,9 @@ The same entry point as every stage (__main__.py), and the same model loading, c
   accumulation x processes, must hold whole groups (validate_inputs checks it).
 - Generation: transformers' ``generate`` in the training processes on a laptop; on GPUs with vllm installed (the
   trainer image), TRL's vLLM colocate mode (grpo_arguments.vllm_colocate): an engine in each rank shares its GPU.
+- Rewards that are None or NaN (TRL: "not applicable"): counted per source and step (``rewards/<source>/unscored``,
+  the progress line, a warning naming the source's setting); a training step with no reward at all stops the run with
+  NoRewardError naming each source's setting (GRPOCheckpointTrainer).
 - Metrics (metrics.json): TRL's sampled evaluation on the eval split (``eval_reward``, each reward's
   ``eval_rewards/<name>/mean``), the first and last logged training rewards (``first_reward``, ``last_reward``), plus
   what every stage reports (common.summary_metrics).
@@ -30,6 +33,7 @@ import time
 from typing import Any
 
 import datasets
+import torch
 from transformers import AutoTokenizer, TrainerCallback
 from trl import GRPOTrainer
 
@@ -56,8 +60,40 @@ log = logging.getLogger("sft.grpo")
 REF_ADAPTER = "ref"
 
 
+class NoRewardError(RuntimeError):
+    """A training step in which no completion got a reward from any source: GRPO has nothing to learn from."""
+
+
 class GRPOCheckpointTrainer(CheckpointMixin, GRPOTrainer):
-    """TRL's ``GRPOTrainer`` whose checkpoints under DeepSpeed are DeepSpeed's sharded state only (checkpoints.py)."""
+    """TRL's ``GRPOTrainer`` whose checkpoints under DeepSpeed are DeepSpeed's sharded state only (checkpoints.py), and
+    which counts the rewards that are None or NaN.
+
+    TRL reads a reward function's None as "not applicable" (NaN; the source's mean and the weighted sum leave it out,
+    and a completion that no source scores gets advantage 0), so a source that skips some completions is normal (the
+    answer reward without a reference); each step logs, per source, how many completions of its generation batch it
+    left unscored (``rewards/<source>/unscored``, averaged over the logging window as TRL averages its metrics). A
+    training step in which no completion has any reward stops the run with NoRewardError naming each source's setting.
+    """
+
+    reward_settings: dict[str, str] = {}  # source -> the setting that defines it (reward_settings(cfg))
+
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
+        # TRL 1.16: one column per reward source, every process's completions gathered, None as NaN: the same tensor on
+        # every rank, so that every rank stops at the same step.
+        rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        missing = torch.isnan(rewards)
+        mode = "train" if self.model.training else "eval"
+        for name, count in zip(self.reward_func_names, missing.sum(dim=0).tolist(), strict=True):
+            self._metrics[mode][f"rewards/{name}/unscored"].append(float(count))
+        if mode == "train" and bool(missing.all()):
+            sources = ", ".join(f"{n} ({self.reward_settings.get(n, n)})" for n in self.reward_func_names)
+            raise NoRewardError(
+                f"grpo step {self.state.global_step + 1}: every completion of the step has no reward: all "
+                f"{rewards.shape[0]} were None or NaN from each of {sources}; GRPO has nothing to learn from. Make the "
+                "reward function return a number for the completions it can score, or give another reward a weight "
+                "in grpo_rewards"
+            )
+        return rewards
 
 
 def reward_sources(cfg) -> list[str]:
@@ -79,29 +115,61 @@ def reward_funcs(cfg) -> list:
     return funcs
 
 
-class RewardLogCallback(TrainerCallback):
-    """One line per logging step on rank 0 with the mean reward and each source's, and the completions' length."""
+def reward_settings(cfg) -> dict[str, str]:
+    """Each reward source of ``cfg`` -> the setting that defines it, as the messages about its rewards name it."""
+    return {
+        "answer": f"grpo_rewards answer (None without a reference), grpo_answer_pattern {cfg.grpo_answer_pattern!r}",
+        "format": f"grpo_rewards format, grpo_answer_pattern {cfg.grpo_answer_pattern!r}",
+        "length": f"grpo_rewards length, grpo_length_budget {cfg.grpo_length_budget}",
+        "model": f"grpo_reward_model {cfg.grpo_reward_model or reward_model_dir(cfg.output_dir)!r}",
+        "function": f"grpo_reward_function {cfg.grpo_reward_function!r}",
+    }
 
-    def __init__(self, names: list[str]):
+
+def _value(x: float | None) -> str:
+    """A logged mean as the progress line shows it: TRL logs None for a source with no reward in the window."""
+    return "n/a" if x is None else f"{x:.3f}"
+
+
+class RewardLogCallback(TrainerCallback):
+    """One line per logging step on rank 0 with the mean reward and each source's, how many completions per generation
+    batch a source left unscored (None or NaN: GRPOCheckpointTrainer), and the completions' length; a warning naming the
+    source's setting the first time a source leaves completions unscored."""
+
+    def __init__(self, names: list[str], settings: dict[str, str], batch: int):
         self.names = names
-        self.rewards: list[float] = []
+        self.settings = settings
+        self.batch = batch  # completions per generation batch, every process's
+        self.warned: set[str] = set()
+
+    def _source(self, name: str, logs: dict) -> str:
+        unscored = logs.get(f"rewards/{name}/unscored") or 0.0
+        counted = f" (None/NaN {unscored:g}/{self.batch})" if unscored else ""
+        return f"{name} {_value(logs.get(f'rewards/{name}/mean'))}{counted}"
 
     def on_log(self, args, state, control, logs=None, **kwargs):
-        if not logs or "reward" not in logs:
+        if not logs or "reward" not in logs or not state.is_world_process_zero:
             return
-        self.rewards.append(logs["reward"])
-        if state.is_world_process_zero:
-            parts = ", ".join(
-                f"{n} {logs[k]:.3f}" for n, k in ((n, f"rewards/{n}/mean") for n in self.names) if k in logs
-            )
-            log.info(
-                "step %d/%d | reward %.3f (%s) | completion length %.1f",
-                state.global_step,
-                state.max_steps,
-                logs["reward"],
-                parts,
-                logs.get("completions/mean_length", 0.0),
-            )
+        for name in self.names:
+            unscored = logs.get(f"rewards/{name}/unscored") or 0.0
+            if unscored and name not in self.warned:
+                self.warned.add(name)
+                log.warning(
+                    "reward %s (%s) returned None or NaN for %g of the %d completions of a step: TRL leaves them out "
+                    "of its mean and of the sum (not applicable); the progress lines count them from here on",
+                    name,
+                    self.settings.get(name, name),
+                    unscored,
+                    self.batch,
+                )
+        log.info(
+            "step %d/%d | reward %s (%s) | completion length %.1f",
+            state.global_step,
+            state.max_steps,
+            _value(logs["reward"]),
+            ", ".join(self._source(n, logs) for n in self.names if f"rewards/{n}/mean" in logs),
+            logs.get("completions/mean_length") or 0.0,
+        )
 
 
 def main(cfg) -> dict:
@@ -139,12 +207,13 @@ def main(cfg) -> dict:
     # TRL logs each reward under its function's name, a reward model under its folder's ("final"): under its source's
     # name instead (rewards/<answer|format|length|model|function>/mean), the names grpo_rewards uses.
     trainer.reward_func_names = reward_sources(cfg)
+    trainer.reward_settings = reward_settings(cfg)
     shape = model_shape(model.config.to_dict())
     # Attention over half a completion and its prompt on average: a rough count for the MFU line (GRPO's rows are
     # generated in the step, so there is no prepared split to count documents in).
     keys = cfg.max_completion_length / 2
     flops = flops_per_token(shape.active, shape.layers, shape.q_dim, keys)
-    rewards_log = RewardLogCallback(reward_sources(cfg))
+    rewards_log = RewardLogCallback(reward_sources(cfg), reward_settings(cfg), cfg.generation_batch_size)
     use_progress(
         trainer,
         ProgressCallback(
@@ -156,7 +225,7 @@ def main(cfg) -> dict:
     evaluation = trainer.evaluate()
     # TRL's evaluation samples completions for the eval prompts and logs their rewards (GRPOTrainer.log).
     keys_kept = {k: v for k, v in evaluation.items() if k == "eval_reward" or k.startswith("eval_rewards/")}
-    history = [e["reward"] for e in trainer.state.log_history if "reward" in e]
+    history = [e["reward"] for e in trainer.state.log_history if e.get("reward") is not None]
     extra = {
         **keys_kept,
         "first_reward": history[0] if history else None,

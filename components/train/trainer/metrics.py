@@ -37,6 +37,8 @@ from components.langfuse_trace import Trace, configured, start_trace
 log = logging.getLogger("sft.metrics")
 
 PORT_ENV, RUN_ID_ENV, JOB_NAME_ENV = "TRAINER_METRICS_PORT", "TRAINER_RUN_ID", "TRAINER_JOB_NAME"
+# "1" (a local run's trainer: components/train/launcher/local.py): a taken port is not an error, a free one is served.
+ANY_PORT_ENV = "TRAINER_METRICS_ANY_PORT"
 LABELS = ("run_id", "stage", "job_name", "node_rank")
 PREFIX = "llm_train_"
 # name (without PREFIX) -> help: every series the trainer exports (tests hold the dashboard and rules to these).
@@ -103,16 +105,25 @@ class TrainerMetrics:
     def _since_checkpoint(self) -> float:
         return time.time() - (self.last_checkpoint or self.started)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> str:
-        """Serve ``/metrics`` on ``port``; returns the URL. RuntimeError naming ``metrics_port`` if it is taken."""
+    def serve(self, port: int, addr: str = "0.0.0.0", any_port: bool = False) -> str:
+        """Serve ``/metrics`` on ``port``; returns the URL. RuntimeError naming ``metrics_port`` if it is taken, unless
+        ``any_port``: then on a free port, with a warning naming both."""
         try:
             self.server, _thread = start_http_server(port, addr=addr, registry=self.registry)
         except OSError as exc:
-            raise RuntimeError(
-                f"metrics_port {port}: cannot serve the trainer's metrics ({exc.strerror or exc}); another process "
-                f"on this {'pod' if os.environ.get('KUBERNETES_SERVICE_HOST') else 'machine'} holds the port. Set "
-                "metrics_port to a free port, or 0 to turn the trainer's metrics off"
-            ) from None
+            if not any_port:
+                raise RuntimeError(
+                    f"metrics_port {port}: cannot serve the trainer's metrics ({exc.strerror or exc}); another process "
+                    f"on this {'pod' if os.environ.get('KUBERNETES_SERVICE_HOST') else 'machine'} holds the port. Set "
+                    "metrics_port to a free port, or 0 to turn the trainer's metrics off"
+                ) from None
+            # Chosen by the process that binds it: a port found free earlier may be taken by now.
+            self.server, _thread = start_http_server(0, addr=addr, registry=self.registry)
+            log.warning(
+                "metrics_port %d is taken on this machine (another local run?): this run's metrics are on port %d",
+                port,
+                self.server.server_port,
+            )
         host = "localhost" if addr in ("0.0.0.0", "") else addr
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
             host = socket.gethostname()  # the pod's name: what a reader finds it by
@@ -141,7 +152,7 @@ def serve(cfg) -> TrainerMetrics | None:
     metrics = TrainerMetrics(
         getattr(cfg, "stage", "sft"), os.environ.get(RUN_ID_ENV, ""), os.environ.get(JOB_NAME_ENV, ""), node_rank()
     )
-    url = metrics.serve(port)
+    url = metrics.serve(port, any_port=os.environ.get(ANY_PORT_ENV) == "1")
     log.info("metrics at %s (Prometheus text format; node rank %s)", url, metrics.labels["node_rank"])
     _current = metrics
     return metrics

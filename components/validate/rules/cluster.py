@@ -36,6 +36,79 @@ EXTENDED_RESOURCE = re.compile(
 NCCL_VARIABLE = re.compile(r"^NCCL_[A-Z0-9_]+$")
 
 
+# A Kubernetes resource quantity (k8s.io/apimachinery pkg/api/resource): a non-negative decimal number and a binary
+# (Ki..Ei), decimal (n, u, m, k, M..E) or exponent suffix.
+QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][-+]?\d+)?$")
+QUANTITY_FACTORS = {
+    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    **{"": 1, "n": 1e-9, "u": 1e-6, "m": 1e-3},
+}
+# Host memory of one trainer pod while it writes a checkpoint, per rank (components/train/trainer/export.py and
+# docs/memory.md#the-trainer-pod: the reference job's 8 ranks, Qwen3-30B-A3B under ZeRO-3 on 2 x 8 H100, hold ~110 GB:
+# ~40-48 GB of runtime and data loaders plus one ~7.6 GB fp32 partition staged per rank). A memory limit below it is
+# an OOM kill at the first checkpoint, hours into the run; smaller models need less, the reference's figure is the
+# budget this package documents and holds pods to.
+CHECKPOINT_HOST_BYTES_PER_RANK = 110e9 / 8
+
+
+def quantity(value: str) -> float | None:
+    """A Kubernetes quantity's value (``"128Gi"``: bytes; ``"500m"``: 0.5), or None when it is not one."""
+    match = QUANTITY.match(str(value).strip())
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(3) or ""
+    if suffix[:1] in ("e", "E") and suffix not in QUANTITY_FACTORS:
+        return float(number) * 10 ** int(suffix[1:])
+    return float(number) * QUANTITY_FACTORS[suffix]
+
+
+def trainer_pod_errors(s: Settings) -> list[str | None]:
+    """The trainer pod's CPU, memory and ``/dev/shm``: quantities the API server takes, requests within limits,
+    ``/dev/shm`` within the memory limit (it is memory-backed), and a memory limit that holds a checkpoint's
+    ``CHECKPOINT_HOST_BYTES_PER_RANK`` for each of the pod's ranks."""
+    c = s.cluster
+    fields = {
+        "trainer_cpu_request": (c.trainer_cpu_request, "16"),
+        "trainer_cpu_limit": (c.trainer_cpu_limit, "16"),
+        "trainer_memory_request": (c.trainer_memory_request, "96Gi"),
+        "trainer_memory_limit": (c.trainer_memory_limit, "128Gi"),
+        "trainer_shm_size": (c.trainer_shm_size, "64Gi"),
+    }
+    parsed = {name: quantity(value) for name, (value, _) in fields.items()}
+    errors: list[str | None] = [
+        f"{name}={fields[name][0]!r} is not a positive Kubernetes quantity, e.g. {fields[name][1]!r}"
+        for name, amount in parsed.items()
+        if not amount
+    ]
+    if errors:
+        return errors
+    values = {name: amount or 0.0 for name, amount in parsed.items()}
+    for kind in ("cpu", "memory"):
+        request, limit = f"trainer_{kind}_request", f"trainer_{kind}_limit"
+        if values[request] > values[limit]:
+            errors.append(
+                f"{request}={fields[request][0]} is above {limit}={fields[limit][0]}: the API server refuses a "
+                f"request above its limit; lower {request} or raise {limit}"
+            )
+    memory_limit = fields["trainer_memory_limit"][0]
+    if values["trainer_shm_size"] > values["trainer_memory_limit"]:
+        errors.append(
+            f"trainer_shm_size={c.trainer_shm_size} is above trainer_memory_limit={memory_limit}: /dev/shm is "
+            "memory-backed and what is written there counts toward the limit; lower trainer_shm_size"
+        )
+    budget = CHECKPOINT_HOST_BYTES_PER_RANK * c.gpus_per_node
+    if c.train_backend != "local" and values["trainer_memory_limit"] < budget:
+        gib = -(-budget // 1024**3)
+        errors.append(
+            f"trainer_memory_limit={memory_limit} is below the ~{budget / 1e9:.0f} GB ({gib:.0f}Gi) a trainer pod of "
+            f"{c.gpus_per_node} ranks (gpus_per_node) holds while it writes a checkpoint "
+            "(docs/memory.md#the-trainer-pod): it would be OOM-killed at the first checkpoint; set "
+            f"trainer_memory_limit to at least {gib:.0f}Gi"
+        )
+    return errors
+
+
 def check_network_settings(s: Settings) -> list[str | None]:
     """The training pods' network: an RDMA resource name the API server accepts, NCCL variables only."""
     c = s.cluster
@@ -128,6 +201,7 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
         name_error("model_pvc", c.model_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
         *check_network_settings(s),
         *placement_errors(s),
+        *trainer_pod_errors(s),
     ]
     if c.hf_token_secret:
         errors.append(name_error("hf_token_secret", c.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
@@ -176,9 +250,12 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
     if c.train_backend == "local" and c.num_nodes != 1:
         errors.append(f"num_nodes={c.num_nodes} with train_backend=local: a local run has one node; set num_nodes=1")
     if c.train_backend == "trainjob":
+        errors.append(
+            name_error("trainjob_runtime", c.trainjob_runtime, DNS1123_SUBDOMAIN, 253, "ClusterTrainingRuntime name")
+        )
+        # gang_scheduling is not among these: the runtime's podGroupPolicy does it, which preflight checks.
         for name, value in (
             ("priority_class", c.priority_class),
-            ("gang_scheduling", c.gang_scheduling),
             ("min_nodes", c.min_nodes),
         ):
             if value:

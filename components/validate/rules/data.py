@@ -12,7 +12,8 @@ from components.stages import STAGE_DATA
 
 
 def check_data_settings(s: Settings) -> list[str | None]:
-    """A training source; a chat or text format for the sft data; a held-out fraction or count."""
+    """A training source; a chat or text format for the sft data; a held-out fraction or count; a cpt chunk overlap
+    below the chunk length (the threshold's range, and the overlap's floor, are the settings model's bounds)."""
     d = s.data
     errors: list[str | None] = []
     if not d.dataset_source.strip():
@@ -31,6 +32,13 @@ def check_data_settings(s: Settings) -> list[str | None]:
         )
     if d.eval_size <= 0 or (d.eval_size >= 1 and d.eval_size != int(d.eval_size)):
         errors.append(f"eval_size={d.eval_size} must be a fraction in (0, 1) or a whole number of conversations")
+    if d.cpt_chunk_overlap >= s.train.max_seq_length:
+        # Each chunk must bring at least one new token: an overlap of max_seq_length would repeat a chunk forever.
+        errors.append(
+            f"cpt_chunk_overlap={d.cpt_chunk_overlap} must be below max_seq_length={s.train.max_seq_length} (the "
+            "chunk length: each chunk repeats that many tokens of the one before it as context); lower it, e.g. to "
+            f"{s.train.max_seq_length // 8}, or 0"
+        )
     return errors + _claim_errors(s) + (_local_source_errors(s) if s.cluster.train_backend == "local" else [])
 
 

@@ -1,4 +1,5 @@
-"""The deployment step's rules: service name, context length, GPUs, traffic split and where the model is."""
+"""The deployment step's rules: service name, context length, GPUs, traffic split, replicas and autoscaling, and
+where the model is."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ from components.settings import Settings
 
 
 def check_deploy_settings(s: Settings) -> list[str | None]:
-    """Service name, context length against training length, GPUs per backend, canary with Knative."""
+    """Service name, context length against training length, GPUs per backend, canary with Knative, replica bounds
+    and the scale metric of the deployment mode's autoscaler."""
     d = s.deploy
     errors = [name_error("serving_name", d.serving_name, DNS1035_LABEL, 63, "DNS-1035 name")]
     if d.max_model_len < s.train.max_seq_length:
@@ -27,7 +29,36 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
         errors.append(
             "canary_traffic_percent needs deployment_mode=Knative (KServe splits traffic between Knative revisions)"
         )
-    return errors + _tensor_parallel(s) + _adapter_serving(s) + _variant_serving(s)
+    return errors + _replicas(s) + _tensor_parallel(s) + _adapter_serving(s) + _variant_serving(s)
+
+
+def _replicas(s: Settings) -> list[str | None]:
+    """KServe's replica bounds and scale metric (components/deploy/inference_service.py, SCALE_METRICS): at least
+    one replica in Standard mode (only Knative scales to zero), max_replicas >= min_replicas, a metric the mode's
+    autoscaler scales on (an HPA on cpu or memory; Knative's on concurrency or rps)."""
+    from components.deploy.plan import SCALE_METRICS
+
+    d = s.deploy
+    errors: list[str | None] = []
+    if d.min_replicas > d.max_replicas >= 1:  # max_replicas < 1: its bound's own error
+        errors.append(
+            f"min_replicas={d.min_replicas} is above max_replicas={d.max_replicas}; raise max_replicas to at least "
+            f"{d.min_replicas} or lower min_replicas"
+        )
+    if d.min_replicas == 0 and d.deployment_mode != "Knative":
+        errors.append(
+            f"min_replicas=0 (scale to zero) needs deployment_mode=Knative; {d.deployment_mode} mode keeps at least 1"
+        )
+    metrics = SCALE_METRICS.get(d.deployment_mode, ())
+    known = {m for ms in SCALE_METRICS.values() for m in ms}  # another value: its choices' own error
+    if d.scale_metric in known and metrics and d.scale_metric not in metrics:
+        errors.append(
+            f"scale_metric={d.scale_metric} is not a metric KServe's {d.deployment_mode} mode autoscales on: use "
+            f"{' or '.join(metrics)}"
+            + (" (concurrency and rps need deployment_mode=Knative)" if d.deployment_mode == "Standard" else "")
+            + (" (cpu and memory need deployment_mode=Standard, an HPA)" if d.deployment_mode == "Knative" else "")
+        )
+    return errors
 
 
 def tensor_parallel_sizes(heads: int, kv_heads: int, most: int = 8) -> list[int]:

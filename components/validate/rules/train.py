@@ -1,5 +1,5 @@
-"""The training step's rules: method and DeepSpeed, length of training, trackers; and, last, whether each stage's
-job fits in GPU memory."""
+"""The training step's rules: method and DeepSpeed, length of training, early stopping, trackers; and, last, whether
+each stage's job fits in GPU memory."""
 
 from __future__ import annotations
 
@@ -10,7 +10,13 @@ from pathlib import Path
 from components.estimate.memory import check_memory_fit
 from components.settings import Settings
 from components.stages import stage_overrides
-from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
+from components.train.config import (
+    DEEPSPEED_CONFIGS,
+    EARLY_STOPPING_STAGES,
+    check_early_stopping,
+    check_early_stopping_layout,
+    check_method_deepspeed,
+)
 
 
 def check_train_settings(s: Settings) -> list[str | None]:
@@ -25,16 +31,41 @@ def check_train_settings(s: Settings) -> list[str | None]:
         # ZeRO++'s secondary partition must be one node's GPUs: the trainer sets the shipped zero3_hpz's to torchrun's
         # LOCAL_WORLD_SIZE (components/train/trainer/parallelism.py), so no gpus_per_node needs a file of its own.
     errors += parallelism_errors(s)
+    errors += early_stopping_errors(s)
     if t.num_train_epochs <= 0 and t.max_steps <= 0:
         errors.append("num_train_epochs and max_steps are both <= 0; set num_train_epochs > 0 or max_steps > 0")
-    if "mlflow" in t.report_to and s.cluster.train_backend == "local" and importlib.util.find_spec("mlflow") is None:
-        errors.append(
-            "report_to names mlflow and this machine has no mlflow: pip install mlflow-skinny (or take "
-            "mlflow out of report_to)"
-        )
+    for tracker, package in (("mlflow", "mlflow-skinny"), ("wandb", "wandb")):
+        # On a cluster the trainer image has both (tests/test_images.py); a laptop has what its user installed.
+        local = s.cluster.train_backend == "local"
+        if tracker in t.report_to and local and importlib.util.find_spec(tracker) is None:
+            errors.append(
+                f"report_to names {tracker} and this machine has no {tracker}: pip install {package} (or take "
+                f"{tracker} out of report_to)"
+            )
     if t.max_steps == 0:
         errors.append("max_steps=0 trains nothing; use -1 to run every epoch, or a positive number of steps")
     return errors
+
+
+def early_stopping_errors(s: Settings) -> list[str]:
+    """Early stopping (the cpt and sft stages) under which the held-out loss is never compared: the trainer's rule
+    (components/train/config.py's ``check_early_stopping``) with each stage's own settings; one error for stages
+    with the same problem. The held-out split itself is the data step's rule (eval_size > 0 or an eval_source)."""
+    stages: dict[str, list[str]] = {}
+    for stage in s.stages.stages:
+        if stage not in EARLY_STOPPING_STAGES:
+            continue
+        t = dataclasses.replace(s.train, **stage_overrides(s, stage))
+        problem = check_early_stopping(t.early_stopping_patience, t.eval_steps, t.save_steps, t.max_steps)
+        if not problem and t.early_stopping_patience > 0 and t.parallelism != "deepspeed":
+            from components.models.shape import load_architecture
+
+            architecture = load_architecture(s.train.model_name_or_path)
+            problem = check_early_stopping_layout(t.early_stopping_patience, t.parallelism, architecture)
+        if problem:
+            stages.setdefault(problem, []).append(stage)
+    ran = [stage for stage in s.stages.stages if stage in EARLY_STOPPING_STAGES]
+    return [p if names == ran else f"stage {', '.join(names)}: {p}" for p, names in stages.items()]
 
 
 def parallelism_errors(s: Settings) -> list[str | None]:
@@ -65,6 +96,12 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     config = load_architecture(t.model_name_or_path)
     if config is None or c.train_backend == "local":
         return []
+    if config.get("tie_word_embeddings"):
+        return [
+            f"{name}: {t.model_name_or_path} ties its input and output embeddings (tie_word_embeddings), which "
+            "transformers 5.23's FSDP2 trains away from DDP from the second optimizer step on: use "
+            "parallelism=deepspeed"
+        ]
     shape = model_shape(config)
     if t.parallelism == "hsdp_ep" and not (shape.is_moe and shape.experts % c.gpus_per_node == 0):
         return [

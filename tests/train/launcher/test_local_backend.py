@@ -69,24 +69,29 @@ def test_torchrun_runs_in_a_process_that_skips_the_final_collection(monkeypatch,
     assert kwargs["env"]["OMP_NUM_THREADS"]
 
 
-def test_a_local_run_serves_its_metrics_on_a_free_port_when_the_setting_is_taken(caplog):
+def test_a_local_runs_trainer_takes_a_free_metrics_port_itself_when_the_setting_is_taken(monkeypatch, tmp_path):
     # Two local runs on one machine (or a run's variants side by side) must not fail on the trainer's metrics port,
-    # which only one process can hold; on a cluster each pod has its own network and a clash is a setting to fix.
-    import logging
-    import socket
+    # which only one process can hold. A check here, 15-30 s before the trainer binds the port, would leave that
+    # long for another run to take it: the trainer, which binds it, takes another when it is taken
+    # (tests/observe/test_trainer_metrics.py; end to end: tests/pipelines/test_local_run_lifetime.py). On a cluster
+    # each pod has its own network and a clash is a setting to fix.
+    assert local.metrics_port_here(9410) == 9410 and local.metrics_port_here(0) == 0
+    envs = []
 
-    with socket.socket() as held:
-        held.bind(("", 0))
-        held.listen()
-        taken = held.getsockname()[1]
-        with caplog.at_level(logging.WARNING):
-            port = local.metrics_port_here(taken)
-        assert port not in (taken, 0)
-        with socket.socket() as probe:
-            probe.bind(("", port))  # free: the trainer can take it
-    assert f"metrics_port {taken} is taken on this machine" in caplog.text and str(port) in caplog.text
-    assert local.metrics_port_here(0) == 0  # off stays off
-    with socket.socket() as free:
-        free.bind(("", 0))
-        own = free.getsockname()[1]
-    assert local.metrics_port_here(own) == own
+    class Done:
+        def __init__(self, cmd, **kwargs):
+            envs.append(kwargs["env"])
+            self.stdout = iter([])
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(local.subprocess, "Popen", Done)
+    local.run_torchrun(str(tmp_path / "train_config.json"), nproc_per_node=2, env={"TRAINER_METRICS_PORT": "9410"})
+    assert envs[0]["TRAINER_METRICS_ANY_PORT"] == "1" and envs[0]["TRAINER_METRICS_PORT"] == "9410"

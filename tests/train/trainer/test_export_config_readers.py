@@ -67,6 +67,7 @@ def _cfg(root: Path, name: str, **over) -> SimpleNamespace:
             "learning_rate": 1e-3,
             "seed": 0,
             "deepspeed": "none",
+            "report_to": [],
             **over,
         }
     )

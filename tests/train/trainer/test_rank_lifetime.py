@@ -4,7 +4,7 @@ torchrun starts each worker in a session of its own (torch/distributed/elastic/m
 subprocess_handler.py: ``start_new_session=True``), so a signal to the agent's process group (a lost node, a cancelled
 local run: ``kill -KILL -- -PGID``) never reaches the ranks: they trained on to the end with parent pid 1, holding
 their port and writing checkpoints and ``final/`` for a run nobody waits for (issue 31). Each rank now asks the kernel
-for SIGKILL when its parent dies (process_exit.die_with_parent).
+for SIGKILL when its parent dies (components/parent_death.py, asked first thing in the trainer's __main__).
 """
 
 import os

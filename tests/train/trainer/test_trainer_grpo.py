@@ -21,6 +21,7 @@ import shutil
 
 import pytest
 
+from components.evaluate.curves import training_log
 from components.rewards import answer_reward, format_reward, length_reward, load_reward_function
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
@@ -292,3 +293,73 @@ def test_lora_grpo_keeps_the_trained_adapter_only(workdir):
     assert json.loads((out / "metrics.json").read_text())["global_step"] == 10
     assert (out / "adapter" / "adapter_model.safetensors").exists() and not (out / "adapter" / "ref").exists()
     assert (out / "final" / "model.safetensors").exists()  # merged (merge_lora)
+
+
+# --- slow: rewards that are None or NaN ---------------------------------------------------------------------------
+
+# A user's reward that does not apply everywhere: None (TRL: "not applicable") for every completion of even steps,
+# NaN for the first completion of each call on odd ones, the names_the_word score otherwise.
+PATCHY_REWARD = """
+import math
+
+def patchy(prompts, completions, answer, trainer_state, **kwargs):
+    if trainer_state.global_step % 2 == 0:
+        return [None] * len(completions)
+    texts = [c[-1]["content"] for c in completions]
+    scores = [sum(ch in a for ch in t) / max(1, len(t)) for t, a in zip(texts, answer)]
+    return [math.nan] + scores[1:]
+
+
+def never(prompts, completions, **kwargs):
+    return [None if i % 2 else math.nan for i in range(len(completions))]
+"""
+
+
+@pytest.mark.slow
+def test_a_reward_that_returns_none_or_nan_is_counted_on_the_progress_line(workdir, capfd):
+    """Beside the format reward, a function that is None for whole steps and NaN for some completions: the run
+    finishes, each progress line says how many completions per step the function left unscored."""
+    (workdir / "patchy.py").write_text(PATCHY_REWARD)
+    path = _config(
+        workdir,
+        "patchy",
+        max_steps=4,
+        logging_steps=1,
+        save_steps=4,
+        grpo_rewards={"format": 1.0, "function": 1.0},
+        grpo_reward_function=f"{workdir / 'patchy.py'}:patchy",
+    )
+    run_torchrun(path, nproc_per_node=2)
+    out = capfd.readouterr()
+    m = json.loads((workdir / "patchy" / "metrics.json").read_text())
+    assert m["global_step"] == 4 and m["first_reward"] is not None, m
+    lines = [line for line in out.out.splitlines() if "| reward " in line and "rank0" in line]
+    assert len(lines) == 4, out.out[-3000:]
+    # 2 ranks x 8 completions per step: 16 unscored on the even steps (0, 2: the step TRL's state says), 2 on odd.
+    assert "function n/a (None/NaN 16/16)" in lines[0] and "function " in lines[1], lines
+    assert "(None/NaN 2/16)" in lines[1], lines
+    assert "grpo_reward_function" in out.out  # the warning names the setting
+    # The report's picture reads TRL's keys from the checkpoint's log: the reward every step, the function's where it
+    # scored anything (the odd steps: TRL logs None for the others).
+    log = training_log(str(workdir / "patchy"))
+    assert [s for s, _, _ in log["reward"]] == [1, 2, 3, 4], log
+    assert [s for s, _ in log["rewards"]["format"]] == [1, 2, 3, 4] and [s for s, _ in log["rewards"]["function"]] == [
+        2,
+        4,
+    ], log
+
+
+@pytest.mark.slow
+def test_a_step_with_no_reward_at_all_stops_the_run_naming_the_function_and_the_setting(workdir, capfd):
+    (workdir / "patchy.py").write_text(PATCHY_REWARD)
+    path = _config(workdir, "never", max_steps=2, grpo_reward_function=f"{workdir / 'patchy.py'}:never")
+    with pytest.raises(RuntimeError):
+        run_torchrun(path, nproc_per_node=2)
+    out = capfd.readouterr().out
+    # Both ranks see every rank's rewards (gathered) and stop at the same step: no rank waits for the other.
+    for rank in ("rank0", "rank1"):
+        assert (
+            f"[{rank}]: components.train.trainer.grpo.NoRewardError: grpo step 1: every completion of the step has no "
+            f"reward: all 16 were None or NaN from each of function (grpo_reward_function "
+            f"'{workdir / 'patchy.py'}:never')"
+        ) in out, out[-3000:]
