@@ -1,4 +1,6 @@
-"""The final export to ``<output_dir>/final``: what evaluation loads and vLLM serves.
+"""The final export to ``<output_dir>/final``: what evaluation loads and vLLM serves. It is written to
+``final.partial/`` and renamed to ``final/`` once complete, so a failed export never leaves a ``final/`` that looks
+like a model.
 
 - full: Hugging Face safetensors shards + index, tokenizer, generation config, ``model.json``. Under ZeRO-3
   the weights are gathered one layer at a time and written shard by shard (``export_gathered``); under
@@ -317,6 +319,11 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
     Every rank calls it: under ZeRO-3 the gathers are collective.
     """
     final_dir = os.path.join(cfg.output_dir, "final")
+    # Written beside final/ and renamed to it once complete: a failed export (a full disk, a killed pod) must not leave
+    # a final/ that looks like a model (config without weights) for the run's model link and the next steps.
+    staging = final_dir + ".partial"
+    if trainer.is_world_process_zero():  # only rank 0 writes into it, whatever the layout
+        shutil.rmtree(staging, ignore_errors=True)
     trainer.model.config.use_cache = True  # off for packed training; generation (serving) wants the KV cache
     # On for training only (the MoE router's auxiliary loss, trainer/common.py). Left in the export, transformers 5's
     # Qwen3-MoE generate() fails on a padded batch (the evaluation's answers, served batches).
@@ -325,35 +332,37 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
     zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
     if cfg.method == "full":
         if zero3:
-            export_gathered(trainer.model, final_dir)
+            export_gathered(trainer.model, staging)
         elif trainer.is_distributed_loading_by_transformers:
             # hsdp / hsdp_ep: fp32 master weights sharded by FSDP2, exported in the dtype the run computed in.
             dtype = torch.bfloat16 if cfg.bf16 else None
-            export_gathered(trainer.model, final_dir, gather=gather_dtensors, dtype=dtype)
+            export_gathered(trainer.model, staging, gather=gather_dtensors, dtype=dtype)
         else:
-            trainer.save_model(final_dir)
+            trainer.save_model(staging)
     else:
         adapter_dir = os.path.join(cfg.output_dir, "adapter")
         trainer.save_model(adapter_dir)  # only the adapter's parameters are gathered
         if cfg.merge_lora and zero3 and cfg.method == "lora":
-            export_gathered(merge_lora_zero3(trainer.model), final_dir)
+            export_gathered(merge_lora_zero3(trainer.model), staging)
         elif trainer.is_world_process_zero():
             if cfg.merge_lora:
-                merge_adapter(base_path, adapter_dir, final_dir)
+                merge_adapter(base_path, adapter_dir, staging)
             else:
-                shutil.copytree(adapter_dir, final_dir, dirs_exist_ok=True)
+                shutil.copytree(adapter_dir, staging, dirs_exist_ok=True)
     if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(final_dir)
+        tokenizer.save_pretrained(staging)
         generation = Path(base_path, "generation_config.json")
-        if generation.exists() and not Path(final_dir, "generation_config.json").exists():
-            shutil.copy(generation, final_dir)
-        Path(final_dir, "training_args.bin").unlink(missing_ok=True)  # pickled TrainingArguments: not a model file
-        Path(final_dir, "model.json").write_text(json.dumps(model_card(cfg, base_path, metrics), indent=2, default=str))
-        if Path(final_dir, "config.json").exists():  # a merged or full model; an adapter-only final/ has none
-            add_transformers4_rope_keys(Path(final_dir, "config.json"))
-        for folder in (final_dir, os.path.join(cfg.output_dir, "adapter")):
+        if generation.exists() and not Path(staging, "generation_config.json").exists():
+            shutil.copy(generation, staging)
+        Path(staging, "training_args.bin").unlink(missing_ok=True)  # pickled TrainingArguments: not a model file
+        Path(staging, "model.json").write_text(json.dumps(model_card(cfg, base_path, metrics), indent=2, default=str))
+        if Path(staging, "config.json").exists():  # a merged or full model; an adapter-only final/ has none
+            add_transformers4_rope_keys(Path(staging, "config.json"))
+        for folder in (staging, os.path.join(cfg.output_dir, "adapter")):
             if os.path.isdir(folder):
                 readable_by_every_user(folder)
+        shutil.rmtree(final_dir, ignore_errors=True)  # an earlier run's (a re-run exports again)
+        os.replace(staging, final_dir)
         log.info("final model in %s", final_dir)
         record_final_model(list(cfg.report_to or []), final_dir)
     return final_dir

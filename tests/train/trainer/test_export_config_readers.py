@@ -169,3 +169,31 @@ def test_a_moe_export_leaves_the_routers_training_loss_off_so_padded_generation_
         ["Repeat apple twice.", "Repeat stone twice, please, and then stop."], return_tensors="pt", padding=True
     )
     assert exported.generate(**batch, max_new_tokens=2, do_sample=False).shape[0] == 2
+
+
+class DiskFullTrainer(StandInTrainer):
+    """A trainer whose save stops half-way, as on a full disk: the config is written, the weights are not."""
+
+    def save_model(self, output_dir: str) -> None:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        self.model.config.save_pretrained(output_dir)
+        raise OSError(28, "No space left on device", str(Path(output_dir) / "model.safetensors"))
+
+
+def test_a_failed_export_leaves_no_final_folder_that_looks_complete(hub_base):
+    """issue 31: a failed export left a weightless final/ (config only) that the run's model link and the next steps
+    took for the model. The export is written beside it and renamed to final/ once complete."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    base = hub_base / "base"
+    model = AutoModelForCausalLM.from_pretrained(base)
+    cfg = _cfg(hub_base, "full-disk")
+    with pytest.raises(OSError, match="No space left"):
+        export_final(DiskFullTrainer(model), cfg, AutoTokenizer.from_pretrained(base), str(base), {"global_step": 1})
+    assert not (Path(cfg.output_dir) / "final").exists()
+    # The next export (a re-run) replaces what the failed one left and ends with a complete final/.
+    final = Path(
+        export_final(StandInTrainer(model), cfg, AutoTokenizer.from_pretrained(base), str(base), {"global_step": 1})
+    )
+    assert final == Path(cfg.output_dir) / "final" and (final / "model.safetensors").exists()
+    assert (final / "model.json").exists() and not list(Path(cfg.output_dir).glob("final.*"))
