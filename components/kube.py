@@ -59,6 +59,20 @@ def job_name_for(run_id: str, prefix: str = "sft", max_length: int = MAX_JOB_NAM
     return name
 
 
+def egress_env(cluster) -> dict[str, str]:
+    """The proxy and Hub-mirror variables of the pods the package creates, from the cluster settings
+    (``components.settings.ClusterSettings``): each proxy in both spellings (curl and Go read the lowercase one,
+    requests either), ``HF_ENDPOINT`` for the Hub mirror; the settings left empty are left out."""
+    env = {}
+    proxies = (("http_proxy", cluster.http_proxy), ("https_proxy", cluster.https_proxy), ("no_proxy", cluster.no_proxy))
+    for name, value in proxies:
+        if value:
+            env[name.upper()] = env[name] = value
+    if cluster.hf_endpoint:
+        env["HF_ENDPOINT"] = cluster.hf_endpoint
+    return env
+
+
 def current_namespace(default: str = "default") -> str:
     """The namespace this pod runs in (where KFP runs the user's steps), else ``default``."""
     try:

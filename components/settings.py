@@ -541,6 +541,33 @@ class ClusterSettings:
     hf_token_secret: str = setting(
         "hf-token", "Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent)."
     )
+    # A company network (docs/cluster.md#behind-a-proxy-or-a-mirror-registry): the pods the package creates (training
+    # job, Katib trials, InferenceService) pull through these Secrets and reach out through the proxy and the mirror.
+    image_pull_secrets: list = setting(
+        [],
+        "Secrets (type kubernetes.io/dockerconfigjson) the training, trial and serving pods pull their images "
+        "with, for a private or mirror registry; preflight checks each exists with that type. The pipeline's own steps "
+        "pull with their service account's (docs/cluster.md).",
+        plain=False,
+    )
+    http_proxy: str = setting(
+        "", "HTTP_PROXY (and http_proxy) of the training, trial and serving pods, a URL; empty: none.", plain=False
+    )
+    https_proxy: str = setting(
+        "", "HTTPS_PROXY (and https_proxy) of the training, trial and serving pods, a URL; empty: none.", plain=False
+    )
+    no_proxy: str = setting(
+        "",
+        "NO_PROXY (and no_proxy) of the training, trial and serving pods: hosts reached directly, comma-separated "
+        "(e.g. .svc,.cluster.local,10.0.0.0/8); empty: none.",
+        plain=False,
+    )
+    hf_endpoint: str = setting(
+        "",
+        "HF_ENDPOINT of the training, trial and serving pods: a Hugging Face Hub mirror's http(s) URL (e.g. "
+        "https://hf-mirror.example.com); empty: huggingface.co.",
+        plain=False,
+    )
     node_selector: dict = setting(
         {"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"},
         "Node labels of the GPU pods (training, evaluation, serving).",

@@ -65,7 +65,9 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)
         written.append(_write(out_dir / "tensorboard.yaml", yaml.safe_dump(board, sort_keys=False)))
         # What the train step creates instead on a cluster without Kubeflow's Tensorboard controller.
-        server = yaml.safe_dump_all(server_manifests(board, s.cluster.trainer_image), sort_keys=False)
+        server = yaml.safe_dump_all(
+            server_manifests(board, s.cluster.trainer_image, list(s.cluster.image_pull_secrets)), sort_keys=False
+        )
         written.append(_write(out_dir / "tensorboard-server.yaml", server))
     if s.cluster.train_backend != "local" and s.hpo.hpo_trials:
         # The search tunes the sft stage, from the run's base model with the sft data (components/hpo/).

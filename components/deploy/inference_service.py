@@ -41,7 +41,14 @@ from kubernetes.client.rest import ApiException
 
 from components.deploy.plan import SCALE_METRICS, lora_args
 from components.deploy.smoke import TooSlow, chat_completion, check_latency, describe_latency
-from components.kube import DNS1035_LABEL, RUN_ID_LABEL, CustomResourceRunner, call_api, unstartable_pod_reason
+from components.kube import (
+    DNS1035_LABEL,
+    RUN_ID_LABEL,
+    CustomResourceRunner,
+    call_api,
+    egress_env,
+    unstartable_pod_reason,
+)
 from components.models.logprobs import ServingMismatch, check_server
 from components.paths import MODEL_MOUNT, pvc_uri
 from components.security import container_security_context
@@ -134,6 +141,8 @@ def build_inference_service(
     max_replicas: int = 1,
     scale_metric: str = "auto",
     scale_target: int = 0,
+    env: dict | None = None,
+    image_pull_secrets: list | None = None,
 ) -> dict:
     """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
 
@@ -162,6 +171,9 @@ def build_inference_service(
         scale_metric: what the autoscaler scales on, one of the mode's ``SCALE_METRICS``; ``auto`` for KServe's
             default (cpu in Standard mode, concurrency in Knative).
         scale_target: the metric's target per replica; 0 for KServe's default.
+        env: variables added to the model container's (the proxies and Hub mirror, ``components.kube.egress_env``).
+            KServe's storage initializer is its own init container: an ``hf://`` download there does not get them.
+        image_pull_secrets: Secret names the predictor pods pull their images with; empty: none.
 
     Raises:
         ValueError: naming the field, for a bad name, runtime, GPU count, length, storage URI, deployment
@@ -265,7 +277,11 @@ def build_inference_service(
     # calls the Kubernetes API: no token (Knative admits automountServiceAccountToken: false).
     predictor["automountServiceAccountToken"] = False
     predictor["model"]["securityContext"] = container_security_context(user=True)
-    predictor["model"]["env"] = [{"name": "HOME", "value": "/tmp"}]
+    predictor["model"]["env"] = [{"name": "HOME", "value": "/tmp"}] + [
+        {"name": k, "value": v} for k, v in (env or {}).items()
+    ]
+    if image_pull_secrets:
+        predictor["imagePullSecrets"] = [{"name": n} for n in image_pull_secrets]
     metadata = {"name": name, "namespace": namespace, "annotations": annotations}
     if labels:
         metadata["labels"] = dict(labels)
@@ -289,7 +305,13 @@ def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, s
         deployment_mode=deploy.deployment_mode,
         canary_traffic_percent=deploy.canary_traffic_percent,
         **replica_settings(deploy),
+        **egress_settings(cluster),
     )
+
+
+def egress_settings(cluster) -> dict:
+    """``build_inference_service``'s pull secrets and proxy and Hub-mirror variables from the cluster settings."""
+    return dict(env=egress_env(cluster), image_pull_secrets=list(cluster.image_pull_secrets))
 
 
 def replica_settings(deploy) -> dict:
@@ -348,6 +370,7 @@ def inference_services_for_servers(
             deployment_mode=deploy.deployment_mode,
             canary_traffic_percent=deploy.canary_traffic_percent,
             **replica_settings(deploy),
+            **egress_settings(cluster),
         )
         if not server.adapters:
             manifests.append(

@@ -100,7 +100,7 @@ def served(api_client) -> bool:
     return any(r.name == PLURAL for r in resources)
 
 
-def server_manifests(board: dict, image: str) -> tuple[dict, dict]:
+def server_manifests(board: dict, image: str, image_pull_secrets: list | None = None) -> tuple[dict, dict]:
     """The Deployment and Service that show the Tensorboard ``board`` (``tensorboard_manifest``) on a cluster without
     Kubeflow's controller, made as the controller makes them: the claim of its ``pvc://`` logspath mounted read-only
     with the rest of the path as ``subPath`` at ``/tensorboard_logs``, ``tensorboard --logdir`` there.
@@ -109,6 +109,7 @@ def server_manifests(board: dict, image: str) -> tuple[dict, dict]:
         board: the run's Tensorboard manifest; its name, namespace, run id label and logspath are used.
         image: an image with the ``tensorboard`` program that runs as a non-root user: the trainer image has both
             (images/trainer/Dockerfile).
+        image_pull_secrets: Secret names the pod pulls ``image`` with (the ``image_pull_secrets`` setting).
 
     Returns:
         ``(deployment, service)`` as plain dicts, both named and labelled as the Tensorboard. The pod carries no run
@@ -146,6 +147,7 @@ def server_manifests(board: dict, image: str) -> tuple[dict, dict]:
                     "securityContext": pod_security_context(),
                     "containers": [container],
                     "volumes": [{"name": "logs", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}],
+                    **({"imagePullSecrets": [{"name": n} for n in image_pull_secrets]} if image_pull_secrets else {}),
                 },
             },
         },
@@ -165,18 +167,24 @@ def port_forward_command(namespace: str, name: str) -> str:
 
 
 def ensure_tensorboard(
-    manifest: dict, api_client=None, *, image: str = TRAINER_IMAGE, model_root: str = MODEL_MOUNT
+    manifest: dict,
+    api_client=None,
+    *,
+    image: str = TRAINER_IMAGE,
+    model_root: str = MODEL_MOUNT,
+    image_pull_secrets: list | None = None,
 ) -> bool:
     """Show the run's training curves, once (a retried step, a later stage find them there); True when they are.
 
-    With Kubeflow's Tensorboard controller: the Tensorboard ``manifest``. Without it: the Deployment and Service of
-    ``server_manifests(manifest, image)``, recorded under the run's folder of ``model_root`` for the exit handler to
-    delete, and the ``kubectl port-forward`` command logged. Preflight has reviewed the access either needs (an
+    With Kubeflow's Tensorboard controller: the Tensorboard ``manifest`` (the controller builds its pod: no pull
+    Secrets). Without it: the Deployment and Service of ``server_manifests(manifest, image, image_pull_secrets)``,
+    recorded under the run's folder of ``model_root`` for the exit handler to delete, and the ``kubectl port-forward``
+    command logged. Preflight has reviewed the access either needs (an
     ApiException other than 409, AlreadyExists, goes up).
     """
     api_client = api_client or load_api_client()
     if not served(api_client):
-        return _ensure_server(manifest, api_client, image, model_root)
+        return _ensure_server(manifest, api_client, image, model_root, image_pull_secrets)
     meta = manifest["metadata"]
     custom = k8s.CustomObjectsApi(api_client)
     try:
@@ -194,8 +202,8 @@ def ensure_tensorboard(
     return True
 
 
-def _ensure_server(board: dict, api_client, image: str, model_root: str) -> bool:
-    deployment, service = server_manifests(board, image)
+def _ensure_server(board: dict, api_client, image: str, model_root: str, image_pull_secrets: list | None) -> bool:
+    deployment, service = server_manifests(board, image, image_pull_secrets)
     meta = board["metadata"]
     namespace, name = meta["namespace"], meta["name"]
     # Recorded first: a step killed between the two creations still leaves the exit handler what to delete.

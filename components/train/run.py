@@ -136,6 +136,7 @@ def _train_on_cluster(
         ensure_tensorboard(
             tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(), s.cluster.model_pvc, run_id),
             image=s.cluster.trainer_image,  # without Kubeflow's controller, its pod runs the trainer's tensorboard
+            image_pull_secrets=list(s.cluster.image_pull_secrets),
         )
     manifest = cluster_job(
         s.cluster, run_id=run_id, namespace=current_namespace(), config_path=config_path, stage=stage, mounts=mounts

@@ -211,10 +211,11 @@ def validate_inputs(
             hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
             cpt_chunk_overlap, near_dedup_threshold, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu,
             intra_node_gb_per_s, inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env,
-            tcp_node_gb_per_s, trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit,
-            trainer_shm_size, trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port,
-            prometheus_url, gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, scale_metric,
-            scale_target. python -m pipelines.run --help describes each.
+            tcp_node_gb_per_s, image_pull_secrets, http_proxy, https_proxy, no_proxy, hf_endpoint,
+            trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size,
+            trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
+            gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, scale_metric, scale_target. python
+            -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

@@ -162,6 +162,32 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
     return None
 
 
+# The Secret type of registry credentials, what the kubelet reads from a pod's imagePullSecrets
+# (kubectl create secret docker-registry makes one).
+DOCKER_CONFIG_JSON = "kubernetes.io/dockerconfigjson"
+
+
+def _pull_secret_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | None:
+    """The problem with one of ``image_pull_secrets``: missing, or not registry credentials. Unlike the optional
+    references above, a missing pull Secret leaves every pod in ImagePullBackOff (the kubelet pulls without it)."""
+    fix = f"kubectl create secret docker-registry {name} -n {namespace} --docker-server=... --docker-username=..."
+    try:
+        secret = call_api(core.read_namespaced_secret, name, namespace)
+    except ApiException as exc:
+        if exc.status == 404:
+            return f"image_pull_secrets: Secret {name!r} not found in {namespace}; create it ({fix}) or remove it"
+        if exc.status == 403:
+            log.warning("image_pull_secrets: may not read Secret %r to check it (see manifests/rbac)", name)
+            return None
+        raise
+    if secret.type != DOCKER_CONFIG_JSON:
+        return (
+            f"image_pull_secrets: Secret {name!r} is of type {secret.type or 'Opaque'}, not {DOCKER_CONFIG_JSON}: "
+            f"the kubelet cannot pull with it; re-create it ({fix})"
+        )
+    return None
+
+
 # The key each tracker's transformers callback cannot do without, read from tracking_secret by the training pods
 # (components/train/launcher/pods.py: TRACKING_KEYS, optional references).
 TRACKER_KEYS = {"mlflow": "MLFLOW_TRACKING_URI", "wandb": "WANDB_API_KEY"}
@@ -546,6 +572,7 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         wanted += DEPLOYER_ACCESS + [("list", "", "pods", "")]  # it waits on the predictor's pods
     problems.append(_claim_problem(core, namespace, "data_pvc", c.data_pvc))
     problems.append(_claim_problem(core, namespace, "model_pvc", c.model_pvc))
+    problems += [_pull_secret_problem(core, namespace, str(name)) for name in dict.fromkeys(c.image_pull_secrets)]
     if train in TRAIN_APIS:
         problems.append(
             _secret_problem(

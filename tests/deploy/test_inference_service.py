@@ -388,3 +388,32 @@ def test_sigterm_during_the_rollout_restores_the_previous_spec():
         after = api.get_object(*GVP, NS, NAME)
     assert after["spec"] == before["spec"] and after["metadata"]["uid"] == before["metadata"]["uid"]
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is gone again
+
+
+@pytest.mark.parametrize("mode", ["Standard", "Knative"])
+def test_the_predictor_pulls_with_the_secrets_and_goes_out_through_the_proxy_and_mirror(mode):
+    from components.deploy.inference_service import inference_service_for_run
+    from components.settings import ClusterSettings, DeploySettings
+
+    deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, deployment_mode=mode)
+    cluster = ClusterSettings(
+        image_pull_secrets=["registry-mirror"],
+        http_proxy="http://proxy.corp.example:3128",
+        no_proxy=".svc,.cluster.local",
+        hf_endpoint="https://hf-mirror.corp.example",
+    )
+    manifest = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    assert crd_errors(manifest, CRD) == []
+    predictor = manifest["spec"]["predictor"]
+    assert predictor["imagePullSecrets"] == [{"name": "registry-mirror"}]
+    assert predictor["model"]["env"] == [
+        {"name": "HOME", "value": "/tmp"},
+        {"name": "HTTP_PROXY", "value": "http://proxy.corp.example:3128"},
+        {"name": "http_proxy", "value": "http://proxy.corp.example:3128"},
+        {"name": "NO_PROXY", "value": ".svc,.cluster.local"},
+        {"name": "no_proxy", "value": ".svc,.cluster.local"},
+        {"name": "HF_ENDPOINT", "value": "https://hf-mirror.corp.example"},
+    ]
+    default = inference_service_for_run(deploy, ClusterSettings(), run_id="r1", namespace=NS, storage_uri=STORAGE)
+    assert "imagePullSecrets" not in default["spec"]["predictor"]
+    assert default["spec"]["predictor"]["model"]["env"] == [{"name": "HOME", "value": "/tmp"}]

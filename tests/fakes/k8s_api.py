@@ -465,8 +465,8 @@ class FakeKubeAPI:
             },
         )
 
-    def add_secret(self, namespace: str, name: str, data: dict) -> None:
-        """A Secret holding ``data`` (plain values; stored base64-encoded like the real API)."""
+    def add_secret(self, namespace: str, name: str, data: dict, type: str = "Opaque") -> None:
+        """A Secret of ``type`` holding ``data`` (plain values; stored base64-encoded like the real API)."""
         import base64
 
         self._put_core(
@@ -476,7 +476,7 @@ class FakeKubeAPI:
             {
                 "apiVersion": "v1",
                 "kind": "Secret",
-                "type": "Opaque",
+                "type": type,
                 "data": {k: base64.b64encode(v.encode()).decode() for k, v in data.items()},
             },
         )

@@ -77,6 +77,21 @@ def test_the_deployment_and_service_are_what_the_api_server_and_a_kubelet_take()
         assert obj["metadata"]["labels"]["pipelines.kubeflow.org/run-id"] == RUN_ID
     # The search lists the run's pods by the run id label: TensorBoard's pod must not be among them.
     assert "pipelines.kubeflow.org/run-id" not in template["metadata"]["labels"]
+    assert "imagePullSecrets" not in template["spec"]
+
+
+def test_the_server_pulls_the_trainer_image_with_the_runs_pull_secrets():
+    deployment, _ = server_manifests(board(), IMAGE, ["registry-mirror"])
+    template = deployment["spec"]["template"]
+    assert template["spec"]["imagePullSecrets"] == [{"name": "registry-mirror"}]
+    job = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": "x"},
+        "spec": {"pytorchReplicaSpecs": {"Master": {"replicas": 1, "template": template}}},
+    }
+    assert crd_errors(job, "kubeflow.org_pytorchjobs.yaml") == []
+    assert _round_trip(deployment, "V1Deployment") == deployment
 
 
 def test_render_writes_them_beside_the_tensorboard(tmp_path):

@@ -154,7 +154,7 @@ def test_paths_are_run_scoped(docs):
 
 def test_no_secret_values_and_no_shell(docs):
     text = COMPILED.read_text()
-    assert "hf_" not in text.lower().replace("hf_token", "").replace("hf_home", "")
+    assert "hf_" not in text.lower().replace("hf_token", "").replace("hf_home", "").replace("hf_endpoint", "")
     pipeline, _ = docs
     for executor in pipeline["deploymentSpec"]["executors"].values():
         container = executor["container"]

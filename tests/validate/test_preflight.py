@@ -212,3 +212,28 @@ def test_a_tracker_in_report_to_needs_its_secret_with_the_key_its_pods_read(capl
             "tracking_secret='llm-tracking' has no key WANDB_API_KEY (it has: MLFLOW_TRACKING_URI); report_to names "
             "wandb, whose callback reads it"
         ]
+
+
+def test_image_pull_secrets_must_exist_and_hold_registry_credentials():
+    with FakeKubeAPI() as api:
+        ready_cluster(api)
+        api.add_secret(NS, "registry-mirror", {".dockerconfigjson": "{}"}, type="kubernetes.io/dockerconfigjson")
+        api.add_secret(NS, "plain", {"password": "x"})
+        assert check(api, image_pull_secrets=["registry-mirror"]) == []
+        (missing,) = check(api, image_pull_secrets=["registry-mirror", "absent"])
+        assert missing.startswith(f"image_pull_secrets: Secret 'absent' not found in {NS}; create it")
+        assert "kubectl create secret docker-registry absent" in missing
+        (wrong,) = check(api, train_backend="trainjob", image_pull_secrets=["plain"])
+        assert wrong.startswith(
+            "image_pull_secrets: Secret 'plain' is of type Opaque, not kubernetes.io/dockerconfigjson"
+        )
+        # The serving pods pull with them too.
+        assert len(check(api, train_backend="local", image_pull_secrets=["absent"])) == 1
+
+
+def test_an_unreadable_image_pull_secret_only_warns(caplog):
+    with FakeKubeAPI() as api:
+        ready_cluster(api).forbid("/secrets/mirror")
+        with caplog.at_level(logging.WARNING):
+            assert check(api, image_pull_secrets=["mirror"]) == []
+        assert "image_pull_secrets: may not read Secret 'mirror'" in caplog.text

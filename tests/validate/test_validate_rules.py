@@ -163,3 +163,30 @@ def test_hierarchical_partitioning_follows_the_gpus_of_a_node_without_a_file_of_
     params = P.resolve("qwen3-30b-a3b-full", overrides=["deepspeed_config=zero3_hpz"])
     P.check(params)
     assert check({**params, "gpus_per_node": shipped // 2, "num_nodes": 4}) == []
+
+
+def test_pull_secrets_are_secret_names_and_the_proxies_and_hub_mirror_http_urls():
+    good = {
+        "image_pull_secrets": ["registry-mirror"],
+        "http_proxy": "http://proxy.corp.example:3128",
+        "https_proxy": "https://proxy.corp.example",
+        "no_proxy": ".svc,10.0.0.0/8",
+        "hf_endpoint": "https://hf-mirror.corp.example",
+    }
+    assert check({**defaults(), **good}) == []
+    bad = {
+        "image_pull_secrets": ["Registry_Mirror"],
+        "http_proxy": "proxy.corp.example:3128",
+        "https_proxy": "socks5://proxy.corp.example",
+        "hf_endpoint": "hf-mirror.corp.example",
+    }
+    assert check({**defaults(), **bad}) == [
+        "image_pull_secrets='Registry_Mirror' is not a valid Kubernetes Secret name (lowercase letters, digits, '-', "
+        "at most 253); e.g. 'registry-mirror'",
+        "http_proxy='proxy.corp.example:3128' is not an http(s) URL; e.g. 'http://proxy.example.com:3128', or "
+        "leave it empty",
+        "https_proxy='socks5://proxy.corp.example' is not an http(s) URL; e.g. 'http://proxy.example.com:3128', or "
+        "leave it empty",
+        "hf_endpoint='hf-mirror.corp.example' is not an http(s) URL; e.g. 'https://hf-mirror.example.com', or "
+        "leave it empty",
+    ]

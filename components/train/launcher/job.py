@@ -41,6 +41,7 @@ from components.kube import (
     CustomResourceRunner,
     PodLogFollower,
     call_api,
+    egress_env,
     latest_state,
     true_condition,
     unstartable_pod_reason,
@@ -278,6 +279,8 @@ def training_job_for_run(
         memory=c.trainer_memory_request,
         memory_limit=c.trainer_memory_limit,
         shm_size=c.trainer_shm_size,
+        egress_env=egress_env(c) or None,
+        image_pull_secrets=list(c.image_pull_secrets) or None,
     )
     if c.train_backend == "trainjob":
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.

@@ -173,6 +173,8 @@ def trainer_pod_template(
     ipc_lock: bool = False,
     cpu_limit: str = "",
     memory_limit: str = "",
+    egress_env: dict | None = None,
+    image_pull_secrets: list | None = None,
 ) -> k8s.V1PodTemplateSpec:
     """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
 
@@ -186,12 +188,14 @@ def trainer_pod_template(
             scrape annotations); 0: none. job_name labels the series; langfuse_secret: Langfuse's keys (optional).
         rdma_resource: the device plugin's RDMA resource (e.g. ``rdma/ib``), ``rdma_per_pod`` of it requested
             with the GPUs; empty: none (NCCL then uses TCP between nodes). ipc_lock: add the IPC_LOCK capability.
+        egress_env: the proxy and Hub-mirror variables (``components.kube.egress_env``), added to the env.
+        image_pull_secrets: names of the Secrets the pod pulls its image with; empty: none.
 
     Returns:
         The template: one container (``torchrun`` command and args, env, CPU/memory requests and limits, GPU
         and RDMA requests equal to limits, the volume mounts) in a pod with the volumes, node placement, priority,
         labels and the Istio opt-out, running as the non-root user under the ``restricted`` security context, without a
-        service-account token. Empty selectors, tolerations, affinity and priority are left out.
+        service-account token. Empty selectors, tolerations, affinity, priority and pull secrets are left out.
     """
     devices = {"nvidia.com/gpu": str(gpus_per_node)}
     if rdma_resource:  # extended resources are requested as whole units, requests equal to limits
@@ -204,7 +208,8 @@ def trainer_pod_template(
         command=["torchrun"],
         args=torchrun_args(nnodes, gpus_per_node, config_path),
         env=trainer_env(hf_token_secret, nccl_env, tracking_secret)
-        + observe_env(metrics_port, labels.get(RUN_ID_LABEL, ""), job_name, langfuse_secret),
+        + observe_env(metrics_port, labels.get(RUN_ID_LABEL, ""), job_name, langfuse_secret)
+        + [k8s.V1EnvVar(name=k, value=v) for k, v in (egress_env or {}).items()],
         ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=metrics_port)] if metrics_port else None,
         resources=k8s.V1ResourceRequirements(requests=requests, limits=limits),
         volume_mounts=TRAINER_VOLUME_MOUNTS,
@@ -223,6 +228,7 @@ def trainer_pod_template(
             tolerations=list(tolerations) or None,
             affinity=affinity or None,
             priority_class_name=priority_class or None,
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in image_pull_secrets or ()] or None,
             termination_grace_period_seconds=TERMINATION_GRACE_PERIOD_SECONDS,
             volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
             # The Pod Security Standards' `restricted` profile (components/security.py); the trainer never calls

@@ -115,6 +115,8 @@ def build_pytorchjob(
     rdma_resource: str = "",
     rdma_per_pod: int = 1,
     ipc_lock: bool = False,
+    egress_env: dict | None = None,
+    image_pull_secrets: list | None = None,
 ) -> dict:
     """The PyTorchJob manifest (a plain dict, ready for CustomObjectsApi or ``yaml.safe_dump``).
 
@@ -160,6 +162,8 @@ def build_pytorchjob(
         metrics_port: the port local rank 0 of each pod serves Prometheus metrics on (``pods.METRICS_PORT_NAME``,
             scrape annotations); 0: none.
         langfuse_secret: Secret with Langfuse's keys (``secrets.LANGFUSE_KEYS``, optional refs); empty: none.
+        egress_env: proxy and Hub-mirror variables of the trainer (``components.kube.egress_env``); None: none.
+        image_pull_secrets: Secret names the pods pull the image with (the pod spec's ``imagePullSecrets``).
 
     Returns:
         The manifest, serialized with the Kubernetes client's own rules (camelCase keys, no nulls).
@@ -209,6 +213,8 @@ def build_pytorchjob(
         rdma_resource=rdma_resource,
         rdma_per_pod=rdma_per_pod,
         ipc_lock=ipc_lock,
+        egress_env=egress_env,
+        image_pull_secrets=image_pull_secrets,
     )
     # Elastic pods restart in place and rejoin the rendezvous; static ones cannot (see RESTART_POLICY).
     restart_policy = "OnFailure" if elastic else RESTART_POLICY

@@ -97,13 +97,16 @@ def build_trainjob(
     rdma_resource: str = "",
     rdma_per_pod: int = 1,
     ipc_lock: bool = False,
+    egress_env: dict | None = None,
+    image_pull_secrets: list | None = None,
 ) -> dict:
     """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
 
     Args:
         name, namespace, image, config_path, num_nodes, gpus_per_node, data_pvc, model_pvc, hf_token_secret,
         node_selector, tolerations, labels, affinity, shm_size, cpu, memory, cpu_limit, memory_limit, nccl_env,
-            tracking_secret, metrics_port, langfuse_secret, rdma_resource, rdma_per_pod, ipc_lock: as for
+            tracking_secret, metrics_port, langfuse_secret, rdma_resource, rdma_per_pod, ipc_lock, egress_env,
+            image_pull_secrets: as for
             ``build_pytorchjob`` (CPU, memory, GPUs and the RDMA resource are ``resourcesPerNode``'s requests and
             limits, which the Trainer sets on the ``node`` container); every node runs the same ``torchrun``
             command. The runtime patch cannot declare container ports (the TrainJob schema's patch container has
@@ -167,6 +170,8 @@ def build_trainjob(
         rdma_resource=rdma_resource,
         rdma_per_pod=rdma_per_pod,
         ipc_lock=ipc_lock,
+        egress_env=egress_env,
+        image_pull_secrets=image_pull_secrets,
     )
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,
@@ -175,6 +180,8 @@ def build_trainjob(
         "nodeSelector": pod.node_selector,
         "tolerations": pod.tolerations,
         "affinity": pod.affinity,
+        # Both releases' pod patch has imagePullSecrets (the TrainJob CRDs in tests/reference/crds/).
+        "imagePullSecrets": pod.image_pull_secrets,
         "volumes": pod.volumes,
         "containers": [{"name": container.name, "volumeMounts": container.volume_mounts}],
     }

@@ -192,6 +192,32 @@ def gpus_per_node_errors(s: Settings) -> list[str | None]:
     ]
 
 
+def _http_url(value: str) -> bool:
+    try:
+        parts = urlsplit(value)
+    except ValueError:  # e.g. an unclosed IPv6 bracket
+        return False
+    return parts.scheme in ("http", "https") and bool(parts.hostname)
+
+
+def egress_errors(s: Settings) -> list[str | None]:
+    """The pods' pull Secrets (Kubernetes names), proxies and Hub mirror (URLs); whether the Secrets exist and hold
+    registry credentials is preflight's to check."""
+    c = s.cluster
+    errors: list[str | None] = [
+        name_error("image_pull_secrets", str(name), DNS1123_SUBDOMAIN, 253, "Secret name")
+        for name in c.image_pull_secrets
+    ]
+    for name, value, example in (
+        ("http_proxy", c.http_proxy, "http://proxy.example.com:3128"),
+        ("https_proxy", c.https_proxy, "http://proxy.example.com:3128"),
+        ("hf_endpoint", c.hf_endpoint, "https://hf-mirror.example.com"),
+    ):
+        if value and not _http_url(value):
+            errors.append(f"{name}={value!r} is not an http(s) URL; e.g. {example!r}, or leave it empty")
+    return errors
+
+
 def check_cluster_settings(s: Settings) -> list[str | None]:
     """Claim, Secret, queue and priority-class names; scheduling options that go together; backend limits; the GPU
     pods' image and placement."""
@@ -239,6 +265,7 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
                 f"prometheus_url={c.prometheus_url!r} is not an http(s) URL; name Prometheus's address, "
                 "e.g. http://prometheus-operated.monitoring:9090, or leave it empty"
             )
+    errors += egress_errors(s)
     if c.queue_name:
         errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
     if c.priority_class:
