@@ -18,12 +18,16 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 def request(sig: int, parent: int) -> None:
     """Have the kernel send ``sig`` to this process when its parent ends; ``parent`` is the parent's pid as the caller
-    knew it before asking. When the parent has already gone (this process was orphaned before it could ask), end at
-    once with status 128 + ``sig``, as the signal would have: nothing would ever send it now."""
+    knew it before asking. When the parent has gone since (between the caller's read and the request), end at once
+    with status 128 + ``sig``, as the signal would have: nothing would ever send it now.
+
+    Never "parent pid 1 means orphaned": in a container the entrypoint is PID 1 of its PID namespace, so torchrun,
+    the trainer pods' entrypoint, is every rank's parent *and* pid 1 (the training rehearsal's pods caught it).
+    """
     if not sys.platform.startswith("linux"):
         return
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != parent or os.getppid() == 1:
+    if os.getppid() != parent:
         os._exit(128 + int(sig))
 
 
