@@ -20,7 +20,8 @@ in this order, so that a bystander never hides the cause:
    ``DISRUPTION_REASONS`` (the scheduler's preemption, the taint manager, the Eviction API of drains and
    autoscaler scale-downs, pod GC of a deleted node, the kubelet), or its torchrun was stopped by SIGTERM (the pod
    was deleted, by kubectl or a drain on a cluster that sets no DisruptionTarget condition; the trainer saved a
-   checkpoint on the signal).
+   checkpoint on the signal), or torchrun reports a rank that exited 143 (``exitcode  : 143``: the ranks of every
+   pod stop together after one pod's SIGTERM save, and the pod that ends first need not be the one signalled).
 3. deterministic, unexplained: the pod failed and shows none of these. An unknown cause is not re-run.
 4. retriable, communication: the pod's last lines match ``COMMUNICATION_ERRORS`` (torchrun's rendezvous errors,
    the c10d store and its sockets, NCCL's errors and its watchdog's timeout). Every rank prints these once one
@@ -62,8 +63,10 @@ COMMUNICATION_ERRORS = re.compile(
     r"ncclSystemError|Watchdog caught collective operation timeout|c10d.*Connection reset by peer"
 )
 _PAST_DEADLINE = re.compile(r"DeadlineExceeded|active longer than specified deadline")
-# torchrun's own lines on SIGTERM (torch 2.x), after which it exits 1, not 143.
-_STOPPED_BY_SIGTERM = re.compile(r"Received (Signals\.)?SIGTERM death signal|got signal: 15\b")
+# torchrun's own lines on SIGTERM (torch 2.x), after which it exits 1, not 143; or its report of a rank that exited
+# 143, the trainer's status after a SIGTERM save (trainer/checkpoints.py), which every rank takes when one pod's
+# torchrun got the signal: the pod that ends first may be one that never got it.
+_STOPPED_BY_SIGTERM = re.compile(r"Received (Signals\.)?SIGTERM death signal|got signal: 15\b|^\s*exitcode\s*:\s*143\b")
 # torchrun's report of its first failed process.
 _TORCHRUN_EXIT_2 = re.compile(r"^\s*exitcode\s*:\s*2\b")
 

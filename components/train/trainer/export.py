@@ -332,6 +332,11 @@ def export_final(trainer, cfg, tokenizer, base_path: str, metrics: dict) -> str:
     zero3 = trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3
     if cfg.method == "full":
         if zero3:
+            # ZeRO-3 may still hold parameters it prefetched (in flight) for a forward that never came, and
+            # GatheredParameters then fails on leaving ("Cannot partition a param in flight": the 4-rows,
+            # chunked-loss lever on an H100, benchmarks/results/moe-layer-bench.md). DeepSpeed's own release waits for
+            # them and partitions every parameter before the layer-by-layer gather.
+            trainer.model_wrapped.empty_partition_cache()
             export_gathered(trainer.model, staging)
         elif trainer.is_distributed_loading_by_transformers:
             # hsdp / hsdp_ep: fp32 master weights sharded by FSDP2, exported in the dtype the run computed in.

@@ -206,6 +206,20 @@ def stopped_by_sigterm(api):
     return [step]
 
 
+def master_stopped_first(api):
+    """Worker 0 got SIGTERM (a soft eviction or a drain); the ranks agreed to save at the next step end and stop, and
+    the Master's pod ended first: the operator fails the job on the Master while the Worker still runs, and the
+    Master's log ends with torchrun's report of a rank that exited 143 (the trainer's exit status after a SIGTERM
+    save, trainer/checkpoints.py), its "stopped by SIGTERM" warning further up than the tail (seen in the soft-eviction
+    rehearsal: tests/train/launcher/test_rehearsal.py)."""
+
+    def step(job):
+        rank_died(api, MASTER, *torchrun_summary("143"))
+        operator_fails(job, "Master")
+
+    return [step]
+
+
 def restarts_of(job: dict | None) -> str | None:
     return ((job or {}).get("metadata", {}).get("annotations") or {}).get(RESTARTS_ANNOTATION)
 
@@ -245,6 +259,10 @@ RETRIABLE = {
     "c10d store reset": (all_ranks_log(STORE_RESET), "got error: Connection reset by peer"),
     "rendezvous": (all_ranks_log(CLIENT_TIMEOUT), "DistNetworkError: The client socket has timed out"),
     "stopped by SIGTERM": (stopped_by_sigterm, f"pod {WORKER} was stopped by SIGTERM (deleted or drained)"),
+    "a rank stopped on a peer's SIGTERM": (
+        master_stopped_first,
+        f"pod {MASTER} was stopped by SIGTERM (deleted or drained): exitcode  : 143",
+    ),
 }
 
 
