@@ -1,8 +1,9 @@
 """A fake Kubeflow Pipelines v2beta1 REST API: a real HTTP server that kfp.Client can talk to.
 
-It speaks the part of the API that submitting a pipeline needs (healthz, pipelines and their upload
-endpoints, pipeline versions, experiments, runs, recurring runs), keeps its state in memory and logs
-every request for tests to inspect. Request bodies are checked against the definitions in the real
+It speaks the part of the API that submitting a pipeline and managing its runs need (healthz, pipelines and
+their upload endpoints, pipeline versions, experiments, runs: create, get, list, terminate, archive, delete;
+recurring runs), keeps its state in memory and logs every request for tests to inspect (``operation_of`` names
+the swagger operation a request called). Request bodies are checked against the definitions in the real
 swagger spec (``tests/reference/kfp/kfp_api_single_file.swagger.json``):
 unknown fields, wrong JSON types and missing required fields are answered with 400 as grpc-gateway
 would, and the semantic checks the API server makes on the way (cron trigger, max_concurrency 1-10,
@@ -96,6 +97,7 @@ class SwaggerSchemas:
 
     def __init__(self, spec: dict[str, Any]) -> None:
         self.definitions: dict[str, Any] = spec["definitions"]
+        self.paths: dict[str, Any] = spec["paths"]
 
     def parse(self, definition: str, value: Any) -> dict[str, Any]:
         """Return the canonical form of ``value`` as a ``definition`` message; ApiError 400 if invalid."""
@@ -240,7 +242,11 @@ class FakeKfpApi:
             ("POST", re.compile(rf"{API}/experiments"), self._create_experiment),
             ("GET", re.compile(rf"{API}/experiments/(?P<experiment_id>[^/]+)"), self._get_experiment),
             ("POST", re.compile(rf"{API}/runs"), self._create_run),
-            ("GET", re.compile(rf"{API}/runs/(?P<run_id>[^/]+)"), self._get_run),
+            ("GET", re.compile(rf"{API}/runs"), self._list_runs),
+            ("GET", re.compile(rf"{API}/runs/(?P<run_id>[^/:]+)"), self._get_run),
+            ("DELETE", re.compile(rf"{API}/runs/(?P<run_id>[^/:]+)"), self._delete_run),
+            ("POST", re.compile(rf"{API}/runs/(?P<run_id>[^/:]+):terminate"), self._terminate_run),
+            ("POST", re.compile(rf"{API}/runs/(?P<run_id>[^/:]+):archive"), self._archive_run),
             ("POST", re.compile(rf"{API}/recurringruns"), self._create_recurring_run),
             ("GET", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/]+)"), self._get_recurring_run),
         ]
@@ -254,6 +260,28 @@ class FakeKfpApi:
     def requests_to(self, method: str, path: str) -> list[LoggedRequest]:
         """The logged requests with this method and path (below the prefix, without query)."""
         return [r for r in self.requests if r.method == method and r.path == path]
+
+    def add_run(self, **fields: Any) -> dict[str, Any]:
+        """Store a run as the API server would hold it (a run made elsewhere, in any state, with ``run_details``);
+        ``fields`` are v2beta1Run fields, checked against the spec. Returns the stored run."""
+        defaults = {"display_name": "run", "runtime_config": {}, "run_id": str(uuid.uuid4()), "created_at": _now()}
+        run = self.schemas.parse("v2beta1Run", {**defaults, "storage_state": "AVAILABLE", **fields})
+        with self._lock:
+            self.runs[run["run_id"]] = run
+        return run
+
+    def operation_of(self, request: LoggedRequest) -> str:
+        """The swagger operationId the request calls; AssertionError when the spec has no such path and method or the
+        request sends a query parameter the operation does not declare."""
+        for template, operations in self.schemas.paths.items():
+            pattern = re.sub(r"\\{[^}]+\\}", "[^/:]+", re.escape(template))
+            operation = operations.get(request.method.lower())
+            if operation is not None and re.fullmatch(pattern, request.path):
+                declared = {p["name"] for p in operation.get("parameters", []) if p["in"] == "query"}
+                unknown = set(request.query) - declared
+                assert not unknown, f"{request.method} {request.path}: query {sorted(unknown)} not in the spec"
+                return operation["operationId"]
+        raise AssertionError(f"{request.method} {request.path} is not an operation of the KFP v2beta1 API")
 
     # ------------------------------------------------------------------------------ dispatching
 
@@ -454,6 +482,46 @@ class FakeKfpApi:
 
     def _get_run(self, run_id: str, **_: Any) -> dict[str, Any]:
         return _lookup(self.runs, run_id, "Run")
+
+    def _list_runs(self, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        """ListRuns: by experiment or namespace, a filter, ``sort_by`` ("<field>[ desc]") and pages (the page token
+        is the offset of the next page)."""
+        runs = [r for r in self.runs.values() if _matches(r, query.get("filter"))]
+        if query.get("experiment_id"):
+            runs = [r for r in runs if r.get("experiment_id") == query["experiment_id"]]
+        elif self.multi_user:
+            namespace = query.get("namespace", "")
+            if not namespace:
+                raise _bad("In multi-user mode, ListRuns requires filtering by namespace or experiment")
+            runs = [
+                r for r in runs if self.experiments.get(r.get("experiment_id", ""), {}).get("namespace") == namespace
+            ]
+        field, _, order = (query.get("sort_by") or "created_at").partition(" ")
+        runs.sort(key=lambda r: str(r.get(field, "")), reverse=order == "desc")
+        size = int(query.get("page_size") or 0) or 20
+        start = int(query.get("page_token") or 0)
+        page = _page("runs", runs[start : start + size])
+        if start + size < len(runs):
+            page["next_page_token"] = str(start + size)
+        page["total_size"] = len(runs)
+        return page
+
+    def _delete_run(self, run_id: str, **_: Any) -> dict[str, Any]:
+        _lookup(self.runs, run_id, "Run")
+        del self.runs[run_id]
+        return {}
+
+    def _terminate_run(self, run_id: str, **_: Any) -> dict[str, Any]:
+        """The server marks a run it can still stop CANCELING; the persistence agent later records CANCELED."""
+        run = _lookup(self.runs, run_id, "Run")
+        if run.get("state") in ("SUCCEEDED", "FAILED", "CANCELED", "SKIPPED"):
+            raise ApiError(400, f"Failed to terminate run {run_id}: the run has already finished ({run['state']})")
+        run["state"] = "CANCELING"
+        return {}
+
+    def _archive_run(self, run_id: str, **_: Any) -> dict[str, Any]:
+        _lookup(self.runs, run_id, "Run")["storage_state"] = "ARCHIVED"
+        return {}
 
     def _create_recurring_run(self, payload: Any, **_: Any) -> dict[str, Any]:
         recurring = self.schemas.parse("v2beta1RecurringRun", payload)
