@@ -182,8 +182,17 @@ def submit_run(args, params: dict, preset: str) -> dict:
     }
 
 
+# What follows a submitted run, in pipelines/runs.py: ``python -m pipelines.run status RUN_ID`` hands over to it.
+RUN_COMMANDS = ("status", "wait", "list", "cancel", "cleanup")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m pipelines.run``; returns the exit code (2 for bad input)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] in RUN_COMMANDS:
+        from pipelines import runs
+
+        return runs.main(argv)
     args = make_parser().parse_args(argv)
     try:
         return _main(args)

@@ -130,6 +130,16 @@ def test_status_names_each_task_and_the_failing_one(capsys, kfp_api, token):
     assert get.headers["authorization"] == "Bearer t0k3n"
 
 
+def test_pipelines_run_hands_the_run_commands_over(capsys, kfp_api, token):
+    """``python -m pipelines.run status RUN_ID``, as the issue and the guide's pipeline manager spell it."""
+    from pipelines import run as cli
+
+    run = kfp_api.add_run(display_name="nightly", state="SUCCEEDED")
+    code = cli.main(["status", run["run_id"], "--host", kfp_api.url])
+    out = capsys.readouterr().out
+    assert code == 0 and f"run {run['run_id']} (nightly): SUCCEEDED" in out
+
+
 # ------------------------------------------------------------------------------------------- wait
 
 
