@@ -271,7 +271,7 @@ def test_cluster_role_grants_only_listing_nodes_and_training_runtimes(needed_rul
     )
 
 
-def test_secret_access_is_limited_to_the_token_alert_langfuse_and_tracking_secrets():
+def test_secret_access_is_limited_to_the_token_alert_langfuse_tracking_and_model_store_secrets():
     (role,) = resources("Role")
     (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
     assert rule["resourceNames"] == [
@@ -279,6 +279,7 @@ def test_secret_access_is_limited_to_the_token_alert_langfuse_and_tracking_secre
         PARAMS["alert_webhook_secret"],
         "llm-langfuse",
         "llm-tracking",
+        "llm-model-store",  # model_store_secret: the train step's launcher reads the keys to upload (storage.py)
     ]
     assert rule["verbs"] == ["get"]
 
@@ -344,6 +345,7 @@ def test_parameters_reach_every_resource(tmp_path):
         ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts"),
         ("langfuseSecret: llm-langfuse", "langfuseSecret: team-langfuse"),
         ("trackingSecret: llm-tracking", "trackingSecret: team-tracking"),
+        ("modelStoreSecret: llm-model-store", "modelStoreSecret: team-store"),
     ]:
         assert old in text
         text = text.replace(old, new)
@@ -357,7 +359,7 @@ def test_parameters_reach_every_resource(tmp_path):
     ]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
     (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
-    assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse", "team-tracking"]
+    assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse", "team-tracking", "team-store"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
     cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}
     assert cluster["ClusterRoleBinding"]["subjects"] == [

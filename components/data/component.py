@@ -46,19 +46,23 @@ def prepare_dataset(
     import os
     import sys
 
-    from components.data.formats import DataError
-    from components.data.run import prepare_stage_dataset
+    from components.kube import egress_env
     from components.observe.outcome import recording_outcome
     from components.observe.process import start_step
     from components.settings import Settings
 
     start_step("prepare_dataset")
+    s = Settings.from_flat(settings)
+    # The Hub mirror and proxies reach this step's own downloads too (the base model, a Hub dataset), not only the
+    # pods the package creates; huggingface_hub reads HF_ENDPOINT when it is first imported: before data.run is.
+    os.environ.update(egress_env(s.cluster))
+    from components.data.formats import DataError
+    from components.data.run import prepare_stage_dataset
+
     try:
         # How this step ended, for the run's exit handler (components/observe/outcome.py).
         with recording_outcome(f"prepare_dataset[{stage}]", data_root, run_id):
-            prepared = prepare_stage_dataset(
-                Settings.from_flat(settings), stage=stage, data_root=data_root, run_id=run_id
-            )
+            prepared = prepare_stage_dataset(s, stage=stage, data_root=data_root, run_id=run_id)
             os.makedirs(dataset.path, exist_ok=True)
             with open(os.path.join(dataset.path, "stats.json"), "w") as f:
                 json.dump(prepared.stats, f, indent=2, ensure_ascii=False)

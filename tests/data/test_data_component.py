@@ -1,6 +1,7 @@
 """The prepare_dataset KFP component's function, run as the KFP executor runs it: artifacts, report, cache."""
 
 import json
+import os
 
 import datasets
 from kfp.dsl import Dataset, Markdown
@@ -68,3 +69,66 @@ def test_bad_data_ends_the_step_with_one_line_and_exit_2_and_records_the_cause(t
     recorded = json.loads(record.read_text())
     assert recorded["state"] == "FAILED" and recorded["bad_input"] is True
     assert recorded["error"] == err.strip().removeprefix("error: ")
+
+
+def test_the_hub_mirror_and_proxies_reach_the_steps_own_downloads(tmp_path):
+    """``hf_endpoint`` (a Hub mirror, for clusters without huggingface.co) must reach the data step's own download of
+    the base model, not only the pods the package creates: a step on a closed network otherwise asks huggingface.co
+    and fails. The step runs in a fresh process, as KFP's executor runs it (huggingface_hub reads HF_ENDPOINT when
+    it is first imported); the mirror here is an HTTP server that records what it is asked and answers 404."""
+    import subprocess
+    import sys
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from tests.helpers.repo import ROOT
+
+    asked: list[str] = []
+
+    class Mirror(BaseHTTPRequestHandler):
+        def _answer(self):
+            asked.append(self.path)
+            self.send_response(404)
+            self.send_header("X-Error-Code", "RepoNotFound")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = _answer
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Mirror)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    settings = {
+        **defaults(),
+        "dataset_source": "builtin:sample",
+        "model_name_or_path": "Qwen/Qwen3-0.6B",
+        "hf_endpoint": f"http://127.0.0.1:{server.server_port}",
+    }
+    script = f"""
+import json, sys
+from kfp.dsl import Dataset, Markdown
+from components.data.component import prepare_dataset
+prepare_dataset.python_func(settings=json.loads(sys.argv[1]), stage="sft", data_root={str(tmp_path / "data")!r},
+    run_id="r1", dataset=Dataset(uri={str(tmp_path / "ds")!r}), report=Markdown(uri={str(tmp_path / "r.md")!r}))
+"""
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("HF_", "HUGGING")) and k not in ("http_proxy", "HTTP_PROXY")
+    }
+    env.update(HF_HOME=str(tmp_path / "hf"), NO_PROXY="127.0.0.1", no_proxy="127.0.0.1")
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", script, json.dumps(settings)],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        server.shutdown()
+    assert out.returncode != 0  # the mirror has no such model
+    assert any("Qwen/Qwen3-0.6B" in path for path in asked), (asked, out.stderr[-2000:])
