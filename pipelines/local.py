@@ -80,12 +80,12 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     """Run every step in subprocesses of this Python (kfp.local SubprocessRunner); return the summary.
 
     The summary has ``status``, ``run_id``, ``run_dir``, ``model_uri``, ``metrics``, ``passed``, ``reason``,
-    ``endpoint``, ``smoke_reply``, ``reports`` (name -> file), ``tensorboard``, ``server_log``, ``kfp_dir``,
-    ``training`` (the trainer's metrics.json), ``keep_serving``, ``base_model`` and ``wall_seconds``; a failed
-    step gives ``status: failed``, ``error`` and what exists of the rest, and SIGTERM or SIGINT while the steps run
-    ``status: cancelled`` with ``signal`` (``Cancellation``). ``write_errors`` lists what could not be written (a
-    full disk: ENOSPC, the file, the bytes free), and a failed run on a (nearly) full disk has ``disk``, which says
-    so. ``verbose`` keeps every line kfp.local and the steps print.
+    ``endpoint``, ``smoke_reply``, ``latency`` (the pre-deploy check's figures), ``reports`` (name -> file),
+    ``tensorboard``, ``server_log``, ``kfp_dir``, ``training`` (the trainer's metrics.json), ``keep_serving``,
+    ``base_model`` and ``wall_seconds``; a failed step gives ``status: failed``, ``error`` and what exists of the
+    rest, and SIGTERM or SIGINT while the steps run ``status: cancelled`` with ``signal`` (``Cancellation``).
+    ``write_errors`` lists what could not be written (a full disk: ENOSPC, the file, the bytes free), and a failed run
+    on a (nearly) full disk has ``disk``, which says so. ``verbose`` keeps every line kfp.local and the steps print.
     """
     started = time.time()
     steps = StepLines()
@@ -183,6 +183,7 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
         "mlflow": None,
         "server_log": None,
         "training": {},
+        "latency": None,
         "write_errors": [],
     }
     if run_id is None:
@@ -229,6 +230,11 @@ def collect_run(workspace: Path, started: float, model_uri: str | None) -> dict:
         found["server_log"] = str(train / "serve.log")
     if (train / "metrics.json").is_file():
         found["training"] = json.loads((train / "metrics.json").read_text())
+    deployed = kfp_dir / "deploy-model" / "executor_output.json" if kfp_dir is not None else None
+    if deployed is not None and deployed.is_file():
+        # The pre-deploy check's latency on the served model (components/deploy: time to first token, output tokens/s).
+        served = json.loads(deployed.read_text()).get("parameterValues", {}).get("served") or [{}]
+        found["latency"] = served[0].get("latency")
     return found
 
 

@@ -336,6 +336,12 @@ def print_summary(s: dict) -> None:
         )
         print(f"endpoint:    {s['endpoint']} ({state})")
         print(f"smoke:       {s['smoke_reply']!r}")
+        if lat := s.get("latency"):
+            print(
+                f"latency:     time to first token {lat['ttft_seconds_p50']:.2f} s (p50; max "
+                f"{lat['ttft_seconds_max']:.2f} s), {lat['output_tokens_per_second']:.0f} output tokens/s over "
+                f"{lat['requests']} concurrent requests (gates: max_ttft_seconds, min_output_tokens_per_second)"
+            )
         if s["base_model"] == "builtin:tiny-qwen3":
             print(
                 "             (the laptop model is a 4-layer, 1M-parameter Qwen3 trained for a minute on CPU: it "

@@ -59,6 +59,10 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     with socket.socket() as sock:
         assert sock.connect_ex(("127.0.0.1", port)) != 0, "server still running without --keep-serving"
     assert "=== llm-finetune (local) ===" in result.stdout and "endpoint:    http://127.0.0.1:" in result.stdout
+    # The pre-deploy check's latency figures (issue 33), measured on the served model, in the summary and its file.
+    lat = s["latency"]
+    assert lat["ttft_seconds_p50"] > 0 and lat["output_tokens_per_second"] > 0 and lat["requests"] >= 2, lat
+    assert f"latency:     time to first token {lat['ttft_seconds_p50']:.2f} s" in result.stdout
 
     # What a user sees: short, no kfp.local bookkeeping, a line per step, the trainer's progress, where things are.
     out = result.stdout + result.stderr
