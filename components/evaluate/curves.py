@@ -149,7 +149,30 @@ def training_section(train_dir: str, base_loss: float, tuned_loss: float) -> lis
         f"![training loss]({PNG_PREFIX}{png})",
         "",
         *reward,
+        *early_stopping_lines(train_dir),
         f"*Train loss*: the trainer's logged loss, each point the mean of the per-step losses of the "
         f"{log['logging_steps']} optimizer steps before it (TensorBoard `train/loss`). *Held-out loss*: this "
         "step's numbers above, per label token, for the base model (step 0) and the tuned one (last step).",
+    ]
+
+
+def early_stopping_lines(train_dir: str) -> list[str]:
+    """What early stopping did (the trainer's metrics.json, ``early_stopping_summary``), or nothing when it was off."""
+    path = Path(train_dir, "metrics.json")
+    metrics = json.loads(path.read_text()) if path.is_file() else {}
+    if "stopped_early" not in metrics:
+        return []
+    ended = (
+        f"stopped at step {metrics['stopped_at_step']} of {metrics['max_steps']}: the held-out loss had not fallen by "
+        "early_stopping_min_delta for early_stopping_patience evaluations"
+        if metrics["stopped_early"]
+        else f"trained all {metrics['max_steps']} steps"
+    )
+    best = metrics.get("best_eval_loss")
+    return [
+        f"*Early stopping*: {ended}; best held-out loss {best:.4f} at step {metrics['best_step']}, whose checkpoint "
+        f"(`{metrics['best_checkpoint']}`) is the stage's model."
+        if best is not None
+        else f"*Early stopping*: {ended}.",
+        "",
     ]

@@ -77,3 +77,29 @@ def test_an_sft_log_has_no_reward_and_its_picture_only_the_loss(tmp_path):
     assert log["reward"] == [] and log["rewards"] == {} and log["train"] == [(5, 3.0), (10, 2.5)]
     section = training_section(str(tmp_path), 5.0, 4.0)
     assert "*Reward*" not in "\n".join(section) and _png_size(section) == (750, 420)
+
+
+def test_an_early_stopped_run_says_where_it_stopped_and_which_checkpoint_is_the_model(tmp_path):
+    """metrics.json's early-stopping figures (components/train/trainer/callbacks.py early_stopping_summary, as
+    sft.py writes them) reach the report: the user sees why training ended before max_steps."""
+    history = [{"step": s, "loss": 3.0 - 0.1 * s} for s in (5, 10, 15, 20)] + [
+        {"step": s, "eval_loss": loss} for s, loss in ((10, 2.6), (15, 2.7), (20, 2.8))
+    ]
+    train_dir = _checkpoint(tmp_path, history, step=20)
+    summary = {
+        "eval_loss": 2.6,
+        "stopped_early": True,
+        "stopped_at_step": 20,
+        "max_steps": 100,
+        "best_step": 10,
+        "best_eval_loss": 2.6,
+        "best_checkpoint": f"{train_dir}/checkpoint-10",
+    }
+    (tmp_path / "metrics.json").write_text(json.dumps(summary))
+    text = "\n".join(training_section(train_dir, 5.0, 2.6))
+    assert "*Early stopping*: stopped at step 20 of 100" in text
+    assert "best held-out loss 2.6000 at step 10" in text and "checkpoint-10" in text
+    (tmp_path / "metrics.json").write_text(json.dumps({**summary, "stopped_early": False, "stopped_at_step": 100}))
+    assert "trained all 100 steps" in "\n".join(training_section(train_dir, 5.0, 2.6))
+    (tmp_path / "metrics.json").write_text(json.dumps({"eval_loss": 2.6}))  # early stopping off
+    assert "*Early stopping*" not in "\n".join(training_section(train_dir, 5.0, 2.6))
