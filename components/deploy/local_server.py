@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components import quick_exit
 from components.deploy.plan import lora_args
 from components.deploy.smoke import TooSlow, chat_completion, wait_healthy
 from components.models.logprobs import ServingMismatch, check_greedy_text, check_server
+from components.models.serve_command import transformers_serve
 from components.observe.process import parent_death_signal
 
 SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
@@ -60,23 +60,7 @@ def serve_locally(
     ``kill <pid>``).
     """
     port = free_port()
-    # `transformers serve` in a process that skips the final garbage collection at exit: _stop waits for it.
-    cmd = quick_exit.command(
-        "transformers.cli.transformers",
-        "serve",
-        model_path,
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--device",
-        "cpu",
-        "--log-level",
-        "warning",
-    )
-    # The CLI asks PyPI for a newer transformers once a day, for up to 2 s before it serves (and waits that long
-    # where there is no network): a local server has no use for the hint.
-    env = {**os.environ, "HF_HUB_DISABLE_UPDATE_CHECK": os.environ.get("HF_HUB_DISABLE_UPDATE_CHECK", "1")}
+    cmd, env = transformers_serve(model_path, port)
     log = open(log_path, "ab")
     # Own session: a kept server outlives this step's process without being killed with it.
     proc = subprocess.Popen(
