@@ -1,6 +1,6 @@
-"""Kubernetes object names: the rules a setting that names an object must keep, without the Kubernetes client
-(the validate step checks settings with them before anything talks to a cluster; components/kube.py uses them
-too)."""
+"""Kubernetes object names and resource quantities: the rules a setting that names an object or sizes a pod must
+keep, without the Kubernetes client (the validate step checks settings with them before anything talks to a
+cluster; components/kube.py and the memory fit use them too)."""
 
 from __future__ import annotations
 
@@ -76,3 +76,24 @@ def image_error(field: str, value: str) -> str | None:
         f"{field}={value!r} is not an image reference ([registry[:port]/]repository[:tag][@sha256:digest], the "
         "repository in lowercase), e.g. 'ghcr.io/my-org/llm-trainer:0.4.0'"
     )
+
+
+# A Kubernetes resource quantity (k8s.io/apimachinery pkg/api/resource): a non-negative decimal number and a binary
+# (Ki..Ei), decimal (n, u, m, k, M..E) or exponent suffix.
+QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][-+]?\d+)?$")
+QUANTITY_FACTORS = {
+    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
+    **{"": 1, "n": 1e-9, "u": 1e-6, "m": 1e-3},
+}
+
+
+def quantity(value: str) -> float | None:
+    """A Kubernetes quantity's value (``"128Gi"``: bytes; ``"500m"``: 0.5), or None when it is not one."""
+    match = QUANTITY.match(str(value).strip())
+    if not match:
+        return None
+    number, suffix = match.group(1), match.group(3) or ""
+    if suffix[:1] in ("e", "E") and suffix not in QUANTITY_FACTORS:
+        return float(number) * 10 ** int(suffix[1:])
+    return float(number) * QUANTITY_FACTORS[suffix]

@@ -10,3 +10,9 @@ HF_TOKEN_KEY = "HF_TOKEN"
 WEBHOOK_SECRET_KEY = "ALERT_WEBHOOK_URL"
 # langfuse_secret: Langfuse's project keys and address, read by the Langfuse SDK from the variables of the same names.
 LANGFUSE_KEYS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST")
+# judge_api_key_secret: the key of the judged evaluation's OpenAI-compatible endpoint (components/evaluate/judge.py),
+# sent as a bearer token; an optional reference (an in-cluster judge needs none).
+JUDGE_API_KEY = "JUDGE_API_KEY"
+# model_store_secret: the object store's keys (S3, an S3-compatible server, GCS's HMAC keys), read through the
+# Kubernetes API by preflight and the train step's launcher (components/storage.py), never put in a pod's env.
+STORE_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")

@@ -179,6 +179,28 @@ class SFTSettings:
         min=0,
     )
     grpo_temperature: float = setting(1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
+    grpo_generation_backend: str = setting(
+        "transformers",
+        "grpo stage: where completions are sampled: transformers (generate inside the training processes) or "
+        "vllm-server (a vLLM server from the serving image whose weights the trainer replaces every "
+        "grpo_weight_sync_steps optimizer steps; method full).",
+        plain=False,
+        choices=("transformers", "vllm-server"),
+    )
+    grpo_vllm_server_url: str = setting(
+        "",
+        "grpo stage, grpo_generation_backend vllm-server: the server's URL (http://host:port), a vLLM server "
+        "started with this package's weight-sync engine (docs/rl.md); empty on a cluster: the train step runs one "
+        "beside the stage's job (grpo_vllm_image, grpo_vllm_server_gpus) and deletes it after the stage.",
+        plain=False,
+    )
+    grpo_weight_sync_steps: int = setting(
+        1,
+        "grpo stage, grpo_generation_backend vllm-server: push the trainer's weights to the server every this many "
+        "optimizer steps (1: on-policy; more: cheaper syncs, completions from older weights).",
+        plain=False,
+        min=1,
+    )
     parallelism: str = setting(
         "deepspeed",
         "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
@@ -335,7 +357,8 @@ class StageSettings:
     stage_settings: dict = setting(
         {},
         'Training settings of one stage over the run\'s, e.g. {"dpo": {"learning_rate": 5e-7, "method": '
-        '"lora"}}; dpo defaults to learning_rate 1e-6 and 1 epoch.',
+        '"lora"}}, and its job\'s num_nodes and gpus_per_node, e.g. {"cpt": {"num_nodes": 1, "gpus_per_node": 4}}; '
+        "dpo defaults to learning_rate 1e-6 and 1 epoch.",
         plain=False,
     )
 
@@ -536,6 +559,22 @@ class ClusterSettings:
         above=0,
     )
     trainer_image: str = setting(TRAINER_IMAGE, "Image the training job's pods run.")
+    # The grpo stage's generation server (grpo_generation_backend vllm-server with no grpo_vllm_server_url): the
+    # train step runs it beside the stage's job (components/train/launcher/vllm_server.py, docs/rl.md).
+    grpo_vllm_image: str = setting(
+        "vllm/vllm-openai:v0.32.0",
+        "grpo stage, grpo_generation_backend vllm-server with no grpo_vllm_server_url: image of the vLLM server the "
+        "train step runs beside the stage's job (vLLM's OpenAI server; the weight-sync engine targets 0.32's RL "
+        "routes).",
+        plain=False,
+    )
+    grpo_vllm_server_gpus: int = setting(
+        1,
+        "grpo stage, grpo_generation_backend vllm-server with no grpo_vllm_server_url: GPUs of the vLLM server's pod "
+        "(tensor parallel), on a node of node_selector and tolerations, beside the training job's.",
+        plain=False,
+        min=1,
+    )
     data_pvc: str = setting("llm-data", "ReadWriteMany claim for datasets and caches (mounted at /mnt/data).")
     model_pvc: str = setting("llm-models", "ReadWriteMany claim for checkpoints and final models (/mnt/models).")
     hf_token_secret: str = setting(
@@ -566,6 +605,33 @@ class ClusterSettings:
         "",
         "HF_ENDPOINT of the training, trial and serving pods: a Hugging Face Hub mirror's http(s) URL (e.g. "
         "https://hf-mirror.example.com); empty: huggingface.co.",
+        plain=False,
+    )
+    # Object storage (docs/cluster.md#object-storage, components/storage.py): off while model_store_uri is empty.
+    model_store_uri: str = setting(
+        "",
+        "Bucket folder each trained model is uploaded to after it is written and verified, s3://bucket/prefix or "
+        "gs://bucket/prefix (to <it>/runs/<run id>/<stage>/final/, with a MANIFEST.json of sizes and sha256); "
+        "empty: models stay on the claim only.",
+        plain=False,
+    )
+    model_store_endpoint: str = setting(
+        "",
+        "An S3-compatible server's URL for model_store_uri (MinIO, Ceph RGW; GCS: https://storage.googleapis.com, "
+        "the default for gs://); empty: AWS S3.",
+        plain=False,
+    )
+    model_store_secret: str = setting(
+        "",
+        "Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (GCS: HMAC keys) for model_store_uri, read "
+        "through the Kubernetes API by preflight and the train step; empty: the pod's own credentials (an IAM role "
+        "for its service account; locally the environment).",
+        plain=False,
+    )
+    upload_checkpoints: bool = setting(
+        False,
+        "Also upload each complete checkpoint to model_store_uri (<it>/runs/<run id>/<stage>/checkpoint-<step>/) "
+        "while the job trains.",
         plain=False,
     )
     node_selector: dict = setting(
@@ -736,6 +802,52 @@ class EvaluateSettings:
         "(absolute, in reward units; 0.0: no worse).",
         plain=False,
     )
+    # The judged evaluation (components/evaluate/judge.py): a judge model scores both models' answers on a rubric.
+    judge_endpoint: str = setting(
+        "",
+        "Judged evaluation: the judge model's OpenAI-compatible endpoint that scores base and tuned answers to "
+        "eval_prompts on judge_rubric: served-base (the run's base model on the local server; local runs), an "
+        "InferenceService name in the run's namespace, or an http(s) URL up to /v1; empty: not judged.",
+    )
+    judge_model: str = setting(
+        "",
+        "Judged evaluation: the model name sent to judge_endpoint (required for a URL; empty: the base model for "
+        "served-base, the service's name for an InferenceService).",
+        plain=False,
+    )
+    judge_api_key_secret: str = setting(
+        "llm-judge",
+        "Secret whose key JUDGE_API_KEY is judge_endpoint's API key, sent as a bearer token (an optional "
+        "reference: no Secret, no key; a local run reads JUDGE_API_KEY from its environment).",
+    )
+    judge_rubric: str = setting(
+        "builtin:default",
+        "Judged evaluation: builtin:default (helpfulness, correctness, instruction following, 1-10), a JSON file "
+        '({"criteria": {name: description}, "scale": [low, high]}) or a text file with the rubric (scale 1-10).',
+        plain=False,
+    )
+    judge_max_tokens: int = setting(
+        256,
+        "Judged evaluation: length limit of each judge reply (a JSON verdict needs under 200 tokens; a thinking "
+        "judge needs more).",
+        plain=False,
+        min=1,
+    )
+    min_judge_score: float = setting(
+        0.0,
+        "Judged evaluation gate: the lowest mean judge score of the tuned model's answers (in judge_rubric's "
+        "units) that still deploys; 0: judged, not gated.",
+        plain=False,
+        min=0,
+    )
+    min_judge_win_rate: float = setting(
+        0.0,
+        "Judged evaluation gate: the lowest share of prompts (0..1, a tie counts half) on which the tuned answer "
+        "scores above the base's that still deploys; 0: judged, not gated.",
+        plain=False,
+        min=0,
+        max=1,
+    )
 
 
 @dataclass
@@ -768,6 +880,13 @@ class DeploySettings:
         "Pre-deploy latency gate: the fewest output tokens per second the server streams over those requests "
         "together; 0: measured, not gated.",
         min=0,
+    )
+    serving_service_account: str = setting(
+        "",
+        "KServe: ServiceAccount of the predictor pods. With model_store_uri set, the InferenceService serves the "
+        "uploaded copy (storageUri s3://...): KServe's storage initializer takes the store's keys from this "
+        "account's Secret (serving.kserve.io/s3-* annotations, docs/serving.md); empty: served from the claim.",
+        plain=False,
     )
     min_replicas: int = setting(1, "KServe: fewest predictor replicas (0: scale to zero, Knative only).", min=0)
     max_replicas: int = setting(

@@ -5,7 +5,7 @@ A run trains the stages of its ``stages`` setting in that order, each from the p
 in its own folder, through the same launcher and the same trainer entry point (the trainer config's ``stage``
 picks the loss: causal LM on every token for cpt, on the assistant's tokens for sft, DPO for dpo, the pairwise
 reward-model loss for rm, GRPO for grpo). What differs per stage is the data it reads and, optionally, training
-settings (``stage_settings``); this module is the one place that says so.
+settings and the job's nodes and GPUs (``stage_settings``); this module is the one place that says so.
 
 The rm stage is a side branch: it trains a reward model (a sequence classifier, not a language model) from the
 previous stage's model and hands that previous model on unchanged (``hands_on``), so that a following grpo stage
@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from components.settings import Settings, TrainSettings, choices
+from components.settings import ClusterSettings, Settings, TrainSettings, choices
 
 STAGES = choices("stages")  # ("cpt", "sft", "dpo", "rm", "grpo"), declared in the settings model
 # What a stage reads: its data source setting and the format its rows must have (None: the run's dataset_format).
@@ -82,9 +82,51 @@ def stage_data(s: Settings, stage: str) -> tuple[str, str]:
     return s.flat()[source_setting], fmt or s.data.dataset_format
 
 
+# What stage_settings may set beside training settings: the stage's job shape (ClusterSettings' fields, checked
+# by the same declared rules as the run's). The automation guide trains cpt on 4 GPUs and sft/dpo on 2.
+STAGE_RESOURCES = ("num_nodes", "gpus_per_node")
+TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainSettings))
+
+
 def stage_overrides(s: Settings, stage: str) -> dict:
-    """The training settings the stage changes: the stage's defaults, then the run's ``stage_settings``."""
-    return {**STAGE_DEFAULTS.get(stage, {}), **s.stages.stage_settings.get(stage, {})}
+    """The training settings the stage changes: the stage's defaults, then the run's ``stage_settings`` (its nodes
+    and GPUs aside: ``stage_resources``; a name that is neither, validate_inputs names)."""
+    over = {**STAGE_DEFAULTS.get(stage, {}), **s.stages.stage_settings.get(stage, {})}
+    return {name: value for name, value in over.items() if name in TRAIN_FIELDS}
+
+
+def stage_resources(s: Settings, stage: str) -> dict:
+    """The job shape (``num_nodes``, ``gpus_per_node``) the run's ``stage_settings`` give ``stage``, over the run's."""
+    own = s.stages.stage_settings.get(stage, {})
+    return {name: own[name] for name in STAGE_RESOURCES if isinstance(own, dict) and name in own}
+
+
+def stage_cluster(s: Settings, stage: str) -> ClusterSettings:
+    """The cluster settings ``stage``'s job runs with: the run's, with the stage's own nodes and GPUs."""
+    return dataclasses.replace(s.cluster, **stage_resources(s, stage))
+
+
+def stage_setting_name(s: Settings, stage: str, name: str) -> str:
+    """How a message names the setting that gives ``stage`` its ``name`` (``num_nodes``, ``gpus_per_node``):
+    ``stage_settings.<stage>.<name>`` where the stage sets it, else the run's ``name``."""
+    return f"stage_settings.{stage}.{name}" if name in stage_resources(s, stage) else name
+
+
+def resource_settings(s: Settings, name: str) -> list[tuple[str, int]]:
+    """``(setting, value)`` of ``name`` (``num_nodes``, ``gpus_per_node``): the run's, then each of its stages' that
+    sets its own (``stage_settings.<stage>.<name>``), for the rules that hold each of them as they hold the run's."""
+    own = [(stage, stage_resources(s, stage)) for stage in dict.fromkeys(s.stages.stages)]
+    return [(name, getattr(s.cluster, name))] + [
+        (f"stage_settings.{stage}.{name}", over[name])
+        for stage, over in own
+        if isinstance(over.get(name), int) and not isinstance(over[name], bool)  # else: the stage rules name it
+    ]
+
+
+def stage_gpus(s: Settings, stage: str) -> int:
+    """GPUs ``stage``'s job holds: its nodes times its GPUs per node."""
+    c = stage_cluster(s, stage)
+    return c.num_nodes * c.gpus_per_node
 
 
 def stage_train_settings(s: Settings, stage: str, base_model: str, tuned: dict | None = None) -> TrainSettings:

@@ -26,7 +26,7 @@ from components.hpo.component import search_hyperparameters
 from components.observe.alerts import WEBHOOK_URL_ENV
 from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
-from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
+from components.secrets import HF_TOKEN_KEY, JUDGE_API_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.security import RUN_AS_GROUP, RUN_AS_USER
 from components.stages import STAGES
 from components.train.component import base_model, skip_stage, train_model
@@ -264,6 +264,13 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
                 task,
                 secret_name=p["langfuse_secret"],
                 secret_key_to_env={key: key for key in LANGFUSE_KEYS},
+                optional=True,
+            )
+        for task in evaluates:  # the judged evaluation's API key (components/evaluate/judge.py), optional as well
+            kubernetes.use_secret_as_env(
+                task,
+                secret_name=p["judge_api_key_secret"],
+                secret_key_to_env={JUDGE_API_KEY: JUDGE_API_KEY},
                 optional=True,
             )
     return Outputs(

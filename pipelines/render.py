@@ -19,9 +19,10 @@ from components.kube import job_name_for
 from components.observe.tensorboard import server_manifests, tensorboard_manifest
 from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import dataset_folder, hands_on, stage_folder, stage_train_settings
+from components.stages import dataset_folder, hands_on, stage_cluster, stage_folder, stage_train_settings
 from components.train.config import build_trainer_config
 from components.train.launcher.job import training_job_for_run
+from components.train.launcher.vllm_server import run_server_manifests, runs_own_server, stage_server_url
 from pipelines.compile import compile_pipeline
 
 RENDER_RUN_ID = "render-preview"
@@ -39,8 +40,14 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     for stage in s.stages.stages:  # each stage's trainer config and job: sft's keep the plain file names
         suffix = "" if stage == "sft" else f"-{stage}"
         stage_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder(stage))
+        train = stage_train_settings(s, stage, base)
+        if runs_own_server(stage, train, s.cluster):
+            # The grpo stage's own vLLM server, which the train step runs beside the job; the config names its URL.
+            manifests = run_server_manifests(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, model_path=base)
+            written.append(_write(out_dir / "grpo-vllm-server.yaml", yaml.safe_dump_all(manifests, sort_keys=False)))
+            train = stage_server_url(stage, train, s.cluster, run_id=RENDER_RUN_ID, namespace=namespace)
         cfg = build_trainer_config(
-            stage_train_settings(s, stage, base),
+            train,
             stage=stage,
             dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), dataset_folder(stage)),
             output_dir=stage_dir,
@@ -50,7 +57,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         written.append(_write(out_dir / f"train_config{suffix}.json", json.dumps(cfg, indent=2, sort_keys=True)))
         if s.cluster.train_backend != "local":
             job = training_job_for_run(
-                s.cluster,
+                stage_cluster(s, stage),  # the stage's own nodes and GPUs (stage_settings) over the run's
                 run_id=RENDER_RUN_ID,
                 namespace=namespace,
                 stage=stage,
@@ -77,7 +84,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             name=experiment_name_for(RENDER_RUN_ID),
             namespace=namespace,
             training_job=training_job_for_run(
-                s.cluster,
+                stage_cluster(s, "sft"),
                 run_id=RENDER_RUN_ID,
                 namespace=namespace,
                 stage="sft",

@@ -20,7 +20,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from components.estimate.plan import plan_text
+from components.estimate.plan import memory_text, plan_text
 from components.settings import ADVANCED, specs, split_arguments
 from components.validate.rules import warnings
 from components.version import __version__
@@ -226,6 +226,8 @@ def _main(args) -> int:
 
         for path in render(params, Path(args.render), namespace=args.namespace or "default"):
             print(f"wrote {path}")
+        if memory := memory_text(params):  # what each stage's job holds per GPU, by validate_inputs' fit
+            print(memory)
         return 0
     failed = None  # the record of a local run's failed step
     if args.host:

@@ -31,6 +31,7 @@ from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import trainjob_for_run
 from components.validate.preflight import (
     DEPLOYER_ACCESS,
+    GRPO_SERVER_ACCESS,
     LAUNCHER_ACCESS,
     POD_ACCESS,
     SEARCH_ACCESS,
@@ -187,6 +188,7 @@ def scripted_runs() -> set[tuple]:
         tensorboard.ensure_tensorboard(board, api_client=api.client, model_root=root)
         tensorboard.remove_servers(root, RUN_ID, api_client=api.client)  # the exit handler
         needed |= {rule_for(r.method, r.path) for r in api.requests}
+    needed |= grpo_server_rules()
     for train in ("pytorchjob", "trainjob"):
         with FakeKubeAPI() as api:
             assert (
@@ -199,6 +201,46 @@ def scripted_runs() -> set[tuple]:
         assert preflight({**PARAMS, "hpo_trials": 4}, api_client=api.client, namespace=NS) == []
         needed |= {rule_for(r.method, r.path) for r in api.requests}
     return needed - {None}
+
+
+def grpo_server_rules() -> set[tuple]:
+    """The grpo stage's own vLLM server (components/train/launcher/vllm_server.py): created, waited on until ready
+    (its pods listed), deleted when the stage ends; one a killed step left, deleted by the exit handler; and the
+    preflight of a run that has one."""
+    from components.observe.run_objects import GRPO_SERVER_RECORD, record_objects, remove_recorded
+    from components.settings import Settings, defaults
+    from components.train.launcher import vllm_server
+
+    grpo = {"stages": ["sft", "grpo"], "grpo_generation_backend": "vllm-server"}
+    cluster = Settings.from_flat({**defaults(), **grpo}).cluster
+    model = f"/mnt/models/runs/{RUN_ID}/train/final"
+    needed = set()
+    with FakeKubeAPI() as api, tempfile.TemporaryDirectory() as root:
+        ready = {"n": 0}
+
+        def becomes_ready(obj):
+            ready["n"] += 1
+            obj["status"] = {"readyReplicas": 1} if ready["n"] > 1 else {}
+
+        api.on_get("deployments", becomes_ready)
+        with vllm_server.generation_server(
+            cluster,
+            run_id=RUN_ID,
+            namespace=NS,
+            model_path=model,
+            model_root=root,
+            api_client=api.client,
+            poll_seconds=0.01,
+        ):
+            pass
+        manifests = vllm_server.run_server_manifests(cluster, run_id=RUN_ID, namespace=NS, model_path=model)
+        record_objects(root, RUN_ID, GRPO_SERVER_RECORD, manifests)
+        remove_recorded(root, RUN_ID, GRPO_SERVER_RECORD, api_client=api.client)  # the exit handler
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
+    with FakeKubeAPI() as api:
+        assert preflight({**PARAMS, **grpo}, api_client=ready_cluster(api).client, namespace=NS) == []
+        needed |= {rule_for(r.method, r.path) for r in api.requests}
+    return needed
 
 
 def deployer_rules() -> set[tuple]:
@@ -295,6 +337,7 @@ def test_preflight_reviews_what_the_role_grants_to_the_runner():
             *DEPLOYER_ACCESS,
             *TENSORBOARD_ACCESS,
             *TENSORBOARD_SERVER_ACCESS,
+            *GRPO_SERVER_ACCESS,
             *SEARCH_ACCESS,
         ]
     }

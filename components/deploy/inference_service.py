@@ -52,6 +52,7 @@ from components.kube import (
 from components.models.logprobs import ServingMismatch, check_server
 from components.paths import MODEL_MOUNT, pvc_uri
 from components.security import container_security_context
+from components.storage import parse_store_uri
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
 # KServe labels every pod of a service with its name.
@@ -143,6 +144,7 @@ def build_inference_service(
     scale_target: int = 0,
     env: dict | None = None,
     image_pull_secrets: list | None = None,
+    service_account: str = "",
 ) -> dict:
     """The InferenceService manifest (a plain dict) serving ``storage_uri`` with one of ``RUNTIMES``.
 
@@ -174,6 +176,9 @@ def build_inference_service(
         env: variables added to the model container's (the proxies and Hub mirror, ``components.kube.egress_env``).
             KServe's storage initializer is its own init container: an ``hf://`` download there does not get them.
         image_pull_secrets: Secret names the predictor pods pull their images with; empty: none.
+        service_account: the predictor pods' ServiceAccount; for an ``s3://`` ``storage_uri`` KServe's storage
+            initializer takes the store's keys (and endpoint) from the Secret attached to it. Empty: the namespace's
+            default.
 
     Raises:
         ValueError: naming the field, for a bad name, runtime, GPU count, length, storage URI, deployment
@@ -282,19 +287,41 @@ def build_inference_service(
     ]
     if image_pull_secrets:
         predictor["imagePullSecrets"] = [{"name": n} for n in image_pull_secrets]
+    if service_account:
+        predictor["serviceAccountName"] = service_account
     metadata = {"name": name, "namespace": namespace, "annotations": annotations}
     if labels:
         metadata["labels"] = dict(labels)
     return {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "metadata": metadata, "spec": {"predictor": predictor}}
 
 
+def served_from_store(deploy, cluster, storage_uri: str) -> str:
+    """``storage_uri`` (``pvc://<model_pvc>/<path>``), or the train step's uploaded copy of it when the model store
+    serves (``model_store_uri`` and ``serving_service_account`` set; components/train/model_store.py uploads each
+    final model to ``<model_store_uri>/<path>``). The URI is ``s3://`` for a ``gs://`` store too: KServe's storage
+    initializer reads GCS's XML API with the HMAC keys of the account's Secret (its ``s3-endpoint`` annotation
+    ``storage.googleapis.com``)."""
+    claim = f"pvc://{cluster.model_pvc}/"
+    if not (cluster.model_store_uri and deploy.serving_service_account and storage_uri.startswith(claim)):
+        return storage_uri
+    store = parse_store_uri(cluster.model_store_uri).join(storage_uri.removeprefix(claim))
+    return f"s3://{store.bucket}/{store.prefix}"
+
+
+def store_settings(deploy, cluster) -> dict:
+    """The predictor's ServiceAccount when it serves from the model store (``served_from_store``)."""
+    serving = bool(cluster.model_store_uri and deploy.serving_service_account)
+    return {"service_account": deploy.serving_service_account if serving else ""}
+
+
 def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, storage_uri: str) -> dict:
     """The InferenceService of one KFP run from its deploy and cluster settings (``components.settings``; the
-    deploy step and ``--render`` call this): the predictor goes on the GPU nodes the job's selector names."""
+    deploy step and ``--render`` call this): the predictor goes on the GPU nodes the job's selector names, and serves
+    the model store's copy of ``storage_uri`` where the store serves (``served_from_store``)."""
     return build_inference_service(
         name=deploy.serving_name,
         namespace=namespace,
-        storage_uri=storage_uri,
+        storage_uri=served_from_store(deploy, cluster, storage_uri),
         runtime=deploy.deploy_backend,
         gpus=deploy.serving_gpus,
         max_model_len=deploy.max_model_len,
@@ -306,6 +333,7 @@ def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, s
         canary_traffic_percent=deploy.canary_traffic_percent,
         **replica_settings(deploy),
         **egress_settings(cluster),
+        **store_settings(deploy, cluster),
     )
 
 
@@ -378,8 +406,11 @@ def inference_services_for_servers(
                     name=server.name,
                     namespace=namespace,
                     served_model_name=server.served_model_name,
-                    storage_uri=pvc_uri(cluster.model_pvc, mount, server.model_path),
+                    storage_uri=served_from_store(
+                        deploy, cluster, pvc_uri(cluster.model_pvc, mount, server.model_path)
+                    ),
                     **common,
+                    **store_settings(deploy, cluster),
                 )
             )
             continue

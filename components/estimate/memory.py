@@ -11,6 +11,7 @@ docs/memory.md has every formula and the measurements behind them.
 from __future__ import annotations
 
 from components.models.shape import ModelShape, load_architecture, lora_targets, model_shape
+from components.names import quantity
 from components.train.config import LOSS_CHUNK_TOKENS, job_zero_config
 
 GIB = 1024**3
@@ -166,6 +167,31 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.3
 # release fits the package's transformers, docs/rl.md), so grpo_arguments.vllm_colocate picks transformers' ``generate``
 # in the trainer pods too, and a request for vLLM colocate is counted as what runs instead.
 TRAINER_IMAGE_HAS_VLLM = False
+# The weight sync's send bucket on the trainer's rank 0 (components/train/trainer/vllm_server.py DEFAULT_BUCKET_BYTES;
+# a test holds the two equal: this module imports nothing of the trainer's).
+WEIGHT_SYNC_BUCKET_BYTES = 256 * 2**20
+
+
+# vLLM's default --gpu-memory-utilization: the share of each GPU its server takes for weights, activations and KV cache.
+VLLM_SERVER_MEMORY_SHARE = 0.9
+
+
+def vllm_server_error(shape: ModelShape, server_gpus: int, gpu_memory_gib: float, kv_bytes: float) -> str | None:
+    """The grpo generation server's fit (grpo_generation_backend vllm-server, the server the train step runs): its
+    bf16 weights and the KV cache of a step's completions, split over its ``server_gpus`` (tensor parallel), within
+    vLLM's share of each GPU; None when they fit, else the error naming grpo_vllm_server_gpus."""
+    budget = VLLM_SERVER_MEMORY_SHARE * gpu_memory_gib * GIB
+    need = (2 * shape.total + kv_bytes) / server_gpus  # bf16
+    if need <= budget:
+        return None
+    gpus = server_gpus
+    while (2 * shape.total + kv_bytes) / gpus > budget and gpus < 64:
+        gpus *= 2
+    return (
+        f"the grpo generation server needs about {need / GIB:.1f} GiB per GPU (bf16 weights and a step's KV cache, "
+        f"over grpo_vllm_server_gpus={server_gpus}) but vLLM takes {VLLM_SERVER_MEMORY_SHARE:.0%} of a GPU's "
+        f"{gpu_memory_gib:g} GiB: raise grpo_vllm_server_gpus (to {gpus}: tensor parallel within one node)"
+    )
 
 
 def grpo_generation_gather_bytes(shape: ModelShape, zero: dict) -> int:
@@ -187,14 +213,20 @@ def grpo_extra_bytes(
     sequence_tokens: int,
     gpu_memory_gib: float,
     colocate: bool,
+    server: bool = False,
 ) -> int:
     """What the grpo stage holds per GPU beyond the policy's training (docs/memory.md): the reference model and
     the generations (``completions`` sequences of ``sequence_tokens`` a rank generates at once, their KV cache, and
     under ZeRO-3 the whole gathered model, ``grpo_generation_gather_bytes``; ``colocate``: vLLM's reserved share of the
-    GPU instead, where the trainer image has vllm, TRAINER_IMAGE_HAS_VLLM)."""
+    GPU instead, where the trainer image has vllm, TRAINER_IMAGE_HAS_VLLM). ``server`` (grpo_generation_backend
+    vllm-server): the completions come from a server on GPUs of its own; the trainer holds only what its weight sync
+    does, one parameter gathered whole at a time and rank 0's send bucket (components/train/trainer/vllm_server.py)."""
     reference = 0
     if beta > 0 and method == "full":
         reference = int(2 * shape.total / n_gpus) if zero.get("stage", 0) == 3 else 2 * shape.total
+    if server:
+        gathered = 2 * shape.largest_block if zero.get("stage", 0) == 3 else 0
+        return reference + gathered + WEIGHT_SYNC_BUCKET_BYTES
     if colocate and TRAINER_IMAGE_HAS_VLLM:
         generations = int(VLLM_GPU_MEMORY_UTILIZATION * gpu_memory_gib * GIB)
     else:
@@ -213,6 +245,7 @@ def _gpu_error(
     max_seq_length: int,
     gpu_memory_gib: float,
     levers: tuple[str, ...] = (),
+    prefix: str = "",
 ) -> str:
     rl = f" + {est['grpo']:.1f} grpo's reference model and generations" if "grpo" in est else ""
     summary = (
@@ -220,7 +253,7 @@ def _gpu_error(
         f"{est['activations']:.1f} activations + {est['overhead']:.0f} overhead{rl}) but a GPU has "
         f"{gpu_memory_gib:g} GiB"
     )
-    gathered = grpo_generation_gather_bytes(shape, zero) / GIB if "grpo" in est else 0.0
+    gathered = grpo_generation_gather_bytes(shape, zero) / GIB if "grpo" in est and not est.get("server") else 0.0
     if gathered and est["total"] - gathered <= gpu_memory_gib:
         # What fills the GPU is the whole model gathered for generation, which neither more GPUs nor a smaller batch
         # shrink; LoRA's model states are the bf16 base's shard alone (its reference is the adapter off).
@@ -246,7 +279,7 @@ def _gpu_error(
     elif method == "full" and zero.get("stage", 0) != 3:
         fix = "set deepspeed_config to 'zero3' (shards weights, gradients and optimizer states over all GPUs)"
     elif method == "full" or (method == "lora" and zero.get("stage", 0) == 3):
-        fix = f"raise num_nodes (now {num_nodes}) or set deepspeed_config to 'zero3_offload'"
+        fix = f"raise {prefix}num_nodes (now {num_nodes}) or set deepspeed_config to 'zero3_offload'"
     elif method == "lora":
         fix = "set deepspeed_config to 'zero3' (shards the frozen base over all GPUs)"
     else:
@@ -254,16 +287,25 @@ def _gpu_error(
     return f"{summary}: {fix}"
 
 
-def _host_error(method: str, zero: dict, host: dict, num_nodes: int, gpus_per_node: int, pod_memory_gib: float) -> str:
+def pod_memory_limit_gib(trainer_memory_limit: str) -> float:
+    """The trainer pod's memory limit in GiB (the ``trainer_memory_limit`` quantity), what every host-memory check
+    holds a pod to; ``POD_MEMORY_GIB`` where it is not a quantity (validate_inputs reports that)."""
+    limit = quantity(trainer_memory_limit)
+    return limit / 2**30 if limit else POD_MEMORY_GIB
+
+
+def _host_error(
+    method: str, zero: dict, host: dict, num_nodes: int, gpus_per_node: int, pod_memory_gib: float, prefix: str = ""
+) -> str:
     summary = (
         f"needs about {host['total'] / GIB:.0f} GiB of host memory per pod ({gpus_per_node} ranks: "
         f"{host['processes'] / GIB:.0f} processes + {host['shm'] / GIB:.0f} /dev/shm + "
-        f"{host['model'] / GIB:.0f} model) but a pod has {pod_memory_gib:g} GiB"
+        f"{host['model'] / GIB:.0f} model) but a pod has {pod_memory_gib:g} GiB (trainer_memory_limit)"
     )
     offload = any(zero.get(k, {}).get("device", "none") != "none" for k in ("offload_optimizer", "offload_param"))
     if offload:
         fix = (
-            f"raise num_nodes (now {num_nodes}; each pod holds 1/num_nodes of the offloaded states) or set "
+            f"raise {prefix}num_nodes (now {num_nodes}; each pod holds 1/num_nodes of the offloaded states) or set "
             "deepspeed_config to 'zero3' (states stay on the GPUs)"
         )
     elif zero.get("stage", 0) != 3 and method != "qlora":
@@ -272,8 +314,10 @@ def _host_error(method: str, zero: dict, host: dict, num_nodes: int, gpus_per_no
             "in host memory until they move to its GPU)"
         )
     else:
-        fix = f"lower gpus_per_node (now {gpus_per_node}) so fewer ranks share a pod, and raise num_nodes"
-    return f"{summary}: {fix}"
+        fix = (
+            f"lower {prefix}gpus_per_node (now {gpus_per_node}) so fewer ranks share a pod, and raise {prefix}num_nodes"
+        )
+    return f"{summary}: {fix}, or raise trainer_memory_limit where the nodes have the memory"
 
 
 def check_memory_fit(
@@ -292,6 +336,7 @@ def check_memory_fit(
     every_n_layers: int = 1,
     chunked_loss: bool = False,
     loss_chunkable: bool = False,
+    setting_prefix: str = "",
 ) -> str | None:
     """An error naming the knob to change when the job cannot fit, else None.
 
@@ -304,7 +349,8 @@ def check_memory_fit(
     (beta, completions, sequence_tokens, colocate): its reference model and generations count too.
     ``every_n_layers``: the recomputed layers' stride (``recompute_every_n_layers``; 0: activation_checkpointing off).
     ``chunked_loss``: the stage computes its loss with ``chunked_cross_entropy``; ``loss_chunkable``: it could (cpt,
-    sft), so a job that does not fit is told so.
+    sft), so a job that does not fit is told so. ``setting_prefix``: where the job's ``num_nodes`` and
+    ``gpus_per_node`` come from, for the fix (``stage_settings.cpt.`` for a stage's own, components/stages.py).
     """
     config = model if isinstance(model, dict) else load_architecture(model)
     if config is None:
@@ -330,7 +376,7 @@ def check_memory_fit(
     )
     if grpo:
         extra = grpo_extra_bytes(shape, method, zero, n_gpus, gpu_memory_gib=gpu_memory_gib, **grpo) / GIB
-        est.update(total=est["total"] + extra, grpo=extra)
+        est.update(total=est["total"] + extra, grpo=extra, server=bool(grpo.get("server")))
     host = host_bytes_per_pod(shape, method, zero, num_nodes, gpus_per_node, lora)
     problems = []
     if est["total"] > gpu_memory_gib:
@@ -348,10 +394,11 @@ def check_memory_fit(
                     *(["activation_checkpointing=true with recompute_every_n_layers=1"] if every_n_layers != 1 else []),
                     *(["chunked_cross_entropy=true"] if loss_chunkable and not chunked_loss else []),
                 ),
+                prefix=setting_prefix,
             )
         )
     if host["total"] / GIB > pod_memory_gib:
-        problems.append(_host_error(method, zero, host, num_nodes, gpus_per_node, pod_memory_gib))
+        problems.append(_host_error(method, zero, host, num_nodes, gpus_per_node, pod_memory_gib, setting_prefix))
     if not problems:
         return None
     name = model if isinstance(model, str) else "the model"

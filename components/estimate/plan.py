@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.estimate.memory import pod_memory_limit_gib
 from components.models.mfu import model_flops_per_token, recompute_flops_per_token
 from components.models.shape import KNOWN_MODELS, ModelShape, load_architecture, lora_targets, model_shape
 from components.settings import Settings
@@ -424,14 +425,15 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     model's ``config`` (config.json dict). ``stats``: the prepared dataset's statistics (prepare_dataset's
     stats.json), for the real row count, packing efficiency and document lengths; without it the run's size is the
     ``dataset_tokens_estimate`` setting. ``stage``: the training stage to plan (default: sft when it runs, else the
-    first); its ``stage_settings`` apply."""
+    first); its ``stage_settings`` apply, its own nodes and GPUs included."""
     from components.estimate.memory import estimate_gib, recomputed_layers
-    from components.stages import stage_overrides
+    from components.stages import stage_overrides, stage_resources
 
     typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
     values = typed.flat()
     stage = stage or ("sft" if "sft" in values["stages"] else values["stages"][0])
-    v = {**values, **stage_overrides(typed, stage)}  # the stage's own training settings over the run's
+    # The stage's own training settings, nodes and GPUs over the run's.
+    v = {**values, **stage_overrides(typed, stage), **stage_resources(typed, stage)}
     shape = model_shape(config)
     method, zero = v["method"], zero_config(v["deepspeed_config"])
     parallelism = v.get("parallelism", "deepspeed")
@@ -493,13 +495,11 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
             "distributed checkpoint, components/train/trainer/sharded_checkpoints.py); a re-run resumes on the same "
             "nodes x GPUs"
         )
-        from components.estimate.memory import POD_MEMORY_GIB
-
-        host = hsdp_export_host_gib(shape, g)
-        if host > POD_MEMORY_GIB:
+        host, pod = hsdp_export_host_gib(shape, g), pod_memory_limit_gib(values.get("trainer_memory_limit", ""))
+        if host > pod:
             blocked = (
                 f"the final export holds one layer and one shard on rank 0's host: {host:.0f} GiB with its "
-                f"pod's {g} processes, over the pod's {POD_MEMORY_GIB:g} GiB"
+                f"pod's {g} processes, over the pod's {pod:g} GiB (trainer_memory_limit)"
             )
             notes.append(f"does not run: {blocked}")
     if zero_stage == 3 and hpz > 1 and hpz != g:
@@ -793,6 +793,12 @@ class GRPOPlan:
     steps: int
     wall_s: float
     gpu_hours: float
+    server_gpus: int = 0  # grpo_generation_backend vllm-server: the server's GPUs (0: generation in the trainer pods)
+    sync_s: float = 0.0  # one weight push to the server: the model gathered whole and sent from rank 0
+    sync_every: int = 1  # grpo_weight_sync_steps
+    server_memory_gib: float = 0.0  # per server GPU: its share of the bf16 weights and of a step's KV cache
+    server_error: str | None = None  # the server does not fit its GPUs (memory.vllm_server_error), or None
+    server_managed: bool = False  # the train step runs the server (no grpo_vllm_server_url): checked and counted
 
 
 def _grpo_prompts(v: dict) -> tuple[float | None, str]:
@@ -814,12 +820,12 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
     first gathers the whole model onto every GPU (GRPOConfig ``ds3_gather_for_generation``, default True); decoding is
     then memory-bandwidth bound: each decode step reads the weights its tokens use (for a MoE, the distinct experts
     the step's tokens route to) and the KV cache from HBM at ``HBM_BYTES_PER_S``."""
-    from components.estimate.memory import GIB, check_memory_fit, estimate_gib, grpo_extra_bytes
-    from components.stages import stage_overrides
+    from components.estimate.memory import GIB, check_memory_fit, estimate_gib, grpo_extra_bytes, vllm_server_error
+    from components.stages import stage_overrides, stage_resources
 
     typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
     values = typed.flat()
-    v = {**values, **stage_overrides(typed, "grpo")}
+    v = {**values, **stage_overrides(typed, "grpo"), **stage_resources(typed, "grpo")}
     shape = model_shape(config)
     m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
     n = m * g
@@ -831,28 +837,42 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
     if network_transport(v).startswith("TCP"):
         inter = min(inter, float(v["tcp_node_gb_per_s"]) * GB / g)
     full_model = Collective("the whole model (generation)", "all-gather", PARAM_BYTES * shape.total, n, m, g, "", "")
-    gather = full_model if zero3 and n > 1 else None
-    gather_s = max(_link_seconds([gather], intra, inter).values()) if gather else 0.0
+    full_gather_s = max(_link_seconds([full_model], intra, inter).values()) if zero3 and n > 1 else 0.0
+    # grpo_generation_backend vllm-server: a server on GPUs of its own decodes every completion of the step at once
+    # (tensor parallel over its GPUs); the trainer gathers its weights whole and pushes them every sync_every steps.
+    server = v.get("grpo_generation_backend") == "vllm-server"
+    server_gpus = max(1, int(v.get("grpo_vllm_server_gpus", 1) or 1)) if server else 0
+    sync_every = max(1, int(v.get("grpo_weight_sync_steps", 1) or 1))
+    gather = full_model if zero3 and n > 1 and not server else None
+    gather_s = full_gather_s if gather else 0.0
+    batch = c * n if server else c  # sequences one decode step advances (per GPU in the trainer pods)
 
-    # Decode: one token of each of the GPU's c sequences per step. Expected distinct experts per MoE layer that c
-    # tokens choosing top_k of E each route to: E (1 - (1 - top_k / E)^c).
+    # Decode: one token of each of the batch's sequences per step. Expected distinct experts per MoE layer that
+    # ``batch`` tokens choosing top_k of E each route to: E (1 - (1 - top_k / E)^batch).
     experts, top_k = int(config.get("num_experts", 0) or 0), int(config.get("num_experts_per_tok", 0) or 0)
-    experts_read = experts * (1 - (1 - top_k / experts) ** c) if shape.is_moe and experts else 0.0
+    experts_read = experts * (1 - (1 - top_k / experts) ** batch) if shape.is_moe and experts else 0.0
     embedding = shape.vocab * shape.hidden  # a lookup reads c rows of it, not the table
     dense_weights = PARAM_BYTES * (shape.total - shape.expert_params - embedding)
     expert_weights = PARAM_BYTES * shape.expert_params * (experts_read / experts if experts else 0.0)
     context = GRPO_PROMPT_TOKENS + t_c / 2  # keys per token on average over the completion
-    kv = 2 * PARAM_BYTES * shape.layers * shape.kv_dim * context * c
+    kv = 2 * PARAM_BYTES * shape.layers * shape.kv_dim * context * batch
     decode_bytes = {"weights": dense_weights, "experts": expert_weights, "kv_cache": kv}
-    decode_step_s = sum(decode_bytes.values()) / HBM_BYTES_PER_S
-    generation_s = gather_s + t_c * decode_step_s
+    decode_step_s = sum(decode_bytes.values()) / (HBM_BYTES_PER_S * (server_gpus or 1))
+    # One push: the model gathered whole (ZeRO-3: an all-gather's worth over the job) and sent by rank 0 over its
+    # GPU's share of the node's network to the server's node.
+    sync_s = full_gather_s + PARAM_BYTES * shape.total / inter if server else 0.0
+    # The server the train step runs (no grpo_vllm_server_url) is checked and counted; one at a URL is the user's.
+    managed = server and not str(v.get("grpo_vllm_server_url", "")).strip()
+    server_error = vllm_server_error(shape, server_gpus, float(v["gpu_memory_gib"]), kv) if managed else None
+    server_memory_gib = (PARAM_BYTES * shape.total + kv) / (server_gpus or 1) / GIB if server else 0.0
+    generation_s = gather_s + t_c * decode_step_s + sync_s / sync_every
 
     # The reference's forward: TRL 1.16 runs it in chunks of the micro-batch (k forwards), each gathering the
     # reference's layers under ZeRO-3 (its own engine in full; for LoRA the policy with its adapter off).
     sequence = GRPO_PROMPT_TOKENS + t_c
     beta = float(v["grpo_beta"])
     forward_s = 2 * shape.active * b * sequence / (float(v["achieved_tflops_per_gpu"]) * 1e12)
-    chunk_gather_s = gather_s if zero3 else 0.0
+    chunk_gather_s = full_gather_s if zero3 else 0.0
     reference_s = k * max(forward_s, chunk_gather_s) if beta > 0 else 0.0
     reference_note = (
         f"KL to the reference (grpo_beta {beta:g}): {k} forwards of {b} x {sequence} tokens per GPU"
@@ -871,6 +891,7 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         "completions": c,
         "sequence_tokens": int(v["max_seq_length"]),
         "colocate": True,
+        "server": server,
     }
     memory_error = check_memory_fit(
         config,
@@ -885,6 +906,8 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         lora_target_modules=v["lora_target_modules"],
         grpo=grpo,
         every_n_layers=int(v["recompute_every_n_layers"]) if v["activation_checkpointing"] else 0,
+        setting_prefix="stage_settings.grpo." if stage_resources(typed, "grpo") else "",
+        pod_memory_gib=pod_memory_limit_gib(v.get("trainer_memory_limit", "")),
     )
     lora = 0
     expert_lora = False
@@ -903,6 +926,7 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         sequence_tokens=int(v["max_seq_length"]),
         gpu_memory_gib=float(v["gpu_memory_gib"]),
         colocate=True,
+        server=server,
     )
     memory = est["total"] + extra / GIB
 
@@ -915,7 +939,9 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         steps = max(1, math.ceil((prompts if prompts is not None else 1000) * float(v["num_train_epochs"]) / per_step))
     wall = steps * step_s
     return GRPOPlan(
-        backend="transformers generate" + (" under ZeRO-3" if zero3 else ""),
+        backend=f"a vLLM server on {server_gpus} GPU(s) of its own"
+        if server
+        else "transformers generate" + (" under ZeRO-3" if zero3 else ""),
         num_generations=gens,
         completions_per_gpu=c,
         prompts_per_step=c * n // gens,
@@ -925,7 +951,7 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         decode_bytes=decode_bytes,
         experts_read=experts_read,
         decode_step_s=decode_step_s,
-        decode_tokens_per_s_per_gpu=c / decode_step_s,
+        decode_tokens_per_s_per_gpu=batch / decode_step_s / (server_gpus or 1),
         generation_s=generation_s,
         reference_s=reference_s,
         reference_note=reference_note,
@@ -939,7 +965,13 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         per_thousand=prompts is None and int(v["max_steps"]) <= 0,
         steps=steps,
         wall_s=wall,
-        gpu_hours=wall * n / 3600,
+        gpu_hours=wall * (n + (server_gpus if managed else 0)) / 3600,
+        server_gpus=server_gpus,
+        sync_s=sync_s,
+        sync_every=sync_every,
+        server_memory_gib=server_memory_gib,
+        server_error=server_error,
+        server_managed=managed,
     )
 
 
@@ -956,25 +988,44 @@ def format_grpo_plan(p: GRPOPlan) -> str:
     )
     experts = (
         f" + {_gb(p.decode_bytes['experts'])} of the {p.experts_read:.1f} experts per MoE layer its "
-        f"{p.completions_per_gpu} tokens route to"
+        f"{p.completions_per_gpu * (t.n_gpus if p.server_gpus else 1)} tokens route to"
         if p.experts_read
         else ""
     )
+    if p.server_gpus:
+        head = (
+            f"plan of the grpo stage: {p.backend} generates (grpo_generation_backend vllm-server), the trainer pods "
+            f"train on {t.num_nodes} x {t.gpus_per_node} GPUs"
+        )
+        gather = (
+            f"the server decodes every completion of the step at once; the trainer pushes its weights every "
+            f"{p.sync_every} step(s) (grpo_weight_sync_steps): the model gathered whole and sent by rank 0, "
+            f"{p.sync_s:.1f} s a push"
+        )
+        reader, rate = f"the server's {p.server_gpus} GPU(s) read", "per server GPU"
+        job_rate = p.decode_tokens_per_s_per_gpu * p.server_gpus
+        caveat = "vLLM's batching and CUDA graphs come close to it"
+    else:
+        head = (
+            f"plan of the grpo stage: {p.backend} in the trainer pods (the trainer image has no vllm), "
+            f"{t.num_nodes} x {t.gpus_per_node} GPUs"
+        )
+        reader, rate = "a GPU reads", "per GPU"
+        job_rate = p.decode_tokens_per_s_per_gpu * t.n_gpus
+        caveat = "transformers' eager MoE launches kernels per expert and layer, which this does not count"
     lines = [
-        f"plan of the grpo stage: {p.backend} in the trainer pods (the trainer image has no vllm), "
-        f"{t.num_nodes} x {t.gpus_per_node} GPUs",
+        head,
         f"  per step: {p.prompts_per_step} prompts x {p.num_generations} completions "
         f"({p.completions_per_gpu} per GPU: micro-batch {t.micro_batch} x {t.accumulation} micro-steps), up to "
         f"{p.completion_tokens} tokens each (grpo_max_completion_length), prompts ~{GRPO_PROMPT_TOKENS} tokens "
         "(assumed)",
         f"  generate: {gather}",
-        f"            decode, memory-bandwidth bound: each step a GPU reads "
+        f"            decode, memory-bandwidth bound: each step {reader} "
         f"{_gb(p.decode_bytes['weights'])} of non-expert weights{experts} + {_gb(p.decode_bytes['kv_cache'])} of KV "
         f"cache at {HBM_BYTES_PER_S / GB:,.0f} GB/s (HBM, achieved): {p.decode_step_s * 1e3:.1f} ms per step, "
-        f"{p.decode_tokens_per_s_per_gpu:,.0f} tokens/s per GPU, {p.decode_tokens_per_s_per_gpu * t.n_gpus:,.0f} "
-        "for the job",
+        f"{p.decode_tokens_per_s_per_gpu:,.0f} tokens/s {rate}, {job_rate:,.0f} for the job",
         f"            {p.generation_s:.1f} s per step with every completion at the length limit; a lower bound on "
-        "time: transformers' eager MoE launches kernels per expert and layer, which this does not count",
+        f"time: {caveat}",
         f"  reference: {p.reference_note}: {p.reference_s:.1f} s",
         f"  training: {t.accumulation} micro-steps of {t.micro_batch} x {t.max_seq_length} tokens (prompt + "
         f"completion): {t.step_s:.1f} s, bottleneck: {t.bottleneck}",
@@ -983,6 +1034,12 @@ def format_grpo_plan(p: GRPOPlan) -> str:
         f"  memory:   {p.memory_gib:.1f} GiB per GPU of {t.gpu_memory_gib:g} with generation's and the reference's "
         "share (what validate_inputs checks): " + (f"does NOT fit: {p.memory_error}" if p.memory_error else "fits"),
     ]
+    if p.server_gpus and p.server_managed:
+        lines.append(
+            f"  server:   {p.server_memory_gib:.1f} GiB per server GPU (bf16 weights and a step's KV cache over "
+            f"grpo_vllm_server_gpus={p.server_gpus}): "
+            + (f"does NOT fit: {p.server_error}" if p.server_error else "fits")
+        )
     if p.per_thousand:
         lines.append(
             f"  run:      {p.steps:,} optimizer steps per 1,000 prompts x {p.epochs:g} epochs "
@@ -993,6 +1050,7 @@ def format_grpo_plan(p: GRPOPlan) -> str:
         lines.append(
             f"  run:      {p.steps:,} optimizer steps ({count}{p.epochs:g} epochs, from "
             f"{p.prompts_source}): {_duration(p.wall_s)} wall, {p.gpu_hours:,.1f} GPU-hours"
+            + (f" (the server's {p.server_gpus} GPU(s) counted)" if p.server_gpus and p.server_managed else "")
         )
     return "\n".join(lines)
 
@@ -1022,10 +1080,37 @@ def read_stats(path: str) -> dict:
     )
 
 
+def memory_text(values: dict) -> str:
+    """What ``--render`` prints after the manifests: each training stage's GPUs, how the grpo stage generates, and its
+    memory per GPU by the fit validate_inputs applies; "" for a local run."""
+    s = Settings.from_flat(values)
+    if s.cluster.train_backend == "local":
+        return ""
+    try:
+        config = architecture(s.train.model_name_or_path)
+    except ValueError as e:
+        return f"memory per GPU: not estimated ({e})"
+    lines = []
+    for stage in s.stages.stages:
+        if stage == "grpo" and s.train.parallelism == "deepspeed":
+            rl = grpo_plan(s, config)
+            p, memory, fits, how = rl.train, rl.memory_gib, rl.memory_error is None, f", generation: {rl.backend}"
+        else:
+            p = plan(s, config, stage=stage)
+            memory, fits, how = p.memory_gib["total"], p.fits, ""
+        lines.append(
+            f"stage {stage}: {p.num_nodes} x {p.gpus_per_node} GPUs{how}, {memory:.1f} GiB per GPU of "
+            f"{p.gpu_memory_gib:g} (the fit validate_inputs checks): {'fits' if fits else 'does NOT fit'}"
+        )
+    return "\n".join(lines)
+
+
 def plan_text(values: dict, stats_path: str | None = None) -> str:
     """What ``python -m pipelines.run ... --plan [STATS_JSON]`` prints for the resolved settings ``values``: the plan
     and, when another ZeRO-3 layout or micro-batch split is faster here by 10% or more and fits, that one. A
     ValueError names the setting when the model's config cannot be found without a download."""
+    from components.stages import stage_resources
+
     s = Settings.from_flat(values)
     if s.cluster.train_backend == "local":
         return (
@@ -1047,4 +1132,40 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
         )
     if "grpo" in s.stages.stages and s.train.parallelism == "deepspeed":
         text += "\n" + format_grpo_plan(grpo_plan(s, config))
+    if len(s.stages.stages) > 1 or any(stage_resources(s, stage) for stage in s.stages.stages):
+        text += "\n" + format_stage_plans(s, config, stats)
     return text
+
+
+def format_stage_plans(s: Settings, config: dict, stats: dict | None = None) -> str:
+    """One line per stage the run trains, each on its own job (``stage_settings`` may give a stage its own
+    ``num_nodes`` and ``gpus_per_node``): GPUs, optimizer steps, wall time, GPU-hours and memory per GPU, and the
+    run's total. ``stats`` (the prepared dataset's) sizes the stage the headline plans; the others are sized by
+    ``dataset_tokens_estimate`` (the grpo stage: its prompts, ``grpo_plan``)."""
+    from components.stages import stage_resources, stage_setting_name
+
+    head = "sft" if "sft" in s.stages.stages else s.stages.stages[0]
+    lines = ["stages: each its own job, on its own nodes and GPUs (stage_settings.<stage>.num_nodes, .gpus_per_node)"]
+    total = 0.0
+    for stage in s.stages.stages:
+        if stage == "grpo" and s.train.parallelism == "deepspeed":
+            rl = grpo_plan(s, config)
+            p, memory, fits, wall, hours = rl.train, rl.memory_gib, rl.memory_error is None, rl.wall_s, rl.gpu_hours
+            per = " per 1,000 prompts" if rl.per_thousand else ""
+            steps = f"{rl.steps:,} optimizer steps{per}"
+        else:
+            p = plan(s, config, stats if stage == head else None, stage=stage)
+            memory, fits, wall, hours = p.memory_gib["total"], p.fits, p.wall_s, p.gpu_hours
+            steps = f"{p.steps:,} optimizer steps"
+        total += hours
+        own = stage_resources(s, stage)
+        source = (
+            ", ".join(f"{stage_setting_name(s, stage, name)}" for name in ("num_nodes", "gpus_per_node") if name in own)
+            or "the run's num_nodes, gpus_per_node"
+        )
+        lines.append(
+            f"  {stage + ':':<9} {p.num_nodes} x {p.gpus_per_node} GPUs ({source}), {steps}, {_duration(wall)} wall, "
+            f"{hours:,.1f} GPU-hours, {memory:.1f} GiB per GPU: {'fits' if fits else 'does NOT fit'}"
+        )
+    lines.append(f"  {'total:':<9} {total:,.1f} GPU-hours over {len(s.stages.stages)} stages")
+    return "\n".join(lines)

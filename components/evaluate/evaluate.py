@@ -24,6 +24,7 @@ from transformers import AutoTokenizer
 from components.evaluate.curves import training_section
 from components.evaluate.harness import check_tasks, run_tasks
 from components.evaluate.isolated import run_isolated
+from components.evaluate.judge import judge_gate, judge_metrics, judge_section, load_rubric, run_judge
 from components.evaluate.loading import load_causal_lm
 from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
 from components.evaluate.rewards import reward_gate, reward_model_accuracy, reward_scores, rewards_section
@@ -255,6 +256,7 @@ def evaluate(
     serving_reference: str | None = None,
     grpo: dict | None = None,
     rm: dict | None = None,
+    judge: dict | None = None,
 ) -> dict:
     """Score base and tuned on the same held-out tokens, prompts and tasks; return metrics, the gate
     decision and a Markdown report.
@@ -280,6 +282,9 @@ def evaluate(
             (components/evaluate/rewards.py).
         rm: when the rm stage ran: ``model`` (its final folder) and ``pairs_path`` (its prepared pairs): the reward
             model's pairwise accuracy on held-out pairs.
+        judge: the judged evaluation, when judge_endpoint names a judge: ``endpoint``, ``model``, ``rubric``,
+            ``max_tokens``, ``log_dir``, ``min_judge_score``, ``min_judge_win_rate``: both models' answers to the
+            prompts scored on the rubric, with reasons, and its gate (components/evaluate/judge.py).
 
     Raises:
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
@@ -289,6 +294,8 @@ def evaluate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     prompts = load_prompts(eval_prompts)
+    if judge:
+        load_rubric(judge["rubric"])  # a bad rubric fails before any model is loaded
     check_tasks(tasks)
     rows = load_eval_rows(dataset_path, max_samples)
     log.info(
@@ -388,6 +395,21 @@ def evaluate(
             kept = reason.removesuffix("; not deploying")
             reason = f"{kept}; {line}; not deploying" if not passed else f"{line}; not deploying"
             passed = False
+    judged = None
+    if judge:  # both models' answers, scored by the judge on the rubric
+        judged = run_judge(
+            judge, base_model=base_model, prompts=prompts, answers={"base": base["answers"], "tuned": tuned["answers"]}
+        )
+        metrics.update(judge_metrics(judged))
+        ok, line = judge_gate(
+            judged, min_judge_score=judge["min_judge_score"], min_judge_win_rate=judge["min_judge_win_rate"]
+        )
+        if passed and ok:
+            reason = f"{reason}; {line}"
+        else:
+            kept = reason.removesuffix("; not deploying")
+            reason = f"{kept}; {line}; not deploying" if not passed else f"{line}; not deploying"
+            passed = False
     if rm:
         rm_eval = reward_model_accuracy(rm["model"], rm["pairs_path"], max_samples)
         metrics["reward_model_accuracy"] = rm_eval["accuracy"]
@@ -406,7 +428,7 @@ def evaluate(
         passed,
         reason,
         train_dir,
-        extra=stages_section(stages, preference) + rewards_section(reward_eval, rm_eval),
+        extra=stages_section(stages, preference) + rewards_section(reward_eval, rm_eval) + judge_section(judged, _cell),
     )
     return {
         "metrics": metrics,
@@ -415,6 +437,7 @@ def evaluate(
         "report": report,
         "answers": {"base": base["answers"], "tuned": tuned["answers"]},
         "prompts": [messages[-1]["content"] for messages in prompts],
+        "judge": judged,
     }
 
 

@@ -58,13 +58,31 @@ def stage_checks(s: Settings, *, base: str, model_path: str, dataset_path: str) 
     }
 
 
+def judge_config(s: Settings, *, log_dir: str) -> dict | None:
+    """``evaluate``'s ``judge`` from the judge settings (components/evaluate/judge.py); None when judge_endpoint is
+    empty. ``log_dir``: where the served base's server log goes (``judge_serve.log``)."""
+    e = s.evaluate
+    if not e.judge_endpoint:
+        return None
+    return {
+        "endpoint": e.judge_endpoint,
+        "model": e.judge_model,
+        "rubric": e.judge_rubric,
+        "max_tokens": e.judge_max_tokens,
+        "log_dir": log_dir,
+        "min_judge_score": e.min_judge_score,
+        "min_judge_win_rate": e.min_judge_win_rate,
+    }
+
+
 def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, data_root: str) -> dict:
     """Score the run's base model (``model_name_or_path``, resolved into the cache on the data volume) and the tuned
     one (``model_path``, the last stage's final folder) on the held-out split at ``dataset_path``, with the evaluate
     settings (the gate's thresholds, prompts, answer length, lm-eval tasks).
 
     Beside the tuned model it writes ``serving_check.json`` (what deploy_model requires the server to reproduce) and
-    ``evaluation.json`` (the result the variants' comparison reads); every generation goes to Langfuse when
+    ``evaluation.json`` (the result the variants' comparison reads, with the judged evaluation's scores and reasons
+    under ``judge`` when judge_endpoint names a judge); every generation goes to Langfuse when
     langfuse_secret's keys are set. Returns ``evaluate``'s result: ``metrics``, ``report``, ``passed``, ``reason``,
     ``prompts`` and ``answers``.
     """
@@ -86,6 +104,7 @@ def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, dat
         max_task_regression=e.max_task_regression,
         train_dir=os.path.dirname(model_path),
         serving_reference=reference_path(model_path),
+        judge=judge_config(s, log_dir=os.path.dirname(model_path)),
         **stage_checks(s, base=base, model_path=model_path, dataset_path=dataset_path),
     )
     from components.langfuse_trace import trace_evaluation
@@ -107,6 +126,7 @@ def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, dat
         "base_model": base,
         "tuned_model": model_path,
         **{k: result[k] for k in ("metrics", "passed", "reason", "prompts", "answers", "report")},
+        **({"judge": result["judge"]} if result.get("judge") else {}),
     }
     with open(evaluation_path(model_path), "w") as f:
         json.dump(record, f)

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from components.hpo import katib
 from components.hpo.space import check_hpo_settings
 from components.settings import Settings
-from components.stages import stage_train_settings
+from components.stages import stage_cluster, stage_train_settings
 from components.train.job_setup import TrainerMounts, cluster_job, record_created, write_config
 
 log = logging.getLogger("search_hyperparameters")
@@ -130,7 +130,7 @@ def _search_here(
         seed=s.train.seed,
         trial_steps=hpo.hpo_trial_steps,
         max_failed_trials=hpo.hpo_max_failed_trials,
-        nproc_per_node=s.cluster.gpus_per_node,
+        nproc_per_node=stage_cluster(s, "sft").gpus_per_node,
     )
 
 
@@ -151,8 +151,8 @@ def _search_on_cluster(
     hpo = s.hpo
     namespace = current_namespace()
     # Katib creates the trials' jobs as the template says: rendered for the installed Trainer (a TrainJob).
-    job = cluster_job(
-        s.cluster, run_id=run_id, namespace=namespace, config_path=base_config, stage="sft", mounts=mounts
+    job = cluster_job(  # the sft stage's nodes and GPUs (stage_settings.sft) over the run's
+        stage_cluster(s, "sft"), run_id=run_id, namespace=namespace, config_path=base_config, stage="sft", mounts=mounts
     )
     manifest = katib.experiment_manifest(
         name=name,

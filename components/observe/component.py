@@ -9,7 +9,8 @@ from components.version import COMPONENTS_IMAGE
 def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str, model_pvc: str, data_root: str):
     """Post the run's outcome (status, the failing task and its error, the last stage's metrics and model URI) to a
     Slack-compatible webhook, when the run's ``alert_webhook_secret`` Secret holds one; never fails the run. First
-    delete the TensorBoard Deployments and Services the run's train steps recorded (components/observe/tensorboard.py).
+    delete the TensorBoard Deployments and Services the run's train steps recorded (components/observe/tensorboard.py)
+    and the grpo stage's vLLM server a killed train step left (components/observe/run_objects.py).
 
     The webhook URL comes only from ``ALERT_WEBHOOK_URL``, which the Secret reference fills (on the cluster; in a
     local run, from the environment ``pipelines.run`` runs in): a URL is a credential, never a parameter.
@@ -28,11 +29,14 @@ def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str
     """
     from components.observe.notify import notify_run_end
     from components.observe.process import start_step
+    from components.observe.run_objects import GRPO_SERVER_RECORD, remove_recorded
     from components.observe.tensorboard import remove_servers
 
     start_step("notify_run")
     # The TensorBoard Deployments and Services the train steps made where Kubeflow's controller is absent.
     remove_servers(model_root, run_id)
+    # The grpo stage's vLLM generation server, when its train step was killed before it could delete it.
+    remove_recorded(model_root, run_id, GRPO_SERVER_RECORD)
     notify_run_end(
         status.state,
         status.pipeline_task_name or "",

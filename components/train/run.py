@@ -11,8 +11,9 @@ from typing import NamedTuple
 
 from components.paths import pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import hands_on, stage_folder, stage_train_settings
+from components.stages import hands_on, stage_cluster, stage_folder, stage_train_settings
 from components.train.job_setup import TrainerMounts, cluster_job, record_created, write_config
+from components.train.model_store import CheckpointUploads, upload_model
 
 log = logging.getLogger("train_model")
 
@@ -52,19 +53,32 @@ def train_stage(
     """
     mounts = TrainerMounts.for_backend(data_root, model_root, s.cluster.train_backend)
     out_dir = os.path.join(run_dir(model_root, run_id), stage_folder(stage))
+    train = stage_train_settings(s, stage, mounts.for_trainer(base_model_path), tuned)
+    server_model = None  # the grpo stage's own vLLM server's model (vllm-server with no URL, on a cluster)
+    if not mounts.local:
+        from components.kube import current_namespace
+        from components.train.launcher.vllm_server import runs_own_server, stage_server_url
+
+        if runs_own_server(stage, train, s.cluster):
+            server_model = train.model_name_or_path
+            train = stage_server_url(stage, train, s.cluster, run_id=run_id, namespace=current_namespace())
     cfg, config_path = write_config(
-        stage_train_settings(s, stage, mounts.for_trainer(base_model_path), tuned),
+        train,
         stage=stage,
         dataset_path=dataset_path,
         packing=packing,
         out_dir=out_dir,
         mounts=mounts,
     )
-    if mounts.local:
-        job_name = ""
-        _train_here(s, cfg, config_path, model_root=model_root, run_id=run_id)
-    else:
-        job_name = _train_on_cluster(s, config_path, stage=stage, out_dir=out_dir, mounts=mounts, run_id=run_id)
+    # upload_checkpoints: each complete checkpoint goes to the object store while the job trains (model_store.py).
+    with CheckpointUploads(s, out_dir, model_root=model_root, local=mounts.local):
+        if mounts.local:
+            job_name = ""
+            _train_here(s, cfg, config_path, stage=stage, model_root=model_root, run_id=run_id)
+        else:
+            job_name = _train_on_cluster(
+                s, config_path, stage=stage, out_dir=out_dir, mounts=mounts, run_id=run_id, server_model=server_model
+            )
 
     final_dir = os.path.join(out_dir, "final")
     uri = final_dir if mounts.local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)
@@ -80,6 +94,10 @@ def train_stage(
         "job_name": job_name,
         **metrics,
     }
+    if s.cluster.model_store_uri and hands_on(stage):
+        # The final model, verified, then uploaded from this pod (it mounts the claim; the GPUs are released):
+        # model_store.py says why here. Its URI goes into the artifact's metadata.
+        metadata["store_uri"] = upload_model(s, final_dir, model_root=model_root, local=mounts.local)
     if not hands_on(stage):
         # The rm stage's model scores the policy (a later grpo stage reads it from its folder); the next stage
         # trains from the model this one started from (components/stages.py).
@@ -109,21 +127,31 @@ def trainer_env(s: Settings, cfg: dict, *, model_root: str, run_id: str, environ
     return env
 
 
-def _train_here(s: Settings, cfg: dict, config_path: str, *, model_root: str, run_id: str) -> None:
-    """torchrun on this machine, ``gpus_per_node`` processes, to the end."""
+def _train_here(s: Settings, cfg: dict, config_path: str, *, stage: str, model_root: str, run_id: str) -> None:
+    """torchrun on this machine, the stage's ``gpus_per_node`` processes, to the end."""
     from components.train.launcher import local
 
     env = trainer_env(s, cfg, model_root=model_root, run_id=run_id)
     if s.cluster.metrics_port:
         log.info("live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"])
-    local.run_torchrun(config_path, s.cluster.gpus_per_node, env=env)
+    local.run_torchrun(config_path, stage_cluster(s, stage).gpus_per_node, env=env)
 
 
 def _train_on_cluster(
-    s: Settings, config_path: str, *, stage: str, out_dir: str, mounts: TrainerMounts, run_id: str
+    s: Settings,
+    config_path: str,
+    *,
+    stage: str,
+    out_dir: str,
+    mounts: TrainerMounts,
+    run_id: str,
+    server_model: str | None = None,
 ) -> str:
     """Create the stage's job (or re-attach to it), follow it to the end, re-run it for retriable failures; its
-    name."""
+    name. ``server_model``: the grpo stage's own vLLM server runs on it first, until the job ends
+    (components/train/launcher/vllm_server.py)."""
+    from contextlib import AbstractContextManager, nullcontext
+
     from components.kube import current_namespace, job_name_for
     from components.observe.gpu_watch import gpu_watch_for
     from components.train.launcher import job
@@ -138,16 +166,33 @@ def _train_on_cluster(
             image=s.cluster.trainer_image,  # without Kubeflow's controller, its pod runs the trainer's tensorboard
             image_pull_secrets=list(s.cluster.image_pull_secrets),
         )
-    manifest = cluster_job(
-        s.cluster, run_id=run_id, namespace=current_namespace(), config_path=config_path, stage=stage, mounts=mounts
+    manifest = cluster_job(  # the stage's own nodes and GPUs (stage_settings) over the run's
+        stage_cluster(s, stage),
+        run_id=run_id,
+        namespace=current_namespace(),
+        config_path=config_path,
+        stage=stage,
+        mounts=mounts,
     )
-    job.run_training_job(
-        manifest,
-        cleanup=s.cluster.job_cleanup,
-        on_created=record_created(out_dir, log),
-        job_restarts=s.cluster.job_restarts,
-        pending_timeout_seconds=s.cluster.pending_timeout_seconds,
-        stall_timeout_seconds=s.cluster.stall_timeout_seconds,
-        watch=gpu_watch_for(s.cluster, current_namespace(), job_name),
-    )
+    server: AbstractContextManager = nullcontext()
+    if server_model:
+        from components.train.launcher.vllm_server import generation_server
+
+        server = generation_server(
+            stage_cluster(s, stage),
+            run_id=run_id,
+            namespace=current_namespace(),
+            model_path=server_model,
+            model_root=mounts.model_root,
+        )
+    with server:  # deleted when the job ends, succeeded or failed
+        job.run_training_job(
+            manifest,
+            cleanup=s.cluster.job_cleanup,
+            on_created=record_created(out_dir, log),
+            job_restarts=s.cluster.job_restarts,
+            pending_timeout_seconds=s.cluster.pending_timeout_seconds,
+            stall_timeout_seconds=s.cluster.stall_timeout_seconds,
+            watch=gpu_watch_for(s.cluster, current_namespace(), job_name),
+        )
     return job_name

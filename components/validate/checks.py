@@ -18,8 +18,8 @@ log = logging.getLogger("validate_inputs")
 
 def validate(arguments: dict):
     """Every setting from the pipeline's ``arguments`` (plain settings and ``advanced_settings``), checked; a
-    ValueError listing every problem, each naming the setting and the fix. On a cluster it also runs the
-    preflight."""
+    ValueError listing every problem, each naming the setting and the fix. Then it asks the judged evaluation's
+    judge_endpoint whether it answers, and on a cluster it also runs the preflight."""
     start_step("validate_inputs")  # validate_inputs' process: logging, and no final collection at its exit
     try:
         settings = merge_arguments(arguments)
@@ -32,6 +32,17 @@ def validate(arguments: dict):
     for warning in warnings(settings):
         log.warning("%s", warning)
     s = Settings.from_flat(settings)
+    # The judge of a judged evaluation answers, asked now (a short connect timeout) and not after training.
+    from components.evaluate.judge import endpoint_problem
+
+    if problem := endpoint_problem(s.evaluate.judge_endpoint, s.evaluate.judge_model):
+        raise ValueError(f"invalid settings: {problem}")
+    if s.cluster.train_backend == "local" and s.cluster.model_store_uri:
+        # The object store (model_store_uri) takes this process's credentials: asked now, not after training.
+        from components.validate.preflight import store_problem
+
+        if problem := store_problem(s):
+            raise ValueError(f"invalid settings: {problem}")
     if s.cluster.train_backend != "local":
         from components.estimate.plan import plan_text
 

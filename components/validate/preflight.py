@@ -16,7 +16,12 @@ What it checks, each failure one message naming the fix:
   trial's job succeeds, no metric is recorded and Katib requeues the trial forever);
 - this service account may do what the launcher and the deployer do (SelfSubjectAccessReview), and with
   ``tensorboard`` what the run's TensorBoard needs: create the Kubeflow Tensorboard where its controller is installed,
-  else create and delete the Deployment and Service that stand in for it (one message naming ``tensorboard``);
+  else create and delete the Deployment and Service that stand in for it (one message naming ``tensorboard``); and
+  with a grpo stage that generates on its own vLLM server (vllm-server, no ``grpo_vllm_server_url``) what the train
+  step does with it: create, read and delete its ConfigMap, Deployment and Service;
+- with ``model_store_uri``, that the store takes ``model_store_secret``'s keys (a HEAD on the bucket; locally, and
+  with no Secret named, the credentials of this process: its environment or role), run before anything else
+  (``store_problem``: a local run checks it too);
 - enough schedulable nodes match the node selector, tolerate their taints and have ``gpus_per_node``
   allocatable ``nvidia.com/gpu`` (Nodes are cluster-scoped: without a ClusterRole to list them this
   check is skipped with a warning).
@@ -32,8 +37,9 @@ from kubernetes.client.rest import ApiException
 
 from components.kube import call_api, current_namespace, load_api_client
 from components.observe import tensorboard
-from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
+from components.secrets import HF_TOKEN_KEY, JUDGE_API_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.settings import Settings
+from components.stages import stage_cluster, stage_setting_name, stage_train_settings
 from components.variants import variant_names, variant_values
 
 log = logging.getLogger(__name__)
@@ -66,6 +72,17 @@ TENSORBOARD_ACCESS = [("create", "tensorboard.kubeflow.org", "tensorboards", "")
 # deletes them.
 TENSORBOARD_SERVER_ACCESS = [
     ("create", "apps", "deployments", ""),
+    ("delete", "apps", "deployments", ""),
+    ("create", "", "services", ""),
+    ("delete", "", "services", ""),
+]
+# The grpo stage's own vLLM server (components/train/launcher/vllm_server.py): the train step creates it, reads its
+# Deployment until it is ready (and lists its pods: POD_ACCESS), deletes it, and so may the exit handler.
+GRPO_SERVER_ACCESS = [
+    ("create", "", "configmaps", ""),
+    ("delete", "", "configmaps", ""),
+    ("create", "apps", "deployments", ""),
+    ("get", "apps", "deployments", ""),
     ("delete", "apps", "deployments", ""),
     ("create", "", "services", ""),
     ("delete", "", "services", ""),
@@ -130,6 +147,10 @@ def _claim_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str) -
     return None
 
 
+# What each optional Secret's key holds, for its message.
+_WHAT_KEY = {HF_TOKEN_KEY: "token", JUDGE_API_KEY: "judge's API key"}
+
+
 def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, key: str, why: str) -> str | None:
     """The problem with the optional Secret ``name`` (setting ``field``) when it exists without a non-empty ``key``;
     a missing Secret (or one the runner may not read) only warns: the pods' references are optional."""
@@ -155,7 +176,7 @@ def _secret_problem(core: k8s.CoreV1Api, namespace: str, field: str, name: str, 
     if key not in data:
         return (
             f"{field}={name!r} has no key {key} (it has: {', '.join(sorted(data)) or 'none'}); "
-            f"the pods read the {'token' if key == HF_TOKEN_KEY else 'webhook URL'} from that key"
+            f"the pods read the {_WHAT_KEY.get(key, 'webhook URL')} from that key"
         )
     if not base64.b64decode(data[key]).strip():
         return f"{field}={name!r}: key {key} is empty"
@@ -255,6 +276,32 @@ def _langfuse_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | N
         if not base64.b64decode(data[key]).strip():
             return f"langfuse_secret={name!r}: key {key} is empty"
     return None
+
+
+def store_problem(s: Settings, core: k8s.CoreV1Api | None = None, namespace: str = "") -> str | None:
+    """The problem with ``model_store_uri`` and its credentials, or None (also None when no store is set): the
+    bucket URI must parse, ``model_store_secret`` (read through ``core`` on a cluster) must hold the store's keys, and
+    the store must take them (a HEAD on the bucket). Locally, or with no Secret named, the credentials are this
+    process's own (environment variables, ``~/.aws``, the pod's role). Checked before any GPU is requested."""
+    from components import storage
+
+    c = s.cluster
+    if not c.model_store_uri:
+        return None
+    try:
+        uri = storage.parse_store_uri(c.model_store_uri)
+    except ValueError as exc:
+        return str(exc)
+    credentials, who = None, "model_store_secret is empty, and the credentials of this process"
+    if c.model_store_secret and core is not None:
+        try:
+            credentials = storage.secret_credentials(core, c.model_store_secret, namespace)
+        except ValueError as exc:
+            return str(exc)
+        who = f"model_store_secret={c.model_store_secret!r}"
+    elif c.model_store_secret:
+        who = f"model_store_secret={c.model_store_secret!r} is for a cluster; locally the environment's keys"
+    return storage.access_problem(uri, c.model_store_endpoint, credentials, who=who)
 
 
 def _namespace_labels(core: k8s.CoreV1Api, namespace: str) -> dict | None:
@@ -442,18 +489,43 @@ def _usable_nodes(
 
 
 def _gpu_node_problem(
-    core: k8s.CoreV1Api, node_selector: dict, tolerations: list, num_nodes: int, gpus_per_node: int
+    core: k8s.CoreV1Api,
+    node_selector: dict,
+    tolerations: list,
+    num_nodes: int,
+    gpus_per_node: int,
+    names: tuple[str, str] = ("num_nodes", "gpus_per_node"),
 ) -> str | None:
+    """Whether ``num_nodes`` of the nodes the job may use offer ``gpus_per_node`` allocatable GPUs each; ``names``:
+    the settings that give the job its nodes and GPUs (a stage's own: ``stage_settings.<stage>.gpus_per_node``)."""
     found = _usable_nodes(core, node_selector, tolerations, gpus_per_node)
     if found is None or len(found[0]) >= num_nodes:
         return None
     usable, matched = found
     where = f"matching node_selector {node_selector}" if node_selector else "in the cluster"
+    nodes_name, gpus_name = names
     return (
-        f"num_nodes={num_nodes} x gpus_per_node={gpus_per_node}: only {len(usable)} of {matched} nodes "
+        f"{nodes_name}={num_nodes} x {gpus_name}={gpus_per_node}: only {len(usable)} of {matched} nodes "
         f"{where} are schedulable, tolerated and have >= {gpus_per_node} allocatable {GPU}; "
-        "check node_selector, tolerations and gpus_per_node against kubectl get nodes -L nvidia.com/gpu.product"
+        f"check node_selector, tolerations and {gpus_name} against kubectl get nodes -L nvidia.com/gpu.product"
     )
+
+
+def _job_shapes(s: Settings) -> list[tuple[int, int, tuple[str, str]]]:
+    """The training jobs the run creates, once per shape: ``(num_nodes, gpus_per_node, the settings that give
+    them)``, each stage with its own nodes and GPUs (``stage_settings``) over the run's."""
+    shapes: dict = {}
+    for stage in s.stages.stages or ["sft"]:
+        c = stage_cluster(s, stage)
+        names = (stage_setting_name(s, stage, "num_nodes"), stage_setting_name(s, stage, "gpus_per_node"))
+        shapes.setdefault((c.num_nodes, c.gpus_per_node, names), None)
+    return list(shapes)
+
+
+def _training_gpu_problems(core: k8s.CoreV1Api, s: Settings) -> list[str | None]:
+    """Each training job's nodes (``_job_shapes``) against the GPU nodes the job may use."""
+    c = s.cluster
+    return [_gpu_node_problem(core, c.node_selector, c.tolerations, m, g, names) for m, g, names in _job_shapes(s)]
 
 
 def _rdma_node_problem(core: k8s.CoreV1Api, c) -> str | None:
@@ -497,14 +569,14 @@ def _variant_gpu_problems(core: k8s.CoreV1Api, params: dict) -> list[str | None]
     nodes: dict[str, int] = {}
     sizes = []
     for i, name in enumerate(names):
-        c = Settings.from_flat(variant_values(params, i)).cluster
-        problem = _gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node)
-        problems.append(problem and f"variants[{i}] ({name!r}): {problem}")
-        found = _usable_nodes(core, c.node_selector, c.tolerations, c.gpus_per_node)
+        own = Settings.from_flat(variant_values(params, i))
+        c, shapes = own.cluster, _job_shapes(own)
+        problems += [p and f"variants[{i}] ({name!r}): {p}" for p in _training_gpu_problems(core, own)]
+        found = _usable_nodes(core, c.node_selector, c.tolerations, min(g for _, g, _ in shapes))
         if found is None:
             return problems
         nodes.update(found[0])
-        sizes.append((c.num_nodes * c.gpus_per_node, name))
+        sizes.append((max(m * g for m, g, _ in shapes), name))  # its largest stage's job
     at_once = Settings.from_flat(params).variants.variants_parallel
     largest = sorted(sizes, reverse=True)[:at_once]
     wanted, have = sum(g for g, _ in largest), sum(nodes.values())
@@ -537,12 +609,12 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     c = s.cluster
     train, deploy = c.train_backend, s.deploy.deploy_backend
     if train == "local" and deploy == "local":
-        return []
+        return [p for p in [store_problem(s)] if p]
     api_client = api_client or load_api_client()
     namespace = namespace or current_namespace()
     custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
     authz = k8s.AuthorizationV1Api(api_client)
-    problems: list = []
+    problems: list = [store_problem(s, core if train in TRAIN_APIS else None, namespace)]
     wanted: list = []
     read: dict = {}
 
@@ -563,6 +635,11 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
                 wanted += TENSORBOARD_ACCESS
             else:
                 problems.append(_tensorboard_problem(authz, namespace))
+        if "grpo" in s.stages.stages:
+            from components.train.launcher.vllm_server import runs_own_server
+
+            if runs_own_server("grpo", stage_train_settings(s, "grpo", s.train.model_name_or_path), c):
+                wanted += GRPO_SERVER_ACCESS
         if s.hpo.hpo_trials:
             problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))
             problems.append(_katib_injection_problem(labels(), namespace))
@@ -595,13 +672,24 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
             )
         )
         problems.append(_langfuse_problem(core, namespace, c.langfuse_secret))
+        if s.evaluate.judge_endpoint:  # the judged evaluation's key (checks.py asked whether the judge answers)
+            problems.append(
+                _secret_problem(
+                    core,
+                    namespace,
+                    "judge_api_key_secret",
+                    s.evaluate.judge_api_key_secret,
+                    JUDGE_API_KEY,
+                    "the judge is asked without a key (fine for an in-cluster judge)",
+                )
+            )
         problems.append(_tracking_problem(core, namespace, c.tracking_secret, s.train.report_to))
     problems += _access_problems(authz, namespace, list(dict.fromkeys(wanted)))
     if train in TRAIN_APIS:
         if s.variants.variants:  # each variant's job in place of the run's
             problems += _variant_gpu_problems(core, params)
-        else:
-            problems.append(_gpu_node_problem(core, c.node_selector, c.tolerations, c.num_nodes, c.gpus_per_node))
+        else:  # each stage's job: its own nodes and GPUs (stage_settings) over the run's
+            problems += _training_gpu_problems(core, s)
         if c.rdma_resource:
             problems.append(_rdma_node_problem(core, c))
         if c.ipc_lock:

@@ -119,6 +119,10 @@ def expand(values: dict, run_id: str, tuned: dict | None = None) -> list[dict]:
 
 
 def gpus(values: dict) -> int:
-    """GPUs a variant's training job holds (``values``: its settings)."""
-    c = Settings.from_flat(values).cluster
-    return c.num_nodes * c.gpus_per_node
+    """GPUs a variant's largest training job holds (``values``: its settings; each stage may have its own nodes and
+    GPUs, components/stages.py)."""
+    from components.stages import stage_gpus
+
+    s = Settings.from_flat(values)
+    run = s.cluster.num_nodes * s.cluster.gpus_per_node
+    return max((stage_gpus(s, stage) for stage in s.stages.stages), default=run)

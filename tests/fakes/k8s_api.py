@@ -7,7 +7,7 @@
 
 What it serves, shaped like the real API: custom objects (create, get, merge-patch or JSON-patch, replace,
 delete) for any group/version/plural under ``/apis/<group>/<version>/namespaces/<ns>/<plural>`` (Deployments
-among them), and core/v1 Services the same way (key ``("", "v1", "services", ns, name)``); core/v1
+among them), and core/v1 Services and ConfigMaps the same way (key ``("", "v1", "services", ns, name)``); core/v1
 pods (list with ``labelSelector``) and ``pods/<name>/log`` (``container``, ``previous``, ``sinceSeconds``,
 ``tailLines``, ``timestamps``); errors as ``Status`` objects (``AlreadyExists`` 409, ``NotFound`` 404,
 ``Conflict`` 409, ``BadRequest`` 400).
@@ -50,6 +50,10 @@ EVICTION_MESSAGE = (
     "The node was low on resource: memory. Threshold quantity: 100Mi, available: 51200Ki. "
     "Container pytorch was using 1890Gi, request is 128Gi, has larger consumption of memory. "
 )
+
+
+# core/v1 kinds served like custom objects (create, get, patch, delete).
+CORE_OBJECTS = ("services", "configmaps")
 
 
 @dataclass
@@ -558,10 +562,10 @@ class FakeKubeAPI:
                 return _status(403, "Forbidden", f"{method} {path} is forbidden: the service account may not do this")
             if parts[:2] == ["api", "v1"] and len(parts) >= 5 and parts[2] == "namespaces" and parts[4] == "pods":
                 return self._pods(method, parts[3], parts[5:], query)
-            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (5, 6) and parts[4] == "services":
-                # Services (the TensorBoard's, without Kubeflow's controller) live with the custom objects.
+            if parts[:3] == ["api", "v1", "namespaces"] and len(parts) in (5, 6) and parts[4] in CORE_OBJECTS:
+                # Services and ConfigMaps (the TensorBoard's, the grpo vLLM server's) live with the custom objects.
                 name = parts[5] if len(parts) == 6 else None
-                return self._custom(method, ("", "v1", "services", parts[3]), name, body, content_type)
+                return self._custom(method, ("", "v1", parts[4], parts[3]), name, body, content_type)
             if parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[2] == "namespaces" and method == "GET":
                 return self._core_get(parts[4], parts[3], parts[5])
             if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4 and method == "GET":

@@ -190,3 +190,17 @@ def test_pull_secrets_are_secret_names_and_the_proxies_and_hub_mirror_http_urls(
         "hf_endpoint='hf-mirror.corp.example' is not an http(s) URL; e.g. 'https://hf-mirror.example.com', or "
         "leave it empty",
     ]
+
+
+def test_the_host_memory_fit_is_checked_against_the_trainer_pods_own_memory_limit():
+    """zero3_offload keeps the optimizer states in each pod's memory (412 GiB per pod for the reference model on
+    2 x 8): the fit must use trainer_memory_limit, the limit the pods get, not the default's 128 GiB."""
+    offload = ["deepspeed_config=zero3_offload"]
+    with pytest.raises(UsageError) as e:
+        P.check(P.resolve("qwen3-30b-a3b-full", overrides=[*offload, "trainer_memory_limit=256Gi"]))
+    assert "of host memory per pod" in str(e.value) and "a pod has 256 GiB (trainer_memory_limit)" in str(e.value)
+    roomy = P.resolve("qwen3-30b-a3b-full", overrides=[*offload, "trainer_memory_limit=600Gi"])
+    try:
+        P.check(roomy)
+    except UsageError as err:
+        assert "of host memory per pod" not in str(err), err

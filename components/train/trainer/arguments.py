@@ -171,6 +171,35 @@ class SFTConfig(TrainingArguments):
     grpo_temperature: float = field(
         default=1.0, metadata={"help": ("grpo stage: sampling temperature of the completions.")}
     )
+    grpo_generation_backend: str = field(
+        default="transformers",
+        metadata={
+            "help": (
+                "grpo stage: where completions are sampled: transformers (generate inside the training processes) or "
+                "vllm-server (a vLLM server from the serving image whose weights the trainer replaces every "
+                "grpo_weight_sync_steps optimizer steps; method full)."
+            )
+        },
+    )
+    grpo_vllm_server_url: str = field(
+        default="",
+        metadata={
+            "help": (
+                "grpo stage, grpo_generation_backend vllm-server: the server's URL (http://host:port), a vLLM server "
+                "started with this package's weight-sync engine (docs/rl.md); empty on a cluster: the train step runs "
+                "one beside the stage's job (grpo_vllm_image, grpo_vllm_server_gpus) and deletes it after the stage."
+            )
+        },
+    )
+    grpo_weight_sync_steps: int = field(
+        default=1,
+        metadata={
+            "help": (
+                "grpo stage, grpo_generation_backend vllm-server: push the trainer's weights to the server every this "
+                "many optimizer steps (1: on-policy; more: cheaper syncs, completions from older weights)."
+            )
+        },
+    )
     parallelism: str = field(
         default="deepspeed",
         metadata={

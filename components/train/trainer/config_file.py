@@ -302,13 +302,21 @@ def _derive_rl_fields(path: str, stage: str, data: dict, fields: dict) -> None:
         re.compile(value("grpo_answer_pattern"))
     except re.error as exc:
         raise ValueError(f"{path}: grpo_answer_pattern is not a valid regular expression ({exc})") from None
+    server = value("grpo_generation_backend") == "vllm-server"
+    if server and not value("grpo_vllm_server_url"):
+        raise ValueError(f"{path}: grpo_generation_backend vllm-server needs grpo_vllm_server_url (http://host:port)")
+    if server and value("method") != "full":
+        raise ValueError(
+            f"{path}: grpo_generation_backend vllm-server syncs full weights, method is {value('method')!r}; "
+            "use method full or grpo_generation_backend transformers"
+        )
     data.update(
         num_generations=value("grpo_num_generations"),
         max_completion_length=value("grpo_max_completion_length"),
         beta=value("grpo_beta"),
         temperature=value("grpo_temperature"),
         reward_weights=list(used.values()),
-        **vllm_colocate(),
+        **({"use_vllm": False} if server else vllm_colocate()),
         # GRPO's batches hold prompt_ids and completion_ids, no input_ids: the Trainer cannot count their tokens
         # and would warn at every step.
         include_num_input_tokens_seen="no",

@@ -18,6 +18,9 @@ The same entry point as every stage (__main__.py), and the same model loading, c
   accumulation x processes, must hold whole groups (validate_inputs checks it).
 - Generation: transformers' ``generate`` in the training processes on a laptop; on GPUs with vllm installed (the
   trainer image), TRL's vLLM colocate mode (grpo_arguments.vllm_colocate): an engine in each rank shares its GPU.
+  With ``grpo_generation_backend=vllm-server``, a vLLM server of its own (vllm_server.py): each rank's completions come
+  from it, and the trainer pushes its weights to it every ``grpo_weight_sync_steps`` steps
+  (GRPOCheckpointTrainer._generate_single_turn).
 - Rewards that are None or NaN (TRL: "not applicable"): counted per source and step (``rewards/<source>/unscored``,
   the progress line, a warning naming the source's setting); a training step with no reward at all stops the run with
   NoRewardError naming each source's setting (GRPOCheckpointTrainer).
@@ -53,6 +56,7 @@ from components.train.trainer.common import (
     train_resuming,
     use_progress,
 )
+from components.train.trainer.vllm_server import ServerGeneration
 
 log = logging.getLogger("sft.grpo")
 # The frozen adapter TRL adds to a PeftModel whose adapter it keeps training (GRPOTrainer.__init__: model.add_adapter(
@@ -76,6 +80,16 @@ class GRPOCheckpointTrainer(CheckpointMixin, GRPOTrainer):
     """
 
     reward_settings: dict[str, str] = {}  # source -> the setting that defines it (reward_settings(cfg))
+    server: ServerGeneration | None = None  # grpo_generation_backend=vllm-server (vllm_server.py)
+
+    def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
+        # TRL 1.16: one completion per entry of prompt_ids (this rank's prompts, each repeated num_generations times
+        # by the sampler), as token ids, and each token's log-probability (or None).
+        if self.server is None:
+            return super()._generate_single_turn(
+                prompt_ids, images, multimodal_fields, num_generations, has_tool_images
+            )
+        return self.server.generate(self, prompt_ids)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         # TRL 1.16: one column per reward source, every process's completions gathered, None as NaN: the same tensor on
@@ -124,6 +138,15 @@ def reward_settings(cfg) -> dict[str, str]:
         "model": f"grpo_reward_model {cfg.grpo_reward_model or reward_model_dir(cfg.output_dir)!r}",
         "function": f"grpo_reward_function {cfg.grpo_reward_function!r}",
     }
+
+
+def generation_backend(cfg) -> str:
+    """Where the stage's completions come from, as its first line says."""
+    if cfg.grpo_generation_backend == "vllm-server":
+        return (
+            f"the vLLM server at {cfg.grpo_vllm_server_url} (weights pushed every {cfg.grpo_weight_sync_steps} steps)"
+        )
+    return "vLLM colocate" if cfg.use_vllm else "transformers generate"
 
 
 def _value(x: float | None) -> str:
@@ -191,7 +214,7 @@ def main(cfg) -> dict:
             cfg.num_generations,
             reward_sources(cfg),
             cfg.reward_weights,
-            "vLLM colocate" if cfg.use_vllm else "transformers generate",
+            generation_backend(cfg),
         )
     datasets.disable_progress_bars()
     callbacks, sigterm = checkpoint_callbacks(cfg)
@@ -208,6 +231,9 @@ def main(cfg) -> dict:
     # name instead (rewards/<answer|format|length|model|function>/mean), the names grpo_rewards uses.
     trainer.reward_func_names = reward_sources(cfg)
     trainer.reward_settings = reward_settings(cfg)
+    if cfg.grpo_generation_backend == "vllm-server":
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+        trainer.server = ServerGeneration(cfg.grpo_vllm_server_url, cfg.grpo_weight_sync_steps, global_rank(), device)
     shape = model_shape(model.config.to_dict())
     # Attention over half a completion and its prompt on average: a rough count for the MFU line (GRPO's rows are
     # generated in the step, so there is no prepared split to count documents in).
@@ -233,6 +259,9 @@ def main(cfg) -> dict:
         "reward_sources": reward_sources(cfg),
         "reward_weights": list(cfg.reward_weights),
     }
+    if trainer.server is not None and trainer.server.syncs:
+        extra["weight_syncs"] = len(trainer.server.syncs)
+        extra["weight_sync_seconds"] = round(sum(s["seconds"] for s in trainer.server.syncs), 3)
     metrics = summary_metrics(trainer, result, extra, started)
     tuned: Any = trainer.model  # the PeftModel for lora/qlora
     if cfg.method != "full" and REF_ADAPTER in getattr(tuned, "peft_config", {}):

@@ -5,8 +5,16 @@ from __future__ import annotations
 import re
 from urllib.parse import urlsplit
 
-from components.names import DNS1123_SUBDOMAIN, image_error, label_key_error, label_value_error, name_error
+from components.names import (
+    DNS1123_SUBDOMAIN,
+    image_error,
+    label_key_error,
+    label_value_error,
+    name_error,
+    quantity,
+)
 from components.settings import Settings
+from components.stages import resource_settings
 
 # The GPUs one node of a product holds, by the nodes' nvidia.com/gpu.product label (GPU feature discovery names it
 # after nvidia-smi's product name): an HGX/DGX board's 8 SXM GPUs, a GB200/GB300 NVL72 compute tray's 4. A count
@@ -36,31 +44,12 @@ EXTENDED_RESOURCE = re.compile(
 NCCL_VARIABLE = re.compile(r"^NCCL_[A-Z0-9_]+$")
 
 
-# A Kubernetes resource quantity (k8s.io/apimachinery pkg/api/resource): a non-negative decimal number and a binary
-# (Ki..Ei), decimal (n, u, m, k, M..E) or exponent suffix.
-QUANTITY = re.compile(r"^\+?(\d+(\.\d*)?|\.\d+)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|[eE][-+]?\d+)?$")
-QUANTITY_FACTORS = {
-    **{s: 1024**i for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), start=1)},
-    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P", "E"), start=1)},
-    **{"": 1, "n": 1e-9, "u": 1e-6, "m": 1e-3},
-}
 # Host memory of one trainer pod while it writes a checkpoint, per rank (components/train/trainer/export.py and
 # docs/memory.md#the-trainer-pod: the reference job's 8 ranks, Qwen3-30B-A3B under ZeRO-3 on 2 x 8 H100, hold ~110 GB:
 # ~40-48 GB of runtime and data loaders plus one ~7.6 GB fp32 partition staged per rank). A memory limit below it is
 # an OOM kill at the first checkpoint, hours into the run; smaller models need less, the reference's figure is the
 # budget this package documents and holds pods to.
 CHECKPOINT_HOST_BYTES_PER_RANK = 110e9 / 8
-
-
-def quantity(value: str) -> float | None:
-    """A Kubernetes quantity's value (``"128Gi"``: bytes; ``"500m"``: 0.5), or None when it is not one."""
-    match = QUANTITY.match(str(value).strip())
-    if not match:
-        return None
-    number, suffix = match.group(1), match.group(3) or ""
-    if suffix[:1] in ("e", "E") and suffix not in QUANTITY_FACTORS:
-        return float(number) * 10 ** int(suffix[1:])
-    return float(number) * QUANTITY_FACTORS[suffix]
 
 
 def trainer_pod_errors(s: Settings) -> list[str | None]:
@@ -97,12 +86,14 @@ def trainer_pod_errors(s: Settings) -> list[str | None]:
             f"trainer_shm_size={c.trainer_shm_size} is above trainer_memory_limit={memory_limit}: /dev/shm is "
             "memory-backed and what is written there counts toward the limit; lower trainer_shm_size"
         )
-    budget = CHECKPOINT_HOST_BYTES_PER_RANK * c.gpus_per_node
+    # The pod of the most ranks: the run's gpus_per_node, or a stage's own (stage_settings) above it.
+    gpus_name, gpus = max(resource_settings(s, "gpus_per_node"), key=lambda named: named[1])
+    budget = CHECKPOINT_HOST_BYTES_PER_RANK * gpus
     if c.train_backend != "local" and values["trainer_memory_limit"] < budget:
         gib = -(-budget // 1024**3)
         errors.append(
             f"trainer_memory_limit={memory_limit} is below the ~{budget / 1e9:.0f} GB ({gib:.0f}Gi) a trainer pod of "
-            f"{c.gpus_per_node} ranks (gpus_per_node) holds while it writes a checkpoint "
+            f"{gpus} ranks ({gpus_name}) holds while it writes a checkpoint "
             "(docs/memory.md#the-trainer-pod): it would be OOM-killed at the first checkpoint; set "
             f"trainer_memory_limit to at least {gib:.0f}Gi"
         )
@@ -181,7 +172,10 @@ def gpus_per_node_errors(s: Settings) -> list[str | None]:
     if product is None or limit is None:
         return []
     most, what = limit
-    asked = [("gpus_per_node", s.cluster.gpus_per_node, "use more num_nodes"), ("eval_gpus", s.evaluate.eval_gpus, "")]
+    asked = [
+        (name, count, f"use more {name.removesuffix('gpus_per_node')}num_nodes")
+        for name, count in resource_settings(s, "gpus_per_node")  # the run's, and each stage's own
+    ] + [("eval_gpus", s.evaluate.eval_gpus, "")]
     if s.deploy.deploy_backend.startswith("kserve"):
         asked.append(("serving_gpus", s.deploy.serving_gpus, ""))
     return [
@@ -215,6 +209,53 @@ def egress_errors(s: Settings) -> list[str | None]:
     ):
         if value and not _http_url(value):
             errors.append(f"{name}={value!r} is not an http(s) URL; e.g. {example!r}, or leave it empty")
+    return errors
+
+
+def store_errors(s: Settings) -> list[str | None]:
+    """The object store's settings: a bucket URI that parses, an http(s) endpoint, a Secret name; whether the store
+    takes the Secret's keys is preflight's to check (components/validate/preflight.py: store_problem)."""
+    from components.storage import is_store_uri, parse_store_uri
+
+    c = s.cluster
+    errors: list[str | None] = []
+    if is_store_uri(s.train.model_name_or_path):
+        errors.append(
+            f"model_name_or_path={s.train.model_name_or_path!r}: the steps do not read object storage themselves; put "
+            "the uploaded model on the model volume first (python -m components.storage download URI "
+            "/mnt/models/base/NAME, resumable and checked against its MANIFEST.json) and name that folder"
+        )
+    if c.model_store_uri:
+        try:
+            parse_store_uri(c.model_store_uri)
+        except ValueError as exc:
+            errors.append(str(exc))
+    else:
+        for name, value in (
+            ("upload_checkpoints", c.upload_checkpoints),
+            ("model_store_endpoint", c.model_store_endpoint),
+            ("model_store_secret", c.model_store_secret),
+            ("serving_service_account", s.deploy.serving_service_account),
+        ):
+            if value:
+                errors.append(f"{name} is set but model_store_uri is empty: name the bucket, e.g. 's3://my-bucket/llm'")
+    if c.model_store_endpoint and not _http_url(c.model_store_endpoint):
+        errors.append(
+            f"model_store_endpoint={c.model_store_endpoint!r} is not an http(s) URL; e.g. 'http://minio.storage:9000', "
+            "or leave it empty for AWS S3"
+        )
+    if c.model_store_secret:
+        errors.append(name_error("model_store_secret", c.model_store_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if s.deploy.serving_service_account:
+        errors.append(
+            name_error(
+                "serving_service_account",
+                s.deploy.serving_service_account,
+                DNS1123_SUBDOMAIN,
+                253,
+                "ServiceAccount name",
+            )
+        )
     return errors
 
 
@@ -266,16 +307,20 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
                 "e.g. http://prometheus-operated.monitoring:9090, or leave it empty"
             )
     errors += egress_errors(s)
+    errors += store_errors(s)
     if c.queue_name:
         errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
     if c.priority_class:
         errors.append(name_error("priority_class", c.priority_class, DNS1123_SUBDOMAIN, 253, "PriorityClass name"))
     if c.queue_name and c.gang_scheduling:
         errors.append("queue_name and gang_scheduling both set: Kueue admits the job as a whole already; use one")
-    if c.min_nodes > c.num_nodes:
-        errors.append(f"min_nodes={c.min_nodes} is more than num_nodes={c.num_nodes}; use 0 for a fixed-size job")
-    if c.train_backend == "local" and c.num_nodes != 1:
-        errors.append(f"num_nodes={c.num_nodes} with train_backend=local: a local run has one node; set num_nodes=1")
+    for nodes_name, nodes in resource_settings(s, "num_nodes"):  # the run's, and each stage's own
+        if c.min_nodes > nodes:
+            errors.append(f"min_nodes={c.min_nodes} is more than {nodes_name}={nodes}; use 0 for a fixed-size job")
+        if c.train_backend == "local" and nodes != 1:
+            errors.append(
+                f"{nodes_name}={nodes} with train_backend=local: a local run has one node; set {nodes_name}=1"
+            )
     if c.train_backend == "trainjob":
         errors.append(
             name_error("trainjob_runtime", c.trainjob_runtime, DNS1123_SUBDOMAIN, 253, "ClusterTrainingRuntime name")

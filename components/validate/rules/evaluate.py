@@ -1,4 +1,5 @@
-"""The evaluation step's rules: lm-eval task names, the prompt file of a local run, GPUs for the model."""
+"""The evaluation step's rules: lm-eval task names, the prompt file of a local run, GPUs for the model, the judged
+evaluation's endpoint, rubric and gates."""
 
 from __future__ import annotations
 
@@ -28,6 +29,59 @@ def check_evaluate_settings(s: Settings) -> list[str | None]:
             errors.append(str(e))
     else:
         errors.append(_eval_gpus(s))
+    return errors + _judge(s)
+
+
+def _judge(s: Settings) -> list[str | None]:
+    """The judged evaluation (components/evaluate/judge.py): an endpoint of a form it knows, served-base on a local
+    run only, a model named for a URL, a gate only with a judge, a rubric it can read (where this machine sees it)
+    and a min_judge_score within the rubric's scale. Whether the endpoint answers is asked after these
+    (components/validate/checks.py)."""
+    from components.evaluate.judge import BUILTIN_RUBRIC, SERVED_BASE, load_rubric
+    from components.names import DNS1035_LABEL
+
+    e = s.evaluate
+    endpoint, local = e.judge_endpoint, s.cluster.train_backend == "local"
+    errors: list[str | None] = []
+    gates = [
+        f"{name}={value:g}"
+        for name, value in (("min_judge_score", e.min_judge_score), ("min_judge_win_rate", e.min_judge_win_rate))
+        if value
+    ]
+    if not endpoint:
+        if gates:
+            errors.append(f"{' and '.join(gates)} gates on a judge, and judge_endpoint is empty; name the judge")
+        return errors
+    is_url = endpoint.startswith(("http://", "https://"))
+    if endpoint == SERVED_BASE:
+        if not local:
+            errors.append(
+                f"judge_endpoint={SERVED_BASE} serves the base model on this machine (train_backend=local); on a "
+                "cluster name the InferenceService that serves the judge, or its URL"
+            )
+    elif not is_url and not DNS1035_LABEL.match(endpoint):
+        errors.append(
+            f"judge_endpoint={endpoint!r} is neither {SERVED_BASE}, an http(s):// URL nor an InferenceService name "
+            "(DNS-1035)"
+        )
+    elif not is_url and local:
+        errors.append(
+            f"judge_endpoint={endpoint!r} names an InferenceService, which a local run cannot reach; use "
+            f"{SERVED_BASE} or the judge's URL"
+        )
+    if is_url and not e.judge_model:
+        errors.append(f"judge_endpoint={endpoint!r} is a URL: name the judge's model in judge_model")
+    if local or e.judge_rubric == BUILTIN_RUBRIC:  # a cluster run's file is on a volume this step does not mount
+        try:
+            rubric = load_rubric(e.judge_rubric)
+        except (ValueError, OSError) as exc:
+            return [*errors, str(exc)]
+        low, high = rubric["scale"]
+        if e.min_judge_score and not low <= e.min_judge_score <= high:
+            errors.append(
+                f"min_judge_score={e.min_judge_score:g} is outside judge_rubric's scale {low:g}-{high:g}; use a "
+                "score on that scale, or 0 for no gate"
+            )
     return errors
 
 

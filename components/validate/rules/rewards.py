@@ -12,7 +12,7 @@ import re
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.rewards import REWARD_SOURCES, check_reward_function, grpo_function_error  # noqa: F401 (the grpo rules)
 from components.settings import Settings
-from components.stages import stage_overrides
+from components.stages import hands_on, stage_gpus, stage_overrides
 
 EXAMPLE = '{"answer": 1.0, "format": 0.5}'
 
@@ -89,7 +89,7 @@ def check_reward_settings(s: Settings) -> list[str | None]:
                 f"grpo_answer_pattern {t.grpo_answer_pattern!r} is not a valid regular expression ({exc}); "
                 "write a Python regex whose first group is the answer, e.g. 'Answer:\\s*(-?\\d+)'"
             )
-    gpus = s.cluster.num_nodes * s.cluster.gpus_per_node
+    gpus = stage_gpus(s, "grpo")  # the grpo stage's job: its own nodes and GPUs (stage_settings.grpo) or the run's
     per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * gpus
     if per_step % t.grpo_num_generations:
         # TRL's GRPOConfig: the generation batch (micro-batch x accumulation x processes) holds whole groups.
@@ -98,6 +98,48 @@ def check_reward_settings(s: Settings) -> list[str | None]:
             f"step, per_device_train_batch_size x gradient_accumulation_steps x GPUs = "
             f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps} x {gpus} = {per_step}; "
             "change grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
+        )
+    errors.extend(generation_errors(t, s))
+    return errors
+
+
+def generation_errors(t, s: Settings) -> list[str]:
+    """grpo_generation_backend vllm-server: a server to reach, and weights it can take (the grpo stage's settings
+    ``t``): full weights (the server loads checkpoint tensors, not adapters), gathered by ZeRO-3 or FSDP2. On a
+    cluster an empty URL is the train step's own server (components/train/launcher/vllm_server.py), which loads the
+    stage's starting model from the models claim; locally the URL is required."""
+    if t.grpo_generation_backend != "vllm-server":
+        return []
+    errors = []
+    url = t.grpo_vllm_server_url.strip()
+    if not url and s.cluster.train_backend == "local":
+        errors.append(
+            "grpo_generation_backend vllm-server needs grpo_vllm_server_url with train_backend local (on a cluster "
+            "the train step runs the server): the http://host:port of a vLLM server from the serving image started "
+            "with this package's weight-sync engine (docs/rl.md); or set grpo_generation_backend transformers"
+        )
+    elif not url:
+        stages = list(s.stages.stages)
+        trained_before = [st for st in stages[: stages.index("grpo")] if hands_on(st)]
+        start = t.model_name_or_path
+        if not trained_before and not start.startswith(MODEL_MOUNT + "/"):
+            errors.append(
+                "grpo_generation_backend vllm-server with no grpo_vllm_server_url: the train step's vLLM server "
+                f"loads the grpo stage's starting model from model_pvc ({MODEL_MOUNT}), and model_name_or_path "
+                f"{start!r} is not there: put a stage (sft) before grpo, or start a server yourself and set "
+                "grpo_vllm_server_url"
+            )
+    elif not re.match(r"^https?://[^/\s]+(/v1)?/?$", url):
+        errors.append(f"grpo_vllm_server_url {url!r}: write the server's root, http://host:port")
+    if t.method != "full":
+        errors.append(
+            f"grpo_generation_backend vllm-server pushes full weights to the server; method is {t.method!r}: use "
+            "method full for the grpo stage (stage_settings.grpo) or grpo_generation_backend transformers"
+        )
+    if t.parallelism == "hsdp_ep":
+        errors.append(
+            "grpo_generation_backend vllm-server gathers each weight whole, which parallelism hsdp_ep's expert shards "
+            "do not support yet: use parallelism deepspeed or hsdp, or grpo_generation_backend transformers"
         )
     return errors
 

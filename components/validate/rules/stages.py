@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from components.settings import Settings, TrainSettings
-from components.stages import STAGE_DATA, STAGES, stage_overrides
+from components.stages import STAGE_DATA, STAGE_RESOURCES, STAGES, stage_overrides
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
 from components.validate.rules.fields import field_errors
 from components.validate.rules.rewards import check_reward_settings, reward_warnings
@@ -25,8 +25,12 @@ WHAT = {
     "grpo": "prompts (a prompt column and an optional answer column)",
 }
 
-# What stage_settings may change: every training setting but the model, which comes from the previous stage.
-STAGE_SETTABLE = tuple(f.name for f in dataclasses.fields(TrainSettings) if f.name != "model_name_or_path")
+# What stage_settings may change: every training setting but the model, which comes from the previous stage, and
+# the stage's job shape (num_nodes, gpus_per_node: components/stages.py).
+STAGE_SETTABLE = (
+    *(f.name for f in dataclasses.fields(TrainSettings) if f.name != "model_name_or_path"),
+    *STAGE_RESOURCES,
+)
 
 
 def check_stage_settings(s: Settings) -> list[str | None]:
@@ -58,8 +62,8 @@ def check_stage_settings(s: Settings) -> list[str | None]:
         unknown = sorted(set(overrides) - set(STAGE_SETTABLE))
         if unknown:
             errors.append(
-                f"stage_settings.{stage}: {unknown} are not training settings a stage can change "
-                "(model_name_or_path comes from the previous stage)"
+                f"stage_settings.{stage}: {unknown} are not training settings a stage can change, nor its "
+                f"{' or '.join(STAGE_RESOURCES)} (model_name_or_path comes from the previous stage)"
             )
             continue
         errors += [f"stage_settings.{stage}: {e}" for e in field_errors({**values, **overrides}, overrides)]

@@ -7,9 +7,9 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from components.estimate.memory import check_memory_fit
+from components.estimate.memory import check_memory_fit, pod_memory_limit_gib
 from components.settings import Settings
-from components.stages import stage_overrides
+from components.stages import stage_cluster, stage_overrides, stage_resources, stage_setting_name
 from components.train.config import (
     DEEPSPEED_CONFIGS,
     EARLY_STOPPING_STAGES,
@@ -89,7 +89,6 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     other = [stage for stage in s.stages.stages if stage not in ("sft", "cpt")]
     if other:
         return [f"{name} runs the sft and cpt stages only; stages has {other}: use parallelism=deepspeed"]
-    from components.estimate.memory import POD_MEMORY_GIB
     from components.estimate.plan import hsdp_export_host_gib
     from components.models.shape import load_architecture, model_shape
 
@@ -103,17 +102,20 @@ def parallelism_errors(s: Settings) -> list[str | None]:
             "parallelism=deepspeed"
         ]
     shape = model_shape(config)
-    if t.parallelism == "hsdp_ep" and not (shape.is_moe and shape.experts % c.gpus_per_node == 0):
-        return [
-            f"{name} spreads a MoE model's experts over a node's GPUs: {t.model_name_or_path} has "
-            f"{shape.experts} experts and gpus_per_node={c.gpus_per_node}; use parallelism=hsdp"
-        ]
-    host = hsdp_export_host_gib(shape, c.gpus_per_node)
-    if host > POD_MEMORY_GIB:
-        return [
-            f"{name}: the final export holds one layer and one 5 GiB shard on rank 0's host, {host:.0f} GiB with "
-            f"the pod's processes, over the pod's {POD_MEMORY_GIB:g} GiB: use parallelism=deepspeed"
-        ]
+    for stage in s.stages.stages:  # each stage's GPUs per node: its own (stage_settings) or the run's
+        g, g_name = stage_cluster(s, stage).gpus_per_node, stage_setting_name(s, stage, "gpus_per_node")
+        if t.parallelism == "hsdp_ep" and not (shape.is_moe and shape.experts % g == 0):
+            return [
+                f"{name} spreads a MoE model's experts over a node's GPUs: {t.model_name_or_path} has "
+                f"{shape.experts} experts and {g_name}={g}; use parallelism=hsdp"
+            ]
+        host, pod = hsdp_export_host_gib(shape, g), pod_memory_limit_gib(c.trainer_memory_limit)
+        if host > pod:
+            return [
+                f"{name}: the final export holds one layer and one 5 GiB shard on rank 0's host, {host:.0f} GiB "
+                f"with the pod's processes, over the pod's {pod:g} GiB (trainer_memory_limit="
+                f"{c.trainer_memory_limit}): use parallelism=deepspeed or raise trainer_memory_limit"
+            ]
     return []
 
 
@@ -125,8 +127,19 @@ def memory_errors(s: Settings) -> list[str]:
     errors = []
     for stage in s.stages.stages:
         t = dataclasses.replace(s.train, **stage_overrides(s, stage))
+        c = stage_cluster(s, stage)  # the stage's own nodes and GPUs (stage_settings) over the run's
         if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
+        if stage == "grpo" and t.grpo_generation_backend == "vllm-server" and t.parallelism == "deepspeed":
+            # The generation server the train step runs on GPUs of its own must hold the model too (plan.py).
+            from components.estimate.plan import architecture, grpo_plan
+
+            try:
+                server_error = grpo_plan(s, architecture(s.train.model_name_or_path)).server_error
+            except ValueError:  # an architecture not known without a download: not estimated here
+                server_error = None
+            if server_error:
+                errors.append(f"stage grpo: {server_error}")
         if t.parallelism != "deepspeed":
             # HSDP shards the model states over one node's GPUs only: the plan's estimate (plan.py, hsdp_memory_gib).
             from components.estimate.plan import hsdp_memory_gib
@@ -135,7 +148,8 @@ def memory_errors(s: Settings) -> list[str]:
             config = load_architecture(s.train.model_name_or_path)
             if config is None:
                 continue
-            g = s.cluster.gpus_per_node
+            g = c.gpus_per_node
+            own_gpus = f" ({stage_setting_name(s, stage, 'gpus_per_node')})" if stage_resources(s, stage) else ""
             est = hsdp_memory_gib(
                 model_shape(config),
                 t.parallelism == "hsdp_ep",
@@ -148,7 +162,8 @@ def memory_errors(s: Settings) -> list[str]:
             if est["total"] > s.cluster.gpu_memory_gib:
                 errors.append(
                     f"parallelism={t.parallelism} keeps a copy of the model states per node, sharded over "
-                    f"its {g} GPUs: it needs about {est['total']:.1f} GiB per GPU ({est['model_states']:.1f} "
+                    f"its {g} GPUs{own_gpus}: it needs about "
+                    f"{est['total']:.1f} GiB per GPU ({est['model_states']:.1f} "
                     f"model states + {est['activations']:.1f} activations + {est['overhead']:.0f} overhead) "
                     f"but a GPU has {s.cluster.gpu_memory_gib:g} GiB; use parallelism=deepspeed (ZeRO-3 "
                     "shards over every GPU) or a smaller per_device_train_batch_size"
@@ -162,6 +177,7 @@ def memory_errors(s: Settings) -> list[str]:
                 "completions": t.per_device_train_batch_size * t.gradient_accumulation_steps,
                 "sequence_tokens": t.max_seq_length,
                 "colocate": True,
+                "server": t.grpo_generation_backend == "vllm-server",
             }
             if stage == "grpo"
             else None
@@ -170,8 +186,8 @@ def memory_errors(s: Settings) -> list[str]:
             s.train.model_name_or_path,
             t.method,
             t.deepspeed_config,
-            s.cluster.num_nodes,
-            s.cluster.gpus_per_node,
+            c.num_nodes,
+            c.gpus_per_node,
             t.max_seq_length,
             t.per_device_train_batch_size * (2 if stage in ("dpo", "rm") else 1),
             gpu_memory_gib=s.cluster.gpu_memory_gib,
@@ -181,7 +197,12 @@ def memory_errors(s: Settings) -> list[str]:
             every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
             chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
             loss_chunkable=stage in ("cpt", "sft"),
+            setting_prefix=f"stage_settings.{stage}." if stage_resources(s, stage) else "",
+            pod_memory_gib=pod_memory_limit_gib(s.cluster.trainer_memory_limit),
         )
-        if problem:
+        if problem and stage_resources(s, stage):  # the stage's own job shape: name the settings that give it
+            nodes, gpus = (stage_setting_name(s, stage, name) for name in ("num_nodes", "gpus_per_node"))
+            errors.append(f"stage {stage} on {nodes}={c.num_nodes} x {gpus}={c.gpus_per_node} GPUs: {problem}")
+        elif problem:
             errors.append(f"stage {stage}: {problem}" if len(s.stages.stages) > 1 else problem)
     return errors

@@ -86,3 +86,48 @@ def test_a_run_without_grpo_has_no_grpo_part_and_another_source_is_planned_per_t
     values = P.resolve(FULL, [], [*GRPO, LORA_GRPO, "grpo_dataset_source=/data/prompts.jsonl"])
     text = plan_text(values)
     assert "optimizer steps per 1,000 prompts x 1 epochs ('/data/prompts.jsonl' is counted by prepare_dataset)" in text
+
+
+SERVER = ["grpo_generation_backend=vllm-server"]  # no grpo_vllm_server_url: the train step runs the server
+
+
+def test_the_reference_preset_with_grpo_in_full_on_a_vllm_server_fits_and_render_shows_its_memory(tmp_path, capsys):
+    """Issue 30's target: with generation on a vLLM server of its own the trainer gathers no whole policy, so the
+    reference preset's full grpo stage fits an 80 GiB GPU; --render says so per stage, --plan counts the server's GPUs
+    and the weight pushes."""
+    args = ["--preset", FULL, *(a for o in [*GRPO, *SERVER] for a in ("-p", o))]
+    assert main([*args, "--render", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "stage grpo: 2 x 8 GPUs, generation: a vLLM server on 1 GPU(s) of its own, 50.3 GiB per GPU of 80 (the fit "
+        "validate_inputs checks): fits" in out
+    ), out
+    assert "stage sft: 2 x 8 GPUs, 44.2 GiB per GPU of 80" in out
+    assert main([*args, "--plan"]) == 0
+    part = capsys.readouterr().out
+    part = part[part.index("plan of the grpo stage") :]
+    assert part.startswith("plan of the grpo stage: a vLLM server on 1 GPU(s) of its own generates"), part
+    assert "the trainer pushes its weights every 1 step(s) (grpo_weight_sync_steps)" in part
+    assert "(the server's 1 GPU(s) counted)" in part and "gathers the whole policy" not in part
+
+
+def test_a_generation_server_too_small_for_the_model_is_refused_naming_its_gpus(capsys):
+    """On 60 GiB GPUs the server's 56.9 GiB of bf16 weights and a step's KV cache do not fit vLLM's 90% of one GPU:
+    refused before any GPU, naming grpo_vllm_server_gpus; over 2 GPUs (tensor parallel) they fit."""
+    args = ["--preset", FULL, "-p", "gpu_memory_gib=60", *(a for o in [*GRPO, *SERVER] for a in ("-p", o))]
+    assert main([*args, "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "over grpo_vllm_server_gpus=1) but vLLM takes 90% of a GPU's 60 GiB: raise grpo_vllm_server_gpus (to 2" in err
+    )
+    assert "\n" not in err.strip(), err
+    assert main([*args, "-p", "grpo_vllm_server_gpus=2", "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "per server GPU (bf16 weights and a step's KV cache over grpo_vllm_server_gpus=2): fits" in out
+
+
+def test_the_memory_fit_counts_the_weight_syncs_send_bucket_the_trainer_uses():
+    from components.estimate.memory import WEIGHT_SYNC_BUCKET_BYTES
+    from components.train.trainer.vllm_server import DEFAULT_BUCKET_BYTES
+
+    assert WEIGHT_SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES

@@ -1,0 +1,105 @@
+"""Objects the train step creates for the length of a stage and deletes when it ends, recorded on the model claim so
+that the run's exit handler (notify_run, components/observe/component.py) deletes them too when the step could not:
+a step killed by KFP, by its node or by a timeout never reaches its ``finally``.
+
+    record_objects(model_root, run_id, record, objects)   # before the first is created
+    forget_objects(model_root, run_id, record)            # once the step has deleted them itself
+    remove_recorded(model_root, run_id, record)           # the exit handler: delete what is still recorded
+
+A record is ``runs/<run id>/<record>`` (the variants' ``runs/<run id>-<variant>/<record>`` too), a JSON list of
+``{"kind", "namespace", "name"}``. Kinds: ConfigMap, Deployment, Service. Today: the grpo stage's vLLM generation
+server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+
+from kubernetes import client as k8s
+from kubernetes.client.rest import ApiException
+
+from components.kube import call_api, load_api_client
+from components.paths import run_dir
+
+log = logging.getLogger("run_objects")
+
+GRPO_SERVER_RECORD = "grpo-vllm-server.json"
+KINDS = ("ConfigMap", "Deployment", "Service")
+
+
+def delete_object(api_client, kind: str, namespace: str, name: str) -> bool:
+    """Delete one object (background propagation: the Deployment's pods go with it); False when it was gone."""
+    delete = {
+        "ConfigMap": k8s.CoreV1Api(api_client).delete_namespaced_config_map,
+        "Deployment": k8s.AppsV1Api(api_client).delete_namespaced_deployment,
+        "Service": k8s.CoreV1Api(api_client).delete_namespaced_service,
+    }[kind]
+    try:
+        call_api(delete, name, namespace, propagation_policy="Background")
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return False
+    return True
+
+
+def record_objects(model_root: str, run_id: str, record: str, objects: list[dict]) -> Path:
+    """Write ``objects`` (manifests, or ``{"kind", "namespace", "name"}``) to the run's ``record``, atomically."""
+    folder = Path(run_dir(model_root, run_id))
+    folder.mkdir(parents=True, exist_ok=True)
+    entries = [_entry(o) for o in objects]
+    tmp = folder / f".{record}.tmp"
+    tmp.write_text(json.dumps(entries))
+    os.replace(tmp, folder / record)
+    return folder / record
+
+
+def forget_objects(model_root: str, run_id: str, record: str) -> None:
+    (Path(run_dir(model_root, run_id)) / record).unlink(missing_ok=True)
+
+
+def remove_recorded(model_root: str, run_id: str, record: str, api_client=None) -> list[str]:
+    """The exit handler's part: delete the objects the run's steps (its variants' too) recorded under ``record`` and
+    still hold; returns ``Kind namespace/name`` of each deleted. Never raises: what it could not delete is a warning
+    with the ``kubectl delete`` command, and its record stays."""
+    root = Path(run_dir(model_root, run_id))
+    removed: list[str] = []
+    for path in [root / record, *sorted(root.parent.glob(f"{run_id}-*/{record}"))]:
+        if not path.is_file():
+            continue
+        try:
+            entries = [e for e in json.loads(path.read_text()) if e["kind"] in KINDS]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read %s (%s): what it names is left in place", path, exc)
+            continue
+        failed = False
+        for e in entries:
+            try:
+                api_client = api_client or load_api_client()
+                if delete_object(api_client, e["kind"], e["namespace"], e["name"]):
+                    removed.append(f"{e['kind']} {e['namespace']}/{e['name']}")
+            except Exception as exc:  # the exit handler must still post the run's outcome
+                failed = True
+                log.warning(
+                    "could not delete %s %s/%s (%s): kubectl delete -n %s %s %s",
+                    e["kind"],
+                    e["namespace"],
+                    e["name"],
+                    f"HTTP {exc.status} {exc.reason}" if isinstance(exc, ApiException) else repr(exc),
+                    e["namespace"],
+                    e["kind"].lower(),
+                    e["name"],
+                )
+        if not failed:
+            path.unlink(missing_ok=True)
+    for what in removed:
+        log.info("deleted %s", what)
+    return removed
+
+
+def _entry(obj: dict) -> dict:
+    meta = obj.get("metadata", obj)
+    return {"kind": obj["kind"], "namespace": meta["namespace"], "name": meta["name"]}
