@@ -5,13 +5,14 @@
 #   bash benchmarks/gpu/run_all.sh                  # there: run(command="bash benchmarks/gpu/run_all.sh",
 #                                                   #            carry=[".whl"], timeout_s=540)
 #
-# In this order, each step bounded so that the whole ends within $DEADLINE seconds (520):
+# In this order, each step bounded so that the whole ends within $DEADLINE seconds (470), what matters most first:
 #   env.txt                  the GPU, its driver, Python and the packages the trainer runs on
-#   gpu-tests.log            python -m pytest -m gpu -q on the test files that hold gpu-marked tests ($TEST_BUDGET: 300)
-#   moe-layer-bench.*        python benchmarks/moe_layer_bench.py --levers $MOE_LEVERS --budget-seconds $MOE_BUDGET
-#                            (180): the levers not measured yet (preset and mb4-chunked-ce were, 2026-11-26)
-#   train-throughput.*       python benchmarks/train_throughput.py --model qwen3-1.7b --skip-baseline --liger: dense
-#                            Qwen3-1.7B, rows of 4096, packed (the 2026-11 figure: 14.7k tokens/s)
+#   moe-kernels.*            python benchmarks/moe_kernels.py --variants $KERNEL_VARIANTS: the raw decoder layers'
+#                            ceiling per moe_experts_implementation, and the top CUDA kernels of one step ($KERNEL_BUDGET)
+#   moe-layer-bench.*        python benchmarks/moe_layer_bench.py --levers $MOE_LEVERS --layers 2,4: the trainer at
+#                            two layer counts per lever, each lever's whole model (48 layers) projected
+#   gpu-tests.log            python -m pytest -m gpu -q on the files that hold gpu-marked tests, when $TEST_BUDGET
+#                            (default 0: the 2026-11-26 call ran them) leaves time
 # Exit status: the first failing step's, else 0.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,10 +40,11 @@ if [ "${1:-}" = "--fetch-wheels" ]; then
 fi
 
 OUT=${OUT:?set OUT to the folder for the results}
-DEADLINE=${DEADLINE:-520}
-TEST_BUDGET=${TEST_BUDGET:-300}
-MOE_BUDGET=${MOE_BUDGET:-180}
-MOE_LEVERS=${MOE_LEVERS:-recompute-off,liger,mb4-liger-no-zero,mb4}
+DEADLINE=${DEADLINE:-470}
+TEST_BUDGET=${TEST_BUDGET:-0}
+KERNEL_BUDGET=${KERNEL_BUDGET:-170}
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-grouped_mm,grouped_mm_compiled,liger}
+MOE_LEVERS=${MOE_LEVERS:-preset,compiled-experts,ep8-share-compiled}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 left() { echo $((DEADLINE - SECONDS)); }
 status=0
@@ -74,15 +76,16 @@ fi
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
+step moe-kernels "$OUT/moe-kernels.log" "$KERNEL_BUDGET" \
+  python3 benchmarks/moe_kernels.py --variants "$KERNEL_VARIANTS" --variant-timeout 90 --out "$OUT"
+# The rest of the deadline, less a margin for the benchmark's own ending; it stops starting runs when time runs short.
+MOE_BUDGET=$(($(left) - 20 - TEST_BUDGET))
+step moe-layer-bench "$OUT/moe-layer-bench.log" "$((MOE_BUDGET + 15))" \
+  python3 benchmarks/moe_layer_bench.py --levers "$MOE_LEVERS" --layers 2,4 --budget-seconds "$MOE_BUDGET" --out "$OUT"
 # Only the files that hold gpu tests: collecting the whole tree would import kfp and the Kubernetes client, which the
 # image lacks; the root conftest (a fake cluster) needs the Kubernetes client too, and no gpu test uses it.
 mapfile -t gpu_files < <(grep -rlE "pytest\.mark\.gpu" tests --include='test_*.py' | sort)
 noconftest=$(python3 -c 'import kubernetes' 2>/dev/null || echo --noconftest)
-step gpu-tests "$OUT/gpu-tests.log" "$TEST_BUDGET" \
+step gpu-tests "$OUT/gpu-tests.log" "$(($(left) < TEST_BUDGET ? $(left) : TEST_BUDGET))" \
   python3 -m pytest -m gpu -q -rs -p no:cacheprovider $noconftest "${gpu_files[@]}"
-step moe-layer-bench "$OUT/moe-layer-bench.log" "$(($(left) < MOE_BUDGET + 30 ? $(left) : MOE_BUDGET + 30))" \
-  python3 benchmarks/moe_layer_bench.py --levers "$MOE_LEVERS" --budget-seconds "$MOE_BUDGET" --out "$OUT"
-step train-throughput "$OUT/train-throughput.log" "$(left)" \
-  python3 benchmarks/train_throughput.py --model qwen3-1.7b --skip-baseline --liger --examples 800 \
-  --results "$OUT/train-throughput.md"
 exit "$status"

@@ -212,20 +212,20 @@ def validate_inputs(
             lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, grpo_rewards,
             grpo_answer_pattern, grpo_length_budget, grpo_reward_model, grpo_reward_function, grpo_num_generations,
             grpo_max_completion_length, grpo_beta, grpo_temperature, grpo_generation_backend, grpo_vllm_server_url,
-            grpo_weight_sync_steps, parallelism, liger_kernels, chunked_cross_entropy, early_stopping_patience,
-            early_stopping_min_delta, lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing,
-            recompute_every_n_layers, eval_steps, logging_steps, report_to, grpo_column_mapping, stage_settings,
-            variants_parallel, deploy_variants, hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials,
-            hpo_algorithm, hpo_trial_steps, cpt_chunk_overlap, near_dedup_threshold, max_bad_rows,
-            dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s, inter_node_gb_per_s,
-            rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s, grpo_vllm_image,
-            grpo_vllm_server_gpus, image_pull_secrets, http_proxy, https_proxy, no_proxy, hf_endpoint,
-            model_store_uri, model_store_endpoint, model_store_secret, upload_checkpoints, trainer_cpu_request,
-            trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size, trainjob_runtime,
-            tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url, gpu_util_threshold,
-            gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric, judge_max_tokens,
-            min_judge_score, min_judge_win_rate, serving_service_account, scale_metric, scale_target. python -m
-            pipelines.run --help describes each.
+            grpo_weight_sync_steps, parallelism, liger_kernels, moe_experts_implementation, chunked_cross_entropy,
+            early_stopping_patience, early_stopping_min_delta, lr_scheduler_type, weight_decay, max_grad_norm,
+            activation_checkpointing, recompute_every_n_layers, eval_steps, logging_steps, report_to,
+            grpo_column_mapping, stage_settings, variants_parallel, deploy_variants, hpo_search_space,
+            hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps, cpt_chunk_overlap,
+            near_dedup_threshold, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu,
+            intra_node_gb_per_s, inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env,
+            tcp_node_gb_per_s, grpo_vllm_image, grpo_vllm_server_gpus, image_pull_secrets, http_proxy, https_proxy,
+            no_proxy, hf_endpoint, model_store_uri, model_store_endpoint, model_store_secret, upload_checkpoints,
+            trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size,
+            trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
+            gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric,
+            judge_max_tokens, min_judge_score, min_judge_win_rate, serving_service_account, scale_metric,
+            scale_target. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

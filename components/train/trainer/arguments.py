@@ -219,7 +219,20 @@ class SFTConfig(TrainingArguments):
             "help": (
                 "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPUs with liger-kernel, as the trainer image ha"
                 "s; a logged no-op elsewhere), and its fused linear cross-entropy where the output head is not ZeRO-3"
-                "-partitioned and chunked_cross_entropy is off."
+                "-partitioned and chunked_cross_entropy is off. A MoE model's experts follow "
+                "moe_experts_implementation."
+            )
+        },
+    )
+    moe_experts_implementation: str = field(
+        default="grouped_mm",
+        metadata={
+            "help": (
+                "MoE models: how transformers runs the experts: grouped_mm (its grouped GEMMs, the default), "
+                "grouped_mm_compiled (the same function under torch.compile, regionally: the routing, SwiGLU, "
+                "weighting and scatter fused by Inductor; compiles once per rank at the first step), batched_mm or "
+                "eager (one expert at a time), or liger (Liger's fused MoE Triton kernels, GPUs with liger-kernel). "
+                "The weights, checkpoints and export are the same for all."
             )
         },
     )

@@ -31,7 +31,12 @@ from components.train.trainer.lora import apply_lora
 from components.train.trainer.metrics import attach as attach_metrics
 from components.train.trainer.metrics import finish as finish_record
 from components.train.trainer.parallelism import distributed_config
-from components.train.trainer.speed import apply_liger_kernels, attn_implementation
+from components.train.trainer.speed import (
+    LIGER_EXPERTS,
+    apply_liger_kernels,
+    attn_implementation,
+    experts_implementation,
+)
 from components.train.trainer.tracking import OneMLflowRunCallback
 
 log = logging.getLogger("sft")
@@ -63,10 +68,16 @@ def load_model(cfg, model_path: str):
     block as a leaf module.
     """
     config = AutoConfig.from_pretrained(model_path)
-    if cfg.liger_kernels:
+    liger_experts = cfg.moe_experts_implementation == LIGER_EXPERTS
+    if cfg.liger_kernels or liger_experts:
         # Before the model is built: Liger replaces transformers' Qwen3 modules. Its fused loss only where the head's
         # weight is whole outside the forward (not ZeRO-3), and not beside the trainer's own chunked loss.
-        apply_liger_kernels(config.model_type, fused_loss=_zero_stage(cfg) != 3 and not cfg.chunked_cross_entropy)
+        apply_liger_kernels(
+            config.model_type,
+            fused_loss=_zero_stage(cfg) != 3 and not cfg.chunked_cross_entropy,
+            layers=cfg.liger_kernels,
+            moe_experts=liger_experts,
+        )
     # DeepSpeed keeps fp32 master weights itself; plain DDP full fine-tuning needs fp32 weights for Adam.
     low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
     dtype = torch.bfloat16 if low_precision else torch.float32
@@ -82,6 +93,7 @@ def load_model(cfg, model_path: str):
             )
         kwargs["distributed_config"] = layout
     if config.model_type == "qwen3_moe":
+        kwargs["experts_implementation"] = experts_implementation(cfg.moe_experts_implementation)
         kwargs.update(output_router_logits=cfg.router_aux_loss_coef > 0, router_aux_loss_coef=cfg.router_aux_loss_coef)
     if cfg.method == "qlora":
         # Only the config class: bitsandbytes itself is imported by transformers when it quantises the weights.

@@ -1,5 +1,5 @@
 """The trainer's kernels, chosen from what this machine has: the attention implementation (with the collator it
-needs) and Liger kernels.
+needs), the MoE experts' implementation and Liger kernels.
 
 One code path serves a GPU image (flash-attn built for sm_90, liger-kernel when installed) and a CPU laptop (SDPA,
 plain PyTorch). What each is worth on a GPU is measured one at a time by benchmarks/train_throughput.py
@@ -9,6 +9,7 @@ plain PyTorch). What each is worth on a GPU is measured one at a time by benchma
 from __future__ import annotations
 
 import logging
+import os
 
 import torch
 
@@ -86,14 +87,19 @@ def packed_collator(pad_token_id: int, attn_implementation: str):
     return flatten
 
 
-def apply_liger_kernels(model_type: str, fused_loss: bool = True) -> bool:
+def apply_liger_kernels(model_type: str, fused_loss: bool = True, *, layers: bool = True, moe_experts: bool = False):
     """Patch transformers' Qwen3 or Qwen3-MoE modelling with Liger's Triton kernels; return whether it did.
 
-    Patched: RoPE, RMSNorm, SwiGLU and the causal-LM loss, which becomes Liger's fused linear cross-entropy: it
-    computes the loss chunk by chunk from the hidden states and never holds the (tokens x vocabulary) fp32
-    logits, the tensor that ran out of memory at 4 rows of 4096 tokens with Qwen3's 151,936-token vocabulary
-    on an H100 (../shared/gpu-checks). Call it before the model is built or loaded: it replaces classes and
-    ``forward`` in transformers' modules, for every model of that type this process builds afterwards.
+    ``layers`` (the ``liger_kernels`` setting): RoPE, RMSNorm, SwiGLU of dense Qwen3 and the causal-LM loss, which
+    becomes Liger's fused linear cross-entropy: it computes the loss chunk by chunk from the hidden states and never
+    holds the (tokens x vocabulary) fp32 logits, the tensor that ran out of memory at 4 rows of 4096 tokens with
+    Qwen3's 151,936-token vocabulary on an H100 (../shared/gpu-checks). ``moe_experts`` (``moe_experts_implementation
+    liger``): Qwen3-MoE's experts become Liger's fused MoE (``LigerExperts``); ``liger_kernels`` alone leaves a MoE
+    model's experts to ``moe_experts_implementation``, one setting for one module. Liger's fused MoE autotunes about
+    200 configurations on its first call unless ``LIGER_FUSED_MOE_AUTOTUNE=0`` (Liger-Kernel PR #1248): the trainer
+    sets that default, as a step that never finished in 120 s on an H100 is what autotuning cost here
+    (issue 37). Call it before the model is built or loaded: it replaces classes and ``forward`` in transformers'
+    modules, for every model of that type this process builds afterwards.
 
     A no-op returning False (logged once) without CUDA, without the ``liger_kernel`` package, or for another
     ``model_type``. ``fused_loss=False`` keeps the model's own loss: under DeepSpeed ZeRO-3 the fused loss reads
@@ -108,18 +114,57 @@ def apply_liger_kernels(model_type: str, fused_loss: bool = True) -> bool:
     if not torch.cuda.is_available():
         _once("liger:cuda", "Liger kernels not applied: no CUDA device (they are Triton GPU kernels)")
         return False
+    moe_experts = moe_experts and model_type == "qwen3_moe"
+    if moe_experts:
+        os.environ.setdefault("LIGER_FUSED_MOE_AUTOTUNE", "0")  # read when liger's fused MoE module is imported
     try:
         # Lazy and optional: liger-kernel is installed only where it was asked for, and runs only on CUDA.
         from liger_kernel.transformers import apply_liger_kernel_to_qwen3, apply_liger_kernel_to_qwen3_moe
     except ImportError as exc:
         _once("liger:import", "Liger kernels not applied: liger_kernel does not import (%s)", exc)
         return False
-    apply = apply_liger_kernel_to_qwen3 if model_type == "qwen3" else apply_liger_kernel_to_qwen3_moe
-    apply(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=fused_loss)
-    _once(
-        f"liger:applied:{model_type}",
-        "Liger kernels applied to %s: RoPE, RMSNorm, SwiGLU%s",
-        model_type,
-        ", fused linear cross-entropy" if fused_loss else "",
-    )
+    fused_loss = fused_loss and layers
+    if model_type == "qwen3":
+        apply_liger_kernel_to_qwen3(
+            rope=layers, rms_norm=layers, swiglu=layers, cross_entropy=False, fused_linear_cross_entropy=fused_loss
+        )
+        kernels = ["RoPE", "RMSNorm", "SwiGLU"] if layers else []
+    else:
+        apply_liger_kernel_to_qwen3_moe(
+            rope=layers, rms_norm=layers, swiglu=moe_experts, cross_entropy=False, fused_linear_cross_entropy=fused_loss
+        )
+        kernels = (["RoPE", "RMSNorm"] if layers else []) + (["fused MoE experts"] if moe_experts else [])
+    kernels += ["fused linear cross-entropy"] if fused_loss else []
+    _once(f"liger:applied:{model_type}", "Liger kernels applied to %s: %s", model_type, ", ".join(kernels))
     return True
+
+
+# transformers' experts implementations (transformers/integrations/moe.py, ExpertsInterface) plus the one the trainer
+# registers: its grouped_mm function compiled regionally.
+COMPILED_EXPERTS = "grouped_mm_compiled"
+LIGER_EXPERTS = "liger"  # not transformers': Liger replaces the experts' module (apply_liger_kernels)
+
+
+def experts_implementation(name: str) -> str:
+    """The ``experts_implementation`` to load a MoE model with, for the ``moe_experts_implementation`` setting.
+
+    ``grouped_mm_compiled`` registers transformers' own ``grouped_mm_experts_forward`` under ``torch.compile`` in
+    its ExpertsInterface first. Measured on one H100 (benchmarks/results/moe-layer-bench.md): transformers' MoE
+    block routes, permutes, applies SwiGLU, weights and scatters with many small unfused kernels (elementwise work
+    was ~31% of a raw layer's CUDA time against ~19% for the three grouped GEMMs); Inductor fuses them. The region
+    is the experts' function alone, not the module call: DeepSpeed ZeRO-3 gathers the MoE block's parameters in
+    hooks around the block (a leaf module), which stay outside the compiled code, as torchtitan compiles the
+    inner blocks under FSDP. Token counts are fixed per micro-batch (packed rows), so it compiles once; the
+    closing evaluation's other row count compiles once more. Inductor compiles ``grouped_mm`` only in bf16, so an
+    fp32 run (a CPU) takes transformers' fallback kernel in the same compiled code.
+    """
+    if name == LIGER_EXPERTS:
+        return "grouped_mm"  # what any Qwen3-MoE experts module left unpatched runs (none, after Liger's patch)
+    if name != COMPILED_EXPERTS:
+        return name
+    from transformers.integrations.moe import ExpertsInterface, grouped_mm_experts_forward
+
+    if COMPILED_EXPERTS not in ExpertsInterface._global_mapping:
+        ExpertsInterface.register(COMPILED_EXPERTS, torch.compile(grouped_mm_experts_forward, dynamic=False))
+        _once("experts:compiled", "MoE experts: transformers' grouped_mm function under torch.compile")
+    return COMPILED_EXPERTS

@@ -258,10 +258,21 @@ def test_liger_patches_qwen3_and_qwen3_moe_when_installed_on_a_gpu(monkeypatch, 
     assert speed.apply_liger_kernels("qwen3_moe") is True
     assert speed.apply_liger_kernels("llama") is False
     kernels = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
-    assert calls == [("qwen3", kernels), ("qwen3_moe", kernels)]
+    # liger_kernels leaves a MoE model's experts to moe_experts_implementation (Liger's fused MoE, autotuning ~200
+    # configurations on its first call, never finished a step in 120 s on an H100: issue 37).
+    assert calls == [("qwen3", kernels), ("qwen3_moe", {**kernels, "swiglu": False})]
     # Under ZeRO-3 (or beside the chunked loss) the model keeps its own loss.
     assert speed.apply_liger_kernels("qwen3_moe", fused_loss=False) is True
-    assert calls[-1] == ("qwen3_moe", {**kernels, "fused_linear_cross_entropy": False})
+    assert calls[-1] == ("qwen3_moe", {**kernels, "swiglu": False, "fused_linear_cross_entropy": False})
+    # moe_experts_implementation liger alone: only the experts, with Liger's autotuning off unless the user set it.
+    monkeypatch.setenv("LIGER_FUSED_MOE_AUTOTUNE", "")  # recorded, so the test leaves the environment as it was
+    monkeypatch.delenv("LIGER_FUSED_MOE_AUTOTUNE")
+    assert speed.apply_liger_kernels("qwen3_moe", fused_loss=False, layers=False, moe_experts=True) is True
+    assert calls[-1] == (
+        "qwen3_moe",
+        dict(rope=False, rms_norm=False, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=False),
+    )
+    assert os.environ["LIGER_FUSED_MOE_AUTOTUNE"] == "0"
 
 
 def test_the_baseline_gets_the_same_tokens_per_optimizer_step_from_accumulation():
