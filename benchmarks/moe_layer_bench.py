@@ -1,34 +1,42 @@
 """The reference job's compute levers on a few of Qwen3-30B-A3B's layers, on one GPU, through the trainer's own entry
-point.
+point, and each lever's whole model projected from two layer counts.
 
-    python benchmarks/moe_layer_bench.py                         # one H100/H200: 4 layers, rows of 4096, < 8 min
+    python benchmarks/moe_layer_bench.py                         # one H100/H200: 2 and 4 layers, rows of 4096
     python benchmarks/moe_layer_bench.py --out $OUT              # + moe-layer-bench.json and the trainers' log there
-    python benchmarks/moe_layer_bench.py --levers preset,mb4     # some levers only
-    python benchmarks/moe_layer_bench.py --tiny                  # CPU smoke test: a tiny MoE over gloo, ~1 min
+    python benchmarks/moe_layer_bench.py --levers preset,compiled-experts   # some levers only
+    python benchmarks/moe_layer_bench.py --tiny                  # CPU smoke test: a tiny MoE over gloo, 1 and 2 layers
 
-What runs. One model folder: Qwen3-30B-A3B's architecture (components/models/architectures/) with ``--layers``
-decoder layers (4 by default: 3.1B parameters, 16 bytes each as fp32 master weights, gradients and Adam's moments,
-about 50 GB, the most that fits one H100 beside the activations), random bf16 weights, and the builtin tiny
+What runs. One model folder per layer count and architecture: Qwen3-30B-A3B's (components/models/architectures/) with
+``--layers`` decoder layers (4 layers: 3.1B parameters, 16 bytes each as fp32 master weights, gradients and Adam's
+moments, about 50 GB, the most that fits one H100 beside the activations), random bf16 weights, and the builtin tiny
 tokenizer (the trainer and the data step need one; token ids then span 2,048 of the 151,936 embedding rows, which
 changes no FLOP: the lookup costs none and the head scores every vocabulary entry anyway). One dataset: synthetic
 documents with the lengths of benchmarks/train_throughput.py and of the 2026-11-23 measurement (log-normal, median
 ``seq``/8), written as text rows, then tokenized and packed into rows of ``seq`` by the data step itself
-(``components.data.prepare.prepare``). Then, per lever, the trainer as a pod runs it: ``torchrun --nproc_per_node 1
--m components.train.trainer --config FILE``, the config from ``build_trainer_config`` (the launcher's own function)
-with ``max_steps`` = ``--steps``, a progress line every step, no checkpoint, no report_to. The trainer ends as it
-always does: one evaluation pass over the one held-out row and the export to ``final/`` (deleted after the lever).
+(``components.data.prepare.prepare``). Then, per lever and layer count, the trainer as a pod runs it: ``torchrun
+--nproc_per_node 1 -m components.train.trainer --config FILE``, the config from ``build_trainer_config`` (the
+launcher's own function) with ``max_steps`` = ``--steps``, a progress line every step, no checkpoint, no report_to.
+The trainer is ended once its last step's progress line is out (``--through-export``: it evaluates and exports as a
+job does).
 
-Levers: the reference preset per GPU (qwen3-30b-a3b-full: ZeRO-3, activation checkpointing of every layer, 1 row x 4
-accumulation steps) with one thing changed; every lever trains 4 rows of ``seq`` per optimizer step:
+Levers: the reference preset per GPU (qwen3-30b-a3b-full: ZeRO-3, activation checkpointing of every layer, 4 rows x 1,
+chunked cross-entropy, grouped_mm experts) with one thing changed, each at ``--layers`` 2 and 4; every lever trains 4
+rows of ``seq`` per optimizer step (LEVERS below, in the order they run):
 
     preset              as the preset
-    mb4                 4 rows x 1 accumulation step
-    mb4-chunked-ce      4 rows x 1, chunked_cross_entropy (the head's logits 1,024 tokens at a time)
+    compiled-experts    moe_experts_implementation grouped_mm_compiled (transformers' function under torch.compile)
+    ep8-share           one GPU's share under expert parallelism 8: 16 of the 128 experts, top-8 unchanged
+    ep8-share-compiled  both
     recompute-off       activation_checkpointing false
+    liger-experts       moe_experts_implementation liger (Liger's fused MoE, LIGER_FUSED_MOE_AUTOTUNE=0)
     recompute-every-2   recompute_every_n_layers 2
     no-zero             deepspeed_config none: plain PyTorch on one GPU (fp32 weights, bf16 autocast)
-    liger               liger_kernels (under ZeRO-3 without Liger's fused loss: Liger-Kernel #1048)
-    mb4-liger-no-zero   4 rows x 1, deepspeed_config none, liger_kernels (with the fused linear cross-entropy)
+    liger               liger_kernels (RMSNorm, RoPE; under ZeRO-3 without Liger's fused loss: Liger-Kernel #1048)
+    whole-logits-1x4    the preset before issue 28: 1 row x 4, the whole logits
+
+The whole model (48 layers) is projected per lever from its two layer counts (``project``): the compute and DeepSpeed's
+optimizer-step time (its ``wall_clock_breakdown`` timers) are each linear in the layers, and on one GPU of the reference
+job the optimizer's share is divided by the GPUs that share it (16 under ZeRO-3, 2 for the EP-8 share).
 
 A lever that cannot run here is reported as skipped, with the reason: a setting the trainer does not have
 (``TrainSettings``), Liger without a GPU or without liger_kernel.

@@ -516,10 +516,10 @@ class ClusterSettings:
         min=0,
     )
     achieved_tflops_per_gpu: float = setting(
-        93.0,
-        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s (93: 8 of Qwen3-30B-A3B's "
-        "layers, grouped_mm experts, micro-batch 1 x 4096, on one H100, model FLOPs counted with the embedding "
-        "lookup at 0; benchmarks/results/plan.md).",
+        122.0,
+        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s, recomputation included (122: "
+        "the reference preset's whole model on one H100, projected from the trainer at 2 and 4 of Qwen3-30B-A3B's "
+        "layers, 4,790 tokens/s x 25.5 GFLOP per token, the embedding lookup at 0; benchmarks/results/plan.md).",
         plain=False,
         above=0,
     )
