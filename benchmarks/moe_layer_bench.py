@@ -31,6 +31,7 @@ rows of ``seq`` per optimizer step (LEVERS below, in the order they run):
     liger-experts       moe_experts_implementation liger (Liger's fused MoE, LIGER_FUSED_MOE_AUTOTUNE=0)
     recompute-every-2   recompute_every_n_layers 2
     no-zero             deepspeed_config none: plain PyTorch on one GPU (fp32 weights, bf16 autocast)
+    fsdp2               parallelism hsdp: FSDP2 on one rank (fp32 master weights, bf16 compute)
     liger               liger_kernels (RMSNorm, RoPE; under ZeRO-3 without Liger's fused loss: Liger-Kernel #1048)
     whole-logits-1x4    the preset before issue 28: 1 row x 4, the whole logits
 
@@ -146,6 +147,9 @@ LEVERS = [
     Lever("liger-experts", "moe_experts_implementation liger (autotune off)", {"moe_experts_implementation": "liger"}),
     Lever("recompute-every-2", "recompute every 2nd layer", {"recompute_every_n_layers": 2}),
     Lever("no-zero", "deepspeed none: plain PyTorch, fp32 weights", {"deepspeed_config": "none"}, optimizer_shards=1),
+    # FSDP2 keeps fp32 master weights and computes in bf16 (its mixed-precision policy): the no-DeepSpeed path with
+    # bf16 compute. No optimizer timer there: its projection keeps one GPU's whole optimizer step (pessimistic).
+    Lever("fsdp2", "parallelism hsdp: FSDP2 on one rank", {"parallelism": "hsdp", "deepspeed_config": "none"}, {}, 1),
     Lever("liger", "liger_kernels: RMSNorm, RoPE (no fused loss under ZeRO-3)", {"liger_kernels": True}),
     Lever(
         "whole-logits-1x4",
