@@ -672,6 +672,33 @@ def faster_layout(
     return (over, best) if best.tokens_per_s_per_gpu > margin * own.tokens_per_s_per_gpu else None
 
 
+def lighter_recompute(
+    settings: Settings | dict, config: dict, stats: dict | None = None, margin: float = 1.03
+) -> tuple[dict, Plan] | None:
+    """The least recomputation that still fits (the memory fit's, as validate_inputs checks it) for the run's own
+    layout and micro-batch, when it is faster by ``margin``: ``recompute_every_n_layers`` n (transformers recomputes
+    layer i when i % n == 0, so 1/n of the layers) up to every layer's activations kept (``activation_checkpointing``
+    false). ``(overrides, plan)`` or None: the run recomputes nothing, or nothing less fits, or it is not faster
+    (the job waits on the network). Recomputation is hardware work the plan counts at ``achieved_tflops_per_gpu``."""
+    s = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
+    flat = s.flat()
+    if not flat["activation_checkpointing"]:
+        return None
+    own = plan(s, config, stats)
+    layers = model_shape(config).layers
+    strides = sorted({n for n in (2, 3, 4, 6, 8, 12, 16, 24, layers) if int(flat["recompute_every_n_layers"]) < n})
+    options = [{"recompute_every_n_layers": n} for n in strides] + [{"activation_checkpointing": False}]
+    best = None
+    for over in options:  # less recomputation each; the memory only grows, so stop at the first that does not fit
+        p = plan({**flat, **over}, config, stats)
+        if not p.runs:
+            break
+        best = (over, p)
+    if best and best[1].tokens_per_s_per_gpu > margin * own.tokens_per_s_per_gpu:
+        return best
+    return None
+
+
 def _gb(x: float) -> str:
     return f"{x / GB:,.1f} GB"
 
@@ -1129,6 +1156,16 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
             f"\n  faster:   {args}: {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
             f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), bottleneck {p.bottleneck}, "
             f"{p.memory_gib['total']:.1f} GiB per GPU"
+        )
+    lighter = lighter_recompute(s, config, stats)
+    if lighter:
+        over, p = lighter
+        own = plan(s, config, stats)
+        args = " ".join(f"-p {key}={str(value).lower()}" for key, value in over.items())
+        text += (
+            f"\n  recompute: only what memory needs, {args}: {p.tokens_per_s_per_gpu:,.0f} tokens/s per GPU "
+            f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), {p.memory_gib['total']:.1f} GiB per GPU "
+            f"of {p.gpu_memory_gib:g}"
         )
     if "grpo" in s.stages.stages and s.train.parallelism == "deepspeed":
         text += "\n" + format_grpo_plan(grpo_plan(s, config))

@@ -20,6 +20,7 @@ from components.estimate.plan import (
     collectives,
     faster_layout,
     format_plan,
+    lighter_recompute,
     plan,
     read_stats,
     zero_config,
@@ -258,6 +259,8 @@ def test_plan_on_the_command_line_needs_no_cluster_gpu_or_download():
     assert "ZeRO-3" in out and "4,012 tokens/s per GPU" in out and "bottleneck: compute" in out
     assert "171.7 GB, 21.5 GB of it over the network" in out and "44.2 GiB per GPU of 80" in out
     assert "from the setting dataset_tokens_estimate" in out and "GPU-hours" in out
+    # Compute-bound there: recomputing every 2nd layer instead of every one fits (72.7 GiB of 80) and is faster.
+    assert "recompute: only what memory needs, -p recompute_every_n_layers=2: 4,540 tokens/s per GPU (x1.13)" in out
 
 
 def test_plan_on_a_slow_network_names_the_link_and_a_faster_layout(tmp_path):
@@ -425,3 +428,22 @@ def test_the_reference_preset_runs_its_global_batch_as_one_micro_step_of_4_rows_
     config = architecture(shipped["model_name_or_path"])
     tcp, tcp_one_row = plan(shipped, config), plan({**shipped, **ONE_ROW}, config)
     assert tcp.tokens_per_s_per_gpu > 3.9 * tcp_one_row.tokens_per_s_per_gpu
+
+
+def test_the_least_recomputation_that_fits_is_named_where_compute_bounds_the_job():
+    """recompute_every_n_layers n recomputes layers i % n == 0: memory grows with n, compute falls. The plan names the
+    largest n (or no checkpointing) whose memory fit passes, and only where it makes the step faster."""
+    preset = dict(P.resolve(FULL))  # as shipped: 4 rows x 1, the chunked loss
+    values = {**preset, **RDMA}
+    config = architecture(values["model_name_or_path"])
+    over, best = lighter_recompute(values, config)
+    assert over == {"recompute_every_n_layers": 2} and best.runs
+    assert best.memory_gib["total"] <= best.gpu_memory_gib
+    assert not plan({**values, "recompute_every_n_layers": 3}, config).fits  # the next stride keeps too much
+    assert best.tokens_per_s_per_gpu > 1.1 * plan(values, config).tokens_per_s_per_gpu
+    # At 1 row per micro-batch the activations are a quarter: no recomputation at all fits.
+    assert lighter_recompute(_settings(FULL), config)[0] == {"activation_checkpointing": False}
+    # Waiting on the network (TCP: the preset as it ships), less recomputation buys nothing: nothing named.
+    assert lighter_recompute(preset, config) is None
+    # Nothing recomputed: nothing to lighten.
+    assert lighter_recompute({**values, "activation_checkpointing": False}, config) is None
