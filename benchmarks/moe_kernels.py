@@ -43,8 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from components.models.mfu import causal_attention_length  # noqa: E402
-from components.models.shape import load_architecture  # noqa: E402
+from components.models.mfu import causal_attention_length, model_flops_per_token  # noqa: E402
+from components.models.shape import load_architecture, model_shape  # noqa: E402
 
 VARIANTS = {  # name: (moe_experts_implementation, experts kept of 128)
     "grouped_mm": ("grouped_mm", None),
@@ -80,18 +80,11 @@ def packed_positions(rows: int, seq: int, seed: int = 0) -> list[list[int]]:
 
 
 def layer_flops_per_token(config: dict, experts_kept: int | None, keys: float) -> float:
-    """Model FLOPs per token of one decoder layer: 6 x active parameters + 12 d T (mfu.py's count, per layer)."""
-    h, q = config["hidden_size"], config["num_attention_heads"] * config["head_dim"]
-    kv = config["num_key_value_heads"] * config["head_dim"]
-    experts = experts_kept or config["num_experts"]
-    active = (
-        h * q
-        + 2 * h * kv
-        + q * h
-        + h * experts
-        + config["num_experts_per_tok"] * 3 * h * config["moe_intermediate_size"]
-    )
-    return 6 * active + 12 * q * keys
+    """Model FLOPs per token of one decoder layer, exactly as the plan counts them (components/models/mfu.py's
+    ``model_flops_per_token``: the difference one more layer makes, norms and router included)."""
+    fields = {**config, **({"num_experts": experts_kept} if experts_kept else {})}
+    one, two = (model_shape({**fields, "num_hidden_layers": n}) for n in (1, 2))
+    return model_flops_per_token(two, keys) - model_flops_per_token(one, keys)
 
 
 def run_one(name: str, args) -> dict:
