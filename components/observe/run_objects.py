@@ -9,6 +9,12 @@ a step killed by KFP, by its node or by a timeout never reaches its ``finally``.
 A record is ``runs/<run id>/<record>`` (the variants' ``runs/<run id>-<variant>/<record>`` too), a JSON list of
 ``{"kind", "namespace", "name"}``. Kinds: ConfigMap, Deployment, Service. Today: the grpo stage's vLLM generation
 server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``).
+
+A record says where to look, never what may be deleted: every trainer pod mounts the model claim read-write and runs
+user code, so a file there can name any object (KFP's own API server). ``delete_run_object`` deletes an object only
+when the live object carries this run's ``RUN_ID_LABEL`` (which the train step sets on everything it creates), and
+only that object: the delete carries the uid it checked as its precondition, so a same-named object made since is
+refused by the API server (409).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from pathlib import Path
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from components.kube import call_api, load_api_client
+from components.kube import RUN_ID_LABEL, call_api, load_api_client
 from components.paths import run_dir
 
 log = logging.getLogger("run_objects")
@@ -43,6 +49,57 @@ def delete_object(api_client, kind: str, namespace: str, name: str) -> bool:
         if exc.status != 404:
             raise
         return False
+    return True
+
+
+def _read(api_client, kind: str, namespace: str, name: str) -> dict | None:
+    """The live object as a dict (its metadata), or None when it is gone."""
+    read = {
+        "ConfigMap": k8s.CoreV1Api(api_client).read_namespaced_config_map,
+        "Deployment": k8s.AppsV1Api(api_client).read_namespaced_deployment,
+        "Service": k8s.CoreV1Api(api_client).read_namespaced_service,
+    }[kind]
+    try:
+        obj = call_api(read, name, namespace)
+    except ApiException as exc:
+        if exc.status != 404:
+            raise
+        return None
+    meta = obj.metadata
+    return {"uid": meta.uid, "labels": meta.labels or {}}
+
+
+def belongs_to_run(labels: dict, run_id: str) -> bool:
+    """Whether an object's labels say the run ``run_id`` (or one of its variants, ``<run id>-<variant>``) made it."""
+    owner = str(labels.get(RUN_ID_LABEL, ""))
+    return bool(run_id) and (owner == run_id or owner.startswith(f"{run_id}-"))
+
+
+def delete_run_object(api_client, kind: str, namespace: str, name: str, run_id: str) -> bool:
+    """Delete ``kind namespace/name`` if the live object belongs to run ``run_id`` (``belongs_to_run``), with its
+    uid as the delete's precondition; True when deleted. False when it is gone (or replaced since the check: the API
+    server's 409). Raises PermissionError, naming the object and its run label, when it belongs to no such run: the
+    caller's record was not authority to delete it."""
+    found = _read(api_client, kind, namespace, name)
+    if found is None:
+        return False
+    if not belongs_to_run(found["labels"], run_id):
+        raise PermissionError(
+            f"{kind} {namespace}/{name} is not this run's ({RUN_ID_LABEL}={found['labels'].get(RUN_ID_LABEL)!r}, "
+            f"run {run_id}): a record on the model claim names it, and records are not authority to delete"
+        )
+    delete = {
+        "ConfigMap": k8s.CoreV1Api(api_client).delete_namespaced_config_map,
+        "Deployment": k8s.AppsV1Api(api_client).delete_namespaced_deployment,
+        "Service": k8s.CoreV1Api(api_client).delete_namespaced_service,
+    }[kind]
+    options = k8s.V1DeleteOptions(propagation_policy="Background", preconditions=k8s.V1Preconditions(uid=found["uid"]))
+    try:
+        call_api(delete, name, namespace, body=options)
+    except ApiException as exc:
+        if exc.status in (404, 409):  # gone, or a new object of that name: not the one checked
+            return False
+        raise
     return True
 
 
@@ -79,8 +136,10 @@ def remove_recorded(model_root: str, run_id: str, record: str, api_client=None) 
         for e in entries:
             try:
                 api_client = api_client or load_api_client()
-                if delete_object(api_client, e["kind"], e["namespace"], e["name"]):
+                if delete_run_object(api_client, e["kind"], e["namespace"], e["name"], run_id):
                     removed.append(f"{e['kind']} {e['namespace']}/{e['name']}")
+            except PermissionError as exc:
+                log.warning("left in place: %s", exc)
             except Exception as exc:  # the exit handler must still post the run's outcome
                 failed = True
                 log.warning(

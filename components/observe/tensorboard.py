@@ -241,7 +241,10 @@ def remove_servers(model_root: str, run_id: str, api_client=None) -> list[str]:
     """The exit handler's part: delete the TensorBoard Deployments and Services the run's train steps recorded
     (its variants' too, ``runs/<run id>-<variant>/``); returns ``namespace/name`` of each deleted. Nothing recorded
     (a Kubeflow Tensorboard, ``tensorboard=false``, a local run): nothing to do. Never raises: what it could not
-    delete is a warning with the ``kubectl delete`` command."""
+    delete is a warning with the ``kubectl delete`` command; what does not carry this run's label is left in place with
+    a warning (``run_objects.delete_run_object``)."""
+    from components.observe.run_objects import delete_run_object
+
     root = Path(run_dir(model_root, run_id))
     records = [root / RECORD, *sorted(root.parent.glob(f"{run_id}-*/{RECORD}"))]
     removed = []
@@ -254,15 +257,14 @@ def remove_servers(model_root: str, run_id: str, api_client=None) -> list[str]:
             continue
         try:
             api_client = api_client or load_api_client()
-            for delete in (
-                k8s.AppsV1Api(api_client).delete_namespaced_deployment,
-                k8s.CoreV1Api(api_client).delete_namespaced_service,
-            ):
-                try:
-                    call_api(delete, name, namespace)
-                except ApiException as exc:
-                    if exc.status != 404:
-                        raise
+            # Only what carries this run's label, and only the object checked (run_objects: records on the claim
+            # are not authority to delete).
+            for kind in ("Deployment", "Service"):
+                delete_run_object(api_client, kind, namespace, name, run_id)
+        except PermissionError as exc:
+            log.warning("left in place: %s", exc)
+            record.unlink(missing_ok=True)
+            continue
         except Exception as exc:  # the exit handler must still post the run's outcome
             log.warning(
                 "could not delete TensorBoard %s/%s (%s): kubectl delete -n %s deployment,service %s",

@@ -618,6 +618,18 @@ class FakeKubeAPI:
                 return _status(400, "BadRequest", f"fake controller raised {exc!r}")
             return 200, obj, "application/json"
         if method == "DELETE":
+            wanted_uid = ((body or {}).get("preconditions") or {}).get("uid")
+            if wanted_uid and wanted_uid != obj["metadata"]["uid"]:
+                # k8s.io/apiserver storage.Preconditions.Check: a conflict, the object left as it is.
+                return _status(
+                    409,
+                    "Conflict",
+                    f"Precondition failed: UID in precondition: {wanted_uid}, UID in object meta: "
+                    f"{obj['metadata']['uid']}",
+                    key[-1],
+                    group,
+                    plural,
+                )
             if (body or {}).get("propagationPolicy") == "Foreground" and self.deletion_gets > 0:
                 # The object stays, marked, until its dependents are gone; the API server answers with it.
                 if key not in self._deleting:
