@@ -72,19 +72,23 @@ TENSORBOARD_ACCESS = [("create", "tensorboard.kubeflow.org", "tensorboards", "")
 # deletes them.
 TENSORBOARD_SERVER_ACCESS = [
     ("create", "apps", "deployments", ""),
+    ("get", "apps", "deployments", ""),  # the exit handler reads each object's run label before deleting it
     ("delete", "apps", "deployments", ""),
     ("create", "", "services", ""),
+    ("get", "", "services", ""),
     ("delete", "", "services", ""),
 ]
 # The grpo stage's own vLLM server (components/train/launcher/vllm_server.py): the train step creates it, reads its
 # Deployment until it is ready (and lists its pods: POD_ACCESS), deletes it, and so may the exit handler.
 GRPO_SERVER_ACCESS = [
     ("create", "", "configmaps", ""),
+    ("get", "", "configmaps", ""),
     ("delete", "", "configmaps", ""),
     ("create", "apps", "deployments", ""),
     ("get", "apps", "deployments", ""),
     ("delete", "apps", "deployments", ""),
     ("create", "", "services", ""),
+    ("get", "", "services", ""),
     ("delete", "", "services", ""),
 ]
 # The search step (components/hpo/follow.py) when hpo_trials > 0: its Experiment and the Experiment's Trials.

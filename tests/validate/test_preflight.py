@@ -139,10 +139,13 @@ def test_reviews_ask_about_the_runs_namespace_and_the_backends_resources():
         ("delete", "trainjobs", ""),
         ("list", "pods", ""),
         ("get", "pods", "log"),
-        # No Kubeflow Tensorboard controller here: the Deployment and Service that stand in for it.
+        # No Kubeflow Tensorboard controller here: the Deployment and Service that stand in for it, each read (its run
+        # label) before the exit handler deletes it.
         ("create", "deployments", ""),
+        ("get", "deployments", ""),
         ("delete", "deployments", ""),
         ("create", "services", ""),
+        ("get", "services", ""),
         ("delete", "services", ""),
     }
     with FakeKubeAPI() as api:  # without the run's Tensorboard, the step does not need to create one
