@@ -859,6 +859,15 @@ class EvaluateSettings:
         min=0,
         max=1,
     )
+    min_judged_fraction: float = setting(
+        0.9,
+        "Judged evaluation gate (with min_judge_score or min_judge_win_rate): the least share of the tuned model's "
+        "answers the judge must have scored (0..1; replies with no readable score and failed requests are not "
+        "judged) for its verdict to count; below it the gate fails.",
+        plain=False,
+        min=0,
+        max=1,
+    )
 
 
 @dataclass

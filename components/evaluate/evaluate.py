@@ -283,8 +283,9 @@ def evaluate(
         rm: when the rm stage ran: ``model`` (its final folder) and ``pairs_path`` (its prepared pairs): the reward
             model's pairwise accuracy on held-out pairs.
         judge: the judged evaluation, when judge_endpoint names a judge: ``endpoint``, ``model``, ``rubric``,
-            ``max_tokens``, ``log_dir``, ``min_judge_score``, ``min_judge_win_rate``: both models' answers to the
-            prompts scored on the rubric, with reasons, and its gate (components/evaluate/judge.py).
+            ``max_tokens``, ``log_dir``, ``min_judge_score``, ``min_judge_win_rate``, ``min_judged_fraction``: both
+            models' answers to the prompts scored on the rubric, with reasons, and its gate
+            (components/evaluate/judge.py).
 
     Raises:
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
@@ -402,7 +403,10 @@ def evaluate(
         )
         metrics.update(judge_metrics(judged))
         ok, line = judge_gate(
-            judged, min_judge_score=judge["min_judge_score"], min_judge_win_rate=judge["min_judge_win_rate"]
+            judged,
+            min_judge_score=judge["min_judge_score"],
+            min_judge_win_rate=judge["min_judge_win_rate"],
+            min_judged_fraction=judge.get("min_judged_fraction", 0.0),
         )
         if passed and ok:
             reason = f"{reason}; {line}"

@@ -72,6 +72,7 @@ def judge_config(s: Settings, *, log_dir: str) -> dict | None:
         "log_dir": log_dir,
         "min_judge_score": e.min_judge_score,
         "min_judge_win_rate": e.min_judge_win_rate,
+        "min_judged_fraction": e.min_judged_fraction,
     }
 
 

@@ -224,8 +224,8 @@ def validate_inputs(
             trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size,
             trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
             gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric,
-            judge_max_tokens, min_judge_score, min_judge_win_rate, serving_service_account, scale_metric,
-            scale_target. python -m pipelines.run --help describes each.
+            judge_max_tokens, min_judge_score, min_judge_win_rate, min_judged_fraction, serving_service_account,
+            scale_metric, scale_target. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

@@ -52,7 +52,7 @@ class JudgeServer:
                 body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
                 outer.requests.append((body, self.headers.get("Authorization")))
                 text = body["messages"][-1]["content"]
-                answer = re.search(r"Answer to judge:\n(.*)\n\nReply with exactly", text, re.S).group(1)
+                answer = re.search(r"Answer to judge:\n<answer>\n(.*)\n</answer>\n\nReply with exactly", text, re.S)[1]
                 content = style(_score_of(answer), answer)
                 self._send(200, {"object": "chat.completion", "choices": [{"index": 0, "message": {
                     "role": "assistant", "content": content}}]})  # fmt: skip
@@ -412,7 +412,7 @@ def test_the_judge_settings_reach_the_evaluation_and_its_verdicts_are_recorded(t
     assert judge_config(Settings(), log_dir="/x") is None  # not judged by default
     assert judge_config(s, log_dir="/x") == {
         "endpoint": "https://j.example/v1", "model": "big", "rubric": "builtin:default", "max_tokens": 256,
-        "log_dir": "/x", "min_judge_score": 6.0, "min_judge_win_rate": 0.0,
+        "log_dir": "/x", "min_judge_score": 6.0, "min_judge_win_rate": 0.0, "min_judged_fraction": 0.9,
     }  # fmt: skip
     model = tmp_path / "models" / "runs" / "r1" / "train" / "final"
     model.mkdir(parents=True)
