@@ -7,8 +7,8 @@ a step killed by KFP, by its node or by a timeout never reaches its ``finally``.
     remove_recorded(model_root, run_id, record)           # the exit handler: delete what is still recorded
 
 A record is ``runs/<run id>/<record>`` (the variants' ``runs/<run id>-<variant>/<record>`` too), a JSON list of
-``{"kind", "namespace", "name"}``. Kinds: ConfigMap, Deployment, Service. Today: the grpo stage's vLLM generation
-server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``).
+``{"kind", "namespace", "name"}``. Kinds: ConfigMap, Deployment, Service, NetworkPolicy. Today: the grpo stage's vLLM
+generation server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``).
 
 A record says where to look, never what may be deleted: every trainer pod mounts the model claim read-write and runs
 user code, so a file there can name any object (KFP's own API server). ``delete_run_object`` deletes an object only
@@ -33,16 +33,26 @@ from components.paths import run_dir
 log = logging.getLogger("run_objects")
 
 GRPO_SERVER_RECORD = "grpo-vllm-server.json"
-KINDS = ("ConfigMap", "Deployment", "Service")
+KINDS = ("ConfigMap", "Deployment", "Service", "NetworkPolicy")  # what records may name (_APIS)
+
+
+# Each kind's API class and the snake-case name its namespaced methods use (read_/delete_namespaced_<name>).
+_APIS = {
+    "ConfigMap": (k8s.CoreV1Api, "config_map"),
+    "Deployment": (k8s.AppsV1Api, "deployment"),
+    "Service": (k8s.CoreV1Api, "service"),
+    "NetworkPolicy": (k8s.NetworkingV1Api, "network_policy"),
+}
+
+
+def _method(api_client, verb: str, kind: str):
+    api, name = _APIS[kind]
+    return getattr(api(api_client), f"{verb}_namespaced_{name}")
 
 
 def delete_object(api_client, kind: str, namespace: str, name: str) -> bool:
     """Delete one object (background propagation: the Deployment's pods go with it); False when it was gone."""
-    delete = {
-        "ConfigMap": k8s.CoreV1Api(api_client).delete_namespaced_config_map,
-        "Deployment": k8s.AppsV1Api(api_client).delete_namespaced_deployment,
-        "Service": k8s.CoreV1Api(api_client).delete_namespaced_service,
-    }[kind]
+    delete = _method(api_client, "delete", kind)
     try:
         call_api(delete, name, namespace, propagation_policy="Background")
     except ApiException as exc:
@@ -54,11 +64,7 @@ def delete_object(api_client, kind: str, namespace: str, name: str) -> bool:
 
 def _read(api_client, kind: str, namespace: str, name: str) -> dict | None:
     """The live object as a dict (its metadata), or None when it is gone."""
-    read = {
-        "ConfigMap": k8s.CoreV1Api(api_client).read_namespaced_config_map,
-        "Deployment": k8s.AppsV1Api(api_client).read_namespaced_deployment,
-        "Service": k8s.CoreV1Api(api_client).read_namespaced_service,
-    }[kind]
+    read = _method(api_client, "read", kind)
     try:
         obj = call_api(read, name, namespace)
     except ApiException as exc:
@@ -88,11 +94,7 @@ def delete_run_object(api_client, kind: str, namespace: str, name: str, run_id: 
             f"{kind} {namespace}/{name} is not this run's ({RUN_ID_LABEL}={found['labels'].get(RUN_ID_LABEL)!r}, "
             f"run {run_id}): a record on the model claim names it, and records are not authority to delete"
         )
-    delete = {
-        "ConfigMap": k8s.CoreV1Api(api_client).delete_namespaced_config_map,
-        "Deployment": k8s.AppsV1Api(api_client).delete_namespaced_deployment,
-        "Service": k8s.CoreV1Api(api_client).delete_namespaced_service,
-    }[kind]
+    delete = _method(api_client, "delete", kind)
     options = k8s.V1DeleteOptions(propagation_policy="Background", preconditions=k8s.V1Preconditions(uid=found["uid"]))
     try:
         call_api(delete, name, namespace, body=options)

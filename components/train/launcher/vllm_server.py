@@ -2,13 +2,15 @@
 server from the serving image with this package's weight-sync engine, beside the training job.
 
     server_manifests(name, namespace, image, model_path, model_pvc, gpus) -> [ConfigMap, Deployment, Service]
+    run_server_manifests(cluster, run_id=..., namespace=..., model_path=...) -> [NetworkPolicy, ConfigMap, ...]
 
 - a ConfigMap carrying the engine module (components/models/vllm_worker/kfp_weight_sync.py: the serving image has
   vLLM, not this package), mounted at ``ENGINE_DIR`` and named by the server's ``PYTHONPATH``;
 - a Deployment of one pod: vLLM's OpenAI server on the stage's starting model (the models claim, read-only), tensor
   parallel over its ``gpus``, with vLLM's RL routes and the engine (components.models.vllm_worker.server_args /
   server_env), as the Pod Security Standards' ``restricted`` profile admits it (components/security.py);
-- a ClusterIP Service: ``grpo_vllm_server_url`` is ``service_url(name, namespace)``.
+- a ClusterIP Service: ``grpo_vllm_server_url`` is ``service_url(name, namespace)``;
+- for a run's own server, a NetworkPolicy first: only the run's pods reach its port (``network_policy``).
 
 On a cluster, a grpo stage with ``grpo_generation_backend=vllm-server`` and no ``grpo_vllm_server_url`` gets one of its
 own (``runs_own_server``): the train step writes the stage's trainer config with ``stage_server_url`` (the Service's
@@ -40,6 +42,9 @@ log = logging.getLogger("grpo_vllm_server")
 ENGINE_DIR = "/opt/kfp-weight-sync"
 PORT = 8000
 SERVED_MODEL_NAME = "policy"
+# What the server's pod requests per GPU beside it (requests, no limits).
+CPU_PER_GPU = 4
+MEMORY_GI_PER_GPU = 16
 
 
 def service_url(name: str, namespace: str, port: int = PORT) -> str:
@@ -81,7 +86,16 @@ def server_manifests(
         "args": args,
         "env": [{"name": k, "value": v} for k, v in env.items()],
         "ports": [{"name": "http", "containerPort": PORT}],
-        "resources": {"limits": {"nvidia.com/gpu": str(gpus)}, "requests": {"nvidia.com/gpu": str(gpus)}},
+        # CPU and memory requested, not limited (Burstable: a BestEffort pod is the first the kubelet evicts): vLLM's
+        # API server, engine core and tokenizer processes per GPU's worker; the weights stream from the claim.
+        "resources": {
+            "limits": {"nvidia.com/gpu": str(gpus)},
+            "requests": {
+                "nvidia.com/gpu": str(gpus),
+                "cpu": str(CPU_PER_GPU * gpus),
+                "memory": f"{MEMORY_GI_PER_GPU * gpus}Gi",
+            },
+        },
         "readinessProbe": {
             "httpGet": {"path": "/health", "port": PORT},
             "periodSeconds": 10,
@@ -173,17 +187,46 @@ def stage_server_url(
     return dataclasses.replace(train, grpo_vllm_server_url=service_url(server_name(run_id), namespace))
 
 
+def network_policy(name: str, namespace: str, server: dict, clients: dict, labels: dict | None = None) -> dict:
+    """A NetworkPolicy admitting to the pods labelled ``server``, on the server's port only, the pods of the same
+    namespace labelled ``clients``; no other ingress. vLLM's RL routes (``/pause``, ``/update_weights``, the weight-
+    transfer group's ``/init_weight_transfer_engine``) answer whoever reaches the port, and ``--api-key`` guards only
+    ``/v1``: this is what keeps another tenant's pod from pushing weights into the run's server. Enforced where the
+    cluster's CNI implements NetworkPolicy (Calico, Cilium, Antrea, OVN-Kubernetes; not flannel alone):
+    docs/security.md. The kubelet's probes come from the node, which those CNIs admit to local pods."""
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name, "namespace": namespace, "labels": {**(labels or {}), **server}},
+        "spec": {
+            "podSelector": {"matchLabels": dict(server)},
+            "policyTypes": ["Ingress"],
+            "ingress": [
+                {
+                    "from": [{"podSelector": {"matchLabels": dict(clients)}}],
+                    "ports": [{"protocol": "TCP", "port": PORT}],
+                }
+            ],
+        },
+    }
+
+
 def run_server_manifests(cluster: ClusterSettings, *, run_id: str, namespace: str, model_path: str) -> list[dict]:
-    """The ConfigMap, Deployment and Service of run ``run_id``'s server on the stage's starting model ``model_path``
-    (as the trainer sees it, on the models claim), from the cluster settings."""
+    """The NetworkPolicy, ConfigMap, Deployment and Service of run ``run_id``'s server on the stage's starting model
+    ``model_path`` (as the trainer sees it, on the models claim), from the cluster settings. The NetworkPolicy comes
+    first (created before the server's pod exists, deleted after it is gone): only the pods labelled with this run's
+    id (the training job's) reach the server."""
     if not model_path.startswith(MODEL_MOUNT + "/"):
         raise ValueError(
             f"grpo_generation_backend vllm-server with no grpo_vllm_server_url: the train step's vLLM server reads "
             f"the grpo stage's starting model from the models claim ({MODEL_MOUNT}), and {model_path!r} is not "
             "there: train an earlier stage (sft) first, or start your own server and set grpo_vllm_server_url"
         )
-    return server_manifests(
-        server_name(run_id),
+    name = server_name(run_id)
+    selector = {"app.kubernetes.io/name": "grpo-vllm-server", "app.kubernetes.io/instance": name}
+    policy = network_policy(name, namespace, selector, {RUN_ID_LABEL: run_id}, {RUN_ID_LABEL: run_id})
+    return [policy] + server_manifests(
+        name,
         namespace,
         cluster.grpo_vllm_image,
         model_path,
@@ -228,6 +271,7 @@ def generation_server(
     record_objects(model_root, run_id, GRPO_SERVER_RECORD, manifests)
     core, apps = k8s.CoreV1Api(api_client), k8s.AppsV1Api(api_client)
     create = {
+        "NetworkPolicy": k8s.NetworkingV1Api(api_client).create_namespaced_network_policy,
         "ConfigMap": core.create_namespaced_config_map,
         "Deployment": apps.create_namespaced_deployment,
         "Service": core.create_namespaced_service,

@@ -39,6 +39,7 @@ KEYS = {
     "ConfigMap": ("", "v1", "configmaps", NS, f"{NAME}-engine"),
     "Deployment": ("apps", "v1", "deployments", NS, NAME),
     "Service": ("", "v1", "services", NS, NAME),
+    "NetworkPolicy": ("networking.k8s.io", "v1", "networkpolicies", NS, NAME),
 }
 GRPO = {
     "stages": ["sft", "grpo"],
@@ -82,8 +83,36 @@ def fast_polls(monkeypatch):
     monkeypatch.setattr(vllm_server, "POLL_SECONDS", 0.01)
 
 
+def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
+    """Issue 39: vLLM's RL routes (/pause, /update_weights, the weight-transfer group) answer anyone who reaches the
+    port, and vLLM's --api-key guards only /v1. The run's NetworkPolicy admits to the server's pod, on its port only,
+    the pods labelled with this run's id (the training job's pods are); every other pod of the cluster is refused
+    where the CNI enforces NetworkPolicy. The pod requests CPU and memory (Burstable, not the first evicted)."""
+    policy, _, deployment, service = run_server_manifests(
+        settings(grpo_vllm_server_gpus=2).cluster, run_id=RUN_ID, namespace=NS, model_path=MODEL
+    )
+    assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["name"] == NAME
+    assert _round_trip(policy, "V1NetworkPolicy") == policy
+    server_pod_labels = deployment["spec"]["template"]["metadata"]["labels"]
+    selected = policy["spec"]["podSelector"]["matchLabels"]
+    assert selected.items() <= server_pod_labels.items() and selected == service["spec"]["selector"]
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {RUN_ID_LABEL: RUN_ID}}}]  # this namespace, this run
+    assert rule["ports"] == [{"protocol": "TCP", "port": vllm_server.PORT}]
+    # The training job's pods carry the label the policy admits.
+    job = launch.training_job_for_run(
+        settings().cluster, stage="grpo", run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json"
+    )
+    for replica in job["spec"]["pytorchReplicaSpecs"].values():
+        assert replica["template"]["metadata"]["labels"][RUN_ID_LABEL] == RUN_ID
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == {"nvidia.com/gpu": "2", "cpu": "8", "memory": "32Gi"}
+    assert "cpu" not in container["resources"]["limits"] and "memory" not in container["resources"]["limits"]
+
+
 def test_the_server_is_named_labelled_and_placed_from_the_cluster_settings():
-    config_map, deployment, service = run_server_manifests(
+    _, config_map, deployment, service = run_server_manifests(
         settings().cluster, run_id=RUN_ID, namespace=NS, model_path=MODEL
     )
     assert NAME == kube.job_name_for(RUN_ID, "gen") and kube.DNS1035_LABEL.match(NAME)
@@ -126,7 +155,7 @@ def test_it_runs_while_the_block_runs_and_is_deleted_after(tmp_path):
                 {"kind": m["kind"], "namespace": NS, "name": m["metadata"]["name"]} for m in manifests
             ]
         assert not any(key in api.objects for key in KEYS.values())
-        assert len(api.requests_for("DELETE")) == 3
+        assert len(api.requests_for("DELETE")) == 4
         assert not record.exists()
 
 
@@ -209,7 +238,7 @@ def test_the_exit_handler_deletes_what_a_killed_step_left(tmp_path, monkeypatch)
         assert not any(key in api.objects for key in KEYS.values())
         assert not (tmp_path / "runs" / RUN_ID / GRPO_SERVER_RECORD).exists()
         notify_run.python_func(**kwargs, data_root=str(tmp_path))  # the record is gone: nothing more to delete
-        assert len(api.requests_for("DELETE")) == 3
+        assert len(api.requests_for("DELETE")) == 4
 
 
 @pytest.mark.parametrize("job_fails", [False, True])
@@ -293,10 +322,11 @@ def test_render_writes_the_servers_manifests_and_the_config_names_its_url(tmp_pa
     params = {**defaults(), **GRPO, "model_name_or_path": "builtin:tiny-qwen3"}
     render(params, tmp_path, namespace="team-a")
     docs = list(yaml.safe_load_all((tmp_path / "grpo-vllm-server.yaml").read_text()))
-    assert [d["kind"] for d in docs] == ["ConfigMap", "Deployment", "Service"]
-    assert _round_trip(docs[0], "V1ConfigMap") == docs[0]
-    assert _round_trip(docs[1], "V1Deployment") == docs[1]
-    assert _round_trip(docs[2], "V1Service") == docs[2]
+    assert [d["kind"] for d in docs] == ["NetworkPolicy", "ConfigMap", "Deployment", "Service"]
+    assert _round_trip(docs[0], "V1NetworkPolicy") == docs[0]
+    assert _round_trip(docs[1], "V1ConfigMap") == docs[1]
+    assert _round_trip(docs[2], "V1Deployment") == docs[2]
+    assert _round_trip(docs[3], "V1Service") == docs[3]
     sft_final = f"/mnt/models/runs/{RENDER_RUN_ID}/train/final"
     assert docs == run_server_manifests(
         settings().cluster, run_id=RENDER_RUN_ID, namespace="team-a", model_path=sft_final
