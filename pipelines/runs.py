@@ -364,9 +364,31 @@ def _run_settings(run) -> tuple[list[str], list[str], str]:
     return claims, [str(s) for s in value("image_pull_secrets") or []], str(value("serving_name") or "")
 
 
-def select(kfp_: Kfp, run_ids: list[str], older_than: timedelta | None, experiment: str | None) -> list[Doomed]:
-    """The runs cleanup takes: those named (each must have ended) and the finished ones older than ``older_than``."""
-    runs = []
+def pipeline_of(kfp_: Kfp, run) -> str | None:
+    """The name of the pipeline ``run`` ran (its spec's ``pipelineInfo.name``: inline when submitted from a package,
+    else its pipeline version's); None when the server does not say."""
+    spec = getattr(run, "pipeline_spec", None)
+    if not isinstance(spec, dict):
+        ref = getattr(run, "pipeline_version_reference", None)
+        if ref is None or not getattr(ref, "pipeline_id", None):
+            return None
+        with _step(kfp_, f"reading the pipeline of run {run.run_id}"):
+            version = kfp_.client.get_pipeline_version(ref.pipeline_id, ref.pipeline_version_id)
+        spec = getattr(version, "pipeline_spec", None)
+    info = (spec or {}).get("pipelineInfo") if isinstance(spec, dict) else None
+    return str(info["name"]) if isinstance(info, dict) and info.get("name") else None
+
+
+def select(
+    kfp_: Kfp, run_ids: list[str], older_than: timedelta | None, experiment: str | None
+) -> tuple[list[Doomed], int]:
+    """The runs cleanup takes: those named (each must have ended and be this package's pipeline's) and the finished
+    ones of this package's pipeline (``PIPELINE_NAME``) older than ``older_than``; and how many finished runs of
+    other pipelines that age were left alone. A run a later run starts from (its ``runs/<id>`` folders in the later
+    run's parameters, e.g. ``model_name_or_path``) is marked kept."""
+    from pipelines import PIPELINE_NAME
+
+    runs, others = [], 0
     for run_id in dict.fromkeys(run_ids):
         run = get_run(kfp_, run_id)
         if run.state not in FINAL_STATES:
@@ -374,20 +396,60 @@ def select(kfp_: Kfp, run_ids: list[str], older_than: timedelta | None, experime
                 f"run {run_id} is still {run.state}: cleanup takes only finished runs; "
                 f"cancel it first (python -m pipelines.runs cancel {run_id}) and wait for it to end"
             )
+        if (name := pipeline_of(kfp_, run)) != PIPELINE_NAME:
+            raise UsageError(
+                f"run {run_id} is not a run of {PIPELINE_NAME} (its pipeline: {name or 'unknown'}); cleanup deletes "
+                "only this package's runs and their folders"
+            )
         runs.append(run)
+    listed = list_runs(kfp_, experiment) if older_than is not None else []
     if older_than is not None:
         cutoff = datetime.now(UTC) - older_than
-        for run in list_runs(kfp_, experiment):
+        for run in listed:
             ended = _time(run.finished_at) or _time(run.created_at)
             if run.state in FINAL_STATES and ended and ended < cutoff and run.run_id not in run_ids:
-                runs.append(run)
+                if pipeline_of(kfp_, run) == PIPELINE_NAME:
+                    runs.append(run)
+                else:
+                    others += 1
     doomed = []
     for run in runs:
         if not _RUN_ID.fullmatch(run.run_id or ""):
             raise UsageError(f"run id {run.run_id!r} is not a KFP run id (a UUID); cleanup will not name folders by it")
         claims, secrets, serving = _run_settings(run)
         doomed.append(Doomed(run, claims, secrets, serving))
-    return doomed
+    # The namespace's listing already in hand where it was the whole namespace's; else one more listing.
+    _started_from(doomed, listed if older_than is not None and experiment is None else _all_runs(kfp_, experiment))
+    return doomed, others
+
+
+def _all_runs(kfp_: Kfp, experiment: str | None) -> list:
+    """Every run the namespace's listing gives (a later run of any experiment may start from a doomed one); the
+    experiment's where multi-user KFP needs a namespace that was not given."""
+    try:
+        return list_runs(kfp_, None)
+    except UsageError:
+        return list_runs(kfp_, experiment) if experiment else []
+
+
+def _started_from(doomed: list[Doomed], runs: list) -> None:
+    """Mark the doomed runs whose folders another run's parameters name (a later run's base model, dataset, ...)."""
+    ids = {d.run.run_id for d in doomed}
+    for other in runs:
+        if other.run_id in ids:
+            continue
+        params = json.dumps(getattr(getattr(other, "runtime_config", None), "parameters", None) or {})
+        for d in doomed:
+            if not d.kept and f"runs/{d.run.run_id}" in params:
+                d.kept = f"kept: run {other.run_id} ({other.display_name}) starts from its folders"
+
+
+def _still_final(kfp_: Kfp, going: list[Doomed]) -> None:
+    """Read each run again right before anything is deleted: one retried since it was listed is running again."""
+    for d in going:
+        run = get_run(kfp_, d.run.run_id)
+        if run.state not in FINAL_STATES:
+            d.kept = f"kept: run {d.run.run_id} is {run.state} now (retried since it was listed)"
 
 
 def cleanup_job(doomed: list[Doomed], namespace: str, image: str) -> dict:
@@ -529,6 +591,11 @@ def cleanup(
             out(f"  {d.kept}")
         elif not keep_folders:
             out("  folders: " + " ".join(d.folders()))
+    if yes:
+        _still_final(kfp_, [d for d in doomed if not d.kept])
+        for d in doomed:
+            if d.kept.startswith(f"kept: run {d.run.run_id} is "):
+                out(f"run {d.run.run_id}: {d.kept}")
     going = [d for d in doomed if not d.kept]
     if not yes:
         what = "these runs" if keep_folders else "these runs and their folders (a Job in namespace " + namespace + ")"
@@ -628,7 +695,9 @@ def _main(args) -> int:
         return 0
     from components.version import COMPONENTS_IMAGE
 
-    doomed = select(kfp_, args.run_ids, older, args.experiment)
+    doomed, others = select(kfp_, args.run_ids, older, args.experiment)
+    if others:
+        print(f"{others} finished run{'s' if others > 1 else ''} of other pipelines left alone")
     return cleanup(
         kfp_,
         doomed,

@@ -278,16 +278,71 @@ def test_cancel_terminates_a_running_run_and_leaves_a_finished_one(capsys, kfp_a
 # ------------------------------------------------------------------------------------------- cleanup
 
 
+# A run of this package's pipeline, as the API server holds one submitted from the compiled YAML (its spec inline).
+OURS = {"pipeline_spec": {"pipelineInfo": {"name": "llm-finetune"}, "root": {}}}
+
+
 def _fleet(kfp_api) -> dict[str, dict]:
     params = {"data_pvc": "team-data", "model_pvc": "team-models", "advanced_settings": {"image_pull_secrets": ["reg"]}}
     return {
         "old_ok": kfp_api.add_run(
-            state="SUCCEEDED", created_at=_ago(10), finished_at=_ago(9), runtime_config={"parameters": params}
+            **OURS, state="SUCCEEDED", created_at=_ago(10), finished_at=_ago(9), runtime_config={"parameters": params}
         ),
-        "old_failed": kfp_api.add_run(state="FAILED", created_at=_ago(30), finished_at=_ago(30)),
-        "recent": kfp_api.add_run(state="SUCCEEDED", created_at=_ago(2), finished_at=_ago(1)),
-        "old_running": kfp_api.add_run(state="RUNNING", created_at=_ago(20)),
+        "old_failed": kfp_api.add_run(**OURS, state="FAILED", created_at=_ago(30), finished_at=_ago(30)),
+        "recent": kfp_api.add_run(**OURS, state="SUCCEEDED", created_at=_ago(2), finished_at=_ago(1)),
+        "old_running": kfp_api.add_run(**OURS, state="RUNNING", created_at=_ago(20)),
     }
+
+
+def test_cleanup_takes_only_this_pipelines_runs(capsys, kfp_api, token):
+    """Issue 39: in single-user KFP every run on the server is in the listing; --older-than takes only runs of this
+    package's pipeline (llm-finetune), and a run of another pipeline named by id is refused."""
+    fleet = _fleet(kfp_api)
+    theirs = kfp_api.add_run(
+        pipeline_spec={"pipelineInfo": {"name": "team-b-etl"}, "root": {}},
+        state="SUCCEEDED",
+        created_at=_ago(40),
+        finished_at=_ago(40),
+    )
+    code, out, _ = _main(capsys, "cleanup", "--older-than", "7d", "--host", kfp_api.url)
+    assert code == 0 and theirs["run_id"] not in out and fleet["old_ok"]["run_id"] in out
+    assert "1 finished run of other pipelines left alone" in out
+    code, _, err = _main(capsys, "cleanup", theirs["run_id"], "--yes", "--keep-folders", "--host", kfp_api.url)
+    assert code == 2 and "not a run of llm-finetune (its pipeline: team-b-etl)" in err
+    assert theirs["run_id"] in kfp_api.runs
+
+
+def test_cleanup_keeps_a_run_whose_model_a_later_run_starts_from(capsys, kfp_api, token):
+    """A later run (in any state) whose base model is the earlier run's export keeps the earlier run's folders."""
+    fleet = _fleet(kfp_api)
+    base = fleet["old_ok"]["run_id"]
+    later = kfp_api.add_run(
+        **OURS,
+        display_name="continued",
+        state="RUNNING",
+        created_at=_ago(1),
+        runtime_config={"parameters": {"model_name_or_path": f"/mnt/models/runs/{base}/train/final"}},
+    )
+    code, out, _ = _main(capsys, "cleanup", "--older-than", "7d", "--yes", "--keep-folders", "--host", kfp_api.url)
+    assert code == 0 and f"kept: run {later['run_id']} (continued) starts from its folders" in out
+    assert base in kfp_api.runs and fleet["old_failed"]["run_id"] not in kfp_api.runs
+
+
+def test_cleanup_rereads_each_run_before_deleting_it(capsys, kfp_api, token, monkeypatch):
+    """A run retried between the listing and the deletion is running again: it is kept."""
+    fleet = _fleet(kfp_api)
+    retried = fleet["old_failed"]["run_id"]
+    real_select = R.select
+
+    def select_then_retry(*args, **kwargs):
+        doomed = real_select(*args, **kwargs)
+        kfp_api.runs[retried]["state"] = "RUNNING"  # someone pressed Retry in the KFP UI
+        return doomed
+
+    monkeypatch.setattr(R, "select", select_then_retry)
+    code, out, _ = _main(capsys, "cleanup", "--older-than", "7d", "--yes", "--keep-folders", "--host", kfp_api.url)
+    assert code == 0 and f"kept: run {retried} is RUNNING now" in out
+    assert retried in kfp_api.runs and fleet["old_ok"]["run_id"] not in kfp_api.runs
 
 
 def test_cleanup_is_a_dry_run_by_default_and_takes_only_old_finished_runs(capsys, kfp_api, token):
