@@ -13,14 +13,7 @@ ARGS = [
     "run-1",
     "--config-path",
     "/mnt/models/runs/run-1/train/c.json",
-    "--num-nodes",
-    "2",
-    "--gpus-per-node",
-    "8",
-    "--data-pvc",
-    "d",
-    "--model-pvc",
-    "m",
+    *["-p", "num_nodes=2", "-p", "gpus_per_node=8", "-p", "data_pvc=d", "-p", "model_pvc=m"],
     "--namespace",
     "team",
     "--dry-run",
@@ -28,7 +21,7 @@ ARGS = [
 
 
 def test_dry_run_renders_the_metrics_port_and_langfuse_references():
-    result = run_module(*ARGS, "--metrics-port", "9555", "--langfuse-secret", "team-langfuse")
+    result = run_module(*ARGS, "-p", "metrics_port=9555", "-p", "langfuse_secret=team-langfuse")
     assert result.returncode == 0, result.stderr
     job = yaml.safe_load(result.stdout)
     template = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]
@@ -46,4 +39,4 @@ def test_defaults_serve_on_9410_and_help_names_the_watch():
         == "9410"
     )
     help_text = run_module("components.train.launcher", "--help").stdout
-    assert "--prometheus-url" in help_text and "--gpu-util-threshold" in help_text
+    assert "prometheus_url" in help_text and "GPU watch" in help_text  # the settings that turn it on

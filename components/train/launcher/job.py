@@ -1,8 +1,6 @@
 """The launcher: create (or re-attach to) the PyTorchJob or TrainJob, follow it to the end, report, re-run or raise.
 
-    python -m components.train.launcher --run-id RUN --config-path /mnt/models/runs/RUN/train/train_config.json \\
-        --num-nodes 2 --gpus-per-node 8 --data-pvc llm-data --model-pvc llm-models [--backend trainjob] \\
-        [--job-restarts 2] [--pending-timeout 900] [--dry-run]
+    python -m components.train.launcher --run-id RUN --params my.yaml -p num_nodes=2 -p job_restarts=2 [--dry-run]
 
 A launcher is never fire-and-forget: the job's name comes from the run id, so a retried launcher pod finds
 the job it created instead of starting a second one; pods that cannot start (bad image, missing config,
@@ -237,6 +235,24 @@ def run_training_job(
         return runner.follow(poll)
 
 
+# Settings a TrainJob cannot carry: Trainer v2 keeps them in the ClusterTrainingRuntime (gang scheduling too, through
+# the runtime's podGroupPolicy, which preflight checks).
+TRAINJOB_RUNTIME_SETTINGS = ("priority_class", "min_nodes")
+
+
+def trainjob_conflicts(cluster) -> list[str]:
+    """One error per setting of ``TRAINJOB_RUNTIME_SETTINGS`` set with ``train_backend=trainjob`` (validate_inputs
+    lists them; ``training_job_for_run`` refuses them rather than drop them)."""
+    if cluster.train_backend != "trainjob":
+        return []
+    return [
+        f"{name} with train_backend=trainjob: set it in the ClusterTrainingRuntime (Trainer v2 keeps it there), or "
+        "use train_backend=pytorchjob"
+        for name in TRAINJOB_RUNTIME_SETTINGS
+        if getattr(cluster, name)
+    ]
+
+
 def training_job_for_run(
     cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft", trainer_version: str | None = None
 ) -> dict:
@@ -283,6 +299,8 @@ def training_job_for_run(
         image_pull_secrets=list(c.image_pull_secrets) or None,
     )
     if c.train_backend == "trainjob":
+        if conflicts := trainjob_conflicts(c):
+            raise ValueError("; ".join(conflicts))
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
         version: dict[str, Any] = {"trainer_version": trainer_version} if trainer_version else {}
         return trainjob_for_run(**common, **version, runtime=c.trainjob_runtime)

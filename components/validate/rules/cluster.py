@@ -325,14 +325,7 @@ def check_cluster_settings(s: Settings) -> list[str | None]:
         errors.append(
             name_error("trainjob_runtime", c.trainjob_runtime, DNS1123_SUBDOMAIN, 253, "ClusterTrainingRuntime name")
         )
-        # gang_scheduling is not among these: the runtime's podGroupPolicy does it, which preflight checks.
-        for name, value in (
-            ("priority_class", c.priority_class),
-            ("min_nodes", c.min_nodes),
-        ):
-            if value:
-                errors.append(
-                    f"{name} with train_backend=trainjob: set it in the ClusterTrainingRuntime "
-                    "(Trainer v2 keeps it there), or use train_backend=pytorchjob"
-                )
+        from components.train.launcher.job import trainjob_conflicts  # the builder's own rule
+
+        errors += trainjob_conflicts(c)
     return errors

@@ -24,14 +24,7 @@ CLI = [
     RUN_ID,
     "--config-path",
     "/mnt/models/runs/x/train_config.json",
-    "--gpus-per-node",
-    "8",
-    "--num-nodes",
-    "2",
-    "--data-pvc",
-    "llm-data",
-    "--model-pvc",
-    "llm-models",
+    *["-p", "gpus_per_node=8", "-p", "num_nodes=2", "-p", "data_pvc=llm-data", "-p", "model_pvc=llm-models"],
     "--namespace",
     NS,
 ]
@@ -69,7 +62,7 @@ def test_pending_timeout_gives_up_on_an_unschedulable_pod(tmp_path):
                 api.add_pod(NS, MASTER, JOB_LABELS, unschedulable=why) if (NS, MASTER) not in api.pods else None
             ),
         )
-        proc = launch(api, tmp_path, "--pending-timeout", "0")  # no autoscaler: fail as soon as it is seen
+        proc = launch(api, tmp_path, "-p", "pending_timeout_seconds=0")  # no autoscaler: fail as soon as it is seen
         assert len(api.requests_for("DELETE", f"/pytorchjobs/{NAME}")) == 1
     assert proc.returncode == 1, proc.stderr
     assert proc.stderr.startswith(f"error: PyTorchJob {NS}/{NAME} cannot start: pod {MASTER} could not be scheduled")
@@ -90,7 +83,7 @@ def test_job_restarts_0_reports_a_retriable_failure_without_re_running(tmp_path)
 
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", evicted_at_once)
-        proc = launch(api, tmp_path, "--job-restarts", "0")
+        proc = launch(api, tmp_path, "-p", "job_restarts=0")
         assert len(api.requests_for("POST")) == 1 and api.requests_for("DELETE") == []
     assert proc.returncode == 1, proc.stderr
     assert f"cause: pod {WORKER} was Evicted: The node was low on resource: memory." in proc.stderr
@@ -98,12 +91,12 @@ def test_job_restarts_0_reports_a_retriable_failure_without_re_running(tmp_path)
 
 
 def test_negative_limits_exit_2_with_one_error_line_before_any_request(tmp_path):
-    for flag, error in (
-        ("--job-restarts", "job_restarts must be >= 0, got -1"),
-        ("--pending-timeout", "pending_timeout_seconds must be >= 0, got -1.0"),
+    for setting, error in (
+        ("job_restarts", "job_restarts must be >= 0, got -1"),
+        ("pending_timeout_seconds", "pending_timeout_seconds must be >= 0, got -1"),
     ):
         with FakeKubeAPI() as api:
-            proc = launch(api, tmp_path, flag, "-1")
+            proc = launch(api, tmp_path, "-p", f"{setting}=-1")
             assert api.requests == []
         assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {error}"]
 
@@ -117,4 +110,5 @@ def test_help_documents_the_restart_and_pending_limits():
         timeout=60,
     )
     assert proc.returncode == 0
-    assert "--job-restarts N" in proc.stdout and "--pending-timeout SECONDS" in proc.stdout
+    # The limits are settings, taken by name as pipelines.run takes them.
+    assert "-p KEY=VALUE" in proc.stdout and "job_restarts" in proc.stdout and "pending_timeout_seconds" in proc.stdout

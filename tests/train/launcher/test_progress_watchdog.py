@@ -259,7 +259,8 @@ def test_the_watchdog_and_the_alert_use_the_one_stall_limit():
     assert limit == 45 * 60
     # The launcher's default, the CLI's and the train step's: the setting.
     assert inspect.signature(run_training_job).parameters["stall_timeout_seconds"].default == limit
-    assert launcher_cli.make_parser().get_default("stall_timeout") == limit
+    cli = launcher_cli.settings_of(launcher_cli.make_parser().parse_args(["--run-id", "r"]))
+    assert cli.cluster.stall_timeout_seconds == limit
     assert "stall_timeout_seconds=s.cluster.stall_timeout_seconds" in (ROOT / "components/train/run.py").read_text()
     # The Prometheus rule: the same number of seconds, and its summary says as many minutes.
     (doc,) = [d for d in yaml.safe_load_all((ROOT / "manifests/monitoring/prometheusrule.yaml").read_text()) if d]

@@ -632,19 +632,14 @@ CLI = [
     RUN_ID,
     "--config-path",
     "/mnt/models/runs/x/train_config.json",
-    "--gpus-per-node",
-    "8",
-    "--data-pvc",
-    "llm-data",
-    "--model-pvc",
-    "llm-models",
+    *["-p", "gpus_per_node=8", "-p", "data_pvc=llm-data", "-p", "model_pvc=llm-models"],
     "--namespace",
     NS,
 ]
 
 
 def test_dry_run_prints_the_manifest_and_touches_nothing():
-    proc = run_cli(*CLI, "--num-nodes", "2", "--node-selector", '{"pool": "h100"}', "--dry-run")
+    proc = run_cli(*CLI, "-p", "num_nodes=2", "-p", 'node_selector={"pool": "h100"}', "--dry-run")
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load(proc.stdout)
     assert job["metadata"]["name"] == NAME and job["metadata"]["namespace"] == NS
@@ -656,9 +651,9 @@ def test_dry_run_prints_the_manifest_and_touches_nothing():
 @pytest.mark.parametrize(
     "bad,field",
     [
-        (["--num-nodes", "0"], "num_nodes"),
-        (["--num-nodes", "1", "--tolerations", "{not json"], "--tolerations"),
-        (["--num-nodes", "1", "--node-selector", "[]"], "--node-selector"),
+        (["-p", "num_nodes=0"], "num_nodes"),
+        (["-p", "num_nodes=1", "-p", "tolerations={not json"], "tolerations"),
+        (["-p", "num_nodes=1", "-p", "node_selector=[]"], "node_selector"),
     ],
 )
 def test_bad_input_exits_2_with_one_error_line(bad, field):

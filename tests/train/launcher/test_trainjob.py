@@ -274,16 +274,10 @@ CLI = [
     RUN_ID,
     "--config-path",
     "/mnt/models/runs/x/train_config.json",
-    "--gpus-per-node",
-    "8",
-    "--data-pvc",
-    "llm-data",
-    "--model-pvc",
-    "llm-models",
+    *["-p", "gpus_per_node=8", "-p", "data_pvc=llm-data", "-p", "model_pvc=llm-models"],
     "--namespace",
     NS,
-    "--num-nodes",
-    "2",
+    *["-p", "num_nodes=2"],
 ]
 
 
@@ -294,16 +288,16 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_dry_run_prints_the_trainjob():
-    proc = run_cli(*CLI, "--backend", "trainjob", "--queue-name", "h100", "--dry-run")
+    proc = run_cli(*CLI, "-p", "train_backend=trainjob", "-p", "queue_name=h100", "--dry-run")
     assert proc.returncode == 0, proc.stderr
     job = yaml.safe_load(proc.stdout)
     assert job["kind"] == "TrainJob" and job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == "h100"
     assert crd_errors(job, CRD) == []
 
 
-def test_pytorchjob_only_flags_are_refused_for_a_trainjob():
-    proc = run_cli(*CLI, "--backend", "trainjob", "--min-nodes", "1", "--dry-run")
-    assert proc.returncode == 2 and proc.stderr.startswith("error: --min-nodes")
+def test_pytorchjob_only_settings_are_refused_for_a_trainjob():
+    proc = run_cli(*CLI, "-p", "train_backend=trainjob", "-p", "min_nodes=1", "--dry-run")
+    assert proc.returncode == 2 and proc.stderr.startswith("error: min_nodes with train_backend=trainjob")
 
 
 def test_pods_have_time_to_save_a_checkpoint_when_evicted():

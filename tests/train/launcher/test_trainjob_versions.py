@@ -277,18 +277,10 @@ def test_dry_run_renders_for_the_release_named():
         RUN_ID,
         "--config-path",
         "/mnt/models/c.json",
-        "--gpus-per-node",
-        "8",
-        "--num-nodes",
-        "2",
-        "--data-pvc",
-        "llm-data",
-        "--model-pvc",
-        "llm-models",
+        *["-p", "gpus_per_node=8", "-p", "num_nodes=2", "-p", "data_pvc=llm-data", "-p", "model_pvc=llm-models"],
         "--namespace",
         NS,
-        "--backend",
-        "trainjob",
+        *["-p", "train_backend=trainjob"],
         "--dry-run",
     ]
 
@@ -305,7 +297,7 @@ def test_dry_run_renders_for_the_release_named():
     proc = run("--trainer-version", "v2.1")
     assert proc.returncode == 0, proc.stderr
     assert crd_errors(yaml.safe_load(proc.stdout), CRDS[TRAINER_V2_1]) == []
-    proc = run("--trainer-version", "v2.1", "--active-deadline-seconds", "60")
+    proc = run("--trainer-version", "v2.1", "-p", "active_deadline_seconds=60")
     assert proc.returncode == 2 and proc.stderr.startswith("error: active_deadline_seconds=60: Trainer v2.1")
 
 
