@@ -11,7 +11,7 @@ finding near-duplicates over sparing false candidates, and a threshold above wha
 permutations) still works. The first of a group is kept: rows are taken in reading order (training sources, then
 eval sources), so an eval row that nearly repeats a training row is dropped rather than leaking it.
 
-``datasketch`` is imported only when the threshold is set (it is in the ``local`` extra).
+``datasketch`` is imported only when the threshold is set (a core dependency: pyproject.toml).
 """
 
 from __future__ import annotations

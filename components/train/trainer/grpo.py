@@ -16,8 +16,9 @@ The same entry point as every stage (__main__.py), and the same model loading, c
   the reference (the stage's starting model: TRL keeps a frozen copy for full fine-tuning, and uses the adapter-off
   model for LoRA). ``per_device_train_batch_size`` counts completions: TRL's generation batch, micro-batch x
   accumulation x processes, must hold whole groups (validate_inputs checks it).
-- Generation: transformers' ``generate`` in the training processes on a laptop; on GPUs with vllm installed (the
-  trainer image), TRL's vLLM colocate mode (grpo_arguments.vllm_colocate): an engine in each rank shares its GPU.
+- Generation: transformers' ``generate`` in the training processes, on a laptop and in the trainer image alike (it
+  has no vllm: components/estimate/memory.py TRAINER_IMAGE_HAS_VLLM); on GPUs where vllm is installed, TRL's vLLM
+  colocate mode (grpo_arguments.vllm_colocate): an engine in each rank shares its GPU.
   With ``grpo_generation_backend=vllm-server``, a vLLM server of its own (vllm_server.py): each rank's completions come
   from it, and the trainer pushes its weights to it every ``grpo_weight_sync_steps`` steps
   (GRPOCheckpointTrainer._generate_single_turn).

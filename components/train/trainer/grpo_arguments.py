@@ -17,8 +17,8 @@ GRPO_DERIVED = {
     "beta": "grpo_beta",
     "temperature": "grpo_temperature",
     "reward_weights": "grpo_rewards",
-    "use_vllm": "the trainer image (CUDA and vllm present)",
-    "vllm_mode": "the trainer image",
+    "use_vllm": "the machine (CUDA and vllm present; the trainer image has no vllm)",
+    "vllm_mode": "the machine (vllm_colocate)",
 }
 
 
@@ -43,7 +43,7 @@ class GRPOStageConfig(GRPOConfig, SFTConfig):
 def vllm_colocate() -> dict:
     """TRL's generation backend for this machine: vLLM inside the training processes (``vllm_mode="colocate"``: each
     rank's engine shares its GPU, ``vllm_gpu_memory_utilization`` of it, TRL 1.16's default 0.3) where CUDA and vllm
-    are present (the trainer image on a cluster), else transformers' ``generate`` (a laptop)."""
+    are present (an image that adds vllm; the package's trainer image has none), else transformers' ``generate``."""
     import torch
 
     if torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None:
