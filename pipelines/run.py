@@ -182,13 +182,22 @@ def submit_run(args, params: dict, preset: str) -> dict:
     }
 
 
-# What follows a submitted run, in pipelines/runs.py: ``python -m pipelines.run status RUN_ID`` hands over to it.
-RUN_COMMANDS = ("status", "wait", "list", "cancel", "cleanup")
+# What follows a submitted run, in pipelines/runs.py: ``python -m pipelines.run status RUN_ID`` hands over to it
+# (``schedules``: to pipelines/schedules.py, ``logs``: to pipelines/logs.py).
+RUN_COMMANDS = ("status", "wait", "list", "cancel", "cleanup", "schedules", "logs")
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m pipelines.run``; returns the exit code (2 for bad input)."""
     argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "schedules":
+        from pipelines import schedules
+
+        return schedules.main(argv[1:])
+    if argv and argv[0] == "logs":
+        from pipelines import logs
+
+        return logs.main(argv[1:])
     if argv and argv[0] in RUN_COMMANDS:
         from pipelines import runs
 

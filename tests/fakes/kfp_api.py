@@ -248,7 +248,11 @@ class FakeKfpApi:
             ("POST", re.compile(rf"{API}/runs/(?P<run_id>[^/:]+):terminate"), self._terminate_run),
             ("POST", re.compile(rf"{API}/runs/(?P<run_id>[^/:]+):archive"), self._archive_run),
             ("POST", re.compile(rf"{API}/recurringruns"), self._create_recurring_run),
-            ("GET", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/]+)"), self._get_recurring_run),
+            ("GET", re.compile(rf"{API}/recurringruns"), self._list_recurring_runs),
+            ("GET", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/:]+)"), self._get_recurring_run),
+            ("DELETE", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/:]+)"), self._delete_recurring_run),
+            ("POST", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/:]+):enable"), self._enable_recurring),
+            ("POST", re.compile(rf"{API}/recurringruns/(?P<recurring_run_id>[^/:]+):disable"), self._disable_recurring),
         ]
 
     # ------------------------------------------------------------------------------ test helpers
@@ -269,6 +273,23 @@ class FakeKfpApi:
         with self._lock:
             self.runs[run["run_id"]] = run
         return run
+
+    def add_recurring_run(self, **fields: Any) -> dict[str, Any]:
+        """Store a recurring run as the API server would hold one created earlier (``fields``: v2beta1RecurringRun
+        fields, checked against the spec; enabled, every day at 02:00, by default). Returns the stored one."""
+        defaults = {
+            "recurring_run_id": str(uuid.uuid4()),
+            "display_name": "nightly",
+            "created_at": _now(),
+            "mode": "ENABLE",
+            "status": "ENABLED",
+            "max_concurrency": "1",
+            "trigger": {"cron_schedule": {"cron": "0 0 2 * * *"}},
+        }
+        recurring = self.schemas.parse("v2beta1RecurringRun", {**defaults, **fields})
+        with self._lock:
+            self.recurring_runs[recurring["recurring_run_id"]] = recurring
+        return recurring
 
     def operation_of(self, request: LoggedRequest) -> str:
         """The swagger operationId the request calls; AssertionError when the spec has no such path and method or the
@@ -545,6 +566,41 @@ class FakeKfpApi:
 
     def _get_recurring_run(self, recurring_run_id: str, **_: Any) -> dict[str, Any]:
         return _lookup(self.recurring_runs, recurring_run_id, "RecurringRun")
+
+    def _list_recurring_runs(self, query: dict[str, str], **_: Any) -> dict[str, Any]:
+        """ListRecurringRuns: by experiment or namespace (required in multi-user mode, as for runs), newest first
+        with ``sort_by`` "created_at desc", in pages (the token is the next page's offset)."""
+        found = list(self.recurring_runs.values())
+        if query.get("experiment_id"):
+            found = [r for r in found if r.get("experiment_id") == query["experiment_id"]]
+        elif self.multi_user:
+            if not query.get("namespace"):
+                raise _bad("In multi-user mode, ListRecurringRuns requires filtering by namespace or experiment")
+            found = [r for r in found if r.get("namespace") == query["namespace"]]
+        field, _, order = (query.get("sort_by") or "created_at").partition(" ")
+        found.sort(key=lambda r: str(r.get(field, "")), reverse=order == "desc")
+        size = int(query.get("page_size") or 0) or 20
+        start = int(query.get("page_token") or 0)
+        page = _page("recurringRuns", found[start : start + size])
+        if start + size < len(found):
+            page["next_page_token"] = str(start + size)
+        page["total_size"] = len(found)
+        return page
+
+    def _delete_recurring_run(self, recurring_run_id: str, **_: Any) -> dict[str, Any]:
+        _lookup(self.recurring_runs, recurring_run_id, "RecurringRun")
+        del self.recurring_runs[recurring_run_id]
+        return {}
+
+    def _enable_recurring(self, recurring_run_id: str, **_: Any) -> dict[str, Any]:
+        found = _lookup(self.recurring_runs, recurring_run_id, "RecurringRun")
+        found.update(mode="ENABLE", status="ENABLED", updated_at=_now())
+        return {}
+
+    def _disable_recurring(self, recurring_run_id: str, **_: Any) -> dict[str, Any]:
+        found = _lookup(self.recurring_runs, recurring_run_id, "RecurringRun")
+        found.update(mode="DISABLE", status="DISABLED", updated_at=_now())
+        return {}
 
     def _check_run_target(self, run: dict[str, Any]) -> None:
         """The API server's checks of a run's experiment, pipeline version and parameters."""
