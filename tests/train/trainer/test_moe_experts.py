@@ -64,3 +64,53 @@ def test_every_choice_loads():
         assert resolved == ("grouped_mm" if name == LIGER_EXPERTS else name)
         model = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**TINY_MOE), experts_implementation=resolved)
         assert model.config._experts_implementation == resolved
+
+
+@pytest.mark.slow
+def test_compiled_experts_train_under_zero3_and_fsdp2_as_grouped_mm_does_and_export_the_same_format(tmp_path):
+    """Through the trainer's entry point on 2 CPU ranks (gloo): ZeRO-3 (the MoE block a leaf, its hooks outside the
+    compiled function) and FSDP2 (parallelism hsdp) with grouped_mm_compiled end with grouped_mm's losses, eval_loss
+    and exported weights, under the same names (the checkpoint and export formats do not change)."""
+    import json
+    import sys
+
+    from safetensors.torch import load_file
+
+    from components.train.config import deepspeed_config_path
+    from components.train.launcher.local import run_torchrun
+    from tests.helpers.repo import ROOT
+    from tests.helpers.trainer import trainer_config
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import netns_bytes
+
+    model = netns_bytes.make_moe(tmp_path)
+
+    def run(name: str, **over) -> tuple[dict, dict]:
+        cfg = trainer_config(
+            tmp_path,
+            name,
+            model_name_or_path=str(model),
+            max_steps=2,
+            save_steps=2,
+            logging_steps=1,
+            per_device_train_batch_size=1,
+            gradient_accumulation_steps=2,
+            **over,
+        )
+        run_torchrun(cfg, nproc_per_node=2)
+        (weights,) = (tmp_path / name / "final").glob("*.safetensors")
+        return json.loads((tmp_path / name / "metrics.json").read_text()), load_file(weights)
+
+    zero3 = {"deepspeed": deepspeed_config_path("zero3")}
+    reference, reference_weights = run("z3-grouped", **zero3)
+    for name, over in (
+        ("z3-compiled", {**zero3, "moe_experts_implementation": "grouped_mm_compiled"}),
+        ("hsdp-compiled", {"parallelism": "hsdp", "moe_experts_implementation": "grouped_mm_compiled"}),
+    ):
+        metrics, weights = run(name, **over)
+        for key in ("final_train_loss", "eval_loss"):
+            assert metrics[key] == pytest.approx(reference[key], rel=1e-5), (name, key, metrics, reference)
+        assert sorted(weights) == sorted(reference_weights), name
+        for key, value in reference_weights.items():
+            torch.testing.assert_close(weights[key], value, rtol=1e-4, atol=1e-5, msg=f"{name}: {key}")
