@@ -43,6 +43,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from moe_layer_bench import TINY_CONFIG  # noqa: E402  (this folder: sys.path[0] when run as a script)
+
 from components.models.mfu import causal_attention_length, model_flops_per_token  # noqa: E402
 from components.models.shape import load_architecture, model_shape  # noqa: E402
 
@@ -53,18 +55,8 @@ VARIANTS = {  # name: (moe_experts_implementation, experts kept of 128)
     "ep8-share": ("grouped_mm", 16),
     "ep8-share-compiled": ("grouped_mm_compiled", 16),
 }
-TINY = {
-    "vocab_size": 2048,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "num_experts": 8,
-    "num_experts_per_tok": 2,
-    "moe_intermediate_size": 32,
-    "norm_topk_prob": True,
-}
+# --tiny: the CPU smoke model of benchmarks/moe_layer_bench.py, its layer count set by --layers.
+TINY = {k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type", "num_hidden_layers")}
 
 
 def packed_positions(rows: int, seq: int, seed: int = 0) -> list[list[int]]:

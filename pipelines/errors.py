@@ -13,6 +13,21 @@ class UsageError(Exception):
     """
 
 
+def exit_code(command) -> int:
+    """Run ``command`` (no arguments; returns the exit code) as a command line does: a UsageError is ``error: ...``
+    on stderr and exit 2, a RuntimeError (a server's refusal, a failed step) ``error: ...`` and exit 1."""
+    import sys
+
+    try:
+        return command()
+    except UsageError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+
+
 def write_failure(exc: OSError, path) -> str:
     """What a failed write of ``path`` says: the reason, and for a full disk ENOSPC and the bytes free there."""
     if exc.errno == errno.ENOSPC:

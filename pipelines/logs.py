@@ -12,10 +12,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, exit_code
 from pipelines.runs import FINAL_STATES, connect, get_run, tasks_of
 
 STEP_CONTAINER = "main"  # KFP v2's executor container in every step's pod
@@ -79,19 +78,17 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m pipelines.run logs ...``; the exit code (2 for bad input, 1 for a server's refusal)."""
+    """``python -m pipelines.run logs ...``; the exit code (2 for bad input, 1 for a server's refusal, 130 stopped)."""
     args = make_parser().parse_args(argv)
-    try:
+
+    def show() -> int:
         kfp_ = connect(args.host, args.namespace)
         namespace = args.namespace or kfp_.namespace or "kubeflow"
         return show_logs(
             kfp_, args.run_id, step=args.step, follow=args.follow, namespace=namespace, interval=args.interval
         )
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+
+    try:
+        return exit_code(show)
     except KeyboardInterrupt:
         return 130

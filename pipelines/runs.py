@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
-from pipelines.errors import UsageError
+from pipelines.errors import UsageError, exit_code
 
 if TYPE_CHECKING:  # kfp and the Kubernetes client cost a second to import: --help and bad input never pay it
     import kfp
@@ -166,26 +166,32 @@ def experiment_id(kfp_: Kfp, name: str) -> str:
 
 def list_runs(kfp_: Kfp, experiment: str | None = None) -> list:
     """Every run (newest first) of ``experiment``, or of the namespace; all pages."""
+    return all_pages(kfp_, "runs", kfp_.client.list_runs, experiment)
+
+
+def all_pages(kfp_: Kfp, what: str, list_page, experiment: str | None) -> list:
+    """Every item (newest first) a KFP List call gives for ``experiment``, or for the namespace, page by page:
+    ``list_page`` is the client's method (list_runs, list_recurring_runs) and ``what`` its response's field."""
     if kfp_.multi_user and not kfp_.namespace and not experiment:
         raise UsageError(
             f"KFP at {kfp_.host} runs in multi-user mode; pass --namespace (your Kubeflow profile's namespace)"
         )
     exp_id = experiment_id(kfp_, experiment) if experiment else None
-    runs: list = []
+    items: list = []
     token = ""
     while True:
-        with _step(kfp_, "listing runs"):
-            page = kfp_.client.list_runs(
+        with _step(kfp_, f"listing {what.replace('_', ' ')}"):
+            page = list_page(
                 page_token=token,
                 page_size=_PAGE_SIZE,
                 sort_by="created_at desc",
                 experiment_id=exp_id,
                 namespace=kfp_.namespace,
             )
-        runs += page.runs or []
+        items += getattr(page, what) or []
         token = page.next_page_token or ""
         if not token:
-            return runs
+            return items
 
 
 # ------------------------------------------------------------------------------------------------ reading runs
@@ -656,14 +662,7 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``python -m pipelines.runs``; returns the exit code (2 for bad input)."""
     args = make_parser().parse_args(argv)
-    try:
-        return _main(args)
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return exit_code(lambda: _main(args))
 
 
 def _main(args) -> int:

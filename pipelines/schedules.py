@@ -13,37 +13,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from collections.abc import Callable
 
-from pipelines.errors import UsageError
-from pipelines.runs import _PAGE_SIZE, Kfp, _step, _when, connect, experiment_id
+from pipelines.errors import UsageError, exit_code
+from pipelines.runs import Kfp, _step, _when, all_pages, connect
 
 ACTIONS = ("pause", "resume", "delete")
 
 
 def list_schedules(kfp_: Kfp, experiment: str | None = None) -> list:
     """Every recurring run (newest first) of ``experiment``, or of the namespace; all pages."""
-    if kfp_.multi_user and not kfp_.namespace and not experiment:
-        raise UsageError(
-            f"KFP at {kfp_.host} runs in multi-user mode; pass --namespace (your Kubeflow profile's namespace)"
-        )
-    exp_id = experiment_id(kfp_, experiment) if experiment else None
-    found: list = []
-    token = ""
-    while True:
-        with _step(kfp_, "listing schedules"):
-            page = kfp_.client.list_recurring_runs(
-                page_token=token,
-                page_size=_PAGE_SIZE,
-                sort_by="created_at desc",
-                experiment_id=exp_id,
-                namespace=kfp_.namespace,
-            )
-        found += page.recurring_runs or []
-        token = page.next_page_token or ""
-        if not token:
-            return found
+    return all_pages(kfp_, "recurring_runs", kfp_.client.list_recurring_runs, experiment)
 
 
 def cron_of(schedule) -> str:
@@ -118,22 +98,19 @@ def make_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``python -m pipelines.run schedules ...``; the exit code (2 for bad input, 1 for a server's refusal)."""
     args = make_parser().parse_args(argv)
-    try:
-        if (args.action == "list") == bool(args.schedule_id):
-            raise UsageError(
-                "schedules list takes no SCHEDULE_ID"
-                if args.schedule_id
-                else f"schedules {args.action} needs a SCHEDULE_ID (python -m pipelines.run schedules list shows them)"
-            )
-        kfp_ = connect(args.host, args.namespace)
-        if args.action == "list":
-            print_schedules(list_schedules(kfp_, args.experiment))
-        else:
-            print(act(kfp_, args.action, args.schedule_id))
-        return 0
-    except UsageError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
+    return exit_code(lambda: _main(args))
+
+
+def _main(args) -> int:
+    if (args.action == "list") == bool(args.schedule_id):
+        raise UsageError(
+            "schedules list takes no SCHEDULE_ID"
+            if args.schedule_id
+            else f"schedules {args.action} needs a SCHEDULE_ID (python -m pipelines.run schedules list shows them)"
+        )
+    kfp_ = connect(args.host, args.namespace)
+    if args.action == "list":
+        print_schedules(list_schedules(kfp_, args.experiment))
+    else:
+        print(act(kfp_, args.action, args.schedule_id))
+    return 0

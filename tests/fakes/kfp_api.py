@@ -517,15 +517,7 @@ class FakeKfpApi:
             runs = [
                 r for r in runs if self.experiments.get(r.get("experiment_id", ""), {}).get("namespace") == namespace
             ]
-        field, _, order = (query.get("sort_by") or "created_at").partition(" ")
-        runs.sort(key=lambda r: str(r.get(field, "")), reverse=order == "desc")
-        size = int(query.get("page_size") or 0) or 20
-        start = int(query.get("page_token") or 0)
-        page = _page("runs", runs[start : start + size])
-        if start + size < len(runs):
-            page["next_page_token"] = str(start + size)
-        page["total_size"] = len(runs)
-        return page
+        return _sorted_page("runs", runs, query)
 
     def _delete_run(self, run_id: str, **_: Any) -> dict[str, Any]:
         _lookup(self.runs, run_id, "Run")
@@ -577,15 +569,7 @@ class FakeKfpApi:
             if not query.get("namespace"):
                 raise _bad("In multi-user mode, ListRecurringRuns requires filtering by namespace or experiment")
             found = [r for r in found if r.get("namespace") == query["namespace"]]
-        field, _, order = (query.get("sort_by") or "created_at").partition(" ")
-        found.sort(key=lambda r: str(r.get(field, "")), reverse=order == "desc")
-        size = int(query.get("page_size") or 0) or 20
-        start = int(query.get("page_token") or 0)
-        page = _page("recurringRuns", found[start : start + size])
-        if start + size < len(found):
-            page["next_page_token"] = str(start + size)
-        page["total_size"] = len(found)
-        return page
+        return _sorted_page("recurringRuns", found, query)
 
     def _delete_recurring_run(self, recurring_run_id: str, **_: Any) -> dict[str, Any]:
         _lookup(self.recurring_runs, recurring_run_id, "RecurringRun")
@@ -661,6 +645,20 @@ def _matches(resource: dict[str, Any], raw_filter: str | None) -> bool:
         if resource.get(predicate.get("key", "")) != expected:
             return False
     return True
+
+
+def _sorted_page(field: str, items: list[dict[str, Any]], query: dict[str, str]) -> dict[str, Any]:
+    """One page of ``items`` as a List call answers: ``sort_by`` ("<field>[ desc]"), ``page_size`` (default 20) from
+    ``page_token`` (the offset), a ``next_page_token`` while more are left, and the total."""
+    key, _, order = (query.get("sort_by") or "created_at").partition(" ")
+    items = sorted(items, key=lambda r: str(r.get(key, "")), reverse=order == "desc")
+    size = int(query.get("page_size") or 0) or 20
+    start = int(query.get("page_token") or 0)
+    page = _page(field, items[start : start + size])
+    if start + size < len(items):
+        page["next_page_token"] = str(start + size)
+    page["total_size"] = len(items)
+    return page
 
 
 def _page(field: str, items: list[dict[str, Any]]) -> dict[str, Any]:

@@ -5,16 +5,15 @@ Kubernetes (the fake API server, through the real client), each line once."""
 from __future__ import annotations
 
 import threading
-from pathlib import Path
 
-import kfp.client.client
 import pytest
 
 from pipelines.run import main as run_main
 from tests.fakes.k8s_api import FakeKubeAPI
-from tests.fakes.kfp_api import running_fake_kfp
 
 NS = "kubeflow"
+
+pytestmark = pytest.mark.usefixtures("isolated_kfp_client", "token")
 
 
 def _task(task_id: str, name: str, state: str, pod: str | None = None) -> dict:
@@ -26,22 +25,6 @@ TASKS = [
     _task("t1", "validate-inputs", "SUCCEEDED", "llm-finetune-x-validate"),
     _task("t2", "train-model", "RUNNING", "llm-finetune-x-train"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def isolated(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("KF_PIPELINES_SA_TOKEN_PATH", "KF_PIPELINES_UI_ENDPOINT", "KF_PIPELINES_ENDPOINT", "KFP_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("KFP_TOKEN", "t0k3n")
-    monkeypatch.setattr(kfp.client.client.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "context.json"))
-
-
-@pytest.fixture
-def kfp_api():
-    with running_fake_kfp(token="t0k3n") as api:
-        yield api
-    for request in api.requests:
-        api.operation_of(request)
 
 
 @pytest.fixture

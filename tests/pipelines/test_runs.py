@@ -11,9 +11,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
-import kfp.client.client
 import pytest
 
 from pipelines import runs as R
@@ -21,6 +19,8 @@ from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kfp_api import API, running_fake_kfp
 
 NOW = datetime.now(UTC)
+
+pytestmark = pytest.mark.usefixtures("isolated_kfp_client")
 
 
 def _ago(days: float) -> str:
@@ -44,29 +44,6 @@ FAILED_TASKS = [
         error={"code": 2, "message": "PyTorchJob sft-x failed: worker-1 OOMKilled (exit 137)"},
     ),
 ]
-
-
-@pytest.fixture(autouse=True)
-def isolated_kfp_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """Keep the developer's KFP settings out: they would change which requests kfp.Client makes."""
-    for name in ("KF_PIPELINES_SA_TOKEN_PATH", "KF_PIPELINES_UI_ENDPOINT", "KF_PIPELINES_ENDPOINT", "KFP_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("KFP_TOKEN", raising=False)
-    monkeypatch.setattr(kfp.client.client.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "context.json"))
-
-
-@pytest.fixture
-def kfp_api():
-    with running_fake_kfp(token="t0k3n") as api:
-        yield api
-    # Every request any test made is one the real API has, with query parameters it declares.
-    for request in api.requests:
-        api.operation_of(request)
-
-
-@pytest.fixture
-def token(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("KFP_TOKEN", "t0k3n")
 
 
 def _operations(api) -> list[str]:

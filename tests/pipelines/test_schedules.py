@@ -4,29 +4,11 @@ the vendored v2beta1 swagger."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import kfp.client.client
 import pytest
 
 from pipelines.run import main as run_main
-from tests.fakes.kfp_api import running_fake_kfp
 
-
-@pytest.fixture(autouse=True)
-def isolated_kfp_client(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("KF_PIPELINES_SA_TOKEN_PATH", "KF_PIPELINES_UI_ENDPOINT", "KF_PIPELINES_ENDPOINT", "KFP_HOST"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("KFP_TOKEN", "t0k3n")
-    monkeypatch.setattr(kfp.client.client.Client, "_LOCAL_KFP_CONTEXT", str(tmp_path / "context.json"))
-
-
-@pytest.fixture
-def kfp_api():
-    with running_fake_kfp(token="t0k3n") as api:
-        yield api
-    for request in api.requests:  # every request one the real API has, with query parameters it declares
-        api.operation_of(request)
+pytestmark = pytest.mark.usefixtures("isolated_kfp_client", "token")
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
