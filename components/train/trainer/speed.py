@@ -97,9 +97,9 @@ def apply_liger_kernels(model_type: str, fused_loss: bool = True, *, layers: boo
     liger``): Qwen3-MoE's experts become Liger's fused MoE (``LigerExperts``); ``liger_kernels`` alone leaves a MoE
     model's experts to ``moe_experts_implementation``, one setting for one module. Liger's fused MoE autotunes about
     200 configurations on its first call unless ``LIGER_FUSED_MOE_AUTOTUNE=0`` (Liger-Kernel PR #1248): the trainer
-    sets that default, as a step that never finished in 120 s on an H100 is what autotuning cost here
-    (issue 37). Call it before the model is built or loaded: it replaces classes and ``forward`` in transformers'
-    modules, for every model of that type this process builds afterwards.
+    sets that default: with Liger's MoE a step never finished in 120 s on an H100 (issue 37), most likely that
+    autotuning (not yet measured without it). Call it before the model is built or loaded: it replaces classes and
+    ``forward`` in transformers' modules, for every model of that type this process builds afterwards.
 
     A no-op returning False (logged once) without CUDA, without the ``liger_kernel`` package, or for another
     ``model_type``. ``fused_loss=False`` keeps the model's own loss: under DeepSpeed ZeRO-3 the fused loss reads

@@ -185,7 +185,7 @@ def _experts_against_grouped_mm(implementation: str) -> dict:
 @pytest.mark.parametrize("implementation", ["grouped_mm_compiled", pytest.param("liger", marks=needs_liger)])
 def test_moe_experts_implementations_keep_the_loss_and_gradients_on_a_gpu(implementation):
     """moe_experts_implementation on CUDA: the compiled grouped_mm (Inductor's own kernels there) and Liger's fused MoE
-    (autotuning off: with it a step never finished in 120 s on an H100, issue 37) train as grouped_mm does."""
+    (autotuning off: a step with Liger's MoE never finished in 120 s on an H100, issue 37) train as grouped_mm does."""
     with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
         r = pool.submit(_experts_against_grouped_mm, implementation).result(timeout=300)
     assert r["applied"], r

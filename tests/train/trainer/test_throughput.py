@@ -259,7 +259,7 @@ def test_liger_patches_qwen3_and_qwen3_moe_when_installed_on_a_gpu(monkeypatch, 
     assert speed.apply_liger_kernels("llama") is False
     kernels = dict(rope=True, rms_norm=True, swiglu=True, cross_entropy=False, fused_linear_cross_entropy=True)
     # liger_kernels leaves a MoE model's experts to moe_experts_implementation (Liger's fused MoE, autotuning ~200
-    # configurations on its first call, never finished a step in 120 s on an H100: issue 37).
+    # configurations on its first call; a step with it never finished in 120 s on an H100: issue 37).
     assert calls == [("qwen3", kernels), ("qwen3_moe", {**kernels, "swiglu": False})]
     # Under ZeRO-3 (or beside the chunked loss) the model keeps its own loss.
     assert speed.apply_liger_kernels("qwen3_moe", fused_loss=False) is True
