@@ -135,22 +135,31 @@ def _step(kfp_: Kfp, action: str):
 
 def get_run(kfp_: Kfp, run_id: str):
     """The run (kfp_server_api V2beta1Run); UsageError when the server has no run with this id."""
+    where = f" (namespace {kfp_.namespace})" if kfp_.namespace else ""
+    return get_or_usage(
+        kfp_,
+        f"getting run {run_id}",
+        lambda: kfp_.client.get_run(run_id),
+        f"run {run_id!r} not found on KFP at {kfp_.host}{where}; python -m pipelines.runs list shows the runs and "
+        "their ids",
+    )
+
+
+def get_or_usage(kfp_: Kfp, action: str, get, not_found: str):
+    """``get()`` (one KFP Get call) as ``action``; a UsageError saying ``not_found`` when the server has no such
+    object (404, or the 400 "not found" some KFP releases answer)."""
     import kfp_server_api
 
     try:
-        with _step(kfp_, f"getting run {run_id}"):
+        with _step(kfp_, action):
             try:
-                return kfp_.client.get_run(run_id)
+                return get()
             except kfp_server_api.ApiException as exc:
                 if exc.status == 404 or (exc.status == 400 and "not found" in str(exc.body).lower()):
                     raise LookupError from exc
                 raise
     except LookupError:
-        raise UsageError(
-            f"run {run_id!r} not found on KFP at {kfp_.host}"
-            f"{f' (namespace {kfp_.namespace})' if kfp_.namespace else ''}; "
-            "python -m pipelines.runs list shows the runs and their ids"
-        ) from None
+        raise UsageError(not_found) from None
 
 
 def experiment_id(kfp_: Kfp, name: str) -> str:

@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from pipelines.errors import UsageError, exit_code
-from pipelines.runs import Kfp, _step, _when, all_pages, connect
+from pipelines.runs import Kfp, _step, _when, all_pages, connect, get_or_usage
 
 ACTIONS = ("pause", "resume", "delete")
 
@@ -51,21 +51,13 @@ def print_schedules(schedules: list, out: Callable[[str], None] = print) -> None
 
 def get_schedule(kfp_: Kfp, schedule_id: str):
     """The recurring run (kfp_server_api V2beta1RecurringRun); UsageError when the server has none by this id."""
-    import kfp_server_api
-
-    try:
-        with _step(kfp_, f"reading schedule {schedule_id}"):
-            try:
-                return kfp_.client.get_recurring_run(schedule_id)
-            except kfp_server_api.ApiException as exc:
-                if exc.status == 404 or (exc.status == 400 and "not found" in str(exc.body).lower()):
-                    raise LookupError from exc
-                raise
-    except LookupError:
-        raise UsageError(
-            f"schedule {schedule_id!r} not found on KFP at {kfp_.host}; python -m pipelines.run schedules list shows "
-            "the schedules and their ids"
-        ) from None
+    return get_or_usage(
+        kfp_,
+        f"reading schedule {schedule_id}",
+        lambda: kfp_.client.get_recurring_run(schedule_id),
+        f"schedule {schedule_id!r} not found on KFP at {kfp_.host}; python -m pipelines.run schedules list shows the "
+        "schedules and their ids",
+    )
 
 
 def act(kfp_: Kfp, action: str, schedule_id: str) -> str:
