@@ -480,7 +480,53 @@ class DataSettings:
         "Pack examples into rows of exactly max_seq_length (position_ids restart per "
         "example); false: one example per row, padded per batch.",
     )
-    num_proc: int = setting(8, "Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).", min=1)
+    num_proc: int = setting(
+        0, "Tokenizer worker processes in each data step's pod; 0: one per CPU the pod may use (data_cpu).", min=0
+    )
+    data_shards: int = setting(
+        1,
+        "Pods that tokenize the sft and cpt data at once (a ParallelFor, each a slice of the input files), before "
+        "the data step joins their shards, drops duplicates across them and packs; 1: the data step alone. Shards "
+        "are kept by fingerprint: a retry skips the complete ones.",
+        min=1,
+        max=256,
+    )
+    data_cpu: str = setting("8", "CPU request of each data step's pod (and each shard's): a Kubernetes quantity.")
+    data_memory: str = setting("32Gi", "Memory request of each data step's pod (and each shard's).")
+    filter_min_chars: int = setting(
+        0, "Drop rows with fewer characters of text than this (counted in the data report); 0: off.", plain=False, min=0
+    )
+    filter_max_chars: int = setting(0, "Drop rows with more characters of text than this; 0: off.", plain=False, min=0)
+    filter_max_duplicate_line_fraction: float = setting(
+        0.0,
+        "Drop rows whose lines repeat: the share of lines that are copies of an earlier line above this (Gopher's "
+        "0.3); 0: off.",
+        plain=False,
+        min=0,
+        max=1,
+    )
+    filter_max_top_ngram_fraction: float = setting(
+        0.0,
+        "Drop rows of 50 words or more where the most frequent word 2-gram covers more than this share of the "
+        "words' characters (Gopher's 0.2); 0: off.",
+        plain=False,
+        min=0,
+        max=1,
+    )
+    filter_min_script_fraction: float = setting(
+        0.0,
+        "Drop rows where the letters of filter_scripts are less than this share of all letters, e.g. 0.5; 0: off.",
+        plain=False,
+        min=0,
+        max=1,
+    )
+    filter_scripts: list = setting(
+        ["hangul", "latin"],
+        "The scripts filter_min_script_fraction counts as the corpus's languages: hangul, latin, han, hiragana, "
+        "katakana, cyrillic.",
+        plain=False,
+        choices=("hangul", "latin", "han", "hiragana", "katakana", "cyrillic"),
+    )
     eval_size: float = setting(0.05, "Held-out fraction (< 1) or number of conversations (>= 1).")
     max_bad_rows: int = setting(
         0,

@@ -19,7 +19,7 @@ from typing import NamedTuple
 from kfp import dsl, kubernetes
 from kfp.dsl import Metrics, pipeline_context
 
-from components.data.component import prepare_dataset
+from components.data.component import list_data_shards, prepare_data_shard, prepare_dataset
 from components.deploy.component import deploy_model, skip_deployment
 from components.evaluate.component import evaluate_model
 from components.hpo.component import search_hyperparameters
@@ -112,6 +112,15 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
     validate = validate_inputs(**p).set_display_name("Validate inputs").set_caching_options(False)
     settings = validate.outputs["settings"]  # every setting, resolved and checked: what each later step reads
 
+    # data_shards pods tokenize slices of the sft (and cpt) files at once; each data step then joins its stage's
+    # shards (components/data/shards.py). With data_shards=1 the loop's one item does nothing.
+    shard_items = list_data_shards(settings=settings).set_display_name("Data shards").set_caching_options(False)
+    with dsl.ParallelFor(shard_items.output, name="Each data shard") as item:
+        shard = (
+            prepare_data_shard(item=item, data_root=data_root, run_id=run_id)
+            .set_display_name("Prepare data shard")
+            .set_caching_options(False)
+        )
     # The sft data's eval split is what evaluation scores, whichever stages run.
     prepare = (
         prepare_dataset(
@@ -120,6 +129,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
             data_root=data_root,
             run_id=run_id,
         )
+        .after(shard)
         .set_display_name("Prepare dataset")
         .set_caching_options(False)
     )
@@ -145,7 +155,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
         .set_display_name("Variants")
         .set_caching_options(False)
     )
-    trains, preps, evaluates = [], [prepare], []
+    trains, preps, evaluates = [], [shard, prepare], []
     with dsl.ParallelFor(variants.output, parallelism=variants_parallel, name="Each variant") as variant:
         own = variant.settings
         slots = variant_stages(variant=variant).set_display_name("Stages").set_caching_options(False)
@@ -239,17 +249,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
 
     if cluster:
         # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-        _attach_cluster_resources(
-            preps,
-            [search, *trains],
-            evaluates,
-            p["data_pvc"],
-            p["model_pvc"],
-            p["hf_token_secret"],
-            p["node_selector"],
-            p["tolerations"],
-            p["eval_gpus"],
-        )
+        _attach_cluster_resources(p, preps, [search, *trains], evaluates)
         # Watching the run (optional references: no Secret, no alert or trace): the launcher posts a job's idle GPUs
         # to the run's webhook (prometheus_url); evaluation and deployment trace their generations to Langfuse.
         for train in trains:
@@ -283,10 +283,10 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
     )
 
 
-def _attach_cluster_resources(
-    preps, trains, evaluates, data_pvc, model_pvc, hf_token_secret, node_selector, tolerations, eval_gpus
-) -> None:
-    """Volumes, the HF token reference, GPUs and placement: what the steps need on Kubernetes."""
+def _attach_cluster_resources(p: dict, preps, trains, evaluates) -> None:
+    """Volumes, the HF token reference, GPUs, CPUs and placement from the parameters ``p``: what the steps need on
+    Kubernetes."""
+    data_pvc, model_pvc, hf_token_secret = p["data_pvc"], p["model_pvc"], p["hf_token_secret"]
     for task in (*preps, *trains, *evaluates):
         kubernetes.mount_pvc(task, pvc_name=data_pvc, mount_path=DATA_MOUNT)
     for task in (*trains, *evaluates):
@@ -298,17 +298,17 @@ def _attach_cluster_resources(
         )
         # Hub downloads land on the data volume once, not in every pod's ephemeral storage.
         task.set_env_variable("HF_HOME", f"{DATA_MOUNT}/cache/huggingface")
-    # Tokenisation runs num_proc processes: give the data step the CPUs for them.
+    # Tokenisation runs a worker per CPU (num_proc=0): the data steps and shards get data_cpu and data_memory.
     for prepare in preps:
-        prepare.set_cpu_request("8").set_memory_request("32G")
+        prepare.set_cpu_request(p["data_cpu"]).set_memory_request(p["data_memory"])
     for evaluate in evaluates:
-        evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(eval_gpus)
+        evaluate.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(p["eval_gpus"])
         evaluate.set_cpu_request("8").set_memory_request("64G").set_memory_limit("256G")
         kubernetes.empty_dir_mount(
             evaluate, volume_name="dshm", mount_path="/dev/shm", medium="Memory", size_limit=SHM_SIZE
         )
-        kubernetes.add_node_selector_json(evaluate, node_selector)
-        kubernetes.add_toleration_json(evaluate, tolerations)
+        kubernetes.add_node_selector_json(evaluate, p["node_selector"])
+        kubernetes.add_toleration_json(evaluate, p["tolerations"])
 
 
 def _run_as_non_root(tasks) -> None:

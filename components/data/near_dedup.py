@@ -61,22 +61,22 @@ def shingles(text: str) -> set[bytes]:
     return {" ".join(words[i : i + NGRAM]).encode() for i in range(len(words) - NGRAM + 1)}
 
 
-def near_duplicates(rows, threshold: float) -> np.ndarray:
-    """A mask over ``rows`` (a ``datasets.Dataset`` of canonical rows): True for each row whose estimated Jaccard
-    similarity to an earlier kept row is at least ``threshold`` (0 < threshold <= 1)."""
+def _minhash():
     try:
-        from datasketch import MinHash, MinHashLSH  # type: ignore[import-untyped]  # no type information
+        from datasketch import MinHash  # type: ignore[import-untyped]  # no type information
     except ImportError:
         raise DataError(
-            f"near_dedup_threshold={threshold} needs the datasketch package, which this environment lacks "
+            "near_dedup_threshold needs the datasketch package, which this environment lacks "
             "(pip install datasketch==2.0.0, or the local extra); or set near_dedup_threshold=0 (off)"
         ) from None
+    return MinHash
 
-    started = time.time()
-    lsh = MinHashLSH(threshold=min(threshold, LSH_MAX_THRESHOLD), num_perm=NUM_PERM, weights=LSH_WEIGHTS)
-    drop = np.zeros(len(rows), dtype=bool)
-    # The kept rows' signatures, to check LSH's candidates; hash values are below 2**32 (datasketch's _max_hash).
-    signatures = np.zeros((len(rows), NUM_PERM), dtype=np.uint32)
+
+def signatures(rows) -> np.ndarray:
+    """Each row's MinHash signature (``NUM_PERM`` values below 2**32) of its word shingles: (len(rows), NUM_PERM)
+    uint32; ``rows`` a ``datasets.Dataset`` of canonical rows. A data shard computes them where it reads the text."""
+    MinHash = _minhash()
+    out = np.zeros((len(rows), NUM_PERM), dtype=np.uint32)
     # Drawn once (seed 1, datasketch's default): drawing them for every row was a quarter of the time.
     first = MinHash(num_perm=NUM_PERM)
     permutations, scheme = first.permutations, first.scheme
@@ -85,14 +85,35 @@ def near_duplicates(rows, threshold: float) -> np.ndarray:
         for row in ({k: batch[k][j] for k in batch} for j in range(len(batch["split_key"]))):
             m = MinHash(num_perm=NUM_PERM, permutations=permutations, scheme=scheme)
             m.update_batch(list(shingles(row_text(row))))
-            signature = m.hashvalues.astype(np.uint32)
-            candidates = lsh.query(m)
-            if candidates and (signatures[candidates] == signature).mean(axis=1).max() >= threshold:
-                drop[i] = True
-            else:
-                signatures[i] = signature
-                lsh.insert(i, m, check_duplication=False)
+            out[i] = m.hashvalues.astype(np.uint32)
             i += 1
+    return out
+
+
+def near_duplicates_of(sigs: np.ndarray, threshold: float) -> np.ndarray:
+    """A mask over the rows whose signatures are ``sigs`` (in order): True for each row whose estimated Jaccard
+    similarity to an earlier kept row is at least ``threshold`` (0 < threshold <= 1)."""
+    from datasketch import LeanMinHash, MinHashLSH
+
+    scheme = _minhash()(num_perm=NUM_PERM).scheme  # the scheme signatures() hashed with
+    lsh = MinHashLSH(threshold=min(threshold, LSH_MAX_THRESHOLD), num_perm=NUM_PERM, weights=LSH_WEIGHTS)
+    drop = np.zeros(len(sigs), dtype=bool)
+    for i, signature in enumerate(sigs):
+        m = LeanMinHash(seed=1, hashvalues=signature.astype(np.uint64), scheme=scheme)
+        candidates = lsh.query(m)
+        # each candidate checked against its signature: the bands may favour recall (LSH_WEIGHTS)
+        if candidates and (sigs[candidates] == signature).mean(axis=1).max() >= threshold:
+            drop[i] = True
+        else:
+            lsh.insert(i, m, check_duplication=False)
+    return drop
+
+
+def near_duplicates(rows, threshold: float) -> np.ndarray:
+    """A mask over ``rows`` (a ``datasets.Dataset`` of canonical rows): True for each row whose estimated Jaccard
+    similarity to an earlier kept row is at least ``threshold`` (0 < threshold <= 1)."""
+    started = time.time()
+    drop = near_duplicates_of(signatures(rows), threshold)
     log.info(
         "near-duplicates (MinHash LSH, threshold %s): %d of %d rows dropped in %.1fs",
         threshold,

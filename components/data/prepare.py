@@ -41,6 +41,7 @@ import datasets
 import numpy as np
 
 from components.data import caching, formats, near_dedup, reading, tokenizing
+from components.data import shards as shard_work
 from components.data.formats import COMMAND_LINE, DataError, Options
 from components.data.report import length_histogram
 from components.data.tokenizing import CHUNK, OVER_LENGTH
@@ -77,6 +78,10 @@ def prepare(
     chunk_overlap: int = 0,
     near_dedup_threshold: float = 0.0,
     names: Options = COMMAND_LINE,
+    shards: int = 0,
+    shard_cache: str | None = None,
+    only_shard: int | None = None,
+    filters=None,
 ) -> dict:
     """Prepare ``source`` with ``tokenizer`` into ``out_dir``; return the stats written to stats.json.
 
@@ -94,7 +99,7 @@ def prepare(
             one example per row (``input_ids``, ``labels``).
         over_length: ``drop`` or ``truncate`` examples longer than ``max_seq_length``, or (text rows only)
             ``chunk`` them: consecutive chunks of ``max_seq_length`` tokens, each one a training example.
-        num_proc: tokenizer worker processes.
+        num_proc: tokenizer worker processes; 0: one per CPU this process may use.
         chat_template: a Jinja file or template text that replaces the tokenizer's chat template.
         enable_thinking: passed to the chat template (Qwen3's thinking switch); ``None`` leaves its default.
         max_bad_rows: skip up to this many unparseable / invalid UTF-8 / unknown-role rows (counted) instead of failing.
@@ -106,11 +111,20 @@ def prepare(
             5-grams) is at least this, in (0, 1]; 0: off.
         names: what errors call the options: this command's flags (the default), or a pipeline stage's settings
             (components/data/run.py).
+        shards: tokenize the files in this many slices, each kept by fingerprint under ``shard_cache``, and join
+            them (components/data/shards.py: what the pipeline's shard pods do with ``data_shards`` > 1); the
+            result is the same for 1, 2 or more. 0: read and tokenize here in one pass, rows packed in reading order.
+        shard_cache: where shards are kept (default: ``shards`` beside ``cache_dir``, else ``.shards`` beside
+            ``out_dir``).
+        only_shard: prepare this one shard of ``shards`` into ``shard_cache`` and return its stats, without a
+            dataset at ``out_dir`` (what a shard pod does; the data step's join finds it there).
+        filters: noise filters (components/data/filters.py ``NoiseFilters``) each row must pass; None: none.
     """
     started = time.time()
     source_list = [source] if isinstance(source, str) else list(source)
     eval_list = [eval_source] if isinstance(eval_source, str) else list(eval_source or [])
     columns, pvc_mounts = dict(columns or {}), dict(pvc_mounts or {})
+    num_proc = num_proc or shard_work.available_cpus()
     _check_options(format, columns, over_length, max_seq_length, eval_size, eval_list, num_proc, max_bad_rows)
     _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup_threshold)
     tok = tokenizing.load_tokenizer(tokenizer, chat_template)
@@ -129,7 +143,36 @@ def prepare(
         "chunk_overlap": chunk_overlap,
         "near_dedup_threshold": near_dedup_threshold,
         "template_kwargs": template_kwargs,
+        # the sharded join orders rows by split key before packing: the same rows, packed differently
+        "sharded": shards > 0,
+        "filters": None if filters is None else filters.describe(),
     }
+    prep = shard_work.Preparation(
+        train=list(zip(source_list, resolved[: len(source_list)], strict=True)),
+        eval=list(zip(eval_list, resolved[len(source_list) :], strict=True)),
+        tok=tok,
+        cache=shard_cache or str(Path(cache_dir).parent / "shards" if cache_dir else Path(out_dir).parent / ".shards"),
+        options=shard_work.shard_request(options),
+        read={
+            "fmt": format,
+            "columns": columns,
+            "max_bad_rows": max_bad_rows,
+            "seed": seed,
+            "pvc_mounts": pvc_mounts,
+            "names": names,
+            "filters": filters,
+        },
+        tokenize={
+            "max_seq_length": max_seq_length,
+            "over_length": over_length,
+            "chunk_overlap": chunk_overlap,
+            "num_proc": num_proc,
+            "template_kwargs": template_kwargs,
+        },
+        near_dedup_threshold=near_dedup_threshold,
+    )
+    if only_shard is not None:  # a shard pod's part: its slice read and tokenized, kept for the join
+        return shard_work.build_one(prep, shards, only_shard)
     key = caching.fingerprint(resolved, tok, options) if cache_dir else None
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -139,27 +182,11 @@ def prepare(
         if cache_dir and key and (stats := caching.reuse(cache_dir, key, tmp)) is not None:
             stats.update(cache_hit=True, seconds=round(time.time() - started, 2))
             log.info("inputs unchanged (fingerprint %s): reusing %s", key[:16], Path(cache_dir) / key)
+        elif shards > 0:
+            stats = shard_work.build_sharded(prep, tmp, shards=shards, eval_size=eval_size, packing=packing)
+            stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
         else:
-            stats = _build(
-                source_list,
-                eval_list,
-                tok,
-                tmp,
-                max_seq_length,
-                eval_size,
-                seed,
-                format,
-                columns,
-                packing,
-                over_length,
-                num_proc,
-                template_kwargs,
-                max_bad_rows,
-                pvc_mounts,
-                names,
-                chunk_overlap=chunk_overlap,
-                near_dedup_threshold=near_dedup_threshold,
-            )
+            stats = _build(prep, tmp, eval_size, packing)
             stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
         # Unlink first: on a cache hit the file is a hard link to the cached copy, which must not change.
         (tmp / "stats.json").unlink(missing_ok=True)
@@ -202,8 +229,8 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
         problems.append(f"eval_size {eval_size}: must be > 0 (a fraction < 1 or a row count), or pass an eval source")
     if eval_size >= 1 and eval_size != int(eval_size):
         problems.append(f"eval_size {eval_size}: a count must be a whole number (a fraction must be < 1)")
-    if num_proc < 1:
-        problems.append(f"num_proc {num_proc}: must be at least 1")
+    if num_proc < 0:
+        problems.append(f"num_proc {num_proc}: must be at least 1, or 0 for one per CPU")
     if max_bad_rows < 0:
         problems.append(f"max_bad_rows {max_bad_rows}: must be >= 0")
     if problems:
@@ -222,40 +249,15 @@ def _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup
         raise DataError("; ".join(problems))
 
 
-def _build(
-    source_list,
-    eval_list,
-    tok,
-    tmp: Path,
-    max_seq_length,
-    eval_size,
-    seed,
-    fmt,
-    columns,
-    packing,
-    over_length,
-    num_proc,
-    template_kwargs,
-    max_bad_rows,
-    pvc_mounts,
-    names: Options = COMMAND_LINE,
-    *,
-    chunk_overlap: int = 0,
-    near_dedup_threshold: float = 0.0,
-) -> dict:
+def _build(prep: shard_work.Preparation, tmp: Path, eval_size, packing) -> dict:
+    """The dataset of ``prep`` read, cleaned, split, tokenized and packed in one pass here, into ``tmp``."""
+    source_list, eval_list = [source for source, _ in prep.train], [source for source, _ in prep.eval]
+    tok, names = prep.tok, prep.read["names"]
+    max_seq_length, over_length = prep.tokenize["max_seq_length"], prep.tokenize["over_length"]
+    template_kwargs, near_dedup_threshold = prep.tokenize["template_kwargs"], prep.near_dedup_threshold
     work = tmp / "_work"
     work.mkdir()
-    kind, n_rows, counts = reading.read_sources(
-        source_list,
-        eval_list,
-        work,
-        fmt=fmt,
-        columns=columns,
-        pvc_mounts=pvc_mounts,
-        max_bad_rows=max_bad_rows,
-        seed=seed,
-        names=names,
-    )
+    kind, n_rows, counts = reading.read_sources(source_list, eval_list, work, **prep.read)
     if kind not in TEXT_KINDS:
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
     if over_length == CHUNK and kind != "text":
@@ -319,17 +321,7 @@ def _build(
         shutil.rmtree(work)
         return stats
 
-    tokenized = tokenizing.tokenize(
-        canonical,
-        tok,
-        kind,
-        max_seq_length=max_seq_length,
-        over_length=over_length,
-        num_proc=num_proc,
-        template_kwargs=template_kwargs,
-        work=work,
-        chunk_overlap=chunk_overlap,
-    )
+    tokenized = tokenizing.tokenize(canonical, tok, kind, work=work, **prep.tokenize)
     lengths, label_tokens = _column(tokenized, "length"), _column(tokenized, "label_tokens")
     keep, stats["truncated"], dropped = tokenizing.over_length_mask(lengths, label_tokens, max_seq_length, over_length)
     stats["dropped"].update(dropped)
@@ -337,7 +329,11 @@ def _build(
         is_eval = is_eval[_column(tokenized, "doc")]
         chunk = _column(tokenized, "chunk")
         chunked = int((chunk == 1).sum())
-        stats.update(chunk_overlap=chunk_overlap, chunked_documents=chunked, chunks=int((chunk >= 1).sum()) + chunked)
+        stats.update(
+            chunk_overlap=prep.tokenize["chunk_overlap"],
+            chunked_documents=chunked,
+            chunks=int((chunk >= 1).sum()) + chunked,
+        )
     fitted = np.minimum(lengths, max_seq_length)
     stats["length_histogram"] = length_histogram(lengths)
 

@@ -47,6 +47,7 @@ def read_sources(source_list: list[str], eval_list: list[str], work: Path, **rea
     counts = {"rows_in": 0, "dropped": {}, "formats": {}}
     seen: set = set()
     kind, n_rows = read_canonical(source_list, work / "canonical.arrow", seen=seen, counts=counts, **read)
+    assert kind is not None  # only a shard's slice may have no rows
     if eval_list:
         eval_kind, _ = read_canonical(eval_list, work / "canonical_eval.arrow", seen=seen, counts=counts, **read)
         if eval_kind != kind:
@@ -54,7 +55,7 @@ def read_sources(source_list: list[str], eval_list: list[str], work: Path, **rea
     return kind, n_rows, counts
 
 
-def _schema(kind: str):
+def _schema(kind: str, with_digest: bool = False):
     turns = datasets.List({"role": datasets.Value("string"), "content": datasets.Value("string")})
     columns = {
         "text": {"text": datasets.Value("string")},
@@ -62,7 +63,8 @@ def _schema(kind: str):
         "preference": {"prompt": turns, "chosen": turns, "rejected": turns},
         "prompts": {"prompt": turns, "answer": datasets.Value("string")},
     }[kind]
-    return datasets.Features({**columns, "split_key": datasets.Value("float64")})
+    digest = {"digest": datasets.Value("binary")} if with_digest else {}
+    return datasets.Features({**columns, "split_key": datasets.Value("float64"), **digest})
 
 
 def _kind(fmt: str) -> str:
@@ -85,14 +87,27 @@ def read_canonical(
     seen: set,
     counts: dict,
     names: Options = COMMAND_LINE,
-) -> tuple[str, int]:
+    resolved: list[tuple[str, object]] | None = None,
+    shard: bool = False,
+    filters=None,
+) -> tuple[str | None, int]:
     """Stream ``source_list`` into an Arrow file of canonical rows at ``path``; return (kind, rows written).
 
     ``seen`` holds the digests of rows already kept (duplicates are dropped across all sources);
     ``counts`` collects ``rows_in`` and the dropped rows per reason. ``names``: what the errors call the options
     (the command's flags, or a pipeline stage's settings).
+
+    A shard of the data (components/data/shards.py) passes ``resolved``, its own slice of each source's files as
+    ``(source, files)``, and ``shard=True``: each row then keeps its ``digest`` (the join drops duplicates across
+    shards by it), a source may have no rows in this slice (``counts["source_rows"]`` has each source's rows, for
+    the join to check), and a slice with no row at all returns ``(None, 0)``.
+
+    ``filters``: the noise filters (components/data/filters.py ``NoiseFilters``) each row must pass; a row they
+    drop is counted under the filter's reason.
     """
-    resolved = [(s, sources.resolve(s, pvc_mounts)) for s in source_list]  # every path checked before reading
+    if resolved is None:
+        resolved = [(s, sources.resolve(s, pvc_mounts)) for s in source_list]  # every path checked before reading
+    counts.setdefault("source_rows", {})
     kind, first_kind_source, writer, batch, written = None, None, None, [], 0
     rename = {src: canonical for canonical, src in columns.items()}
     try:
@@ -125,6 +140,9 @@ def read_canonical(
                             f"put each format in its own file and {separately}"
                         )
                     row = formats.clean(formats.to_canonical(source_fmt, row))
+                    if filters is not None and (noise := filters.row_reason(row)):
+                        counts["dropped"][noise] = counts["dropped"].get(noise, 0) + 1
+                        continue
                 except RowError as e:
                     if e.reason in CLEANING_REASONS:
                         counts["dropped"][e.reason] = counts["dropped"].get(e.reason, 0) + 1
@@ -147,7 +165,7 @@ def read_canonical(
                 row_kind = _kind(source_fmt)
                 if kind is None:
                     kind, first_kind_source = row_kind, source
-                    schema = _schema(kind).arrow_schema
+                    schema = _schema(kind, with_digest=shard).arrow_schema
                     writer = pa.ipc.new_stream(str(path), schema)
                 elif row_kind != kind:
                     raise DataError(
@@ -161,15 +179,21 @@ def read_canonical(
                     continue
                 seen.add(digest)
                 row["split_key"] = _split_key(digest, seed)
+                if shard:
+                    row["digest"] = digest
                 batch.append(row)
                 if len(batch) >= sources.BATCH_ROWS:
                     assert writer is not None  # opened with the first row's kind
                     writer.write_batch(pa.RecordBatch.from_pylist(batch, schema=schema))
                     written += len(batch)
                     batch = []
-            if n_source == 0:
+            counts["source_rows"][source] = counts["source_rows"].get(source, 0) + n_source
+            if n_source == 0 and not shard:
                 raise DataError(f"source {source!r}: the dataset is empty; add at least one row")
-            counts["formats"][source] = source_fmt
+            if source_fmt is not None:
+                counts["formats"][source] = source_fmt
+        if kind is None and shard:
+            return None, 0
         if kind is None:
             raise DataError(f"every row of {source_list} was filtered out ({counts['dropped']}); check the data")
         if batch:

@@ -15,6 +15,8 @@ from components.stages import STAGE_DATA, dataset_folder, stage_data
 
 # The setting that maps each stage's columns (the others read their format's own names).
 COLUMN_MAPPINGS = {"sft": "column_mapping", "grpo": "grpo_column_mapping"}
+# The stages whose data is tokenized in the data step, and so may be in data_shards shards (components/data/shards.py).
+SHARDED_STAGES = ("sft", "cpt")
 
 
 class PreparedStage(NamedTuple):
@@ -56,6 +58,79 @@ def _eval_prompts_problem(s: Settings, data_root: str) -> str | None:
     return None
 
 
+def source_env(s: Settings, stage: str) -> dict[str, str]:
+    """What reading ``stage``'s sources from an object store (``s3://``, ``gs://``) needs in this process's
+    environment, which boto3 reads: ``AWS_ENDPOINT_URL`` from model_store_endpoint, and in a pod the keys of
+    model_store_secret, read through the Kubernetes API as the train step reads them (components/storage.py);
+    ``{}`` when no source is in an object store."""
+    from components import storage
+
+    source, _ = stage_data(s, stage)
+    if not any(storage.is_store_uri(x) for x in _sources(source) + _sources(s.data.eval_source)):
+        return {}
+    env = {"AWS_ENDPOINT_URL": s.cluster.model_store_endpoint} if s.cluster.model_store_endpoint else {}
+    if s.cluster.model_store_secret and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        from kubernetes import client as k8s
+
+        from components.kube import current_namespace, load_api_client
+
+        core = k8s.CoreV1Api(load_api_client())
+        try:
+            env.update(storage.secret_credentials(core, s.cluster.model_store_secret, current_namespace()))
+        except ValueError as e:  # the Secret missing, unreadable or without a key: one line naming it
+            raise DataError(str(e)) from None
+    return env
+
+
+def sharded(s: Settings, stage: str) -> int:
+    """How many shards ``stage``'s data is tokenized in (``prepare``'s ``shards``): data_shards for the stages whose
+    data is tokenized here (sft, cpt) when it is above 1, else 0 (one pass in the data step)."""
+    return s.data.data_shards if s.data.data_shards > 1 and stage in SHARDED_STAGES else 0
+
+
+def stage_request(s: Settings, stage: str, data_root: str) -> dict:
+    """``prepare``'s options for ``stage``'s data (components/stages.py: its source and format): what the data step
+    and each data shard pod (``prepare_stage_shard``) ask for alike, so they name the same shards."""
+    from components.data.filters import NoiseFilters
+
+    source, data_format = stage_data(s, stage)
+    eval_source = s.data.eval_source if stage == "sft" else ""
+    filters = NoiseFilters.from_settings(s.data)
+    return {
+        "source": _sources(source),
+        "max_seq_length": s.train.max_seq_length,
+        "eval_size": int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size,
+        "seed": s.train.seed,
+        "format": data_format,
+        "columns": {"sft": s.data.column_mapping, "grpo": s.stages.grpo_column_mapping}.get(stage, {}),
+        "eval_source": _sources(eval_source) or None,
+        "packing": s.data.packing,
+        # cpt trains on whole books and manuals: a long document is cut into chunks, not dropped or truncated.
+        "over_length": "chunk" if stage == "cpt" else s.data.over_length,
+        "chunk_overlap": s.data.cpt_chunk_overlap if stage == "cpt" else 0,
+        "near_dedup_threshold": s.data.near_dedup_threshold,
+        "num_proc": s.data.num_proc,
+        "max_bad_rows": s.data.max_bad_rows,
+        "pvc_mounts": {s.cluster.data_pvc: data_root},
+        "cache_dir": os.path.join(data_root, "cache", "prepared"),
+        "names": stage_options(stage),
+        "shards": sharded(s, stage),
+        "filters": filters if filters.active else None,
+    }
+
+
+def prepare_stage_shard(s: Settings, *, stage: str, shard: int, data_root: str, run_id: str) -> dict:
+    """Shard ``shard`` of ``stage``'s data (data_shards of them) read and tokenized into the data volume's shard
+    cache, where the run's data step finds it complete; its stats (rows, seconds, the folder). A shard pod's work."""
+    from components.data.prepare import prepare
+    from components.models.hub import resolve_model
+
+    request = stage_request(s, stage, data_root)
+    tokenizer = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
+    out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))  # the join's, which reads the shard
+    return prepare(tokenizer=tokenizer, out_dir=out_dir, only_shard=shard, **request)
+
+
 def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: str) -> PreparedStage:
     """Prepare ``stage``'s data (components/stages.py: its source and format) of run ``run_id`` under
     ``<data_root>/runs/<run id>/<stage's dataset folder>``, reusing a prepared copy with the same fingerprint
@@ -75,31 +150,10 @@ def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: st
         if problem := grpo_function_error(s):
             raise DataError(problem)
     data_pvc = s.cluster.data_pvc
-    source, data_format = stage_data(s, stage)
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
-    eval_source = s.data.eval_source if stage == "sft" else ""
     # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
     stats = prepare_once(
-        out_dir,
-        s.train.model_name_or_path,
-        os.path.join(data_root, "cache"),
-        source=_sources(source),
-        max_seq_length=s.train.max_seq_length,
-        eval_size=int(s.data.eval_size) if s.data.eval_size >= 1 else s.data.eval_size,
-        seed=s.train.seed,
-        format=data_format,
-        columns={"sft": s.data.column_mapping, "grpo": s.stages.grpo_column_mapping}.get(stage, {}),
-        eval_source=_sources(eval_source) or None,
-        packing=s.data.packing,
-        # cpt trains on whole books and manuals: a long document is cut into chunks, not dropped or truncated.
-        over_length="chunk" if stage == "cpt" else s.data.over_length,
-        chunk_overlap=s.data.cpt_chunk_overlap if stage == "cpt" else 0,
-        near_dedup_threshold=s.data.near_dedup_threshold,
-        num_proc=s.data.num_proc,
-        max_bad_rows=s.data.max_bad_rows,
-        pvc_mounts={data_pvc: data_root},
-        cache_dir=os.path.join(data_root, "cache", "prepared"),
-        names=stage_options(stage),
+        out_dir, s.train.model_name_or_path, os.path.join(data_root, "cache"), **stage_request(s, stage, data_root)
     )
     metadata = {
         "pvc": data_pvc,

@@ -40,6 +40,9 @@ def validate_inputs(
     over_length: str,
     packing: bool,
     num_proc: int,
+    data_shards: int,
+    data_cpu: str,
+    data_memory: str,
     eval_size: float,
     train_backend: str,
     num_nodes: int,
@@ -142,7 +145,12 @@ def validate_inputs(
             documents are cut into max_seq_length chunks instead: cpt_chunk_overlap).
         packing: Pack examples into rows of exactly max_seq_length (position_ids restart per example); false: one
             example per row, padded per batch.
-        num_proc: Tokenizer worker processes in prepare_dataset (up to the pod's CPUs).
+        num_proc: Tokenizer worker processes in each data step's pod; 0: one per CPU the pod may use (data_cpu).
+        data_shards: Pods that tokenize the sft and cpt data at once (a ParallelFor, each a slice of the input
+            files), before the data step joins their shards, drops duplicates across them and packs; 1: the data
+            step alone. Shards are kept by fingerprint: a retry skips the complete ones.
+        data_cpu: CPU request of each data step's pod (and each shard's): a Kubernetes quantity.
+        data_memory: Memory request of each data step's pod (and each shard's).
         eval_size: Held-out fraction (< 1) or number of conversations (>= 1).
         train_backend: pytorchjob (Training Operator v1), trainjob (Trainer v2) or local (torchrun on this machine).
         num_nodes: Training nodes: pods in the job (1 Master + num_nodes-1 Workers).
@@ -217,15 +225,17 @@ def validate_inputs(
             activation_checkpointing, recompute_every_n_layers, eval_steps, logging_steps, report_to,
             grpo_column_mapping, stage_settings, variants_parallel, deploy_variants, hpo_search_space,
             hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps, cpt_chunk_overlap,
-            near_dedup_threshold, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu,
-            intra_node_gb_per_s, inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env,
-            tcp_node_gb_per_s, grpo_vllm_image, grpo_vllm_server_gpus, image_pull_secrets, http_proxy, https_proxy,
-            no_proxy, hf_endpoint, model_store_uri, model_store_endpoint, model_store_secret, upload_checkpoints,
-            trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size,
-            trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
-            gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric,
-            judge_max_tokens, min_judge_score, min_judge_win_rate, min_judged_fraction, serving_service_account,
-            scale_metric, scale_target. python -m pipelines.run --help describes each.
+            near_dedup_threshold, filter_min_chars, filter_max_chars, filter_max_duplicate_line_fraction,
+            filter_max_top_ngram_fraction, filter_min_script_fraction, filter_scripts, max_bad_rows,
+            dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s, inter_node_gb_per_s,
+            rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s, grpo_vllm_image,
+            grpo_vllm_server_gpus, image_pull_secrets, http_proxy, https_proxy, no_proxy, hf_endpoint,
+            model_store_uri, model_store_endpoint, model_store_secret, upload_checkpoints, trainer_cpu_request,
+            trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size, trainjob_runtime,
+            tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url, gpu_util_threshold,
+            gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric, judge_max_tokens,
+            min_judge_score, min_judge_win_rate, min_judged_fraction, serving_service_account, scale_metric,
+            scale_target. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

@@ -39,3 +39,27 @@ def test_a_near_dedup_threshold_outside_zero_to_one_is_one_error(threshold):
 )
 def test_an_overlap_below_the_chunk_and_a_threshold_in_range_pass(over):
     assert check(local(max_seq_length=512, **over)) == []
+
+
+def test_object_store_sources_are_the_data_steps_to_read_even_on_a_local_run():
+    # validate_inputs cannot list a bucket (no credentials in its pod); the data step reads it (sources.py).
+    assert check(local(cpt_dataset_source="s3://corpus/ko-web/", dataset_source="gs://team/chats.jsonl.gz")) == []
+
+
+@pytest.mark.parametrize(
+    "setting, value, message",
+    [
+        ("data_shards", 0, "data_shards=0 must be >= 1 and <= 256"),
+        ("data_shards", 257, "data_shards=257 must be >= 1 and <= 256"),
+        ("num_proc", -1, "num_proc=-1 must be >= 0"),
+        ("filter_max_duplicate_line_fraction", 1.5, "filter_max_duplicate_line_fraction=1.5 must be >= 0 and <= 1"),
+        ("filter_min_chars", -5, "filter_min_chars=-5 must be >= 0"),
+    ],
+)
+def test_corpus_settings_out_of_bounds_are_one_error_each(setting, value, message):
+    assert message in only(check(local(**{setting: value})), setting)
+
+
+def test_a_script_the_filter_does_not_know_is_one_error():
+    error = only(check(local(filter_scripts=["hangul", "klingon"])), "filter_scripts")
+    assert "klingon" in error and "hangul" in error

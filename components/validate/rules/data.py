@@ -70,8 +70,8 @@ def _claim_errors(s: Settings) -> list[str | None]:
 def _local_source_errors(s: Settings) -> list[str | None]:
     """A local run reads its sources on this machine: each local path must name files, and the first row of each
     source's first file must have the columns its column mapping names and its format needs (what the data step
-    would fail on a minute later, after loading the tokenizer). Hub ids, builtin: and pvc:// sources are the data
-    step's to read; the rows past the first are too (broken ones: max_bad_rows)."""
+    would fail on a minute later, after loading the tokenizer). Hub ids, builtin:, pvc://, s3:// and gs:// sources
+    are the data step's to read; the rows past the first are too (broken ones: max_bad_rows)."""
     from components.data.run import COLUMN_MAPPINGS, stage_options
 
     values = s.flat()
@@ -80,7 +80,7 @@ def _local_source_errors(s: Settings) -> list[str | None]:
         names, fmt = stage_options(stage), STAGE_DATA[stage][1] or s.data.dataset_format
         mapping = values[COLUMN_MAPPINGS[stage]] if stage in COLUMN_MAPPINGS else {}
         for source in _sources(values[setting]):
-            if source.startswith(("builtin:", "pvc://", "hf://")):
+            if source.startswith(("builtin:", "pvc://", "hf://", "s3://", "gs://")):  # the data step reads these
                 continue
             try:
                 files = local_files(source)
