@@ -8,6 +8,7 @@ from components import kube
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.cluster import GPU_TAINT, H100
 from tests.helpers.repo import REFERENCE
+from tests.helpers.s3_server import s3_server as start_s3_server
 
 
 def pytest_configure(config):
@@ -15,6 +16,33 @@ def pytest_configure(config):
     folder stops the run here rather than failing tests one by one with FileNotFoundError."""
     if not (REFERENCE / "crds").is_dir():
         raise pytest.UsageError(f"no reference specs at {REFERENCE} (REFERENCE_DIR: a folder like tests/reference)")
+
+
+# With pytest-xdist (`-n 2`: CI and the README's command), tests run on two workers at once. These modules hold the
+# machine for themselves in ways a test beside them would disturb, so they share one xdist group (`--dist loadgroup`
+# in pyproject.toml: one worker runs them, one after another): they make and count network namespaces and veth
+# pairs (`ip netns list` before and after), run the real vLLM engine in a pod's namespace, and measure the bytes
+# crossing a link.
+ONE_AT_A_TIME = (
+    "tests/train/launcher/test_rehearsal.py",
+    "tests/deploy/test_serving_rehearsal.py",
+    "tests/deploy/test_lora_serving_rehearsal.py",
+    "tests/train/trainer/test_cross_pod_bytes.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.nodeid.split("::")[0] in ONE_AT_A_TIME:
+            item.add_marker(pytest.mark.xdist_group("machine"))
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3 server on loopback (tests/helpers/s3_server.py), one per test process: moto's authentication
+    switch is global to the process, so a second server's setup would be refused by the first one's."""
+    with start_s3_server() as server:
+        yield server
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from pathlib import Path
 import datasets
 import numpy as np
 
-from components.data import caching, formats, near_dedup, reading, tokenizing
+from components.data import caching, formats, near_dedup, reading, sources, tokenizing
 from components.data import shards as shard_work
 from components.data.formats import COMMAND_LINE, DataError, Options
 from components.data.report import length_histogram
@@ -174,6 +174,7 @@ def prepare(
     if only_shard is not None:  # a shard pod's part: its slice read and tokenized, kept for the join
         return shard_work.build_one(prep, shards, only_shard)
     key = caching.fingerprint(resolved, tok, options) if cache_dir else None
+    _check_space(resolved, Path(out_dir).parent, names)
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
@@ -235,6 +236,41 @@ def _check_options(fmt, columns, over_length, max_seq_length, eval_size, eval_li
         problems.append(f"max_bad_rows {max_bad_rows}: must be >= 0")
     if problems:
         raise DataError("; ".join(problems))
+
+
+# Bytes on the output's volume per byte of source text: the tokenized rows (input_ids and labels, int32 and int64,
+# lengths: ~12 bytes a token) while the step runs, then the packed dataset (as much again), for about 3.8 bytes of
+# JSONL per token (Qwen3's tokenizer on chat rows: benchmarks/results/data_shards.md). Compressed files count
+# COMPRESSION times their size (text compresses 3-5x with gzip and zstd).
+SPACE_PER_SOURCE_BYTE = 6.5
+COMPRESSION = 4
+
+
+def _check_space(resolved: list, volume: Path, names: Options) -> None:
+    """A DataError before any reading when the sources' files clearly need more room than ``volume`` has free
+    (what the step would otherwise find out hours in, with ENOSPC); Hub datasets, whose size is not known here, are
+    not counted."""
+    from components.data.peek import codec_of
+
+    files = [f for res in resolved if isinstance(res, list) for f in res]
+    ids = sources.identity(files) if files else None
+    if not ids:
+        return
+    text = sum(int(size) * (COMPRESSION if codec_of(str(path)) else 1) for path, size, *_ in ids)
+    while not volume.exists():  # the output's folder is made later: its nearest existing parent is on its volume
+        volume = volume.parent
+    need, free = text * SPACE_PER_SOURCE_BYTE, shutil.disk_usage(volume).free
+    if need > free:
+        grow = "the volume --out is on" if names.flags else "the data claim (data_pvc)"
+        raise DataError(
+            f"{names.source}: {len(files)} file(s) of about {_size(text)} of text need about {_size(need)} free on "
+            f"{volume} for their tokenized rows and the packed dataset, and {_size(free)} is free: grow {grow}, free "
+            "space on it, or prepare fewer files at once"
+        )
+
+
+def _size(n: float) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup_threshold) -> None:

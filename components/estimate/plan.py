@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from components.estimate.data_prep import data_prep_text
 from components.estimate.memory import pod_memory_limit_gib
 from components.models.mfu import model_flops_per_token, recompute_flops_per_token
 from components.models.shape import KNOWN_MODELS, ModelShape, load_architecture, lora_targets, model_shape
@@ -1146,7 +1147,7 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
         )
     config = architecture(s.train.model_name_or_path)
     stats = read_stats(stats_path) if stats_path else None
-    text = format_plan(plan(s, config, stats))
+    text = format_plan(plan(s, config, stats)) + "\n" + data_prep_text(s, stats)
     better = faster_layout(s, config, stats)
     if better:
         over, p = better

@@ -1,11 +1,10 @@
 """The corpus and tokenizer the data preparation tests share: one of each per test module (a test may change
-the corpus, to check that a changed source misses the cache); an S3 server for the sources in object stores."""
+the corpus, to check that a changed source misses the cache). The S3 server is tests/conftest.py's."""
 
 import pytest
 
 from components.models.tiny import build_tokenizer
 from tests.helpers.data import conversation, write_jsonl
-from tests.helpers.s3_server import s3_server as start_s3_server
 
 
 @pytest.fixture(scope="module")
@@ -21,10 +20,3 @@ def tokenizer_dir(corpus, tmp_path_factory):
     out = tmp_path_factory.mktemp("tok")
     build_tokenizer(corpus).save_pretrained(out)
     return str(out)
-
-
-@pytest.fixture(scope="session")
-def s3_server():
-    """A real S3 server on loopback (moto's server mode, tests/helpers/s3_server.py) with bucket ``models``."""
-    with start_s3_server() as server:
-        yield server

@@ -2,6 +2,10 @@
 tokenized on its own (a pod in the pipeline), then joined; the result does not depend on the shard count."""
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 
 import datasets
 import pytest
@@ -11,6 +15,7 @@ from components.data.prepare import prepare
 from components.data.shards import deal_files
 from components.settings import Settings
 from tests.helpers.data import conversation, write_jsonl
+from tests.helpers.repo import ROOT, in_ci
 
 
 def _rows(folder) -> dict:
@@ -134,3 +139,25 @@ def test_the_shard_list_names_each_stage_and_shard_and_one_idle_item_without_sha
     items = listing(two)
     assert items == [{"stage": s, "shard": i, "settings": two} for s in ("sft", "cpt") for i in (0, 1)]
     assert json.loads(json.dumps(items)) == items
+
+
+def test_a_corpus_over_the_volumes_free_space_is_one_line_before_anything_is_read(tokenizer_dir, tmp_path):
+    """The command (what the data step runs) on a 2 MB tmpfs of its own, in a mount namespace that ends with it."""
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        if in_ci():
+            pytest.fail("CI runs as root with unshare: this test must run")
+        pytest.skip("needs root and unshare for a tmpfs of its own")
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "chats.jsonl", [conversation(i, "en") for i in range(6000)])  # ~1 MB
+    (tmp_path / "vol").mkdir()
+    script = 'mount -t tmpfs -o size=2m tmpfs "$0" && exec "$@"'
+    command = [sys.executable, "-m", "components.data.prepare", "--source", str(tmp_path / "corpus")]
+    command += ["--tokenizer", tokenizer_dir, "--out", str(tmp_path / "vol" / "out")]
+    unshare = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(tmp_path / "vol")]
+    result = subprocess.run([*unshare, *command], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert result.returncode == 2, result.stderr[-3000:]
+    (line,) = [x for x in result.stderr.splitlines() if x.startswith("error:")]
+    assert (
+        line.startswith("error: --source: 1 file(s) of about 1.") and "MB is free: grow the volume --out is on" in line
+    )
+    assert "Traceback" not in result.stderr and "tokenizing" not in result.stderr
