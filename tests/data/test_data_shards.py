@@ -161,3 +161,18 @@ def test_a_corpus_over_the_volumes_free_space_is_one_line_before_anything_is_rea
         line.startswith("error: --source: 1 file(s) of about 1.") and "MB is free: grow the volume --out is on" in line
     )
     assert "Traceback" not in result.stderr and "tokenizing" not in result.stderr
+
+
+@pytest.mark.parametrize("shards", [0, 2])
+def test_a_parquet_corpus_without_the_text_column_is_one_error_naming_the_mapping(tokenizer_dir, tmp_path, shards):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "corpus").mkdir()
+    for i in range(2):
+        pq.write_table(
+            pa.table({"body": [f"document {i}.{j}" for j in range(20)]}), tmp_path / "corpus" / f"{i}.parquet"
+        )
+    with pytest.raises(DataError, match=r"needs column\(s\) \['text'\] but found \['body'\].*--columns text=body"):
+        prepare(str(tmp_path / "corpus"), tokenizer_dir, str(tmp_path / "o"), 64, 0.1, 7, format="text", shards=shards)
+    assert not (tmp_path / "o").exists()  # nothing left behind as if complete

@@ -182,3 +182,29 @@ def test_from_settings():
 def test_an_unknown_script_is_an_error():
     with pytest.raises(ValueError, match="greek"):
         NoiseFilters(min_script_fraction=0.5, scripts=("hangul", "greek"))
+
+
+def test_the_data_step_drops_and_counts_what_the_filters_find(tokenizer_dir, tmp_path):
+    from components.data.prepare import prepare
+    from components.data.report import markdown
+    from tests.helpers.data import conversation, write_jsonl
+
+    rows = [conversation(i, "en") for i in range(40)]
+    rows += [{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok"}]}]
+    rows += [{"messages": [{"role": "user", "content": "spam"}, {"role": "assistant", "content": "buy now\n" * 6}]}]
+    write_jsonl(tmp_path / "chats.jsonl", rows)
+    filters = NoiseFilters(min_chars=10, max_duplicate_line_fraction=0.3)
+    for shards in (0, 2):
+        stats = prepare(
+            str(tmp_path / "chats.jsonl"),
+            tokenizer_dir,
+            str(tmp_path / f"o{shards}"),
+            256,
+            0.1,
+            7,
+            filters=filters,
+            shards=shards,
+        )
+        assert stats["dropped"]["too_short"] == 1 and stats["dropped"]["duplicate_lines"] == 1, stats["dropped"]
+        assert stats["rows_kept"] == 40
+    assert "too_short" in markdown(stats) and "duplicate_lines" in markdown(stats)
