@@ -108,6 +108,9 @@ def test_gate_not_passed_skips_deployment(tmp_path):
         "max_steps=2",
         "-p",
         "min_loss_improvement=0.5",
+        # and the data shards' loop for real (data_shards; kfp.local runs its items one after another)
+        "-p",
+        "data_shards=2",
         "--verbose",
         timeout=600,
     )
@@ -119,6 +122,9 @@ def test_gate_not_passed_skips_deployment(tmp_path):
     assert "endpoint:    (not deployed)" in result.stdout
     # --verbose: kfp.local's own output is all there
     assert "Got executor_input:" in result.stdout and "Executing task" in result.stdout
+    # Two shard steps read and tokenized the sft data; the data step joined what they kept (components/data/shards.py)
+    out = result.stdout + result.stderr
+    assert out.count('{"shard": [') == 2 and out.count("is complete: reusing it") == 2, out[-3000:]
 
 
 BROKEN_ROWS = {
