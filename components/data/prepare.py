@@ -143,8 +143,7 @@ def prepare(
         "chunk_overlap": chunk_overlap,
         "near_dedup_threshold": near_dedup_threshold,
         "template_kwargs": template_kwargs,
-        # the sharded join orders rows by split key before packing: the same rows, packed differently
-        "sharded": shards > 0,
+        "sharded": shards > 0,  # the join packs in split-key order: the same rows, packed differently
         "filters": None if filters is None else filters.describe(),
     }
     prep = shard_work.Preparation(
@@ -153,53 +152,20 @@ def prepare(
         tok=tok,
         cache=shard_cache or str(Path(cache_dir).parent / "shards" if cache_dir else Path(out_dir).parent / ".shards"),
         options=shard_work.shard_request(options),
-        read={
-            "fmt": format,
-            "columns": columns,
-            "max_bad_rows": max_bad_rows,
-            "seed": seed,
-            "pvc_mounts": pvc_mounts,
-            "names": names,
-            "filters": filters,
-        },
-        tokenize={
-            "max_seq_length": max_seq_length,
-            "over_length": over_length,
-            "chunk_overlap": chunk_overlap,
-            "num_proc": num_proc,
-            "template_kwargs": template_kwargs,
-        },
+        read={"fmt": format, "columns": columns, "max_bad_rows": max_bad_rows, "seed": seed, "names": names}
+        | {"pvc_mounts": pvc_mounts, "filters": filters},
+        tokenize={"max_seq_length": max_seq_length, "over_length": over_length, "chunk_overlap": chunk_overlap}
+        | {"num_proc": num_proc, "template_kwargs": template_kwargs},
         near_dedup_threshold=near_dedup_threshold,
     )
     if only_shard is not None:  # a shard pod's part: its slice read and tokenized, kept for the join
         return shard_work.build_one(prep, shards, only_shard)
     key = caching.fingerprint(resolved, tok, options) if cache_dir else None
     _check_space(resolved, Path(out_dir).parent, names)
-    out = Path(out_dir)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-    try:
-        # key is set exactly when cache_dir is.
-        if cache_dir and key and (stats := caching.reuse(cache_dir, key, tmp)) is not None:
-            stats.update(cache_hit=True, seconds=round(time.time() - started, 2))
-            log.info("inputs unchanged (fingerprint %s): reusing %s", key[:16], Path(cache_dir) / key)
-        elif shards > 0:
-            stats = shard_work.build_sharded(prep, tmp, shards=shards, eval_size=eval_size, packing=packing)
-            stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
-        else:
-            stats = _build(prep, tmp, eval_size, packing)
-            stats.update(fingerprint=key, cache_hit=False, seconds=round(time.time() - started, 2))
-        # Unlink first: on a cache hit the file is a hard link to the cached copy, which must not change.
-        (tmp / "stats.json").unlink(missing_ok=True)
-        (tmp / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False))
-        if cache_dir and key:
-            caching.keep(cache_dir, key, tmp)
-        if out.exists():
-            shutil.rmtree(out)
-        os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    stats = _write(prep, Path(out_dir), cache_dir, key, shards=shards, eval_size=eval_size, packing=packing)
+    stats["seconds"] = round(time.time() - started, 2)
+    (Path(out_dir) / "stats.json").unlink()  # on a cache hit a hard link to the cached copy, which must not change
+    (Path(out_dir) / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False))
     log.info(
         "prepared %s train / %s eval rows (%s train tokens, packing efficiency %s) in %.1fs -> %s",
         stats["train"]["rows"],
@@ -207,8 +173,36 @@ def prepare(
         stats["train"].get("tokens"),
         stats["train"].get("packing_efficiency", "n/a"),
         stats["seconds"],
-        out,
+        out_dir,
     )
+    return stats
+
+
+def _write(prep, out: Path, cache_dir: str | None, key: str | None, *, shards: int, eval_size, packing) -> dict:
+    """``prep``'s dataset at ``out``: built in a temporary folder beside it (sharded or in one pass), or linked from
+    the cache under ``key``, and renamed into place only when complete; its stats (also in ``stats.json``)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        # key is set exactly when cache_dir is.
+        if cache_dir and key and (stats := caching.reuse(cache_dir, key, tmp)) is not None:
+            stats.update(cache_hit=True)
+            log.info("inputs unchanged (fingerprint %s): reusing %s", key[:16], Path(cache_dir) / key)
+        else:
+            if shards > 0:
+                stats = shard_work.build_sharded(prep, tmp, shards=shards, eval_size=eval_size, packing=packing)
+            else:
+                stats = _build(prep, tmp, eval_size, packing)
+            stats.update(fingerprint=key, cache_hit=False)
+            (tmp / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False))
+            if cache_dir and key:
+                caching.keep(cache_dir, key, tmp)
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     return stats
 
 

@@ -243,50 +243,18 @@ def join_shards(
         for d in shard_dirs
         if (d / KEYS_FILE).exists()  # an empty shard has none
     ]
-    n_train_parts = len(parts)
     if eval_dir is not None:
         parts.append((datasets.load_from_disk(str(eval_dir / "rows")), dict(np.load(eval_dir / KEYS_FILE))))
-    # Documents: every part's, in one numbering; each tokenized row points at its document.
-    digests = np.concatenate([k["digest"] for _, k in parts])
-    split_keys = np.concatenate([k["split_key"] for _, k in parts])
-    doc_offsets = np.cumsum([0] + [len(k["digest"]) for _, k in parts])
-    is_eval_doc = np.zeros(len(digests), dtype=bool)
-    if eval_dir is not None:
-        is_eval_doc[doc_offsets[n_train_parts] :] = True
-    # One copy of each document: the first of equal digests in (training before eval, then) part order; all copies
-    # are the same row.
-    order = np.lexsort((np.arange(len(digests)), is_eval_doc, digests[:, 1], digests[:, 0]))
-    ordered = digests[order]
-    first = np.ones(len(order), dtype=bool)
-    first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
-    kept_doc = np.zeros(len(digests), dtype=bool)
-    kept_doc[order[first]] = True
-    counts["dropped"]["duplicate"] = counts["dropped"].get("duplicate", 0) + int((~kept_doc).sum())
-    # The fixed order every later step follows: split key, then digest (a total order on distinct rows).
-    rank = np.empty(len(digests), dtype=np.int64)
-    rank[np.lexsort((digests[:, 1], digests[:, 0], split_keys))] = np.arange(len(digests))
+    docs = _Documents.of([k for _, k in parts], eval_part=eval_dir is not None)
+    counts["dropped"]["duplicate"] = counts["dropped"].get("duplicate", 0) + int((~docs.kept).sum())
     near_dedup_seconds = None
     if near_dedup_threshold:
-        from components.data.near_dedup import near_duplicates_of
-
         near_started = time.time()
-        candidates = np.flatnonzero(kept_doc)
-        candidates = candidates[np.lexsort((rank[candidates], is_eval_doc[candidates]))]
-        minhash = np.concatenate([k["minhash"] for _, k in parts])
-        near = near_duplicates_of(minhash[candidates], near_dedup_threshold)
-        kept_doc[candidates[near]] = False
-        counts["dropped"]["near_duplicate"] = int(near.sum())
+        counts["dropped"]["near_duplicate"] = docs.drop_near_duplicates(parts, near_dedup_threshold)
         near_dedup_seconds = round(time.time() - near_started, 2)
-    n_docs = int((kept_doc & ~is_eval_doc).sum())
     if eval_dir is None:
-        n_eval = round(eval_size * n_docs) if eval_size < 1 else int(eval_size)
-        if not 0 < n_eval < n_docs:
-            raise DataError(
-                f"{names.set('eval_size', eval_size)} gives {n_eval} eval rows out of {n_docs}; "
-                f"it must leave at least one for each split (change {names.eval_size}, or add data)"
-            )
-        train_docs = np.flatnonzero(kept_doc)
-        is_eval_doc[train_docs[np.argsort(split_keys[train_docs], kind="stable")[:n_eval]]] = True
+        docs.hold_out(eval_size, names)
+    is_eval_doc, kept_doc, rank, doc_offsets = docs.is_eval, docs.kept, docs.rank, docs.offsets
     # Tokenized rows: each one's document, then kept or not, split and order.
     tokenized = datasets.concatenate_datasets([ds for ds, _ in parts])
     row_doc = np.concatenate(
@@ -355,6 +323,65 @@ def join_shards(
     del splits, tokenized
     shutil.rmtree(work)
     return stats
+
+
+@dataclass
+class _Documents:
+    """Every part's documents in one numbering (part after part): which are kept (one copy of each digest), which
+    are eval, and their rank in the fixed order every later step follows (split key, then digest)."""
+
+    digests: np.ndarray  # (n, 2) uint64
+    split_keys: np.ndarray
+    offsets: np.ndarray  # where each part's documents start
+    is_eval: np.ndarray
+    kept: np.ndarray
+    rank: np.ndarray
+
+    @classmethod
+    def of(cls, keys: list[dict], *, eval_part: bool) -> _Documents:
+        """From the parts' ``keys.npz``; with ``eval_part`` the last part is the eval sources'."""
+        digests = np.concatenate([k["digest"] for k in keys])
+        split_keys = np.concatenate([k["split_key"] for k in keys])
+        offsets = np.cumsum([0] + [len(k["digest"]) for k in keys])
+        is_eval = np.zeros(len(digests), dtype=bool)
+        if eval_part:
+            is_eval[offsets[-2] :] = True
+        # One copy of each document: the first of equal digests in (training before eval, then) part order; all
+        # copies are the same row.
+        order = np.lexsort((np.arange(len(digests)), is_eval, digests[:, 1], digests[:, 0]))
+        ordered = digests[order]
+        first = np.ones(len(order), dtype=bool)
+        first[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+        kept = np.zeros(len(digests), dtype=bool)
+        kept[order[first]] = True
+        rank = np.empty(len(digests), dtype=np.int64)  # a total order on distinct rows
+        rank[np.lexsort((digests[:, 1], digests[:, 0], split_keys))] = np.arange(len(digests))
+        return cls(digests, split_keys, offsets, is_eval, kept, rank)
+
+    def drop_near_duplicates(self, parts: list, threshold: float) -> int:
+        """Drop the kept documents whose MinHash signatures (each part's ``minhash``) are within ``threshold`` of
+        an earlier kept one, training before eval and then in rank order; how many were dropped."""
+        from components.data.near_dedup import near_duplicates_of
+
+        candidates = np.flatnonzero(self.kept)
+        candidates = candidates[np.lexsort((self.rank[candidates], self.is_eval[candidates]))]
+        minhash = np.concatenate([k["minhash"] for _, k in parts])
+        near = near_duplicates_of(minhash[candidates], threshold)
+        self.kept[candidates[near]] = False
+        return int(near.sum())
+
+    def hold_out(self, eval_size: float, names: Options) -> None:
+        """Mark ``eval_size`` of the kept documents eval (a fraction, or a count), those with the smallest split
+        keys, as ``prepare`` takes them."""
+        n_docs = int((self.kept & ~self.is_eval).sum())
+        n_eval = round(eval_size * n_docs) if eval_size < 1 else int(eval_size)
+        if not 0 < n_eval < n_docs:
+            raise DataError(
+                f"{names.set('eval_size', eval_size)} gives {n_eval} eval rows out of {n_docs}; "
+                f"it must leave at least one for each split (change {names.eval_size}, or add data)"
+            )
+        train_docs = np.flatnonzero(self.kept)
+        self.is_eval[train_docs[np.argsort(self.split_keys[train_docs], kind="stable")[:n_eval]]] = True
 
 
 def _merged_counts(shard_stats: list[dict]) -> dict:
