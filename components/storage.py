@@ -5,16 +5,30 @@ Storage through its XML API with HMAC keys), optional and off by default (``mode
     manifest = upload_folder(dest.join("runs/r1/sft/final"), "/mnt/models/runs/r1/sft/final", endpoint=...)
     download_folder("s3://my-bucket/llm/runs/r1/sft/final", "/mnt/models/store/...")
 
-An upload is resumable and verified. Each file goes up in ``part_size`` parts (one PUT when it fits in one), several
-at a time (``workers`` threads), each part with its ``Content-MD5`` so the server refuses bytes that changed on the
-way. A run that stops mid-way (the pod evicted, the network lost) leaves its multipart upload open on the server: the
-next ``upload_folder`` finds it (``list_multipart_uploads``), keeps every part the server holds whose size and ETag
-(the part's MD5) match the local bytes (``list_parts``) and sends only the others; a file the server already holds
-whole (same size and the sha256 this module records in its metadata) is not sent again. After the files,
-every object is checked (its size, and its ETag where the server's is an MD5: not under SSE-KMS) and
-``MANIFEST.json`` (each file's size and sha256) is written last: a folder with a manifest is complete.
+An upload is resumable and verified by the server's own checksums. Each file goes up in ``part_size`` parts (one PUT
+when it fits in one), several at a time (``workers`` threads), each part with its ``Content-MD5`` and its
+``x-amz-checksum-sha256`` (``ChecksumAlgorithm="SHA256"``, the value computed here from the local file), so the server
+refuses bytes that changed on the way. The server stores a SHA256 checksum of what it holds: the whole file's for a
+PUT (``FULL_OBJECT``), for a multipart upload the sha256 of its parts' sha256 digests (``COMPOSITE``; AWS's HEAD
+appends ``-<parts>``). A run that stops mid-way (the pod evicted, the network lost) leaves its multipart upload open on
+the server: the next ``upload_folder`` finds it (``list_multipart_uploads``), keeps every part the server holds whose
+size and checksum (``list_parts``' ``ChecksumSHA256``, else its ETag, the part's MD5) match the local bytes and sends
+only the others; a file the server already holds whole (same size and the server's checksum of it equal to the local
+file's) is not sent again. After the files, every object is checked against the local file by what the server returns
+for it (``head_object(ChecksumMode="ENABLED")``: its size and ``ChecksumSHA256``); then the objects under the folder
+that it no longer has are deleted (``KServe``'s storage initializer downloads the whole prefix), multipart uploads
+left open under it are aborted, and ``MANIFEST.json`` is written last (each file's size, sha256 and the server's
+checksum): a folder with a manifest is complete; the previous one is deleted when an upload starts.
 ``download_folder`` reads the manifest, fetches the files with parallel ranged GETs (boto3's transfer manager) and
 checks each one's size and sha256.
+
+Where a server returns no SHA256 checksum (an older MinIO, GCS's XML API, an object another client wrote without
+one), the check falls back to the ETag where it is the MD5 of what the server holds (not under SSE-KMS: there only
+``Content-MD5``, checked by the server on receipt, stands for it), and the manifest records that ETag instead. Either
+way the ``x-amz-meta-sha256`` this module writes must match too, but it is never enough on its own: a client wrote it.
+moto (the tests' server) checks neither ``Content-MD5`` nor a PUT's ``x-amz-checksum-sha256`` against the bytes and
+stores the sent value; it computes a multipart object's composite from the parts it holds. An upload to a bucket's
+root (no prefix) deletes and aborts nothing there: the bucket is not this folder's.
 
 Credentials: a Secret's ``AWS_ACCESS_KEY_ID`` and ``AWS_SECRET_ACCESS_KEY`` (``model_store_secret``; the launcher and
 preflight read it through the Kubernetes API), else boto3's own chain (the environment, ``~/.aws``, an IAM role for
@@ -54,6 +68,11 @@ MAX_PARTS = 10_000  # S3's most parts per upload
 DEFAULT_PART_SIZE = 64 * MIB
 DEFAULT_WORKERS = 8
 SHA256_METADATA = "sha256"  # x-amz-meta-sha256: the whole file's, set when its upload starts
+CHECKSUM_ALGORITHM = "SHA256"  # S3's additional checksum: the server checks each PUT's and part's and stores it
+DELETE_BATCH = 1000  # S3's most keys per DeleteObjects
+# A resumed upload the server will not continue: created without a SHA256 checksum (by an earlier version of this
+# module), or aborted since it was listed. It is begun again.
+_RESUME_REFUSED = ("InvalidRequest", "InvalidPart", "InvalidArgument", "BadDigest", "NoSuchUpload")
 # A bucket name: S3's rules (3-63 characters: lowercase letters, digits, '.', '-', starting and ending with a letter
 # or digit); GCS also allows '_' and, with dots, up to 222.
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9._-]{1,220}[a-z0-9]$")
@@ -208,25 +227,98 @@ def secret_credentials(core, name: str, namespace: str) -> dict:
     return _credentials_from_secret(secret.data, name)
 
 
-def _digests(path: str, part_size: int) -> tuple[str, list[str]]:
-    """The file's sha256 and the MD5 of each ``part_size`` part (hex), in one read, 8 MiB at a time."""
-    whole, parts, part, in_part = hashlib.sha256(), [], hashlib.md5(usedforsecurity=False), 0
+def _b64(digest: bytes) -> str:
+    return base64.b64encode(digest).decode()
+
+
+def _digests(path: str, part_size: int) -> tuple[str, list[str], list[str]]:
+    """The file's sha256 (hex), and each ``part_size`` part's MD5 (hex) and sha256 (base64, as S3 writes checksums),
+    in one read, 8 MiB at a time."""
+    whole, md5s, sha256s = hashlib.sha256(), [], []
+    md5, sha256, in_part = hashlib.md5(usedforsecurity=False), hashlib.sha256(), 0
     with open(path, "rb") as f:
         while chunk := f.read(min(8 * MIB, part_size - in_part)):
             whole.update(chunk)
-            part.update(chunk)
+            md5.update(chunk)
+            sha256.update(chunk)
             in_part += len(chunk)
             if in_part == part_size:
-                parts.append(part.hexdigest())
-                part, in_part = hashlib.md5(usedforsecurity=False), 0
-    if in_part or not parts:
-        parts.append(part.hexdigest())
-    return whole.hexdigest(), parts
+                md5s.append(md5.hexdigest())
+                sha256s.append(_b64(sha256.digest()))
+                md5, sha256, in_part = hashlib.md5(usedforsecurity=False), hashlib.sha256(), 0
+    if in_part or not md5s:
+        md5s.append(md5.hexdigest())
+        sha256s.append(_b64(sha256.digest()))
+    return whole.hexdigest(), md5s, sha256s
 
 
 def _multipart_etag(part_md5s: list[str]) -> str:
     joined = b"".join(bytes.fromhex(m) for m in part_md5s)
     return f"{hashlib.md5(joined, usedforsecurity=False).hexdigest()}-{len(part_md5s)}"
+
+
+def _whole_checksum(entry: dict) -> str:
+    """The file's ``FULL_OBJECT`` SHA256 checksum, as S3 writes it: its sha256, base64."""
+    return _b64(bytes.fromhex(entry["sha256"]))
+
+
+def _composite_checksum(entry: dict) -> str:
+    """The ``COMPOSITE`` SHA256 checksum S3 stores for the file sent in its parts: the sha256 of the parts' sha256
+    digests, one after another, then ``-<parts>``."""
+    joined = b"".join(base64.b64decode(p) for p in entry["_sha256s"])
+    return f"{_b64(hashlib.sha256(joined).digest())}-{len(entry['_sha256s'])}"
+
+
+def _server_checksum(head: dict, entry: dict) -> dict:
+    """What the server returned to vouch for the object ``head`` describes (one that matched ``entry``), for the
+    manifest: its ``ChecksumSHA256`` and ``ChecksumType`` (a composite written as AWS's HEAD writes it, with
+    ``-<parts>``: moto's leaves it out), else its ``ETag``."""
+    value = head.get("ChecksumSHA256")
+    if not value:
+        return {"ETag": head["ETag"].strip('"')}
+    if value == _whole_checksum(entry):
+        return {"ChecksumSHA256": value, "ChecksumType": "FULL_OBJECT"}
+    return {"ChecksumSHA256": _composite_checksum(entry), "ChecksumType": "COMPOSITE"}
+
+
+def _stored_problem(head: dict, entry: dict) -> str | None:
+    """Why the object ``head`` (a HEAD with ``ChecksumMode="ENABLED"``) describes is not the local file ``entry``;
+    None when it is. The server's SHA256 checksum decides where it returns one (the whole file's, or the composite of
+    the parts as this module cuts them: another cut does not match, and the file is sent again); where it returns
+    none, its ETag where that is an MD5. x-amz-meta-sha256 must match as well: a resumed upload begun for an earlier
+    version of the file carries that version's."""
+    if head["ContentLength"] != entry["size"]:
+        return f"{head['ContentLength']} bytes, the file has {entry['size']}"
+    checksum = head.get("ChecksumSHA256")
+    if checksum:
+        accepted = {_whole_checksum(entry)}
+        if len(entry["_sha256s"]) > 1:
+            composite = _composite_checksum(entry)
+            accepted |= {composite, composite.rpartition("-")[0]}
+        if checksum not in accepted:
+            return f"SHA256 checksum {checksum}, the file's is {sorted(accepted)[-1]}"
+    else:
+        etag = head["ETag"].strip('"')
+        md5s = entry["_md5s"]
+        expected = md5s[0] if len(md5s) == 1 else _multipart_etag(md5s)
+        if re.fullmatch(r"[0-9a-f]{32}(-\d+)?", etag) and etag != expected:
+            return f"MD5 ETag {etag} (and no SHA256 checksum), the file's is {expected}"
+    claimed = head.get("Metadata", {}).get(SHA256_METADATA)
+    if claimed != entry["sha256"]:
+        return f"x-amz-meta-{SHA256_METADATA} {claimed}, the file's is {entry['sha256']}"
+    return None
+
+
+def _head(s3, bucket: str, key: str) -> dict | None:
+    """``head_object`` with the server's checksum (``ChecksumMode="ENABLED"``); None when there is no such key."""
+    from botocore.exceptions import ClientError
+
+    try:
+        return s3.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return None
+        raise
 
 
 def _files(local_dir: str) -> list[str]:

@@ -24,11 +24,39 @@ def check_tasks(tasks: list) -> None:
         return
     if not isinstance(tasks, list) or not all(isinstance(t, str) and t.strip() for t in tasks):
         raise ValueError(f"lm_eval_tasks must be a list of task names such as ['arc_easy', 'hellaswag'], got {tasks!r}")
-    if importlib.util.find_spec("lm_eval") is None:
+    if not installed():
         raise ValueError(
             f"lm_eval_tasks {tasks} need lm-evaluation-harness, which is not installed in this image: "
             f"install {LM_EVAL_PIN} (add the vllm extra for vLLM), or pass lm_eval_tasks=[]"
         )
+
+
+def installed() -> bool:
+    """Whether lm-evaluation-harness can be imported here (the components image has it: the ``eval`` extra)."""
+    return importlib.util.find_spec("lm_eval") is not None
+
+
+def unknown_tasks_problem(tasks: list) -> str | None:
+    """One line naming the entries of ``tasks`` that lm-evaluation-harness's task registry does not know (a task, a
+    group such as ``mmlu``, a tag, or a glob such as ``arc_*``: what ``simple_evaluate`` resolves), with the closest
+    names; None when it knows them all. Needs the harness installed (``installed()``); the index is built from its
+    task configs, without downloading any data."""
+    import difflib
+
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager()  # lm_eval/tasks/manager.py: all_tasks (tasks, groups, tags) and match_tasks (globs)
+    unknown = [t for t in tasks if not manager.match_tasks([t])]
+    if not unknown:
+        return None
+    hints = [
+        f"{t!r}: {', '.join(close)}?" for t in unknown if (close := difflib.get_close_matches(t, manager.all_tasks))
+    ]
+    closest = f" (closest: {'; '.join(hints)})" if hints else ""
+    return (
+        f"lm_eval_tasks: {unknown} are not tasks, groups or tags lm-evaluation-harness knows{closest}; "
+        f"pick from its {len(manager.all_tasks):,} names (lm_eval.tasks.TaskManager().all_tasks)"
+    )
 
 
 def harness_arguments(model_path: str, tasks: list, limit: int, use_vllm: bool, gpus: int) -> dict:

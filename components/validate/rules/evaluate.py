@@ -18,6 +18,8 @@ def check_evaluate_settings(s: Settings) -> list[str | None]:
     errors: list[str | None] = []
     if not all(isinstance(t, str) and t.strip() for t in tasks):
         errors.append(f'lm_eval_tasks={tasks!r} must be a list of task names, e.g. ["hellaswag"]')
+    elif tasks:
+        errors.append(_lm_eval_tasks(s))
     if s.cluster.train_backend == "local":
         # The evaluation runs on this machine: read the prompts now, not after training. (On a cluster the file is on
         # a volume this step does not mount; the data step looks for it there.)
@@ -30,6 +32,23 @@ def check_evaluate_settings(s: Settings) -> list[str | None]:
     else:
         errors.append(_eval_gpus(s))
     return errors + _judge(s)
+
+
+def _lm_eval_tasks(s: Settings) -> str | None:
+    """The task names against lm-evaluation-harness's registry, where it is installed: in the components image (the
+    validate pod) and on a machine with the eval extra. A local run without it would fail after training: one error
+    here. A cluster run checked from a machine without it is checked again by the validate pod."""
+    from components.evaluate import harness
+
+    if harness.installed():
+        return harness.unknown_tasks_problem(s.evaluate.lm_eval_tasks)
+    if s.cluster.train_backend == "local":
+        return (
+            f"lm_eval_tasks={s.evaluate.lm_eval_tasks!r}: lm-evaluation-harness is not installed on this machine, and "
+            f"the local run's evaluation needs it: pip install '{harness.LM_EVAL_PIN}' (or the package's eval extra), "
+            "or set lm_eval_tasks=[]"
+        )
+    return None
 
 
 def _judge(s: Settings) -> list[str | None]:
