@@ -52,6 +52,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from components.secrets import STORE_KEYS
 
@@ -291,12 +292,13 @@ def _stored_problem(head: dict, entry: dict) -> str | None:
         return f"{head['ContentLength']} bytes, the file has {entry['size']}"
     checksum = head.get("ChecksumSHA256")
     if checksum:
-        accepted = {_whole_checksum(entry)}
-        if len(entry["_sha256s"]) > 1:
-            composite = _composite_checksum(entry)
-            accepted |= {composite, composite.rpartition("-")[0]}
+        expected = _whole_checksum(entry)
+        accepted = {expected}
+        if len(entry["_sha256s"]) > 1:  # a file sent whole elsewhere matches too
+            expected = _composite_checksum(entry)
+            accepted |= {expected, expected.rpartition("-")[0]}
         if checksum not in accepted:
-            return f"SHA256 checksum {checksum}, the file's is {sorted(accepted)[-1]}"
+            return f"SHA256 checksum {checksum}, the file's is {expected}"
     else:
         etag = head["ETag"].strip('"')
         md5s = entry["_md5s"]
@@ -401,37 +403,61 @@ def _check_etag(what: str, etag: str, md5: str) -> None:
         raise OSError(f"{what}: the server stored MD5 {etag}, sent {md5}")
 
 
+def _sends_checksums(s3) -> bool:
+    """Whether uploads through ``s3`` carry ``x-amz-checksum-sha256``: not to GCS's XML API, which keeps no such
+    checksum and is reported to refuse requests with checksum headers it does not expect (its objects are checked by
+    their MD5 ETags)."""
+    return urlparse(s3.meta.endpoint_url or "").netloc != urlparse(GCS_ENDPOINT).netloc
+
+
+def _part_held(part: dict, md5: str, sha256: str, length: int) -> bool:
+    """Whether a part the server holds (``list_parts``) is this local part: its size, and its SHA256 checksum where
+    the server lists one (AWS, a recent MinIO), else its ETag (the part's MD5; moto lists no part checksums)."""
+    if part["Size"] != length:
+        return False
+    if part.get("ChecksumSHA256"):
+        return part["ChecksumSHA256"] == sha256
+    return part["ETag"].strip('"') == md5
+
+
 def _upload_file(
     s3,
     dest: StoreURI,
     path: str,
     relative: str,
+    entry: dict,
     *,
-    size: int,
-    sha256: str,
-    part_md5s: list[str],
     part_size: int,
     pool: ThreadPoolExecutor,
     progress: _Progress,
     on_part: PartHook | None,
 ) -> str:
-    """Send one file (what the server lacks of it); returns what happened: present, put or parts sent/total."""
+    """Send one file (``entry``: its size, sha256 and parts' digests; what the server lacks of it); returns what
+    happened: present, put or parts sent/total."""
     from botocore.exceptions import ClientError
 
     key = dest.key(relative)
-    try:
-        head = s3.head_object(Bucket=dest.bucket, Key=key)
-        if head["ContentLength"] == size and head.get("Metadata", {}).get(SHA256_METADATA) == sha256:
-            progress.add(size)
-            return "present"
-    except ClientError as exc:
-        if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
-            raise
-    metadata = {SHA256_METADATA: sha256}
+    size, part_md5s, part_sha256s = entry["size"], entry["_md5s"], entry["_sha256s"]
+    checksums = _sends_checksums(s3)
+    algorithm = {"ChecksumAlgorithm": CHECKSUM_ALGORITHM} if checksums else {}
+
+    def checksum(number: int) -> dict:  # the part's sha256 (a PUT's: the whole file's) for the server to check
+        return {**algorithm, "ChecksumSHA256": part_sha256s[number - 1]} if checksums else {}
+
+    head = _head(s3, dest.bucket, key)
+    if head is not None and _stored_problem(head, entry) is None:
+        progress.add(size)
+        return "present"
+    metadata = {SHA256_METADATA: entry["sha256"]}
     if len(part_md5s) == 1:
         with open(path, "rb") as f:
             reply = s3.put_object(
-                Bucket=dest.bucket, Key=key, Body=f.read(), ContentMD5=_md5_b64(part_md5s[0]), Metadata=metadata
+                Bucket=dest.bucket,
+                Key=key,
+                Body=f.read(),
+                ContentMD5=_md5_b64(part_md5s[0]),
+                Metadata=metadata,
+                **checksum(1),
             )
         _check_etag(key, reply["ETag"], part_md5s[0])
         progress.add(size)
@@ -439,20 +465,23 @@ def _upload_file(
             on_part(key, 1, size)
         return "put"
 
-    def attempt(fresh: bool) -> tuple[str, str]:
+    def length_of(number: int) -> int:
+        return min(part_size, size - (number - 1) * part_size)
+
+    def attempt(fresh: bool) -> str:
         upload_id, held = (None, {}) if fresh else _open_upload(s3, dest.bucket, key)
         kept = {
             n: p["ETag"]
             for n, p in held.items()
-            if n <= len(part_md5s)
-            and p["ETag"].strip('"') == part_md5s[n - 1]
-            and p["Size"] == min(part_size, size - (n - 1) * part_size)
+            if n <= len(part_md5s) and _part_held(p, part_md5s[n - 1], part_sha256s[n - 1], length_of(n))
         }
         if upload_id is None:
-            upload_id = s3.create_multipart_upload(Bucket=dest.bucket, Key=key, Metadata=metadata)["UploadId"]
+            upload_id = s3.create_multipart_upload(Bucket=dest.bucket, Key=key, Metadata=metadata, **algorithm)[
+                "UploadId"
+            ]
         else:
             log.info("%s: resuming its upload, %d of %d parts already on the server", key, len(kept), len(part_md5s))
-        progress.add(sum(min(part_size, size - (n - 1) * part_size) for n in kept))
+        progress.add(sum(length_of(n) for n in kept))
 
         failed = threading.Event()  # one part failed: the parts not started yet are not sent
 
@@ -466,8 +495,7 @@ def _upload_file(
                 raise
 
         def send_part(number: int) -> tuple[int, str]:
-            offset = (number - 1) * part_size
-            length = min(part_size, size - offset)
+            offset, length = (number - 1) * part_size, length_of(number)
             with open(path, "rb") as f:
                 f.seek(offset)
                 body = f.read(length)
@@ -479,6 +507,7 @@ def _upload_file(
                 PartNumber=number,
                 Body=body,
                 ContentMD5=_md5_b64(md5),
+                **checksum(number),
             )
             _check_etag(f"{key} part {number}", reply["ETag"], md5)
             progress.add(length)
@@ -498,33 +527,106 @@ def _upload_file(
             first = next((e for e in errors if e is not None and not isinstance(e, _Stopped)), None)
             raise (first or exc) from None
         parts = [{"PartNumber": n, "ETag": etag} for n, etag in sorted({**kept, **sent}.items())]
+        if checksums:  # each part's goes with it: the server refuses the upload where one differs from the part held
+            for part in parts:
+                part["ChecksumSHA256"] = part_sha256s[part["PartNumber"] - 1]
         reply = s3.complete_multipart_upload(
             Bucket=dest.bucket, Key=key, UploadId=upload_id, MultipartUpload={"Parts": parts}
         )
         etag = reply.get("ETag", "").strip('"')
         if re.fullmatch(r"[0-9a-f]{32}-\d+", etag) and etag != _multipart_etag(part_md5s):
             raise OSError(f"{key}: the server assembled {etag}, expected {_multipart_etag(part_md5s)}")
-        return upload_id, f"{len(missing)} of {len(part_md5s)} parts sent"
+        return f"{len(missing)} of {len(part_md5s)} parts sent"
 
     for fresh in (False, True):
-        _, done = attempt(fresh)
-        if s3.head_object(Bucket=dest.bucket, Key=key).get("Metadata", {}).get(SHA256_METADATA) == sha256:
+        try:
+            done = attempt(fresh)
+        except ClientError as exc:
+            if fresh or exc.response.get("Error", {}).get("Code") not in _RESUME_REFUSED:
+                raise
+            log.warning("%s: the server would not continue the upload resumed (%s); uploading it again", key, exc)
+            continue
+        head = _head(s3, dest.bucket, key)
+        problem = "nothing" if head is None else _stored_problem(head, entry)
+        if problem is None:
             return done
+        if fresh:
+            raise OSError(f"{key}: uploaded twice and the server holds {problem}")
         # The open upload resumed was begun for an earlier version of this file (a re-written final/): its parts
         # that matched are this file's, but its recorded sha256 is not. Sent again whole.
-        log.warning("%s: the upload resumed was of an earlier version of the file; uploading it again", key)
+        log.warning("%s: the upload resumed was of an earlier version of the file (%s); sending it again", key, problem)
         s3.delete_object(Bucket=dest.bucket, Key=key)
-    raise OSError(f"{key}: uploaded twice and the server still records another sha256")
+    raise AssertionError("unreachable")
 
 
 def folder_manifest(local_dir: str, part_size: int = DEFAULT_PART_SIZE, workers: int = DEFAULT_WORKERS) -> dict:
-    """Each file under ``local_dir`` (relative path -> size, sha256), hashed ``workers`` files at a time."""
+    """Each file under ``local_dir`` (relative path -> size, sha256, and its parts' digests: ``_md5s``,
+    ``_sha256s``), hashed ``workers`` files at a time."""
     names = [n for n in _files(local_dir) if n != MANIFEST]
     with ThreadPoolExecutor(max(1, workers)) as pool:
         sizes = {n: os.path.getsize(os.path.join(local_dir, n)) for n in names}
         digests = pool.map(lambda n: _digests(os.path.join(local_dir, n), _part_size_for(sizes[n], part_size)), names)
-        files = {n: {"size": sizes[n], "sha256": d[0], "_parts": d[1]} for n, d in zip(names, digests, strict=True)}
+        files = {
+            n: {"size": sizes[n], "sha256": d[0], "_md5s": d[1], "_sha256s": d[2]}
+            for n, d in zip(names, digests, strict=True)
+        }
     return {"files": files, "total_bytes": sum(sizes.values())}
+
+
+def _delete_key(s3, bucket: str, key: str) -> None:
+    """Delete one object; one already gone is no error (S3 answers 204 there, GCS 404)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        s3.delete_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") not in ("404", "NoSuchKey", "NotFound"):
+            raise
+
+
+def _delete_stale(s3, dest: StoreURI, keep: set[str]) -> int:
+    """Delete the objects under the folder ``dest`` whose keys are not in ``keep``, ``DELETE_BATCH`` keys a request
+    (one by one where the server has no DeleteObjects: GCS's XML API); how many."""
+    from botocore.exceptions import ClientError
+
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket=dest.bucket, Prefix=dest.prefix + "/")
+    stale = [o["Key"] for page in pages for o in page.get("Contents", []) if o["Key"] not in keep]
+    for start in range(0, len(stale), DELETE_BATCH):
+        batch = stale[start : start + DELETE_BATCH]
+        try:
+            reply = s3.delete_objects(
+                Bucket=dest.bucket, Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True}
+            )
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") not in ("NotImplemented", "InvalidArgument"):
+                raise
+            for key in batch:
+                _delete_key(s3, dest.bucket, key)
+            continue
+        if errors := reply.get("Errors"):
+            first = errors[0]
+            raise OSError(
+                f"{dest}: {len(errors)} objects the folder no longer has were not deleted, e.g. {first.get('Key')}: "
+                f"{first.get('Code')} {first.get('Message')}"
+            )
+    return len(stale)
+
+
+def _abort_open_uploads(s3, dest: StoreURI) -> int:
+    """Abort every multipart upload open under the folder ``dest``; how many. Called once every file is whole: the
+    uploads just finished are no longer open, so what is left was abandoned (a file the folder no longer has, an
+    older duplicate, a run stopped for good) and its parts would be billed for nothing."""
+    from botocore.exceptions import ClientError
+
+    pages = s3.get_paginator("list_multipart_uploads").paginate(Bucket=dest.bucket, Prefix=dest.prefix + "/")
+    uploads = [(u["Key"], u["UploadId"]) for page in pages for u in page.get("Uploads", [])]
+    for key, upload_id in uploads:
+        try:
+            s3.abort_multipart_upload(Bucket=dest.bucket, Key=key, UploadId=upload_id)
+        except ClientError as exc:  # ended meanwhile
+            if exc.response.get("Error", {}).get("Code") not in ("NoSuchUpload", "404"):
+                raise
+    return len(uploads)
 
 
 def upload_folder(
@@ -540,7 +642,9 @@ def upload_folder(
     client: Any = None,
 ) -> dict:
     """Upload every file under ``local_dir`` to the folder ``uri``, resuming what an earlier call left unfinished,
-    then verify each object and write ``MANIFEST.json`` there last.
+    then verify each object by the server's checksum of it, delete the objects under ``uri`` that ``local_dir`` no
+    longer has, abort the multipart uploads left open under it, and write ``MANIFEST.json`` there last. At a bucket's
+    root (no prefix) nothing is deleted or aborted.
 
     Args:
         uri: the destination folder, ``s3://bucket/prefix`` or ``gs://bucket/prefix``.
@@ -554,12 +658,14 @@ def upload_folder(
         client: a boto3 S3 client to use instead of making one.
 
     Returns:
-        The manifest: ``uri``, ``files`` (relative path -> size, sha256), ``total_bytes``, ``uploaded`` (per file:
-        present, put, or how many parts were sent).
+        The manifest: ``uri``, ``files`` (relative path -> ``size``, ``sha256`` and ``server_checksum``: the server's
+        ``ChecksumSHA256`` and ``ChecksumType``, or its ``ETag`` where it returns no checksum), ``total_bytes``,
+        ``uploaded`` (per file: present, put, or how many parts were sent).
 
     Raises:
         ValueError: a bad ``uri``, ``local_dir`` not a folder, or ``part_size`` below 5 MiB.
-        OSError: an object that does not match the local file after the upload.
+        OSError: an object that does not match the local file after the upload, or a stale one the server would not
+            delete.
         botocore's errors: what the server refused (credentials, a missing bucket).
     """
     dest = uri if isinstance(uri, StoreURI) else parse_store_uri(uri)
@@ -570,6 +676,8 @@ def upload_folder(
     s3 = client or s3_client(dest, endpoint, credentials, workers=workers)
     started = time.monotonic()
     manifest = folder_manifest(local_dir, part_size, workers)
+    # An earlier upload's manifest would vouch for a folder whose files change from here on.
+    _delete_key(s3, dest.bucket, dest.key(MANIFEST))
     progress = _Progress(manifest["total_bytes"], f"upload to {dest}", progress_seconds)
     uploaded = {}
     with ThreadPoolExecutor(max(1, workers)) as pool:
@@ -581,9 +689,7 @@ def upload_folder(
                 dest,
                 os.path.join(local_dir, name),
                 name,
-                size=entry["size"],
-                sha256=entry["sha256"],
-                part_md5s=entry["_parts"],
+                entry,
                 part_size=_part_size_for(entry["size"], part_size),
                 pool=pool,
                 progress=progress,
@@ -592,20 +698,27 @@ def upload_folder(
 
         # Files of one part (configs, tokenizers, small shards) go up side by side, a task each; a larger file's
         # parts fill the same pool, one file after another.
-        whole = {n: pool.submit(upload, n) for n, e in manifest["files"].items() if len(e["_parts"]) == 1}
+        whole = {n: pool.submit(upload, n) for n, e in manifest["files"].items() if len(e["_md5s"]) == 1}
         for name, entry in manifest["files"].items():
-            if len(entry["_parts"]) > 1:
+            if len(entry["_md5s"]) > 1:
                 uploaded[name] = upload(name)
         uploaded.update({name: future.result() for name, future in whole.items()})
         uploaded = {name: uploaded[name] for name in manifest["files"]}
+    files = {}
     for name, entry in manifest["files"].items():  # what the server holds now, object by object
-        head = s3.head_object(Bucket=dest.bucket, Key=dest.key(name))
-        if head["ContentLength"] != entry["size"] or head.get("Metadata", {}).get(SHA256_METADATA) != entry["sha256"]:
-            raise OSError(
-                f"{dest.key(name)}: the server holds {head['ContentLength']} bytes (sha256 "
-                f"{head.get('Metadata', {}).get(SHA256_METADATA)}), the file has {entry['size']} ({entry['sha256']})"
-            )
-    files = {n: {"size": e["size"], "sha256": e["sha256"]} for n, e in manifest["files"].items()}
+        head = _head(s3, dest.bucket, dest.key(name))
+        problem = "nothing" if head is None else _stored_problem(head, entry)
+        if head is None or problem is not None:
+            raise OSError(f"{dest.key(name)}: the server holds {problem}")
+        server = _server_checksum(head, entry)
+        files[name] = {"size": entry["size"], "sha256": entry["sha256"], "server_checksum": server}
+    if dest.prefix:
+        if deleted := _delete_stale(s3, dest, {dest.key(n) for n in [*files, MANIFEST]}):
+            log.info("deleted %d objects under %s that the folder no longer has", deleted, dest)
+        if aborted := _abort_open_uploads(s3, dest):
+            log.info("aborted %d multipart uploads left open under %s", aborted, dest)
+    else:
+        log.warning("%s is the bucket's root: other objects and open uploads there are left as they are", dest)
     record = {"uri": str(dest), "files": files, "total_bytes": manifest["total_bytes"]}
     s3.put_object(
         Bucket=dest.bucket,

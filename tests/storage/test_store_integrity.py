@@ -155,9 +155,7 @@ def test_a_server_without_checksums_is_checked_by_its_md5_etag(s3_server, tmp_pa
     s3 = _strip_checksums(s3_server.client())
     manifest = storage.upload_folder(uri, str(src), client=s3, part_size=PART)
     md5s = [hashlib.md5(files["model.bin"][i : i + PART]).digest() for i in (0, PART)]
-    assert manifest["files"]["model.bin"]["server_checksum"] == {
-        "ETag": f"{hashlib.md5(b''.join(md5s)).hexdigest()}-2"
-    }
+    assert manifest["files"]["model.bin"]["server_checksum"] == {"ETag": f"{hashlib.md5(b''.join(md5s)).hexdigest()}-2"}
     assert manifest["files"]["config.json"]["server_checksum"] == {"ETag": hashlib.md5(b"{}").hexdigest()}
 
     _forge(s3_server.client(), "no-checksums/final/config.json", 2, hashlib.sha256(b"{}").hexdigest())
@@ -226,7 +224,66 @@ def test_no_multipart_upload_stays_open_under_the_folder_once_an_upload_finished
     manifest = storage.upload_folder(uri, str(src), client=s3, part_size=PART, workers=2)
     assert set(manifest["files"]) == {"model.safetensors", "config.json"}
     assert _open_uploads(s3, "abandoned/final/") == set()
-    assert [u["UploadId"] for u in s3.list_multipart_uploads(Bucket=BUCKET, Prefix="abandoned/final-2/")["Uploads"]] == [
-        neighbour
-    ]
+    left = s3.list_multipart_uploads(Bucket=BUCKET, Prefix="abandoned/final-2/")["Uploads"]
+    assert [u["UploadId"] for u in left] == [neighbour]
     s3.abort_multipart_upload(Bucket=BUCKET, Key="abandoned/final-2/model.bin", UploadId=neighbour)
+
+
+def _refuse(s3, operation: str, code: str, when=lambda params: True):
+    """``s3`` made to see ``operation`` refused with ``code`` (where ``when`` holds for its parameters), as a server
+    that lacks it, or refuses the request, answers."""
+    from botocore.exceptions import ClientError
+
+    def refuse(params, **_):
+        if when(params):
+            raise ClientError({"Error": {"Code": code, "Message": "refused by the test"}}, operation)
+
+    s3.meta.events.register(f"provide-client-params.s3.{operation}", refuse)
+    return s3
+
+
+def test_where_the_server_has_no_delete_objects_stale_keys_go_one_by_one(s3_server, tmp_path):
+    """GCS's XML API has no DeleteObjects (it answers NotImplemented or InvalidArgument)."""
+    src = tmp_path / "final"
+    _write(src, {"a.json": b"{}", "b.json": b"{}"})
+    uri = f"s3://{BUCKET}/gcs-like/final"
+    s3 = _refuse(s3_server.client(), "DeleteObjects", "NotImplemented")
+    storage.upload_folder(uri, str(src), client=s3)
+    (src / "b.json").unlink()
+    storage.upload_folder(uri, str(src), client=s3)
+    assert _keys(s3, "gcs-like/final/") == {"gcs-like/final/a.json", f"gcs-like/final/{storage.MANIFEST}"}
+
+
+def test_an_open_upload_the_server_will_not_continue_is_begun_again(s3_server, tmp_path):
+    """An upload an earlier version of this module opened without a SHA256 checksum: AWS refuses parts with one
+    there (InvalidRequest, "Checksum Type mismatch"; moto does not, so the test's client plays it)."""
+    src = tmp_path / "final"
+    data = os.urandom(PART + 5)
+    _write(src, {"model.bin": data})
+    key = "refused/final/model.bin"
+    s3 = s3_server.client()
+    old = s3.create_multipart_upload(Bucket=BUCKET, Key=key)["UploadId"]
+    s3.upload_part(Bucket=BUCKET, Key=key, UploadId=old, PartNumber=1, Body=data[:PART])
+    s3 = _refuse(s3, "UploadPart", "InvalidRequest", when=lambda params: params["UploadId"] == old)
+    manifest = storage.upload_folder(f"s3://{BUCKET}/refused/final", str(src), client=s3, part_size=PART)
+    assert manifest["uploaded"]["model.bin"] == "2 of 2 parts sent"
+    assert s3.get_object(Bucket=BUCKET, Key=key)["Body"].read() == data
+    assert _open_uploads(s3, "refused/final/") == set()
+
+
+def test_uploads_to_gcs_carry_no_sha256_checksum_and_are_checked_by_their_etags(s3_server, tmp_path, monkeypatch):
+    """GCS's XML API keeps no x-amz-checksum-*: the test's server stands in for its endpoint."""
+    monkeypatch.setattr(storage, "GCS_ENDPOINT", s3_server.endpoint)
+    src = tmp_path / "final"
+    files = {"model.bin": os.urandom(PART + 3), "config.json": b"{}"}
+    _write(src, files)
+    s3 = s3_server.client()
+    manifest = storage.upload_folder(f"s3://{BUCKET}/gcs/final", str(src), client=s3, part_size=PART)
+    for name in files:
+        head = s3.head_object(Bucket=BUCKET, Key=f"gcs/final/{name}", ChecksumMode="ENABLED")
+        assert "ChecksumSHA256" not in head, name
+        assert set(manifest["files"][name]["server_checksum"]) == {"ETag"}, name
+    assert storage.upload_folder(f"s3://{BUCKET}/gcs/final", str(src), client=s3, part_size=PART)["uploaded"] == {
+        "model.bin": "present",
+        "config.json": "present",
+    }

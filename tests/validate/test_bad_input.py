@@ -235,3 +235,11 @@ def test_missing_eval_prompts_exit_2_before_anything_runs(tmp_path):
     assert result.returncode == 2, result.stdout + result.stderr
     assert result.stderr.startswith("error: invalid settings: eval_prompts: '/missing.jsonl' is not a file")
     assert len(result.stderr.strip().splitlines()) == 1 and not (tmp_path / "ws").exists()
+
+
+@pytest.mark.parametrize("preset", ["local-tiny", "qwen3-30b-a3b-full"])
+def test_a_column_mapping_onto_a_column_the_bundled_sample_lacks_is_one_error_on_any_backend(preset):
+    # Before, the bundled sample (the default source) was skipped: the run trained as if the mapping were not set.
+    values = {**P.resolve(preset), "dataset_source": "builtin:sample", "column_mapping": {"messages": "dialog"}}
+    error = only(check(values), "column_mapping")
+    assert "onto column 'dialog', which" in error and "instructions.jsonl does not have" in error

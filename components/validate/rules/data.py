@@ -39,7 +39,7 @@ def check_data_settings(s: Settings) -> list[str | None]:
             "chunk length: each chunk repeats that many tokens of the one before it as context); lower it, e.g. to "
             f"{s.train.max_seq_length // 8}, or 0"
         )
-    return errors + _claim_errors(s) + (_local_source_errors(s) if s.cluster.train_backend == "local" else [])
+    return errors + _claim_errors(s) + _source_errors(s, local=s.cluster.train_backend == "local")
 
 
 def _stage_sources(s: Settings) -> dict[str, str]:
@@ -67,12 +67,15 @@ def _claim_errors(s: Settings) -> list[str | None]:
     ]
 
 
-def _local_source_errors(s: Settings) -> list[str | None]:
-    """A local run reads its sources on this machine: each local path must name files, and the first row of each
+def _source_errors(s: Settings, *, local: bool) -> list[str | None]:
+    """The sources this pod can read now: the bundled samples (``builtin:``, in the package here as in the image)
+    always, and a ``local`` run's paths on this machine. Each path must name files, and the first row of each
     source's first file must have the columns its column mapping names and its format needs (what the data step
-    would fail on a minute later, after loading the tokenizer). Hub ids, builtin:, pvc://, s3:// and gs:// sources
-    are the data step's to read; the rows past the first are too (broken ones: max_bad_rows)."""
+    would fail on a minute later, after loading the tokenizer; a mapping onto a column the bundled sample lacks would
+    otherwise be ignored). Hub ids, pvc://, s3:// and gs:// sources, and a cluster run's paths, are the data step's
+    to read; the rows past the first are too (broken ones: max_bad_rows)."""
     from components.data.run import COLUMN_MAPPINGS, stage_options
+    from components.data.samples import BUILTIN, builtin_path
 
     values = s.flat()
     errors: list[str | None] = []
@@ -80,10 +83,11 @@ def _local_source_errors(s: Settings) -> list[str | None]:
         names, fmt = stage_options(stage), STAGE_DATA[stage][1] or s.data.dataset_format
         mapping = values[COLUMN_MAPPINGS[stage]] if stage in COLUMN_MAPPINGS else {}
         for source in _sources(values[setting]):
-            if source.startswith(("builtin:", "pvc://", "hf://", "s3://", "gs://")):  # the data step reads these
-                continue
+            builtin = source in BUILTIN  # another builtin: name is checked with the stage's sources
+            if source.startswith(("pvc://", "hf://", "s3://", "gs://")) or not (local or builtin):
+                continue  # the data step reads these
             try:
-                files = local_files(source)
+                files = [builtin_path(source)] if builtin else local_files(source)
                 first = files[0] if isinstance(files, list) else None  # not a Hub id, nor a saved dataset
                 columns = first_columns(first) if first else None
             except (SourceError, OSError) as e:
