@@ -274,8 +274,14 @@ def test_the_grpo_data_step_imports_a_function_on_the_data_volume_that_validate_
     assert grpo_function_error(Settings.from_flat({**defaults(), **GRPO})) is None  # no function reward
 
 
-def test_a_grpo_column_mapping_names_prompt_or_answer():
-    assert _errors(**GRPO, grpo_column_mapping={"prompt": "question", "answer": "solution"}) == []
+def test_a_grpo_column_mapping_names_prompt_or_answer(tmp_path):
+    rows = tmp_path / "math.jsonl"
+    rows.write_text('{"question": "2+2?", "solution": "4"}\n')
+    mapped = {"grpo_dataset_source": str(rows), "grpo_column_mapping": {"prompt": "question", "answer": "solution"}}
+    assert _errors(**{**GRPO, **mapped}) == []
+    # onto the bundled prompts, which have no such columns, the mapping would be ignored: one error instead
+    (error,) = _errors(**GRPO, grpo_column_mapping={"prompt": "question", "answer": "solution"})
+    assert error.startswith('grpo_column_mapping={"prompt": "question", "answer": "solution"}: maps \'prompt\' onto')
     assert _errors(**GRPO, grpo_column_mapping={"question": "prompt"}) == [
         "grpo_column_mapping: 'question' -> 'prompt': map prompt or answer to your column's name, e.g. "
         '{"prompt": "question"}'

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from components.data.formats import check_columns, detect_format
+from components.data.formats import REQUIRED, check_columns, detect_format
 from components.data.peek import SourceError, first_columns, local_files
 from components.settings import Settings
 from components.stages import STAGE_DATA
@@ -82,6 +82,10 @@ def _source_errors(s: Settings, *, local: bool) -> list[str | None]:
     for setting, stage in _stage_sources(s).items():
         names, fmt = stage_options(stage), STAGE_DATA[stage][1] or s.data.dataset_format
         mapping = values[COLUMN_MAPPINGS[stage]] if stage in COLUMN_MAPPINGS else {}
+        readable = {c for columns in REQUIRED.values() for c in columns} | {"input", "system", "answer"}
+        unreadable = fmt not in ("auto", *REQUIRED) or (stage == "sft" and fmt in ("preference", "prompts"))
+        if unreadable or set(mapping) - readable:
+            continue  # a format or mapping the stage cannot read: its own error says so
         for source in _sources(values[setting]):
             builtin = source in BUILTIN  # another builtin: name is checked with the stage's sources
             if source.startswith(("pvc://", "hf://", "s3://", "gs://")) or not (local or builtin):
