@@ -163,3 +163,13 @@ def test_a_variant_placed_on_other_nodes_counts_those():
         ready_cluster(api).add_node("a100-0", a100, gpus=8, taints=[GPU_TAINT])
         # v1 on the two H100 nodes (the run's selector), v2 on the A100 one: 16 + 8 of 24 GPUs.
         assert preflight_problems(api, variants=variants, variants_parallel=2) == []
+
+
+def test_a_variant_of_another_base_model_is_one_error_naming_it():
+    # Scored on the run's held-out split tokenized with the run's tokenizer, another model's would be scored wrongly.
+    run_model = defaults()["model_name_or_path"]
+    same = [{"model_name_or_path": run_model, "learning_rate": 1e-5}, {"learning_rate": 5e-5}]
+    assert errors(same) == []
+    (error,) = errors([{"model_name_or_path": "Qwen/Qwen3-8B"}, {"learning_rate": 5e-5}])
+    assert error.startswith("variants[0] ('v1'): model_name_or_path='Qwen/Qwen3-8B' is not the run's")
+    assert "compare base models in separate runs" in error
