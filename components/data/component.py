@@ -121,8 +121,7 @@ def prepare_data_shard(item: dict, data_root: str, run_id: str):
     from components.observe.process import start_step
 
     start_step("prepare_data_shard")
-    if not item["stage"]:
-        print("data_shards=1: the data step reads and tokenizes the data itself")
+    if not item["stage"]:  # data_shards=1: the data step reads and tokenizes the data itself
         return
     from components.kube import egress_env
     from components.settings import Settings
