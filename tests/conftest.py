@@ -18,11 +18,11 @@ def pytest_configure(config):
         raise pytest.UsageError(f"no reference specs at {REFERENCE} (REFERENCE_DIR: a folder like tests/reference)")
 
 
-# With pytest-xdist (`-n 2`: CI and the README's command), tests run on two workers at once. These modules hold the
-# machine for themselves in ways a test beside them would disturb, so they share one xdist group (`--dist loadgroup`
-# in pyproject.toml: one worker runs them, one after another): they make and count network namespaces and veth
-# pairs (`ip netns list` before and after), run the real vLLM engine in a pod's namespace, and measure the bytes
-# crossing a link.
+# With pytest-xdist (`python -m pytest -n 2`; CI runs them one at a time), tests run on two workers at once. These
+# modules hold the machine for themselves in ways a test beside them would disturb, so they share one xdist group
+# (`--dist loadgroup` in pyproject.toml: one worker runs them, one after another): they make and count network
+# namespaces and veth pairs (`ip netns list` before and after), run the real vLLM engine in a pod's namespace, and
+# measure the bytes crossing a link.
 ONE_AT_A_TIME = (
     "tests/train/launcher/test_rehearsal.py",
     "tests/deploy/test_serving_rehearsal.py",

@@ -10,9 +10,6 @@ import pytest
 from tests.helpers.repo import run_cli
 
 VARIANTS = '[{"learning_rate": 0.006}, {"learning_rate": 0.002, "name": "low-lr"}]'
-# What this test asserts (both scored on the same tokens, the better served, each in its own folders) does not depend
-# on how long they train: 20 steps each instead of the recipe's 102 (the default run's test pins the full recipe).
-SHORT = ("-p", "max_steps=20")
 
 
 @pytest.mark.slow
@@ -27,7 +24,6 @@ def test_two_variants_train_are_compared_and_the_better_is_served(tmp_path):
         str(summary_path),
         "-p",
         f"variants={VARIANTS}",
-        *SHORT,
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
