@@ -367,24 +367,19 @@ def _build(prep: shard_work.Preparation, tmp: Path, eval_size, packing) -> dict:
     fitted = np.minimum(lengths, max_seq_length)
     stats["length_histogram"] = length_histogram(lengths)
 
-    splits = {}
-    for split, mask in (("train", ~is_eval & keep), ("eval", is_eval & keep)):
-        idx = np.flatnonzero(mask)
-        if not len(idx):
-            raise DataError(
-                f"every {split} row was filtered out (dropped: {stats['dropped']}); "
-                "raise max_seq_length, use over_length='truncate', or check the data"
-            )
-        splits[split], stats[split] = tokenizing.split_rows(
-            tokenized,
-            idx,
-            fitted,
-            label_tokens,
-            max_seq_length=max_seq_length,
-            packing=stats["packing"],
-            pad_id=tokenizing.pad_id(tok),
-            path=work / f"packed_{split}.arrow",
-        )
+    selected = {split: np.flatnonzero(mask) for split, mask in (("train", ~is_eval & keep), ("eval", is_eval & keep))}
+    splits, counts_of = tokenizing.pack_splits(
+        tokenized,
+        selected,
+        fitted,
+        label_tokens,
+        max_seq_length=max_seq_length,
+        packing=stats["packing"],
+        tok=tok,
+        work=work,
+        dropped=stats["dropped"],
+    )
+    stats.update(counts_of)
     first = tokenized.select(np.flatnonzero(~is_eval & keep)[:N_REPORT_EXAMPLES])["input_ids"]
     stats["examples"] = [tok.decode(ids) for ids in first]
     datasets.DatasetDict(splits).save_to_disk(str(tmp))

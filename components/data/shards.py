@@ -299,26 +299,23 @@ def join_shards(
         stats.update(chunked_documents=chunked, chunks=int((kept_chunk >= 1).sum()) + chunked)
     work = out / "_work"
     work.mkdir(parents=True)
-    splits = {}
-    for split, mask in (("train", ~is_eval_doc[row_doc] & keep), ("eval", is_eval_doc[row_doc] & keep)):
-        idx = row_order[mask[row_order]]
-        if not len(idx):
-            raise DataError(
-                f"every {split} row was filtered out (dropped: {stats['dropped']}); "
-                "raise max_seq_length, use over_length='truncate', or check the data"
-            )
-        splits[split], stats[split] = tokenizing.split_rows(
-            tokenized,
-            idx,
-            fitted,
-            label_tokens,
-            max_seq_length=max_seq_length,
-            packing=packing,
-            pad_id=tokenizing.pad_id(tok),
-            path=work / f"packed_{split}.arrow",
-        )
-    first = row_order[(~is_eval_doc[row_doc] & keep)[row_order]][:3]
-    stats["examples"] = [tok.decode(ids) for ids in tokenized.select(first)["input_ids"]]
+    selected = {
+        split: row_order[mask[row_order]]
+        for split, mask in (("train", ~is_eval_doc[row_doc] & keep), ("eval", is_eval_doc[row_doc] & keep))
+    }
+    splits, counts_of = tokenizing.pack_splits(
+        tokenized,
+        selected,
+        fitted,
+        label_tokens,
+        max_seq_length=max_seq_length,
+        packing=packing,
+        tok=tok,
+        work=work,
+        dropped=stats["dropped"],
+    )
+    stats.update(counts_of)
+    stats["examples"] = [tok.decode(ids) for ids in tokenized.select(selected["train"][:3])["input_ids"]]
     datasets.DatasetDict(splits).save_to_disk(str(out))
     del splits, tokenized
     shutil.rmtree(work)

@@ -263,6 +263,30 @@ def split_rows(
     return rows, s
 
 
+def pack_splits(tokenized, selected: dict, fitted, label_tokens, *, max_seq_length, packing, tok, work, dropped):
+    """Each split's rows (``selected``: split name -> the examples of ``tokenized`` it takes, in packing order) by
+    :func:`split_rows`, into Arrow files under ``work``: ``({split: rows}, {split: counts})``. A DataError (naming
+    what was ``dropped``) when a split has no example left."""
+    rows, counts = {}, {}
+    for split, idx in selected.items():
+        if not len(idx):
+            raise DataError(
+                f"every {split} row was filtered out (dropped: {dropped}); "
+                "raise max_seq_length, use over_length='truncate', or check the data"
+            )
+        rows[split], counts[split] = split_rows(
+            tokenized,
+            idx,
+            fitted,
+            label_tokens,
+            max_seq_length=max_seq_length,
+            packing=packing,
+            pad_id=pad_id(tok),
+            path=work / f"packed_{split}.arrow",
+        )
+    return rows, counts
+
+
 def pad_id(tok) -> int:
     """The id that fills a packed row's tail: the tokenizer's pad token, else its EOS, else 0."""
     if tok.pad_token_id is not None:
