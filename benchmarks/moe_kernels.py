@@ -10,9 +10,10 @@ What runs, per variant in a process of its own (Liger patches transformers' clas
 ``Qwen3MoeModel`` (the reference config from components/models/architectures/, ``--layers`` decoder layers, random
 bf16 weights) fed ``inputs_embeds`` of 4 packed rows whose documents have the lengths of benchmarks/moe_layer_bench.py
 (log-normal, median 512), with ``position_ids`` restarting at each document: transformers then builds the same
-block-causal SDPA mask the trainer's packed rows get. The experts are chosen as the trainer chooses them
-(components/train/trainer/speed.py: ``experts_implementation``, ``apply_liger_kernels``), so a variant is the setting
-``moe_experts_implementation`` and nothing else.
+block-causal SDPA mask the trainer's packed rows get under SDPA (``varlen_attn`` finds the same documents from the
+positions). The experts and the attention are chosen as the trainer chooses them (components/train/trainer/speed.py:
+``experts_implementation``, ``apply_liger_kernels``, ``attn_implementation``), so a variant is the settings
+``moe_experts_implementation`` and ``attn_implementation`` and nothing else.
 
 Variants (in this order):
 
@@ -22,6 +23,10 @@ Variants (in this order):
     ep8-share             grouped_mm on 16 of the 128 experts, top-8 unchanged: one GPU's share under expert
                           parallelism 8 (every token-expert row it receives lands on its 16 experts)
     ep8-share-compiled    the same, compiled
+    varlen, compiled-varlen, ep8-share-compiled-varlen
+                          grouped_mm, grouped_mm_compiled and the EP-8 share compiled with attention by
+                          ``varlen_attn`` (PyTorch's variable-length flash kernel, components/train/trainer/varlen.py:
+                          each document alone) instead of SDPA under the block-causal mask (every other variant)
 
 Counted as the plan counts (components/models/mfu.py): model FLOPs per token per layer = 6 x the layer's active
 parameters (attention, router, top-8 experts) + 12 d T with T the mean causal keys per token of the packed documents;
@@ -48,12 +53,15 @@ from moe_layer_bench import TINY_CONFIG  # noqa: E402  (this folder: sys.path[0]
 from components.models.mfu import causal_attention_length, model_flops_per_token  # noqa: E402
 from components.models.shape import load_architecture, model_shape  # noqa: E402
 
-VARIANTS = {  # name: (moe_experts_implementation, experts kept of 128)
-    "grouped_mm": ("grouped_mm", None),
-    "grouped_mm_compiled": ("grouped_mm_compiled", None),
-    "liger": ("liger", None),
-    "ep8-share": ("grouped_mm", 16),
-    "ep8-share-compiled": ("grouped_mm_compiled", 16),
+VARIANTS = {  # name: (moe_experts_implementation, experts kept of 128, attn_implementation)
+    "grouped_mm": ("grouped_mm", None, "sdpa"),
+    "grouped_mm_compiled": ("grouped_mm_compiled", None, "sdpa"),
+    "liger": ("liger", None, "sdpa"),
+    "ep8-share": ("grouped_mm", 16, "sdpa"),
+    "ep8-share-compiled": ("grouped_mm_compiled", 16, "sdpa"),
+    "varlen": ("grouped_mm", None, "varlen_attn"),
+    "compiled-varlen": ("grouped_mm_compiled", None, "varlen_attn"),
+    "ep8-share-compiled-varlen": ("grouped_mm_compiled", 16, "varlen_attn"),
 }
 # --tiny: the CPU smoke model of benchmarks/moe_layer_bench.py, its layer count set by --layers.
 TINY = {k: v for k, v in TINY_CONFIG.items() if k not in ("architectures", "model_type", "num_hidden_layers")}
@@ -85,9 +93,14 @@ def run_one(name: str, args) -> dict:
     from transformers import Qwen3MoeConfig
     from transformers.models.qwen3_moe import modeling_qwen3_moe
 
-    from components.train.trainer.speed import LIGER_EXPERTS, apply_liger_kernels, experts_implementation
+    from components.train.trainer.speed import (
+        LIGER_EXPERTS,
+        apply_liger_kernels,
+        attn_implementation,
+        experts_implementation,
+    )
 
-    implementation, kept = VARIANTS[name]
+    implementation, kept, attention = VARIANTS[name]
     gpu = torch.cuda.is_available() and not args.tiny
     device, dtype = ("cuda", torch.bfloat16) if gpu else ("cpu", torch.float32)
     if implementation == LIGER_EXPERTS and not apply_liger_kernels(
@@ -103,7 +116,9 @@ def run_one(name: str, args) -> dict:
     if kept:
         fields["num_experts"] = kept
     config = Qwen3MoeConfig(**fields)
-    config._attn_implementation = "sdpa"
+    if attention != "sdpa" and not gpu:
+        return {"variant": name, "status": "skipped", "reason": f"{attention} needs CUDA"}
+    config._attn_implementation = attn_implementation(attention)
     config._experts_implementation = experts_implementation(implementation)
     torch.manual_seed(0)
     torch.set_default_dtype(
@@ -143,6 +158,7 @@ def run_one(name: str, args) -> dict:
         "variant": name,
         "status": "ok",
         "experts_implementation": implementation,
+        "attention": attention,
         "experts": fields["num_experts"],
         "layers": args.layers,
         "rows": args.rows,

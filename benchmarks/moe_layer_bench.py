@@ -27,6 +27,9 @@ rows of ``seq`` per optimizer step (LEVERS below, in the order they run):
     compiled-experts    moe_experts_implementation grouped_mm_compiled (transformers' function under torch.compile)
     ep8-share           one GPU's share under expert parallelism 8: 16 of the 128 experts, top-8 unchanged
     ep8-share-compiled  both
+    varlen              attn_implementation varlen_attn (PyTorch's variable-length flash kernel: each packed document
+                        alone) in place of SDPA over the whole row under the block-causal mask
+    ep8-share-compiled-varlen   the EP-8 share, compiled experts and varlen_attn
     recompute-off       activation_checkpointing false
     liger-experts       moe_experts_implementation liger (Liger's fused MoE, LIGER_FUSED_MOE_AUTOTUNE=0)
     recompute-every-2   recompute_every_n_layers 2
@@ -137,12 +140,23 @@ class Lever:
 
 
 COMPILED = {"moe_experts_implementation": "grouped_mm_compiled"}
+# PyTorch's variable-length flash kernel (each packed document alone) in place of the preset's attention: auto, which
+# is SDPA over the whole row under the block-causal mask where flash-attn is absent (the lent GPUs' image).
+VARLEN = {"attn_implementation": "varlen_attn"}
 # In the order they run: when --budget-seconds runs out, the last ones are left out.
 LEVERS = [
     Lever("preset", "the reference preset: ZeRO-3, recompute every layer, 4 rows x 1, chunked loss", {}),
     Lever("compiled-experts", "moe_experts_implementation grouped_mm_compiled", COMPILED),
     Lever("ep8-share", "one GPU's share under expert parallelism 8: 16 of 128 experts", {}, EP_SHARE, 2),
     Lever("ep8-share-compiled", "the EP-8 share, compiled experts", COMPILED, EP_SHARE, 2),
+    Lever("varlen", "attn_implementation varlen_attn: each packed document alone", VARLEN),
+    Lever(
+        "ep8-share-compiled-varlen",
+        "the EP-8 share, compiled experts, varlen_attn",
+        {**COMPILED, **VARLEN},
+        EP_SHARE,
+        2,
+    ),
     Lever("recompute-off", "no activation checkpointing", {"activation_checkpointing": False}),
     Lever("liger-experts", "moe_experts_implementation liger (autotune off)", {"moe_experts_implementation": "liger"}),
     Lever("recompute-every-2", "recompute every 2nd layer", {"recompute_every_n_layers": 2}),
@@ -159,6 +173,7 @@ LEVERS = [
 ]
 STEP_LINE = re.compile(r"step (\d+)/(\d+) \| loss (\S+) \| lr \S+ \| (\d+) tokens/s/device \| MFU (\S+)")
 BASIS_LINE = re.compile(r"MFU basis: ([\d.e+]+) GFLOPs/token")
+ATTENTION_LINE = re.compile(r"attention: (\w+)")  # components/train/trainer/speed.py::attn_implementation's choice
 # DeepSpeed's global timers, one line per optimizer step with wall_clock_breakdown (deepspeed/utils/timer.py)
 TIMER_LINE = re.compile(r"time \(ms\) \| fwd: ([\d.]+) \| bwd: ([\d.]+) \|.*?\| step: ([\d.]+)")
 RUNNING: set[int] = set()  # the child processes running now (stop() kills them)
@@ -398,6 +413,8 @@ def why_not(lever: Lever, gpu: bool) -> str | None:
     missing = sorted(set(lever.settings) - settings)
     if missing:
         return f"the trainer has no setting {', '.join(missing)}"
+    if lever.settings.get("attn_implementation") == "varlen_attn" and not gpu:
+        return "varlen_attn's kernels are CUDA kernels"
     if lever.settings.get("liger_kernels") or lever.settings.get("moe_experts_implementation") == "liger":
         if not gpu:
             return "Liger's kernels are Triton GPU kernels"
@@ -459,6 +476,7 @@ def measure(cfg: dict, text: str, shape: ModelShape, inputs: dict, args, peak: f
         hw += 2 * shape.hidden * shape.vocab  # the head's forward again, chunk by chunk, in the backward
     mfus = [float(s[4].rstrip("%")) / 100 for s in measured if s[4].endswith("%")]
     basis = BASIS_LINE.search(text)
+    attention = ATTENTION_LINE.search(text)
     # One line of DeepSpeed's global timers per optimizer step, printed inside the step, before its progress line.
     timers = [[float(x) for x in m.groups()] for m in TIMER_LINE.finditer(text)][-len(measured) :]
     optimizer = None
@@ -475,6 +493,7 @@ def measure(cfg: dict, text: str, shape: ModelShape, inputs: dict, args, peak: f
         "attention_length": keys,
         "model_gflops_per_token": flops / 1e9,
         "trainer_gflops_per_token": float(basis.group(1)) if basis else None,
+        "attention": attention.group(1) if attention else None,
         "model_flops_per_s": tokens_per_s * flops,
         "model_tflops": float(f"{tokens_per_s * flops / 1e12:.4g}"),
         "recomputed_layers": recomputed,
@@ -576,9 +595,9 @@ def table(results: list[dict]) -> str:
         return "" if r.get(key) is None else fmt.format(r[key])
 
     head = (
-        "| lever | layers | ZeRO | recompute | experts | tokens/s | model TFLOP/s | hw TFLOP/s | MFU "
+        "| lever | layers | ZeRO | recompute | experts | attention | tokens/s | model TFLOP/s | hw TFLOP/s | MFU "
         "| optimizer step ms | peak GPU GiB | s | status |\n"
-        "|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
+        "|---|---|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|"
     )
     lines = [head]
     for r in results:
@@ -595,7 +614,7 @@ def table(results: list[dict]) -> str:
         lever = f"{r['lever']}: {r['what']}" if r.get("projected") else r["lever"]
         lines.append(
             f"| {lever} | {r.get('layers', '')} | {r.get('deepspeed', '')} | {recompute} | {experts} "
-            f"| {tokens} | {cell(r, 'model_tflops', '{:.4g}')} "
+            f"| {r.get('attention') or ''} | {tokens} | {cell(r, 'model_tflops', '{:.4g}')} "
             f"| {cell(r, 'hw_tflops', '{:.3g}')} | {cell(r, 'mfu', '{:.1%}')} "
             f"| {'' if not r.get('deepspeed_ms') else r['deepspeed_ms'][2]} | {cell(r, 'peak_gpu_gib', '{:.1f}')} "
             f"| {cell(r, 'seconds', '{:.0f}')} | {status} |"
@@ -697,7 +716,7 @@ def projection_row(lever: Lever, runs: list[dict], args, inputs: dict) -> dict |
         "projected": True,
         "status": "ok",
         **{k: ok[0][k] for k in ("deepspeed", "activation_checkpointing", "every_n_layers", "model") if k in ok[0]},
-        **{k: ok[0][k] for k in ("moe_experts_implementation",) if k in ok[0]},
+        **{k: ok[0][k] for k in ("moe_experts_implementation", "attention") if k in ok[0]},
         **figures,
     }
 

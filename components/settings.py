@@ -228,6 +228,15 @@ class SFTSettings:
         plain=False,
         choices=("grouped_mm", "grouped_mm_compiled", "liger", "batched_mm", "eager"),
     )
+    attn_implementation: str = setting(
+        "auto",
+        "How transformers runs attention: auto (flash_attention_2 where flash-attn imports, else sdpa), "
+        "flash_attention_2, varlen_attn (PyTorch's own variable-length flash kernel, PyTorch 2.10+ on a GPU: each "
+        "packed document alone, for images without flash-attn; not yet measured on a GPU), sdpa (packed rows under "
+        "a block-causal mask: the whole row's square computed) or eager.",
+        plain=False,
+        choices=("auto", "flash_attention_2", "varlen_attn", "sdpa", "eager"),
+    )
     chunked_cross_entropy: bool = setting(
         True,
         "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "
@@ -562,10 +571,11 @@ class ClusterSettings:
         min=0,
     )
     achieved_tflops_per_gpu: float = setting(
-        122.0,
-        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s, recomputation included (122: "
-        "the reference preset's whole model on one H100, projected from the trainer at 2 and 4 of Qwen3-30B-A3B's "
-        "layers, 4,790 tokens/s x 25.5 GFLOP per token, the embedding lookup at 0; benchmarks/results/plan.md).",
+        159.0,
+        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s, recomputation included, the "
+        "optimizer step apart (the plan counts it): 159 is the reference preset's whole model on one H100, "
+        "projected from the trainer at 2 and 4 of Qwen3-30B-A3B's layers in one run, 6,097 tokens/s of compute x "
+        "26.1 GFLOP per token, the embedding lookup at 0 (2026-11-28; benchmarks/results/plan.md).",
         plain=False,
         above=0,
     )

@@ -7,12 +7,14 @@
 #
 # In this order, each step bounded so that the whole ends within $DEADLINE seconds (470), what matters most first:
 #   env.txt                  the GPU, its driver, Python and the packages the trainer runs on
+#   gpu-tests.log            python -m pytest -m gpu -q -k "$GPU_TESTS" on the files that hold gpu-marked tests, for
+#                            at most $TEST_BUDGET s (default: the varlen_attn test, 75 s: the levers below measure it,
+#                            so its losses come first; GPU_TESTS= runs every gpu test, TEST_BUDGET=0 none)
 #   moe-kernels.*            python benchmarks/moe_kernels.py --variants $KERNEL_VARIANTS: the raw decoder layers'
-#                            ceiling per moe_experts_implementation, and the top CUDA kernels of one step ($KERNEL_BUDGET)
+#                            ceiling per moe_experts_implementation and attention, and the top CUDA kernels of one
+#                            step ($KERNEL_BUDGET)
 #   moe-layer-bench.*        python benchmarks/moe_layer_bench.py --levers $MOE_LEVERS --layers 2,4: the trainer at
 #                            two layer counts per lever, each lever's whole model (48 layers) projected
-#   gpu-tests.log            python -m pytest -m gpu -q on the files that hold gpu-marked tests, when $TEST_BUDGET
-#                            (default 0: the 2026-11-26 call ran them) leaves time
 # Exit status: the first failing step's, else 0.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,10 +43,13 @@ fi
 
 OUT=${OUT:?set OUT to the folder for the results}
 DEADLINE=${DEADLINE:-470}
-TEST_BUDGET=${TEST_BUDGET:-0}
-KERNEL_BUDGET=${KERNEL_BUDGET:-170}
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-grouped_mm,grouped_mm_compiled,liger}
-MOE_LEVERS=${MOE_LEVERS:-preset,compiled-experts,ep8-share-compiled}
+TEST_BUDGET=${TEST_BUDGET:-75}
+GPU_TESTS=${GPU_TESTS-varlen}  # a pytest -k expression: only those gpu tests (set and empty: all of them)
+KERNEL_BUDGET=${KERNEL_BUDGET:-120}
+# The 2026-11-28 call measured grouped_mm, grouped_mm_compiled, liger and the levers preset, compiled-experts,
+# ep8-share-compiled (benchmarks/results/moe-layer-bench.md); next: attention by varlen_attn against them.
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-grouped_mm_compiled,compiled-varlen,ep8-share-compiled-varlen}
+MOE_LEVERS=${MOE_LEVERS:-varlen,ep8-share-compiled-varlen,preset}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 left() { echo $((DEADLINE - SECONDS)); }
 status=0
@@ -76,16 +81,16 @@ fi
 } >"$OUT/env.txt" 2>&1
 cat "$OUT/env.txt"
 
-step moe-kernels "$OUT/moe-kernels.log" "$KERNEL_BUDGET" \
-  python3 benchmarks/moe_kernels.py --variants "$KERNEL_VARIANTS" --variant-timeout 90 --out "$OUT"
-# The rest of the deadline, less a margin for the benchmark's own ending; it stops starting runs when time runs short.
-MOE_BUDGET=$(($(left) - 20 - TEST_BUDGET))
-step moe-layer-bench "$OUT/moe-layer-bench.log" "$((MOE_BUDGET + 15))" \
-  python3 benchmarks/moe_layer_bench.py --levers "$MOE_LEVERS" --layers 2,4 --budget-seconds "$MOE_BUDGET" --out "$OUT"
 # Only the files that hold gpu tests: collecting the whole tree would import kfp and the Kubernetes client, which the
 # image lacks; the root conftest (a fake cluster) needs the Kubernetes client too, and no gpu test uses it.
 mapfile -t gpu_files < <(grep -rlE "pytest\.mark\.gpu" tests --include='test_*.py' | sort)
 noconftest=$(python3 -c 'import kubernetes' 2>/dev/null || echo --noconftest)
-step gpu-tests "$OUT/gpu-tests.log" "$(($(left) < TEST_BUDGET ? $(left) : TEST_BUDGET))" \
-  python3 -m pytest -m gpu -q -rs -p no:cacheprovider $noconftest "${gpu_files[@]}"
+step gpu-tests "$OUT/gpu-tests.log" "$TEST_BUDGET" \
+  python3 -m pytest -m gpu -q -rs -p no:cacheprovider $noconftest ${GPU_TESTS:+-k "$GPU_TESTS"} "${gpu_files[@]}"
+step moe-kernels "$OUT/moe-kernels.log" "$KERNEL_BUDGET" \
+  python3 benchmarks/moe_kernels.py --variants "$KERNEL_VARIANTS" --variant-timeout 90 --out "$OUT"
+# The rest of the deadline, less a margin for the benchmark's own ending; it stops starting runs when time runs short.
+MOE_BUDGET=$(($(left) - 20))
+step moe-layer-bench "$OUT/moe-layer-bench.log" "$((MOE_BUDGET + 15))" \
+  python3 benchmarks/moe_layer_bench.py --levers "$MOE_LEVERS" --layers 2,4 --budget-seconds "$MOE_BUDGET" --out "$OUT"
 exit "$status"

@@ -63,6 +63,7 @@ def test_every_declared_schedule_is_one_the_trainer_builds_from_the_settings_alo
         ("deepspeed_config", "zero4"),
         ("hpo_algorithm", "magic"),
         ("lr_scheduler_type", "cosine_with_min_lr"),
+        ("attn_implementation", "flash_attention_3"),
     ],
 )
 def test_every_choice_is_checked_naming_the_setting(choice, value):

@@ -236,6 +236,17 @@ class SFTConfig(TrainingArguments):
             )
         },
     )
+    attn_implementation: str = field(
+        default="auto",
+        metadata={
+            "help": (
+                "How transformers runs attention: auto (flash_attention_2 where flash-attn imports, else sdpa), "
+                "flash_attention_2, varlen_attn (PyTorch's own variable-length flash kernel, PyTorch 2.10+ on a GPU: "
+                "each packed document alone, for images without flash-attn; not yet measured on a GPU), sdpa "
+                "(packed rows under a block-causal mask: the whole row's square computed) or eager."
+            )
+        },
+    )
     chunked_cross_entropy: bool = field(
         default=True,
         metadata={

@@ -62,7 +62,7 @@ def load_reward_model(cfg, model_path: str, pad_token_id: int):
         model_path,
         num_labels=1,
         dtype=torch.bfloat16 if low_precision else torch.float32,
-        attn_implementation=attn_implementation(),
+        attn_implementation=attn_implementation(cfg.attn_implementation),
     )
     # The head reads the last non-padding token of each row: the model must know which id pads.
     model.config.pad_token_id = pad_token_id

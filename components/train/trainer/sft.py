@@ -40,7 +40,7 @@ from components.train.trainer.common import (
     use_progress,
 )
 from components.train.trainer.sharded_checkpoints import ShardedCheckpointTrainer
-from components.train.trainer.speed import attn_implementation, packed_collator
+from components.train.trainer.speed import packed_collator
 
 
 class SFTTrainer(ShardedCheckpointTrainer):
@@ -81,9 +81,9 @@ def main(cfg) -> dict:
         args=cfg,
         train_dataset=data["train"],
         eval_dataset=data["eval"],
-        # Under flash-attention a micro-batch's packed rows are joined into one, with their documents' boundaries:
-        # transformers keeps documents apart from position_ids only in a batch of one row (speed.py).
-        data_collator=packed_collator(tokenizer.pad_token_id, attn_implementation()),
+        # Under flash-attention and varlen_attn a micro-batch's packed rows are joined into one, with their documents'
+        # boundaries: transformers keeps documents apart from position_ids only in a batch of one row (speed.py).
+        data_collator=packed_collator(tokenizer.pad_token_id, model.config._attn_implementation),
         processing_class=tokenizer,
         callbacks=callbacks,
         # eval_loss per label token over the whole eval split, exactly as evaluate_model scores it: Trainer's

@@ -15,6 +15,8 @@ import torch
 
 from components.distributed import global_rank
 from components.models.batches import pad_collator
+from components.train.trainer import varlen
+from components.train.trainer.varlen import VARLEN_ATTN
 
 log = logging.getLogger("sft.speed")
 _said: set[str] = set()
@@ -29,26 +31,51 @@ def _once(key: str, message: str, *args, warning: bool = False) -> None:
         (log.warning if warning else log.info)(message, *args)
 
 
-def attn_implementation() -> str:
-    """``flash_attention_2`` when CUDA is present and flash-attn imports, else ``sdpa``.
+def attn_implementation(requested: str = "auto") -> str:
+    """The attention implementation to load the model with, for the ``attn_implementation`` setting.
 
-    Packed rows carry ``position_ids`` and no attention mask: flash-attention then runs its varlen kernel over
-    each row's documents (no masked-out work), SDPA gets the block-causal mask transformers builds from where
-    the positions restart; both score a packed row as its documents one by one. A flash-attn that is installed
-    but does not import (built against another torch or CUDA) falls back to SDPA with a warning, where naming
-    it to transformers would fail the run at model load.
+    ``auto``: ``flash_attention_2`` when CUDA is present and flash-attn imports, else ``sdpa``. ``varlen_attn``
+    (PyTorch's own variable-length flash kernel, varlen.py) is named, not chosen: it joins ``auto`` once a GPU run has
+    shown its losses equal to SDPA's and its speed (tests/train/trainer/test_gpu_speed.py, the ``varlen`` levers of
+    benchmarks/moe_layer_bench.py; no GPU was lent after it was written). Packed rows carry ``position_ids`` and no
+    attention mask: flash-attention and ``varlen_attn`` then run each row's documents alone (no masked-out work);
+    SDPA gets the block-causal mask transformers builds from where the positions restart and computes the whole
+    row's square; all three score a packed row as its documents one by one. A flash-attn that is installed but does
+    not import (built against another torch or CUDA) is passed over with a warning, where naming it to transformers
+    would fail the run at model load. A named implementation is taken as it is, with one error where this machine
+    cannot run it.
     """
+    chosen = _choose(requested)
+    _once(f"attn:{chosen}", "attention: %s (attn_implementation %s)", chosen, requested)
+    return chosen
+
+
+def _choose(requested: str) -> str:
+    if requested == VARLEN_ATTN:
+        if not varlen.available():
+            raise ValueError(
+                f"attn_implementation {VARLEN_ATTN}: needs CUDA and PyTorch 2.10+ (torch.nn.attention.varlen); "
+                f"this machine has torch {torch.__version__}, CUDA {torch.cuda.is_available()}: use auto"
+            )
+        return varlen.register()
+    if requested == "flash_attention_2" and _flash_attn() is None:
+        raise ValueError("attn_implementation flash_attention_2: flash-attn does not import here; use auto")
+    if requested != "auto":
+        return requested
+    return _flash_attn() or "sdpa"
+
+
+def _flash_attn() -> str | None:
+    """``flash_attention_2`` when CUDA is present and flash-attn imports, else None (a broken install warned once)."""
     if not torch.cuda.is_available():
-        return "sdpa"
+        return None
     try:
         # Lazy and optional: flash-attn exists only in the GPU image (built against its CUDA), never on a laptop.
         import flash_attn  # noqa: F401
     except ImportError as exc:
         if not (isinstance(exc, ModuleNotFoundError) and exc.name == "flash_attn"):
-            _once(
-                "flash_attn", "flash-attn is installed but does not import (%s); attention uses SDPA", exc, warning=True
-            )
-        return "sdpa"
+            _once("flash_attn", "flash-attn is installed but does not import (%s); it is not used", exc, warning=True)
+        return None
     return "flash_attention_2"
 
 
@@ -58,14 +85,14 @@ def packed_collator(pad_token_id: int, attn_implementation: str):
     transformers finds the documents of packed rows from ``position_ids`` for flash-attention only in a batch of
     one row (``_is_packed_sequence``: batch_size == 1, re-checked with a device sync in every layer); a batch of
     several packed rows would be attended causally over each whole row, one document into the next, and train
-    on a wrong loss without an error. Under ``flash_attention_2`` the micro-batch's packed rows are therefore
-    laid end to end as one row (``position_ids`` restart at every document, so the documents stay the same) and
-    the varlen boundaries are passed along (``cu_seq_lens_q/k``, ``max_length_q/k``), as transformers'
+    on a wrong loss without an error. Under ``flash_attention_2`` and ``varlen_attn`` the micro-batch's packed rows
+    are therefore laid end to end as one row (``position_ids`` restart at every document, so the documents stay the
+    same) and the varlen boundaries are passed along (``cu_seq_lens_q/k``, ``max_length_q/k``), as transformers'
     ``DataCollatorWithFlattening`` does. SDPA builds a block mask per row and gets the batch as it is (one row of
     b x s tokens would cost it a b x s square mask). Unpacked rows, with their attention mask, are never changed.
     """
     collate = pad_collator(pad_token_id)
-    if attn_implementation != "flash_attention_2":
+    if attn_implementation not in ("flash_attention_2", VARLEN_ATTN):
         return collate
 
     def flatten(rows):

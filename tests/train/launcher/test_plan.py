@@ -63,7 +63,7 @@ def test_zero3_reference_job_reproduces_the_issues_worked_example():
     """The worked example: ~57 GB per collective per GPU, ~170 GB per micro-step; compute ~1.33 s (23.1 GFLOP per
     token x 4096 plus the recomputed layers' forward, at 93 TFLOP/s); ~3.4 s of communication and ~1,200 tokens/s
     per GPU when that traffic crosses 50 GB/s per GPU. The example's compute speed, 93, was the default until the
-    whole-model measurement of 2026-11-27 (122, benchmarks/results/plan.md): the arithmetic is the example's."""
+    whole-model measurements of 2026-11-27 (122) and 2026-11-28 (159, benchmarks/results/plan.md): the arithmetic is the example's."""
     p = _plan(FULL, achieved_tflops_per_gpu=93.0)
     assert (p.layout, p.num_nodes, p.gpus_per_node, p.micro_batch, p.accumulation) == ("ZeRO-3", 2, 8, 1, 4)
     assert [c.bytes_per_gpu / GB for c in p.collectives] == pytest.approx([57.2] * 3, abs=0.1)
@@ -160,7 +160,7 @@ def test_recomputation_is_the_layers_forward_again_counted_apart():
     assert on.flops_per_micro_step == pytest.approx(off.flops_per_micro_step + on.recompute_flops_per_micro_step)
     assert 1.29 < on.compute_s / off.compute_s < 4 / 3
     # The default: the reference preset's whole model measured on one H100, recomputation included (settings.py).
-    assert on.achieved_tflops == 122.0 and _plan(FULL, achieved_tflops_per_gpu=244.0).compute_s == pytest.approx(
+    assert on.achieved_tflops == 159.0 and _plan(FULL, achieved_tflops_per_gpu=318.0).compute_s == pytest.approx(
         on.compute_s / 2
     )
 
@@ -256,11 +256,11 @@ def test_plan_on_the_command_line_needs_no_cluster_gpu_or_download():
     assert result.returncode == 0, result.stderr
     assert seconds < 10  # 0.3 s on a laptop; loose for a loaded CI machine
     out = result.stdout
-    assert "ZeRO-3" in out and "4,012 tokens/s per GPU" in out and "bottleneck: compute" in out
+    assert "ZeRO-3" in out and "5,216 tokens/s per GPU" in out and "bottleneck: compute" in out
     assert "171.7 GB, 21.5 GB of it over the network" in out and "44.2 GiB per GPU of 80" in out
     assert "from the setting dataset_tokens_estimate" in out and "GPU-hours" in out
     # Compute-bound there: recomputing every 2nd layer instead of every one fits (72.7 GiB of 80) and is faster.
-    assert "recompute: only what memory needs, -p recompute_every_n_layers=2: 4,540 tokens/s per GPU (x1.13)" in out
+    assert "recompute: only what memory needs, -p recompute_every_n_layers=2: 5,901 tokens/s per GPU (x1.13)" in out
 
 
 def test_plan_on_a_slow_network_names_the_link_and_a_faster_layout(tmp_path):

@@ -115,6 +115,39 @@ def test_flash_attention_varlen_gives_packed_rows_the_sdpa_loss():
     assert abs(unflattened - sdpa) > 3 * LOSS_TOLERANCE, (unflattened, sdpa)
 
 
+@pytest.mark.parametrize("model_type", ["qwen3", "qwen3_moe"])
+def test_varlen_attn_gives_packed_and_padded_rows_the_sdpa_loss(model_type):
+    """attn_implementation varlen_attn (PyTorch's variable-length flash kernel, trainer/varlen.py) scores packed rows
+    as SDPA under the block-causal mask does: flattened by the collator with the documents' bounds, as the trainer
+    feeds them; as a batch of packed rows with only their position_ids; and padded rows with an attention mask."""
+    from components.models.batches import pad_collator
+    from components.train.trainer.speed import attn_implementation, packed_collator
+    from components.train.trainer.varlen import VARLEN_ATTN
+
+    assert attn_implementation(VARLEN_ATTN) == VARLEN_ATTN
+    model = _model(model_type)
+    batch = pad_collator(PAD)(ROWS)
+    padded = {
+        "input_ids": torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, PAD, PAD, PAD]]),
+        "attention_mask": torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]]),
+        "labels": torch.tensor([[5, 6, 7, 8, 9, 10], [11, 12, 13, -100, -100, -100]]),
+    }
+    model.set_attn_implementation("sdpa")
+    sdpa, sdpa_grad = _loss_and_gradient(model, batch)
+    sdpa_padded, sdpa_padded_grad = _loss_and_gradient(model, padded)
+    leaky, _ = _loss_and_gradient(model, {k: v for k, v in batch.items() if k != "position_ids"})
+    model.set_attn_implementation(VARLEN_ATTN)
+    for name, rows, reference, reference_grad in (
+        ("flattened", packed_collator(PAD, VARLEN_ATTN)(ROWS), sdpa, sdpa_grad),
+        ("rows", batch, sdpa, sdpa_grad),
+        ("padded", padded, sdpa_padded, sdpa_padded_grad),
+    ):
+        loss, grad = _loss_and_gradient(model, rows)
+        assert abs(loss - reference) <= LOSS_TOLERANCE, (name, loss, reference)
+        assert _cosine(grad, reference_grad) >= MIN_GRADIENT_COSINE, name
+    assert abs(leaky - sdpa) > 3 * LOSS_TOLERANCE, (leaky, sdpa)  # the documents' bounds matter for these rows
+
+
 def _liger_against_plain(model_type: str) -> dict:
     """In a process of its own (Liger patches transformers' classes for the whole process): the same weights and rows
     without and with Liger kernels.
