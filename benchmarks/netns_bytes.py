@@ -19,7 +19,7 @@ figure is the difference between the end of step 1 and the end of the last step,
 (rendezvous, the model's broadcast and partitioning, step 1's first gathers), the evaluation and the final export
 are left out. The whole run's counters are read as well, from outside, for comparison.
 
-The prediction: ``components.estimate.plan.collectives`` for the tiny model's config.json (``model_shape``)
+The prediction: ``components.estimate.network.collectives`` for the tiny model's config.json (``model_shape``)
 with 2 nodes x 2 GPUs: each GPU's network share per step (``Collective.network_bytes_per_gpu`` x
 ``times_per_step``) x 2 GPUs per pod = what one pod sends to the other per step, in bf16 as the plan counts on
 GPUs; each collective x 4 / its ``dtype_bytes`` for the fp32 parameters and gradients of this CPU run (every
@@ -359,7 +359,7 @@ def predicted(
     ``factors``: what gloo sends across the boundary per collective (``factor_key``), in units of the plan's
     (``calibrate``); None for the plan as it is (NCCL's rings). In the ``shipped`` regime the tiny model's backward
     gathers nothing (REGIMES), so the plan's backward gather over all ranks is left out."""
-    from components.estimate.plan import INTER, collectives, zero_config
+    from components.estimate.network import INTER, collectives, zero_config
     from components.models.shape import model_shape
 
     shape = model_shape(json.loads((model_dir / "config.json").read_text()))

@@ -32,7 +32,8 @@ RDMA = ("rdma_resource=rdma/ib", "rdma_per_pod=8", "ipc_lock=true")
 
 def table(preset: str, networks: tuple[float, ...]) -> str:
     """The Markdown table for ``preset`` over ``networks``."""
-    from components.estimate.plan import INTER, alternatives, architecture
+    from components.estimate.network import INTER
+    from components.estimate.plan import alternatives, architecture
     from pipelines import params as P
 
     lines = [

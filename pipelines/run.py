@@ -20,7 +20,7 @@ import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
-from components.estimate.plan import memory_text, plan_text
+from components.estimate.plan_text import memory_text, plan_text
 from components.settings import ADVANCED, specs, split_arguments
 from components.validate.rules import warnings
 from components.version import __version__

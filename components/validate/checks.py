@@ -44,7 +44,7 @@ def validate(arguments: dict):
         if problem := store_problem(s):
             raise ValueError(f"invalid settings: {problem}")
     if s.cluster.train_backend != "local":
-        from components.estimate.plan import plan_text
+        from components.estimate.plan_text import plan_text
 
         try:  # the figures python -m pipelines.run --plan prints: seconds per step, tokens/s, bottleneck, GPU-hours
             log.info("%s", plan_text(settings))

@@ -61,7 +61,7 @@ def test_hsdp_runs_the_reference_job_now_that_its_export_gathers_one_layer_at_a_
 def test_hsdp_is_refused_where_one_layer_and_a_shard_pass_the_pods_memory():
     """A model whose one layer is larger than the pod (a made-up 64-expert MoE with 200 GiB per layer)."""
     from components.estimate.memory import POD_MEMORY_GIB
-    from components.estimate.plan import hsdp_export_host_gib
+    from components.estimate.network import hsdp_export_host_gib
     from components.models.shape import ModelShape
 
     huge = ModelShape(
@@ -90,9 +90,9 @@ def test_a_model_that_fits_runs_under_hsdp(tiny_moe):
 
 
 def test_hsdp_checks_the_plans_memory_per_gpu(tiny_moe):
-    """The same estimate as the plan's (plan.py's hsdp_memory_gib): a GPU too small for the tiny MoE's 4 x 128-token
+    """The same estimate as the plan's (network.py's hsdp_memory_gib): a GPU too small for the tiny MoE's 4 x 128-token
     rows of activations and logits is refused, naming the setting."""
-    from components.estimate.plan import hsdp_memory_gib
+    from components.estimate.network import hsdp_memory_gib
     from components.models.shape import model_shape
 
     est = hsdp_memory_gib(model_shape(TINY_MOE), False, 8, 4096, 1)
@@ -111,7 +111,7 @@ def test_hsdp_checks_the_plans_memory_per_gpu(tiny_moe):
 
 
 def test_the_plan_counts_the_exports_shard_size_the_trainer_writes():
-    from components.estimate.plan import EXPORT_SHARD_BYTES
+    from components.estimate.network import EXPORT_SHARD_BYTES
     from components.train.trainer.export import MAX_SHARD_BYTES
 
     assert EXPORT_SHARD_BYTES == MAX_SHARD_BYTES

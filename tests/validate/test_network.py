@@ -1,6 +1,6 @@
 """The training pods' network: RDMA resources the nodes must offer, IPC_LOCK the namespace must allow, NCCL
 variables, and the plan's transport (components/validate/rules/cluster.py, components/validate/preflight.py,
-components/estimate/plan.py)."""
+components/estimate/network.py)."""
 
 from __future__ import annotations
 

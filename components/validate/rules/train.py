@@ -71,7 +71,7 @@ def early_stopping_errors(s: Settings) -> list[str]:
 def parallelism_errors(s: Settings) -> list[str | None]:
     """``parallelism`` hsdp/hsdp_ep (transformers' FSDP2, components/train/trainer/parallelism.py): with no DeepSpeed
     config, full fine-tuning, the sft/cpt stages, experts that divide over a node (hsdp_ep), and a final export whose
-    one layer and one shard fit rank 0's pod (components/estimate/plan.py's ``hsdp_export_host_gib``)."""
+    one layer and one shard fit rank 0's pod (components/estimate/network.py's ``hsdp_export_host_gib``)."""
     t, c = s.train, s.cluster
     if t.parallelism == "deepspeed":
         return []
@@ -89,7 +89,7 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     other = [stage for stage in s.stages.stages if stage not in ("sft", "cpt")]
     if other:
         return [f"{name} runs the sft and cpt stages only; stages has {other}: use parallelism=deepspeed"]
-    from components.estimate.plan import hsdp_export_host_gib
+    from components.estimate.network import hsdp_export_host_gib
     from components.models.shape import load_architecture, model_shape
 
     config = load_architecture(t.model_name_or_path)
@@ -131,8 +131,9 @@ def memory_errors(s: Settings) -> list[str]:
         if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
         if stage == "grpo" and t.grpo_generation_backend == "vllm-server" and t.parallelism == "deepspeed":
-            # The generation server the train step runs on GPUs of its own must hold the model too (plan.py).
-            from components.estimate.plan import architecture, grpo_plan
+            # The generation server the train step runs on GPUs of its own must hold the model too (grpo_plan.py).
+            from components.estimate.grpo_plan import grpo_plan
+            from components.estimate.plan import architecture
 
             try:
                 server_error = grpo_plan(s, architecture(s.train.model_name_or_path)).server_error
@@ -141,8 +142,8 @@ def memory_errors(s: Settings) -> list[str]:
             if server_error:
                 errors.append(f"stage grpo: {server_error}")
         if t.parallelism != "deepspeed":
-            # HSDP shards the model states over one node's GPUs only: the plan's estimate (plan.py, hsdp_memory_gib).
-            from components.estimate.plan import hsdp_memory_gib
+            # HSDP shards the model states over one node's GPUs only: the plan's estimate (network.py, hsdp_memory_gib).
+            from components.estimate.network import hsdp_memory_gib
             from components.models.shape import load_architecture, model_shape
 
             config = load_architecture(s.train.model_name_or_path)

@@ -1,5 +1,6 @@
-"""The plan before a run (components/estimate/plan.py): the issue's worked example, what each layout moves over
-which link, bandwidth settings, the prepared dataset's figures, and ``python -m pipelines.run ... --plan``."""
+"""The plan before a run (components/estimate/plan.py, network.py, plan_text.py): the issue's worked example, what
+each layout moves over which link, bandwidth settings, the prepared dataset's figures, and ``python -m pipelines.run
+... --plan``."""
 
 import json
 import os
@@ -11,20 +12,16 @@ from pathlib import Path
 import pytest
 
 from components.estimate.memory import GIB, estimate_gib
+from components.estimate.network import GB, INTER, INTRA, collectives, zero_config
 from components.estimate.plan import (
-    GB,
-    INTER,
-    INTRA,
     alternatives,
     architecture,
-    collectives,
     faster_layout,
     format_plan,
     lighter_recompute,
     plan,
-    read_stats,
-    zero_config,
 )
+from components.estimate.plan_text import read_stats
 from components.models.shape import load_architecture, model_shape
 from components.settings import Settings
 from components.train.config import job_zero_config, zero3_sizes
@@ -63,7 +60,8 @@ def test_zero3_reference_job_reproduces_the_issues_worked_example():
     """The worked example: ~57 GB per collective per GPU, ~170 GB per micro-step; compute ~1.33 s (23.1 GFLOP per
     token x 4096 plus the recomputed layers' forward, at 93 TFLOP/s); ~3.4 s of communication and ~1,200 tokens/s
     per GPU when that traffic crosses 50 GB/s per GPU. The example's compute speed, 93, was the default until the
-    whole-model measurements of 2026-11-27 (122) and 2026-11-28 (159, benchmarks/results/plan.md): the arithmetic is the example's."""
+    whole-model measurements of 2026-11-27 (122) and 2026-11-28 (159, benchmarks/results/plan.md): the arithmetic is
+    the example's."""
     p = _plan(FULL, achieved_tflops_per_gpu=93.0)
     assert (p.layout, p.num_nodes, p.gpus_per_node, p.micro_batch, p.accumulation) == ("ZeRO-3", 2, 8, 1, 4)
     assert [c.bytes_per_gpu / GB for c in p.collectives] == pytest.approx([57.2] * 3, abs=0.1)

@@ -1,11 +1,15 @@
-"""The grpo stage in the plan before a run (components/estimate/plan.py, ``grpo_plan``) and the reference preset with
-``stages=["sft","grpo"]``: refused in one line naming what to change by --plan, --render and validate_inputs' checks
-alike (the whole model gathered for generation does not fit an 80 GiB GPU beside full fine-tuning's states), accepted
-with its grpo stage in LoRA, whose plan shows the generation backend, decode rate, step, memory and GPU-hours."""
+"""The grpo stage in the plan before a run (components/estimate/grpo_plan.py, ``grpo_plan``) and the reference preset
+with ``stages=["sft","grpo"]``: refused in one line naming what to change by --plan, --render and validate_inputs'
+checks alike (the whole model gathered for generation does not fit an 80 GiB GPU beside full fine-tuning's states),
+accepted with its grpo stage in LoRA, whose plan shows the generation backend, decode rate, step, memory and
+GPU-hours."""
 
 import pytest
 
-from components.estimate.plan import GB, HBM_BYTES_PER_S, architecture, grpo_plan, plan_text
+from components.estimate.grpo_plan import grpo_plan
+from components.estimate.network import GB, HBM_BYTES_PER_S
+from components.estimate.plan import architecture
+from components.estimate.plan_text import plan_text
 from components.models.shape import model_shape
 from pipelines import params as P
 from pipelines.run import main
