@@ -22,6 +22,7 @@ from components.settings import Settings
 from components.stages import dataset_folder, hands_on, stage_cluster, stage_folder, stage_train_settings
 from components.train.config import build_trainer_config
 from components.train.launcher.job import training_job_for_run
+from components.train.launcher.pods import trainer_network_policy
 from components.train.launcher.vllm_server import run_server_manifests, runs_own_server, stage_server_url
 from pipelines.compile import compile_pipeline
 
@@ -65,6 +66,9 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             )
             manifest = yaml.safe_dump(job, sort_keys=False)
             written.append(_write(out_dir / f"{job['kind'].lower()}{suffix}.yaml", manifest))
+            # Created before the job by the train step: only the run's own pods reach the job's pods.
+            policy = yaml.safe_dump(trainer_network_policy(job), sort_keys=False)
+            written.append(_write(out_dir / f"networkpolicy{suffix}.yaml", policy))
         if hands_on(stage):  # rm's model scores the next stage; the next stage trains from rm's own start
             base = os.path.join(stage_dir, "final")
     train_dir = os.path.dirname(base)  # the last stage's: its final model is what is served

@@ -153,7 +153,7 @@ def scripted_runs() -> set[tuple]:
     args = {
         "run_id": RUN_ID,
         "namespace": NS,
-        "config_path": "/mnt/models/c.json",
+        "config_path": "/mnt/models/runs/r1/train/c.json",
         "trainer_image": "img:1",
         "num_nodes": 1,
         "gpus_per_node": 8,

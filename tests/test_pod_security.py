@@ -28,7 +28,7 @@ from tests.helpers.repo import REFERENCE, ROOT
 RUN_ARGS = {
     "run_id": "8b0e3f2a-1c2d-4e5f-9a8b-7c6d5e4f3a2b",
     "namespace": "team-llm",
-    "config_path": "/mnt/models/c.json",
+    "config_path": "/mnt/models/runs/r1/train/c.json",
     "trainer_image": "registry.example/trainer:0.1.0",
     "num_nodes": 2,
     "gpus_per_node": 8,

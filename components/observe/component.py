@@ -29,14 +29,16 @@ def notify_run(status: dsl.PipelineTaskFinalStatus, run_id: str, model_root: str
     """
     from components.observe.notify import notify_run_end
     from components.observe.process import start_step
-    from components.observe.run_objects import GRPO_SERVER_RECORD, remove_recorded
+    from components.observe.run_objects import RECORDS, remove_recorded
     from components.observe.tensorboard import remove_servers
 
     start_step("notify_run")
     # The TensorBoard Deployments and Services the train steps made where Kubeflow's controller is absent.
     remove_servers(model_root, run_id)
-    # The grpo stage's vLLM generation server, when its train step was killed before it could delete it.
-    remove_recorded(model_root, run_id, GRPO_SERVER_RECORD)
+    # The grpo stage's vLLM generation server and the training jobs' NetworkPolicies, when a train step was killed
+    # before it could delete them.
+    for record in RECORDS:
+        remove_recorded(model_root, run_id, record)
     notify_run_end(
         status.state,
         status.pipeline_task_name or "",

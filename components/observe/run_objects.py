@@ -8,13 +8,14 @@ a step killed by KFP, by its node or by a timeout never reaches its ``finally``.
 
 A record is ``runs/<run id>/<record>`` (the variants' ``runs/<run id>-<variant>/<record>`` too), a JSON list of
 ``{"kind", "namespace", "name"}``. Kinds: ConfigMap, Deployment, Service, NetworkPolicy. Today: the grpo stage's vLLM
-generation server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``).
+generation server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``) and each training job's
+NetworkPolicy (components/train/launcher/job.py::trainer_network, ``TRAINER_POLICY_RECORD``).
 
-A record says where to look, never what may be deleted: every trainer pod mounts the model claim read-write and runs
-user code, so a file there can name any object (KFP's own API server). ``delete_run_object`` deletes an object only
-when the live object carries this run's ``RUN_ID_LABEL`` (which the train step sets on everything it creates), and
-only that object: the delete carries the uid it checked as its precondition, so a same-named object made since is
-refused by the API server (409).
+A record says where to look, never what may be deleted: every trainer pod writes its run's folder on the model claim
+and runs user code, so a file there can name any object (KFP's own API server). ``delete_run_object`` deletes an
+object only when the live object carries this run's ``RUN_ID_LABEL`` (which the train step sets on everything it
+creates), and only that object: the delete carries the uid it checked as its precondition, so a same-named object
+made since is refused by the API server (409).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from components.paths import run_dir
 log = logging.getLogger("run_objects")
 
 GRPO_SERVER_RECORD = "grpo-vllm-server.json"
+TRAINER_POLICY_RECORD = "trainer-network-policy.json"  # the training job's NetworkPolicy (launcher/job.py)
+RECORDS = (GRPO_SERVER_RECORD, TRAINER_POLICY_RECORD)  # what the exit handler looks for
 KINDS = ("ConfigMap", "Deployment", "Service", "NetworkPolicy")  # what records may name (_APIS)
 
 

@@ -185,7 +185,8 @@ def _train_on_cluster(
             model_path=server_model,
             model_root=mounts.model_root,
         )
-    with server:  # deleted when the job ends, succeeded or failed
+    # Both deleted when the job ends, succeeded or failed; the job's NetworkPolicy exists before its pods.
+    with server, job.trainer_network(manifest, model_root=mounts.model_root):
         job.run_training_job(
             manifest,
             cleanup=s.cluster.job_cleanup,

@@ -186,7 +186,7 @@ def test_the_launcher_logs_utilisation_beside_the_progress_and_an_unreachable_pr
         name=NAME,
         namespace=NS,
         image="trainer:1",
-        config_path="/mnt/models/c.json",
+        config_path="/mnt/models/runs/r1/train/c.json",
         num_nodes=1,
         gpus_per_node=2,
         data_pvc="d",

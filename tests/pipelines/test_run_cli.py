@@ -2,7 +2,9 @@
 
 import json
 import socket
+from types import SimpleNamespace
 
+import kubernetes
 import pytest
 import yaml
 
@@ -146,6 +148,15 @@ def test_render_includes_the_manifests_the_run_would_create(tmp_path):
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 1  # 2 nodes: Master + 1 Worker
     config = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]["args"][-1]
     assert config == "/mnt/models/runs/render-preview/train/train_config.json"
+    # The job's NetworkPolicy, as the train step creates it first: the run's pods only (and the metrics scrape).
+    policy = yaml.safe_load((tmp_path / "networkpolicy.yaml").read_text())
+    api = kubernetes.client.ApiClient()
+    typed = api.deserialize(SimpleNamespace(data=json.dumps(policy)), "V1NetworkPolicy")
+    assert api.sanitize_for_serialization(typed) == policy  # every field a real NetworkPolicy field
+    assert policy["spec"]["podSelector"] == {"matchLabels": {"training.kubeflow.org/job-name": job["metadata"]["name"]}}
+    assert policy["spec"]["ingress"][0]["from"] == [
+        {"podSelector": {"matchLabels": {"pipelines.kubeflow.org/run-id": "render-preview"}}}
+    ]
     trainer = json.loads((tmp_path / "train_config.json").read_text())
     # The setting's name: the trainer image resolves it in its own install (the launcher's path is not there).
     assert trainer["deepspeed"] == "zero3" and trainer["bf16"] is True

@@ -125,6 +125,32 @@ def quantity_bytes(quantity: str) -> int:
     return int(float(quantity))
 
 
+def pod_mounts(claims: dict, pod_spec: dict, container: dict, folder: Path) -> list:
+    """The kubelet's part of mounting ``container``'s volumes, for tests/rehearsal/container.py: a claim (``claims``:
+    claim name -> host folder) as a bind mount of its folder or of its ``subPath`` in it, read-only where the mount
+    says so; an ``emptyDir`` as tmpfs (``medium: Memory``) or a folder under ``folder``. In the container's order."""
+    volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
+    mounts = []
+    for m in container.get("volumeMounts", []):
+        volume = volumes[m["name"]]
+        entry = {"target": m["mountPath"], "read_only": bool(m.get("readOnly"))}
+        if "persistentVolumeClaim" in volume:
+            claim = volume["persistentVolumeClaim"]["claimName"]
+            source = Path(claims[claim]) / m.get("subPath", "")
+            mounts.append({**entry, "kind": "bind", "source": str(source)})
+        elif "emptyDir" in volume and volume["emptyDir"].get("medium") == "Memory":
+            size = volume["emptyDir"].get("sizeLimit")
+            options = "mode=1777" + (f",size={quantity_bytes(size)}" if size else "")
+            mounts.append({**entry, "kind": "tmpfs", "options": options})
+        elif "emptyDir" in volume:
+            source = folder / "volumes" / m["name"]
+            source.mkdir(parents=True, exist_ok=True)
+            mounts.append({**entry, "kind": "bind", "source": str(source)})
+        else:
+            raise ValueError(f"volume {m['name']}: the rehearsal's kubelet mounts claims and emptyDirs only")
+    return mounts
+
+
 def _by_name(items: list, name: str) -> dict | None:
     return next((i for i in items if i.get("name") == name), None)
 
@@ -635,26 +661,7 @@ class FakeCluster:
         return simple[path]
 
     def _mounts(self, pod_spec: dict, container: dict, folder: Path) -> list:
-        volumes = {v["name"]: v for v in pod_spec.get("volumes", [])}
-        mounts = []
-        for m in container.get("volumeMounts", []):
-            volume = volumes[m["name"]]
-            entry = {"target": m["mountPath"], "read_only": bool(m.get("readOnly"))}
-            if "persistentVolumeClaim" in volume:
-                claim = volume["persistentVolumeClaim"]["claimName"]
-                source = Path(self.claims[claim]) / m.get("subPath", "")
-                mounts.append({**entry, "kind": "bind", "source": str(source)})
-            elif "emptyDir" in volume and volume["emptyDir"].get("medium") == "Memory":
-                size = volume["emptyDir"].get("sizeLimit")
-                options = "mode=1777" + (f",size={quantity_bytes(size)}" if size else "")
-                mounts.append({**entry, "kind": "tmpfs", "options": options})
-            elif "emptyDir" in volume:
-                source = folder / "volumes" / m["name"]
-                source.mkdir(parents=True, exist_ok=True)
-                mounts.append({**entry, "kind": "bind", "source": str(source)})
-            else:
-                raise ValueError(f"volume {m['name']}: the rehearsal's kubelet mounts claims and emptyDirs only")
-        return mounts
+        return pod_mounts(self.claims, pod_spec, container, folder)
 
     def _create_pod(self, job: JobRecord, plan: PodPlan) -> None:
         api, ns = self.api, job.namespace

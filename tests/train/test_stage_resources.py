@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from components.estimate.plan import architecture, plan, plan_text
+from components.estimate.plan import architecture, plan
+from components.estimate.plan_text import plan_text
 from components.settings import Settings
 from components.stages import stage_cluster, stage_overrides, stage_train_settings
 from components.train.launcher.job import training_job_for_run
@@ -61,7 +62,11 @@ def test_each_stage_job_has_its_own_pods_gpus_and_torchrun_processes(backend):
     s = Settings.from_flat(lora(train_backend=backend, stage_settings=GUIDE))
     jobs = {
         stage: training_job_for_run(
-            stage_cluster(s, stage), run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json", stage=stage
+            stage_cluster(s, stage),
+            run_id=RUN_ID,
+            namespace=NS,
+            config_path="/mnt/models/runs/r1/train/c.json",
+            stage=stage,
         )
         for stage in ("cpt", "sft")
     }

@@ -160,13 +160,16 @@ def test_a_reward_model_stage_hands_the_model_it_started_from_to_the_next_stage(
 
 
 @pytest.mark.parametrize("backend, kind", [("pytorchjob", "PyTorchJob"), ("trainjob", "TrainJob")])
-def test_a_cluster_stage_runs_its_job_with_the_pods_paths_and_records_it(tmp_path, monkeypatch, backend, kind):
+def test_a_cluster_stage_runs_its_job_with_the_pods_paths_and_records_it(tmp_path, monkeypatch, cluster, backend, kind):
     data, models = tmp_path / "data", tmp_path / "models"
     out = models / "runs" / RUN_ID / "dpo"
     seen = {}
+    policies = ("networking.k8s.io", "v1", "networkpolicies", NS, kube.job_name_for(RUN_ID, "dpo"))
 
     def run_training_job(manifest, **kwargs):
-        seen.update(manifest=manifest, **kwargs)
+        # The job's NetworkPolicy is there before the job, and recorded for the exit handler.
+        seen.update(manifest=manifest, policy=cluster.get_object(*policies), **kwargs)
+        seen["record"] = json.loads((models / "runs" / RUN_ID / "trainer-network-policy.json").read_text())
         kwargs["on_created"]({**manifest, "metadata": {**manifest["metadata"], "uid": "u-1"}})
         _trainer_ends(out)
 
@@ -202,3 +205,12 @@ def test_a_cluster_stage_runs_its_job_with_the_pods_paths_and_records_it(tmp_pat
     assert f"/mnt/models/runs/{RUN_ID}/dpo/train_config.json" in json.dumps(manifest)
     assert (seen["job_restarts"], seen["pending_timeout_seconds"], seen["watch"]) == (1, 300, None)
     assert json.loads((out / f"{kind.lower()}.json").read_text())["metadata"]["uid"] == "u-1"
+    # Only the run's own pods reach the job's pods (the metrics port is open to the scrapers).
+    policy = seen["policy"]
+    pod_label = "training.kubeflow.org/job-name" if kind == "PyTorchJob" else "jobset.sigs.k8s.io/jobset-name"
+    assert policy["spec"]["podSelector"] == {"matchLabels": {pod_label: name}}
+    assert policy["spec"]["ingress"][0] == {"from": [{"podSelector": {"matchLabels": {kube.RUN_ID_LABEL: RUN_ID}}}]}
+    assert seen["record"] == [{"kind": "NetworkPolicy", "namespace": NS, "name": name}]
+    # Deleted when the job ended, and its record with it.
+    assert cluster.get_object(*policies) is None
+    assert not (models / "runs" / RUN_ID / "trainer-network-policy.json").exists()

@@ -28,6 +28,8 @@ every pod's last lines. A hung rank ignores SIGTERM, so its pod goes only at the
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from kubernetes import client as k8s
@@ -36,6 +38,7 @@ from components.jobs.failures import classify_failure, failure_report, pod_tails
 from components.jobs.kinds import DELETION_TIMEOUT_SECONDS, job_kind
 from components.jobs.progress import ProgressWatch
 from components.kube import (
+    RUN_ID_LABEL,
     CustomResourceRunner,
     PodLogFollower,
     call_api,
@@ -311,3 +314,36 @@ def training_job_for_run(
         min_nodes=c.min_nodes or None,
         max_restarts=c.max_restarts,
     )
+
+
+@contextmanager
+def trainer_network(manifest: dict, *, model_root: str, api_client=None) -> Iterator[dict]:
+    """The job's NetworkPolicy (``pods.trainer_network_policy``) while the ``with`` block runs the job: recorded on the
+    model claim before it is created (the run's exit handler deletes what a killed step left), created before the job
+    (one already there, a retried step's, is kept: 409) and deleted when the block ends, however it ends; a re-run of
+    the job keeps it. Yields the policy."""
+    from kubernetes.client.rest import ApiException
+
+    from components.kube import load_api_client
+    from components.observe.run_objects import TRAINER_POLICY_RECORD, delete_object, forget_objects, record_objects
+    from components.train.launcher.pods import trainer_network_policy
+
+    policy = trainer_network_policy(manifest)
+    meta = policy["metadata"]
+    run_id = meta["labels"][RUN_ID_LABEL]
+    api_client = api_client or load_api_client()
+    record_objects(model_root, run_id, TRAINER_POLICY_RECORD, [policy])
+    try:
+        try:
+            call_api(k8s.NetworkingV1Api(api_client).create_namespaced_network_policy, meta["namespace"], policy)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+        yield policy
+    finally:
+        try:
+            delete_object(api_client, "NetworkPolicy", meta["namespace"], meta["name"])
+        except Exception as exc:  # the job's own outcome goes up; the exit handler tries again
+            print(f"could not delete NetworkPolicy {meta['namespace']}/{meta['name']} ({exc!r}): the exit handler will")
+        else:
+            forget_objects(model_root, run_id, TRAINER_POLICY_RECORD)

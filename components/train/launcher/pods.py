@@ -8,12 +8,14 @@ fields Trainer v2 gives the trainer and the patch it applies to the runtime's po
 
 from __future__ import annotations
 
+import os
+
 from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 
 from components.jobs.kinds import TERMINATION_GRACE_PERIOD_SECONDS
 from components.kube import RUN_ID_LABEL
-from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.paths import DATA_MOUNT, MODEL_MOUNT, run_dir
 from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS
 from components.security import container_security_context, pod_security_context
 
@@ -25,15 +27,35 @@ NCCL_DEFAULTS = {"NCCL_DEBUG": "WARN"}
 # kubelet's SIGKILL. Spot reclaims and hard evictions give less notice: the save_steps checkpoints cover those.
 TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS = TERMINATION_GRACE_PERIOD_SECONDS - 30
 
-TRAINER_VOLUME_MOUNTS = [
-    k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
-    k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT),
-    k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
-]
+
+def trainer_volume_mounts(config_path: str) -> list[k8s.V1VolumeMount]:
+    """Where the trainer's pods mount their volumes: by need, since user code runs there (reward functions, a user's
+    DeepSpeed JSON) and one run's pods must not reach another run's models.
+
+    The models claim read-only at ``MODEL_MOUNT`` (a base model may be an earlier run's ``final/``), and the run's own
+    folder (``runs/<run id>``, the one ``config_path`` is in: its config, checkpoints, exports, logs) read-write over
+    it, as the claim's ``subPath``. The train step writes the config there before the job exists, so the folder is
+    there when the kubelet mounts it (the container runtime creates no mount point inside a read-only mount), owned
+    by the same non-root user. The data claim stays read-write: it holds the shared Hugging Face cache (``HF_HOME``)
+    the pods download base models into. Listed parent first: a nested mount follows the one it is inside.
+    """
+    parts = os.path.relpath(config_path, MODEL_MOUNT).split(os.sep)
+    if len(parts) < 3 or parts[0] != "runs" or parts[1] in ("", ".", ".."):
+        raise ValueError(
+            f"config_path {config_path!r}: the trainer's config lives in its run's folder on the models claim "
+            f"({MODEL_MOUNT}/runs/<run id>/...), the only folder its pods may write"
+        )
+    own = run_dir(MODEL_MOUNT, parts[1])
+    return [
+        k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
+        k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT, read_only=True),
+        k8s.V1VolumeMount(name="models", mount_path=own, sub_path=f"runs/{parts[1]}"),
+        k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+    ]
 
 
 def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1Volume]:
-    """The two claims and the memory-backed ``/dev/shm`` the trainer's pods mount (``TRAINER_VOLUME_MOUNTS``)."""
+    """The two claims and the memory-backed ``/dev/shm`` the trainer's pods mount (``trainer_volume_mounts``)."""
     return [
         k8s.V1Volume(name="data", persistent_volume_claim=k8s.V1PersistentVolumeClaimVolumeSource(claim_name=data_pvc)),
         k8s.V1Volume(
@@ -212,7 +234,7 @@ def trainer_pod_template(
         + [k8s.V1EnvVar(name=k, value=v) for k, v in (egress_env or {}).items()],
         ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=metrics_port)] if metrics_port else None,
         resources=k8s.V1ResourceRequirements(requests=requests, limits=limits),
-        volume_mounts=TRAINER_VOLUME_MOUNTS,
+        volume_mounts=trainer_volume_mounts(config_path),
         security_context=container_security_context(ipc_lock=ipc_lock),
     )
     return k8s.V1PodTemplateSpec(
@@ -237,3 +259,43 @@ def trainer_pod_template(
             automount_service_account_token=False,
         ),
     )
+
+
+def trainer_network_policy(job: dict) -> dict:
+    """The NetworkPolicy of a rendered training job (``build_pytorchjob`` / ``build_trainjob``): its pods (selected by
+    the label their operator gives them, ``<pod label>=<job name>``) admit traffic only from pods of the same
+    namespace labelled with the job's run id (the run's trainer pods, of every stage, and its grpo generation server),
+    on every port (the rendezvous, torch's TCPStore, NCCL's sockets, the weight transfer), and from anywhere on the
+    metrics port where the pods serve one (the launcher's stall watch and Prometheus scrape it). torch's TCPStore and
+    the rendezvous take no credential: without this, any pod of the cluster could join or disturb the run's process
+    group. Enforced where the cluster's CNI implements NetworkPolicy (docs/security.md); RDMA traffic (InfiniBand,
+    RoCE) never passes the CNI."""
+    from components.jobs.kinds import job_kind
+
+    meta = job["metadata"]
+    run_id = (meta.get("labels") or {}).get(RUN_ID_LABEL)
+    if not run_id:
+        raise ValueError(f"job {meta['name']}: no {RUN_ID_LABEL} label, so no run whose pods may reach it")
+    ports = {int(port) for port in _values(job, "prometheus.io/port")}  # metrics_annotations, either kind
+    ingress: list[dict] = [{"from": [{"podSelector": {"matchLabels": {RUN_ID_LABEL: run_id}}}]}]
+    ingress += [{"ports": [{"protocol": "TCP", "port": port}]} for port in sorted(ports)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": meta["name"], "namespace": meta["namespace"], "labels": {RUN_ID_LABEL: run_id}},
+        "spec": {
+            "podSelector": {"matchLabels": {job_kind(job.get("kind")).pod_label: meta["name"]}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+def _values(tree, key: str) -> list:
+    """Every value of ``key`` anywhere in a manifest (the pod templates' annotations sit at different depths in a
+    PyTorchJob, a TrainJob's runtime patch and its v2.1 override)."""
+    if isinstance(tree, dict):
+        return [v for k, v in tree.items() if k == key] + [x for v in tree.values() for x in _values(v, key)]
+    if isinstance(tree, list):
+        return [x for v in tree for x in _values(v, key)]
+    return []

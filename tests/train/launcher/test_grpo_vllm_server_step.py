@@ -102,7 +102,7 @@ def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
     assert rule["ports"] == [{"protocol": "TCP", "port": vllm_server.PORT}]
     # The training job's pods carry the label the policy admits.
     job = launch.training_job_for_run(
-        settings().cluster, stage="grpo", run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json"
+        settings().cluster, stage="grpo", run_id=RUN_ID, namespace=NS, config_path="/mnt/models/runs/r1/train/c.json"
     )
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         assert replica["template"]["metadata"]["labels"][RUN_ID_LABEL] == RUN_ID
@@ -306,7 +306,13 @@ def test_a_given_url_or_another_stage_creates_nothing(tmp_path, monkeypatch):
         )
         cfg = json.loads((tmp_path / "models" / "runs" / RUN_ID / "grpo" / "train_config.json").read_text())
         assert cfg["grpo_vllm_server_url"] == "http://my-vllm.team-llm.svc:8000"
-        assert len(seen) == 1 and not api.requests
+        # No server: the only objects are the job's own NetworkPolicy, created before it and deleted after.
+        policies = f"/apis/networking.k8s.io/v1/namespaces/{NS}/networkpolicies"
+        name = kube.job_name_for(RUN_ID, "grpo")
+        assert len(seen) == 1 and [(r.method, r.path) for r in api.requests] == [
+            ("POST", policies),
+            ("DELETE", f"{policies}/{name}"),
+        ]
 
 
 def _ends(root: Path) -> None:

@@ -355,7 +355,7 @@ def test_trainjob_is_re_run_the_same_way(capsys):
     job = trainjob_for_run(
         run_id=RUN_ID,
         namespace=NS,
-        config_path="/mnt/models/c.json",
+        config_path="/mnt/models/runs/r1/train/c.json",
         trainer_image="t:1",
         num_nodes=2,
         gpus_per_node=8,

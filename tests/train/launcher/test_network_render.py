@@ -24,7 +24,11 @@ IB = {
 def _job(backend: str, trainer_version: str | None = None, **settings) -> dict:
     cluster = Settings.from_flat({**defaults(), "train_backend": backend, **settings}).cluster
     return training_job_for_run(
-        cluster, run_id=RUN_ID, namespace="team-llm", config_path="/mnt/models/c.json", trainer_version=trainer_version
+        cluster,
+        run_id=RUN_ID,
+        namespace="team-llm",
+        config_path="/mnt/models/runs/r1/train/c.json",
+        trainer_version=trainer_version,
     )
 
 

@@ -225,10 +225,14 @@ def test_an_unknown_release_is_a_value_error():
 def test_the_train_step_renders_for_the_version_it_read():
     cluster = Settings.from_flat({"train_backend": "trainjob"}).cluster
     job = training_job_for_run(
-        cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json", trainer_version=TRAINER_V2_1
+        cluster,
+        run_id=RUN_ID,
+        namespace=NS,
+        config_path="/mnt/models/runs/r1/train/c.json",
+        trainer_version=TRAINER_V2_1,
     )
     assert crd_errors(job, CRDS[TRAINER_V2_1]) == []
-    default = training_job_for_run(cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/c.json")
+    default = training_job_for_run(cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/runs/r1/train/c.json")
     assert crd_errors(default, CRDS[TRAINER_V2_2]) == []  # --render, with no cluster to ask
 
 
@@ -276,7 +280,7 @@ def test_dry_run_renders_for_the_release_named():
         "--run-id",
         RUN_ID,
         "--config-path",
-        "/mnt/models/c.json",
+        "/mnt/models/runs/r1/train/c.json",
         *["-p", "gpus_per_node=8", "-p", "num_nodes=2", "-p", "data_pvc=llm-data", "-p", "model_pvc=llm-models"],
         "--namespace",
         NS,
