@@ -26,7 +26,7 @@ from components.paths import MODEL_MOUNT, run_dir
 from components.settings import Settings
 from components.settings_input import SettingsInputError, parse_override, read_params_file, resolve_layers
 from components.stages import STAGES, stage_cluster, stage_folder
-from components.train.launcher.job import run_training_job, training_job_for_run
+from components.train.launcher.job import check_limits, run_training_job, trainer_network, training_job_for_run
 from components.train.launcher.trainjob import TRAINER_VERSIONS, installed_trainer_version
 
 
@@ -103,15 +103,17 @@ def main(argv: list[str] | None = None) -> None:
         return
     from components.observe.gpu_watch import gpu_watch_for
 
+    limits = dict(
+        cleanup=cluster.job_cleanup,
+        job_restarts=cluster.job_restarts,
+        pending_timeout_seconds=cluster.pending_timeout_seconds,
+        stall_timeout_seconds=cluster.stall_timeout_seconds,
+    )
     try:
-        result = run_training_job(
-            manifest,
-            cleanup=cluster.job_cleanup,
-            job_restarts=cluster.job_restarts,
-            pending_timeout_seconds=cluster.pending_timeout_seconds,
-            stall_timeout_seconds=cluster.stall_timeout_seconds,
-            watch=gpu_watch_for(cluster, namespace, job_name_for(args.run_id, args.stage)),
-        )
+        check_limits(**limits)
+        with trainer_network(manifest, model_root=None):  # as the train step does: the job's NetworkPolicy first
+            watch = gpu_watch_for(cluster, namespace, job_name_for(args.run_id, args.stage))
+            result = run_training_job(manifest, **limits, watch=watch)
     except ValueError as exc:  # a bad limit, refused before anything was created
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

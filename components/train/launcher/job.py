@@ -61,6 +61,18 @@ def _restarts(job: dict) -> int:
     return int(value) if value.isdigit() else 0
 
 
+def check_limits(cleanup: str, job_restarts: int, pending_timeout_seconds: float, stall_timeout_seconds: float) -> None:
+    """``run_training_job``'s own arguments checked, before anything is created: ValueError naming the bad one."""
+    if cleanup not in CLEANUP_POLICIES:
+        raise ValueError(f"cleanup {cleanup!r} must be one of {', '.join(CLEANUP_POLICIES)}")
+    if job_restarts < 0:
+        raise ValueError(f"job_restarts must be >= 0, got {job_restarts}")
+    if pending_timeout_seconds < 0:
+        raise ValueError(f"pending_timeout_seconds must be >= 0, got {pending_timeout_seconds}")
+    if stall_timeout_seconds < 0:
+        raise ValueError(f"stall_timeout_seconds must be >= 0, got {stall_timeout_seconds}")
+
+
 def run_training_job(
     manifest: dict,
     *,
@@ -113,14 +125,7 @@ def run_training_job(
         SystemExit: 143 after SIGTERM, once the job is deleted.
     """
     kind = job_kind(manifest.get("kind"))
-    if cleanup not in CLEANUP_POLICIES:
-        raise ValueError(f"cleanup {cleanup!r} must be one of {', '.join(CLEANUP_POLICIES)}")
-    if job_restarts < 0:
-        raise ValueError(f"job_restarts must be >= 0, got {job_restarts}")
-    if pending_timeout_seconds < 0:
-        raise ValueError(f"pending_timeout_seconds must be >= 0, got {pending_timeout_seconds}")
-    if stall_timeout_seconds < 0:
-        raise ValueError(f"stall_timeout_seconds must be >= 0, got {stall_timeout_seconds}")
+    check_limits(cleanup, job_restarts, pending_timeout_seconds, stall_timeout_seconds)
     runner = CustomResourceRunner(
         manifest,
         kind.plural,
@@ -317,11 +322,11 @@ def training_job_for_run(
 
 
 @contextmanager
-def trainer_network(manifest: dict, *, model_root: str, api_client=None) -> Iterator[dict]:
+def trainer_network(manifest: dict, *, model_root: str | None, api_client=None) -> Iterator[dict]:
     """The job's NetworkPolicy (``pods.trainer_network_policy``) while the ``with`` block runs the job: recorded on the
-    model claim before it is created (the run's exit handler deletes what a killed step left), created before the job
-    (one already there, a retried step's, is kept: 409) and deleted when the block ends, however it ends; a re-run of
-    the job keeps it. Yields the policy."""
+    model claim (``model_root``; None, the launcher outside KFP: not recorded) before it is created (the run's exit
+    handler deletes what a killed step left), created before the job (one already there, a retried step's, is kept:
+    409) and deleted when the block ends, however it ends; a re-run of the job keeps it. Yields the policy."""
     from kubernetes.client.rest import ApiException
 
     from components.kube import load_api_client
@@ -332,7 +337,8 @@ def trainer_network(manifest: dict, *, model_root: str, api_client=None) -> Iter
     meta = policy["metadata"]
     run_id = meta["labels"][RUN_ID_LABEL]
     api_client = api_client or load_api_client()
-    record_objects(model_root, run_id, TRAINER_POLICY_RECORD, [policy])
+    if model_root:
+        record_objects(model_root, run_id, TRAINER_POLICY_RECORD, [policy])
     try:
         try:
             call_api(k8s.NetworkingV1Api(api_client).create_namespaced_network_policy, meta["namespace"], policy)
@@ -346,4 +352,5 @@ def trainer_network(manifest: dict, *, model_root: str, api_client=None) -> Iter
         except Exception as exc:  # the job's own outcome goes up; the exit handler tries again
             print(f"could not delete NetworkPolicy {meta['namespace']}/{meta['name']} ({exc!r}): the exit handler will")
         else:
-            forget_objects(model_root, run_id, TRAINER_POLICY_RECORD)
+            if model_root:
+                forget_objects(model_root, run_id, TRAINER_POLICY_RECORD)

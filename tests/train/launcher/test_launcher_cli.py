@@ -84,7 +84,9 @@ def test_job_restarts_0_reports_a_retriable_failure_without_re_running(tmp_path)
     with FakeKubeAPI() as api:
         api.on_get("pytorchjobs", evicted_at_once)
         proc = launch(api, tmp_path, "-p", "job_restarts=0")
-        assert len(api.requests_for("POST")) == 1 and api.requests_for("DELETE") == []
+        # The job once, never deleted; its NetworkPolicy created before it and deleted after.
+        assert len(api.requests_for("POST", "/pytorchjobs")) == 1 and api.requests_for("DELETE", "/pytorchjobs") == []
+        assert len(api.requests_for("POST", "/networkpolicies")) == len(api.requests_for("DELETE", "/networkpol")) == 1
     assert proc.returncode == 1, proc.stderr
     assert f"cause: pod {WORKER} was Evicted: The node was low on resource: memory." in proc.stderr
     assert "already re-run 0 times (job_restarts=0)" in proc.stderr
