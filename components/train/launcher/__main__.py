@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import sys
+from typing import Any
 
 import yaml
 
@@ -103,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
         return
     from components.observe.gpu_watch import gpu_watch_for
 
-    limits = dict(
+    limits: dict[str, Any] = dict(
         cleanup=cluster.job_cleanup,
         job_restarts=cluster.job_restarts,
         pending_timeout_seconds=cluster.pending_timeout_seconds,
