@@ -105,24 +105,45 @@ def launch(source: str, tokenizer: str, out: Path, n: int, shard: int, cache: Pa
     return subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env), result
 
 
-def wait_all(procs: list) -> tuple[float, list[float]]:
-    """Wait for ``procs``; (wall seconds, each one's peak resident memory in GiB, its workers included)."""
+def tree_memory(pid: int) -> tuple[int, int]:
+    """Bytes the process ``pid`` and its descendants hold, each page counted once (``Pss``: a page shared by k of
+    them counts 1/k to each; a plain sum of resident sets counts fork-shared and memory-mapped pages once per
+    process), as (all of it, its anonymous and shared-memory part). The second is what a pod's memory limit must
+    hold: file-backed pages (the memory-mapped Arrow files datasets reads and writes) are page cache the kernel
+    reclaims under the limit before it kills anything. From ``/proc/<pid>/smaps_rollup``."""
     import psutil
 
-    started, peaks = time.time(), [0] * len(procs)
-    handles = [psutil.Process(p.pid) for p, _ in procs]
+    total = anon = 0
+    try:
+        tree = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return 0, 0
+    for proc in tree:
+        try:
+            fields = dict(
+                line.split(":", 1) for line in Path(f"/proc/{proc.pid}/smaps_rollup").read_text().splitlines()[1:]
+            )
+        except (OSError, ValueError):
+            continue
+        kib = {k: int(v.split()[0]) * 1024 for k, v in fields.items() if v.strip().endswith("kB")}
+        total += kib.get("Pss", 0)
+        anon += kib.get("Pss_Anon", 0) + kib.get("Pss_Shmem", 0)
+    return total, anon
+
+
+def wait_all(procs: list) -> tuple[float, list[float], list[float]]:
+    """Wait for ``procs``; (wall seconds, each one's peak memory in GiB with its workers', its peak anonymous and
+    shared memory in GiB: ``tree_memory``, sampled every 0.2 s)."""
+    started, peaks, anon_peaks = time.time(), [0] * len(procs), [0] * len(procs)
     while any(p.poll() is None for p, _ in procs):
-        for i, h in enumerate(handles):
-            try:
-                tree = [h, *h.children(recursive=True)]
-                peaks[i] = max(peaks[i], sum(p.memory_info().rss for p in tree if p.is_running()))
-            except psutil.Error:
-                pass
-        time.sleep(0.05)
+        for i, (p, _) in enumerate(procs):
+            total, anon = tree_memory(p.pid)
+            peaks[i], anon_peaks[i] = max(peaks[i], total), max(anon_peaks[i], anon)
+        time.sleep(0.2)
     for p, result in procs:
         if p.returncode != 0:
             raise SystemExit(f"failed ({result}):\n{Path(str(result).replace('.json', '.log')).read_text()[-3000:]}")
-    return time.time() - started, [x / 2**30 for x in peaks]
+    return time.time() - started, [x / 2**30 for x in peaks], [x / 2**30 for x in anon_peaks]
 
 
 def rows_of(folder: Path) -> dict:
@@ -175,17 +196,25 @@ def main() -> None:
     for n in args.shards:
         out = work / f"out-{n}"
         cache = work / f"shards-{n}"
-        shard_wall, peaks = wait_all(
+        shard_wall, peaks, anon = wait_all(
             [launch(source, tokenizer, out, n, i, cache, args.max_seq_length) for i in (args.only or range(n))]
         )
-        row = {"shards": n, "shard_seconds": round(shard_wall, 1), "peak_gib_per_shard": [round(x, 2) for x in peaks]}
+        row = {
+            "shards": n,
+            "shard_seconds": round(shard_wall, 1),
+            "peak_gib_per_shard": [round(x, 2) for x in peaks],
+            "peak_anon_gib_per_shard": [round(x, 2) for x in anon],
+        }
         if not args.skip_join:
-            join_wall, (join_peak,) = wait_all([launch(source, tokenizer, out, n, -1, cache, args.max_seq_length)])
+            join_wall, (join_peak,), (join_anon,) = wait_all(
+                [launch(source, tokenizer, out, n, -1, cache, args.max_seq_length)]
+            )
             stats = json.loads(out.with_suffix(".-1.json").read_text())
             tokens = stats["train"]["tokens"] + stats["eval"]["tokens"]
             row.update(
                 join_seconds=round(join_wall, 1),
                 join_peak_gib=round(join_peak, 2),
+                join_peak_anon_gib=round(join_anon, 2),
                 tokens=tokens,
                 tokens_per_s=round(tokens / (shard_wall + join_wall)),
                 packing_efficiency=stats["train"]["packing_efficiency"],
