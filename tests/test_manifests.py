@@ -315,7 +315,9 @@ def test_cluster_role_grants_only_listing_nodes_and_training_runtimes(needed_rul
 
 def test_secret_access_is_limited_to_the_token_alert_langfuse_tracking_and_model_store_secrets():
     (role,) = resources("Role")
-    (rule,) = [r for r in role["rules"] if "secrets" in r["resources"]]
+    # Two rules: create (the grpo server's new token, any name: create cannot name one), and get by name.
+    create, rule = sorted((r for r in role["rules"] if "secrets" in r["resources"]), key=lambda r: "resourceNames" in r)
+    assert create == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
     assert rule["resourceNames"] == [
         PARAMS["hf_token_secret"],
         PARAMS["alert_webhook_secret"],
@@ -401,7 +403,8 @@ def test_parameters_reach_every_resource(tmp_path):
         {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
     ]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
-    (secrets,) = [r for r in built[("Role", "llm-post-training-runner")]["rules"] if "secrets" in r["resources"]]
+    rules = built[("Role", "llm-post-training-runner")]["rules"]
+    (secrets,) = [r for r in rules if "secrets" in r["resources"] and "resourceNames" in r]
     assert secrets["resourceNames"] == ["team-hf", "team-alerts", "team-langfuse", "team-tracking", "team-store"]
     assert {d["metadata"]["namespace"] for d in built.values()} == {"kubeflow"}
     cluster = {d["kind"]: d for d in kustomize(copy / "cluster")}

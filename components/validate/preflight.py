@@ -53,16 +53,25 @@ SERVING_API = ("serving.kserve.io", "v1beta1", "inferenceservices", "KServe")
 
 # What the launcher (components/train/launcher/job.py) and deployer (components/deploy/inference_service.py)
 # call, as (verb, group, resource, subresource); manifests/rbac/role.yaml grants exactly these.
+# Every training job's NetworkPolicy (components/train/launcher/job.py::trainer_network): created before the job,
+# deleted after it (read first by the exit handler, which deletes only what carries the run's id).
+JOB_NETWORK_ACCESS = [
+    ("create", "networking.k8s.io", "networkpolicies", ""),
+    ("get", "networking.k8s.io", "networkpolicies", ""),
+    ("delete", "networking.k8s.io", "networkpolicies", ""),
+]
 LAUNCHER_ACCESS = {
     "pytorchjob": [
         ("create", "kubeflow.org", "pytorchjobs", ""),
         ("get", "kubeflow.org", "pytorchjobs", ""),
         ("delete", "kubeflow.org", "pytorchjobs", ""),
+        *JOB_NETWORK_ACCESS,
     ],
     "trainjob": [
         ("create", "trainer.kubeflow.org", "trainjobs", ""),
         ("get", "trainer.kubeflow.org", "trainjobs", ""),
         ("delete", "trainer.kubeflow.org", "trainjobs", ""),
+        *JOB_NETWORK_ACCESS,
     ],
 }
 POD_ACCESS = [("list", "", "pods", ""), ("get", "", "pods", "log")]
@@ -93,6 +102,7 @@ GRPO_SERVER_ACCESS = [
     ("create", "", "services", ""),
     ("get", "", "services", ""),
     ("delete", "", "services", ""),
+    ("create", "", "secrets", ""),  # the server's token, owned by its NetworkPolicy (vllm_server.weight_sync_secret)
 ]
 # The search step (components/hpo/follow.py) when hpo_trials > 0: its Experiment and the Experiment's Trials.
 SEARCH_ACCESS = [

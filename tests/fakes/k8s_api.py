@@ -566,6 +566,8 @@ class FakeKubeAPI:
                 # Services and ConfigMaps (the TensorBoard's, the grpo vLLM server's) live with the custom objects.
                 name = parts[5] if len(parts) == 6 else None
                 return self._custom(method, ("", "v1", parts[4], parts[3]), name, body, content_type)
+            if parts[:3] == ["api", "v1", "namespaces"] and parts[4:] == ["secrets"] and method == "POST":
+                return self._create_secret(parts[3], body)
             if parts[:2] == ["api", "v1"] and len(parts) == 6 and parts[2] == "namespaces" and method == "GET":
                 return self._core_get(parts[4], parts[3], parts[5])
             if parts[:3] == ["api", "v1", "namespaces"] and len(parts) == 4 and method == "GET":
@@ -674,7 +676,7 @@ class FakeKubeAPI:
         return _status(405, "MethodNotAllowed", f"{method} is not supported")
 
     def _remove(self, key):
-        """The object is gone, and (the garbage collector) the pods it controlled with it."""
+        """The object is gone, and (the garbage collector) the pods and core objects it owned with it."""
         uid = self.objects.pop(key)["metadata"]["uid"]
         self._deleting.pop(key, None)
         for pod_key in [
@@ -683,6 +685,28 @@ class FakeKubeAPI:
             if any(ref.get("uid") == uid for ref in p.obj["metadata"].get("ownerReferences", []))
         ]:
             del self.pods[pod_key]
+        for core_key in [
+            k
+            for k, o in self.core.items()
+            if any(ref.get("uid") == uid for ref in o["metadata"].get("ownerReferences", []))
+        ]:
+            del self.core[core_key]
+
+    def _create_secret(self, namespace: str, body: dict):
+        """POST a Secret: ``stringData`` becomes base64 ``data``, as the API server stores it; 409 for a name held."""
+        import base64
+
+        name = body["metadata"]["name"]
+        if ("secrets", namespace, name) in self.core:
+            return _status(409, "AlreadyExists", f'secrets "{name}" already exists', name, "", "secrets")
+        obj = copy.deepcopy(body)
+        data = {
+            **obj.get("data", {}),
+            **{k: base64.b64encode(v.encode()).decode() for k, v in obj.pop("stringData", {}).items()},
+        }
+        obj["data"] = data
+        self._put_core("secrets", namespace, name, obj)
+        return 201, self.core[("secrets", namespace, name)], "application/json"
 
     def _core_get(self, plural, namespace, name):
         obj = self.core.get((plural, namespace, name))

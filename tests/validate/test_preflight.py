@@ -137,6 +137,10 @@ def test_reviews_ask_about_the_runs_namespace_and_the_backends_resources():
         ("create", "trainjobs", ""),
         ("get", "trainjobs", ""),
         ("delete", "trainjobs", ""),
+        # The job's NetworkPolicy, created before it, read and deleted after it.
+        ("create", "networkpolicies", ""),
+        ("get", "networkpolicies", ""),
+        ("delete", "networkpolicies", ""),
         ("list", "pods", ""),
         ("get", "pods", "log"),
         # No Kubeflow Tensorboard controller here: the Deployment and Service that stand in for it, each read (its run

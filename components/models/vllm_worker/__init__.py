@@ -16,6 +16,11 @@ BACKEND = "kfp_torch"
 STORE_PREFIX = "kfp-weight-sync"
 ENGINE_MODULE = "kfp_weight_sync"
 WORKER_EXTENSION = f"{ENGINE_MODULE}.WeightSyncExtension"
+# The run's token (a Secret's key TOKEN_KEY): the engine checks it on every join and round (TOKEN_ENV), vLLM's own
+# --api-key on the OpenAI routes (API_KEY_ENV), and the trainer's pods send it (TOKEN_ENV).
+TOKEN_ENV = "KFP_WEIGHT_SYNC_TOKEN"
+API_KEY_ENV = "VLLM_API_KEY"
+TOKEN_KEY = "token"
 
 
 def engine_dir() -> str:

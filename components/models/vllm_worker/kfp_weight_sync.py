@@ -21,11 +21,22 @@ the serving image, which has vLLM and not this package; the file travels to it a
 The wire, which the trainer side repeats without importing this module: tensors travel in buckets, each the bytes of
 consecutive parameters (in the round's order) concatenated, a bucket closing once it holds at least
 ``bucket_bytes``; one ``broadcast`` from rank 0 per bucket.
+
+Trust (docs/security.md): vLLM's RL routes answer whoever reaches the port. Where the server's environment has a
+token (``KFP_WEIGHT_SYNC_TOKEN``, from the run's own Secret, which the trainer's pods get too), joining the group and
+every round must carry it, compared in constant time; without one (a server a user started) none is asked for. Every
+init and round is checked before anything is allocated or connected: the trainer's address a plain IP address or DNS
+name, ports, group size and bucket size within bounds, dtypes from a fixed list (never an arbitrary ``torch``
+attribute), shapes of non-negative integers, and the round's bytes within a bound set by the model's own size.
 """
 
 from __future__ import annotations
 
 import datetime
+import hmac
+import ipaddress
+import os
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +51,56 @@ from vllm.distributed.weight_transfer.factory import WeightTransferEngineFactory
 
 BACKEND = "kfp_torch"
 STORE_PREFIX = "kfp-weight-sync"
+TOKEN_ENV = "KFP_WEIGHT_SYNC_TOKEN"  # the run's token, when the server has one (components/models/vllm_worker)
+# What the trainer may send: its parameters' dtypes, and no other torch attribute by name.
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+MAX_BUCKET_BYTES = 16 << 30
+MAX_WORLD_SIZE = 65536
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*$")  # RFC 1123 names (a Service's, a pod's)
+
+
+def check_token(given: str, expected: str | None) -> None:
+    """PermissionError unless ``given`` is the server's token (none expected: any)."""
+    if expected and not hmac.compare_digest(str(given).encode(), expected.encode()):
+        raise PermissionError("weight transfer refused: the request does not carry this run's weight-sync token")
+
+
+def check_address(address: str) -> None:
+    """ValueError unless ``address`` is a plain IP address or DNS name (no scheme, port, path or spaces)."""
+    try:
+        ipaddress.ip_address(address)
+        return
+    except ValueError:
+        pass
+    if not isinstance(address, str) or not _HOSTNAME.match(address):
+        raise ValueError(f"master_address {address!r}: an IP address or a DNS name")
+
+
+def _bounded(name: str, value: Any, low: float, high: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+        raise ValueError(f"{name} {value!r}: must be a number from {low:g} to {high:g}")
+
+
+def round_bytes(dtype_names: list[str], shapes: list[list[int]]) -> list[int]:
+    """Each tensor's bytes in a round; ValueError for a dtype outside ``DTYPES`` or a shape that is not a list of
+    non-negative integers."""
+    sizes = []
+    for name, shape in zip(dtype_names, shapes, strict=True):
+        if name not in DTYPES:
+            raise ValueError(f"dtype {name!r}: one of {', '.join(DTYPES)}")
+        if not isinstance(shape, (list, tuple)) or len(shape) > 8:
+            raise ValueError(f"shape {shape!r}: a list of at most 8 dimensions")
+        if any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in shape):
+            raise ValueError(f"shape {shape!r}: non-negative integers")
+        sizes.append(int(torch.Size(shape).numel()) * torch.empty((), dtype=DTYPES[name]).element_size())
+    return sizes
 
 
 @dataclass
@@ -54,6 +115,18 @@ class TorchGroupInitInfo(WeightTransferInitInfo):
     group_backend: str = "gloo"  # gloo (CPU tensors) or nccl (CUDA tensors)
     bucket_bytes: int = 256 << 20
     timeout_seconds: float = 600.0
+    token: str = ""  # the run's weight-sync token (TOKEN_ENV), where the server has one
+
+    def check(self) -> None:
+        """ValueError naming the first field out of bounds (see the module's docstring)."""
+        check_address(self.master_address)
+        _bounded("master_port", self.master_port, 1, 65535)
+        _bounded("world_size", self.world_size, 2, MAX_WORLD_SIZE)
+        _bounded("rank_offset", self.rank_offset, 1, self.world_size - 1)
+        _bounded("bucket_bytes", self.bucket_bytes, 1, MAX_BUCKET_BYTES)
+        _bounded("timeout_seconds", self.timeout_seconds, 1, 86400)
+        if self.group_backend not in ("gloo", "nccl"):
+            raise ValueError(f"group_backend {self.group_backend!r}: gloo or nccl")
 
 
 @dataclass
@@ -63,6 +136,7 @@ class TorchGroupUpdateInfo(WeightTransferUpdateInfo):
     names: list[str]
     dtype_names: list[str]
     shapes: list[list[int]]
+    token: str = ""  # the run's weight-sync token (TOKEN_ENV), where the server has one
 
     def __post_init__(self) -> None:
         if not len(self.names) == len(self.dtype_names) == len(self.shapes):
@@ -101,6 +175,8 @@ class TorchGroupWeightTransferEngine(WeightTransferEngine[TorchGroupInitInfo, To
         self.group_device = torch.device("cpu")
 
     def init_transfer_engine(self, init_info: TorchGroupInitInfo) -> None:
+        check_token(init_info.token, os.environ.get(TOKEN_ENV))
+        init_info.check()
         parallel = self.parallel_config
         rank = parallel.data_parallel_index * parallel.world_size + parallel.rank + init_info.rank_offset
         timeout = datetime.timedelta(seconds=init_info.timeout_seconds)
@@ -115,11 +191,9 @@ class TorchGroupWeightTransferEngine(WeightTransferEngine[TorchGroupInitInfo, To
         if init_info.group_backend == "nccl":
             self.group = dist.ProcessGroupNCCL(self.store, rank, init_info.world_size, dist.ProcessGroupNCCL.Options())
             self.group_device = torch.device("cuda", torch.cuda.current_device())
-        elif init_info.group_backend == "gloo":
+        else:  # gloo: init_info.check() allows these two
             self.group = dist.ProcessGroupGloo(self.store, rank, init_info.world_size, timeout)
             self.group_device = torch.device("cpu")
-        else:
-            raise ValueError(f"group_backend {init_info.group_backend!r}: gloo or nccl")
         self.bucket_bytes = init_info.bucket_bytes
 
     def start_weight_update(self) -> None:
@@ -156,13 +230,16 @@ class TorchGroupWeightTransferEngine(WeightTransferEngine[TorchGroupInitInfo, To
             process(head)
 
     def receive_weights(self, update_info: TorchGroupUpdateInfo) -> None:
+        check_token(update_info.token, os.environ.get(TOKEN_ENV))
+        sizes = round_bytes(update_info.dtype_names, update_info.shapes)
+        # At most 4 bytes for each byte of the model's own weights (fp32 over fp8), and 64 MiB of slack: a round
+        # cannot make the server allocate more than the model it serves could need.
+        limit = 4 * sum(p.numel() * p.element_size() for p in self.model.parameters()) + (64 << 20)
+        if sum(sizes) > limit:
+            raise ValueError(f"weight round of {sum(sizes):,} bytes: more than this model's weights can be ({limit:,})")
         if self.group is None:
             raise RuntimeError("weight transfer not initialized: call /init_weight_transfer_engine first")
-        dtypes = [getattr(torch, name) for name in update_info.dtype_names]
-        sizes = [
-            int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-            for shape, dtype in zip(update_info.shapes, dtypes, strict=True)
-        ]
+        dtypes = [DTYPES[name] for name in update_info.dtype_names]
         for start, end in buckets(sizes, self.bucket_bytes):
             buffer = torch.empty(sum(sizes[start:end]), dtype=torch.uint8, device=self.group_device)
             self.group.broadcast(buffer, 0).wait()

@@ -311,14 +311,34 @@ def training_job_for_run(
             raise ValueError("; ".join(conflicts))
         # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
         version: dict[str, Any] = {"trainer_version": trainer_version} if trainer_version else {}
-        return trainjob_for_run(**common, **version, runtime=c.trainjob_runtime)
-    return pytorchjob_for_run(
-        **common,
-        priority_class=c.priority_class,
-        gang_scheduling=c.gang_scheduling,
-        min_nodes=c.min_nodes or None,
-        max_restarts=c.max_restarts,
-    )
+        job = trainjob_for_run(**common, **version, runtime=c.trainjob_runtime)
+    else:
+        job = pytorchjob_for_run(
+            **common,
+            priority_class=c.priority_class,
+            gang_scheduling=c.gang_scheduling,
+            min_nodes=c.min_nodes or None,
+            max_restarts=c.max_restarts,
+        )
+    if stage == "grpo":
+        _add_weight_sync_token(job, run_id)
+    return job
+
+
+def _add_weight_sync_token(job: dict, run_id: str) -> None:
+    """The grpo stage's pods send the run's weight-sync token to its generation server: ``TOKEN_ENV`` from the
+    server's Secret (launcher/vllm_server.py::weight_sync_secret), optional: a server the user started has none."""
+    from components.models.vllm_worker import TOKEN_ENV, TOKEN_KEY
+    from components.train.launcher.vllm_server import weight_sync_secret_name
+
+    ref = {"name": weight_sync_secret_name(run_id), "key": TOKEN_KEY, "optional": True}
+    var = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}
+    spec = job["spec"]
+    if "pytorchReplicaSpecs" in spec:
+        for replica in spec["pytorchReplicaSpecs"].values():
+            replica["template"]["spec"]["containers"][0].setdefault("env", []).append(dict(var))
+    else:
+        spec["trainer"].setdefault("env", []).append(dict(var))
 
 
 @contextmanager

@@ -27,12 +27,21 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from components.kube import RUN_ID_LABEL, job_name_for
-from components.models.vllm_worker import ENGINE_MODULE, engine_source, server_args, server_env
+from components.models.vllm_worker import (
+    API_KEY_ENV,
+    ENGINE_MODULE,
+    TOKEN_ENV,
+    TOKEN_KEY,
+    engine_source,
+    server_args,
+    server_env,
+)
 from components.paths import MODEL_MOUNT
 from components.security import container_security_context, pod_security_context
 from components.settings import ClusterSettings, TrainSettings
@@ -66,9 +75,12 @@ def server_manifests(
     labels: dict | None = None,
     shm_size: str = "8Gi",
     max_model_len: int | None = None,
+    token_secret: str = "",
 ) -> list[dict]:
     """The ConfigMap, Deployment and Service of a grpo generation server named ``name`` serving ``model_path`` (a path
-    on the models claim ``model_pvc``, mounted read-only at its usual place) on ``gpus`` GPUs of one node."""
+    on the models claim ``model_pvc``, mounted read-only at its usual place) on ``gpus`` GPUs of one node.
+    ``token_secret``: the Secret whose ``token`` guards the server (``weight_sync_secret``): vLLM's ``--api-key`` on
+    its OpenAI routes (``VLLM_API_KEY``) and the weight-sync engine's joins and rounds (``TOKEN_ENV``)."""
     if not model_path.startswith(MODEL_MOUNT + "/"):
         raise ValueError(f"the server reads the model from the models claim: {model_path!r} is not under {MODEL_MOUNT}")
     selector = {"app.kubernetes.io/name": "grpo-vllm-server", "app.kubernetes.io/instance": name}
@@ -84,7 +96,11 @@ def server_manifests(
         "image": image,
         "command": ["python3", "-m", "vllm.entrypoints.openai.api_server"],
         "args": args,
-        "env": [{"name": k, "value": v} for k, v in env.items()],
+        "env": [{"name": k, "value": v} for k, v in env.items()]
+        + [
+            {"name": var, "valueFrom": {"secretKeyRef": {"name": token_secret, "key": TOKEN_KEY}}}
+            for var in ((API_KEY_ENV, TOKEN_ENV) if token_secret else ())
+        ],
         "ports": [{"name": "http", "containerPort": PORT}],
         # CPU and memory requested, not limited (Burstable: a BestEffort pod is the first the kubelet evicts): vLLM's
         # API server, engine core and tokenizer processes per GPU's worker; the weights stream from the claim.
@@ -165,6 +181,37 @@ def server_name(run_id: str) -> str:
     return job_name_for(run_id, "gen")
 
 
+def weight_sync_secret_name(run_id: str) -> str:
+    """The run's server's Secret (its ``token``: ``weight_sync_secret``)."""
+    return f"{server_name(run_id)}-token"
+
+
+def weight_sync_secret(run_id: str, namespace: str, owner: dict) -> dict:
+    """A new random token for run ``run_id``'s server, as a Secret owned by ``owner`` (the server's NetworkPolicy as
+    the API server returned it: ``kind``, ``metadata.name`` and ``uid``), so that Kubernetes deletes the Secret with
+    it: the runner's Role then needs ``create`` on Secrets and nothing more. The server's pod and the grpo stage's
+    trainer pods read it by reference (``server_manifests``, ``job.training_job_for_run``); it is never logged."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "type": "Opaque",
+        "metadata": {
+            "name": weight_sync_secret_name(run_id),
+            "namespace": namespace,
+            "labels": {RUN_ID_LABEL: run_id},
+            "ownerReferences": [
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "name": owner["metadata"]["name"],
+                    "uid": owner["metadata"]["uid"],
+                }
+            ],
+        },
+        "stringData": {TOKEN_KEY: secrets.token_urlsafe(32)},
+    }
+
+
 def runs_own_server(stage: str, train: TrainSettings, cluster: ClusterSettings) -> bool:
     """Whether the train step runs ``stage``'s generation server itself: a grpo stage generating on a vLLM server
     whose URL is not given, on a cluster (locally the URL stays required: validate_inputs says so)."""
@@ -236,6 +283,7 @@ def run_server_manifests(cluster: ClusterSettings, *, run_id: str, namespace: st
         tolerations=list(cluster.tolerations),
         image_pull_secrets=list(cluster.image_pull_secrets),
         labels={RUN_ID_LABEL: run_id},
+        token_secret=weight_sync_secret_name(run_id),
     )
 
 
@@ -283,6 +331,18 @@ def generation_server(
             except ApiException as exc:
                 if exc.status != 409:
                     raise
+            if manifest["kind"] == "NetworkPolicy":  # the token next, owned by the policy, before the server's pod
+                owner = call_api(
+                    k8s.NetworkingV1Api(api_client).read_namespaced_network_policy,
+                    manifest["metadata"]["name"],
+                    namespace,
+                )
+                secret = weight_sync_secret(run_id, namespace, api_client.sanitize_for_serialization(owner))
+                try:
+                    call_api(core.create_namespaced_secret, namespace, secret)
+                except ApiException as exc:
+                    if exc.status != 409:  # a retried step's: the server it started reads that one
+                        raise
         log.info(
             "grpo generation server %s/%s: %s on %d GPU(s) serving %s; waiting until it is ready",
             namespace,

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 import urllib.error
 import urllib.parse
@@ -38,6 +39,7 @@ import torch.distributed as dist
 from components.models.vllm_worker import (  # noqa: F401 (server_args, server_env, WORKER_EXTENSION: for callers)
     BACKEND,
     STORE_PREFIX,
+    TOKEN_ENV,
     WORKER_EXTENSION,
     engine_dir,
     server_args,
@@ -147,17 +149,25 @@ def full_parameters(model: torch.nn.Module, dtype: torch.dtype | None = None) ->
 
 
 class VLLMServer:
-    """A vLLM server's generation and weight-transfer routes, over HTTP (``url``: its root, ``http://host:port``)."""
+    """A vLLM server's generation and weight-transfer routes, over HTTP (``url``: its root, ``http://host:port``).
 
-    def __init__(self, url: str, timeout: float = 600.0):
+    ``token``: the run's weight-sync token (default: ``TOKEN_ENV`` from the environment, which the grpo stage's pods
+    get from the run's server's Secret; none for a server a user started): sent as the bearer token vLLM's
+    ``--api-key`` asks for on the OpenAI routes, and in every join and round the weight-sync engine checks."""
+
+    def __init__(self, url: str, timeout: float = 600.0, token: str | None = None):
         self.url = url.rstrip("/").removesuffix("/v1")
         self.timeout = timeout
+        self.token = os.environ.get(TOKEN_ENV, "") if token is None else token
         self._model: str | None = None
 
     def _request(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> Any:
         url = self.url + path + (("?" + urllib.parse.urlencode(params)) if params else "")
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        headers = {"Content-Type": "application/json"}
+        if self.token:
+            headers["Authorization"] = f"Bearer {self.token}"
+        request = urllib.request.Request(url, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:
                 return json.loads(response.read() or b"null")
@@ -283,6 +293,7 @@ class WeightSync:
             "group_backend": self.group_backend,
             "bucket_bytes": self.bucket_bytes,
             "timeout_seconds": self.timeout,
+            "token": self.server.token,
         }
         with ThreadPoolExecutor(max_workers=1) as pool:
             joined = pool.submit(self.server.post, "/init_weight_transfer_engine", {"init_info": init})
@@ -291,7 +302,8 @@ class WeightSync:
             else:
                 self.group = dist.ProcessGroupGloo(self.store, 0, world, timeout)
             joined.result()
-        log.info("weight sync: group of %d formed with the vLLM server at %s (%s)", world, self.server.url, init)
+        shown = {k: v for k, v in init.items() if k != "token"}  # never the token
+        log.info("weight sync: group of %d formed with the vLLM server at %s (%s)", world, self.server.url, shown)
 
     def push(self, meta: list[ParamMeta], tensors: Iterable[tuple[str, torch.Tensor]]) -> dict:
         """One update round: ``tensors`` (whole, in ``meta``'s order) replace the server's weights. Returns its
@@ -303,6 +315,7 @@ class WeightSync:
             "names": [m.name for m in meta],
             "dtype_names": [str(m.dtype).removeprefix("torch.") for m in meta],
             "shapes": [list(m.shape) for m in meta],
+            "token": self.server.token,
         }
         sizes = [m.nbytes for m in meta]
         self.server.post("/pause", params={"mode": "wait"})

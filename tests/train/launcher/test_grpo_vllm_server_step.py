@@ -26,6 +26,7 @@ from components.train.launcher.vllm_server import (
     run_server_manifests,
     server_name,
     service_url,
+    weight_sync_secret_name,
 )
 from components.train.run import train_stage
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -154,9 +155,31 @@ def test_it_runs_while_the_block_runs_and_is_deleted_after(tmp_path):
             assert json.loads(record.read_text()) == [
                 {"kind": m["kind"], "namespace": NS, "name": m["metadata"]["name"]} for m in manifests
             ]
+            # The run's token: a Secret created after the NetworkPolicy, owned by it, before the server's pod; the
+            # server and vLLM's --api-key read it by reference.
+            posts = [r.path.rsplit("/", 1)[-1] for r in api.requests_for("POST")]
+            assert posts == ["networkpolicies", "secrets", "configmaps", "deployments", "services"], posts
+            secret = api.core[("secrets", NS, weight_sync_secret_name(RUN_ID))]
+            policy = api.objects[KEYS["NetworkPolicy"]]
+            assert secret["metadata"]["ownerReferences"] == [
+                {
+                    "apiVersion": "networking.k8s.io/v1",
+                    "kind": "NetworkPolicy",
+                    "name": NAME,
+                    "uid": policy["metadata"]["uid"],
+                }
+            ]
+            assert secret["metadata"]["labels"] == {RUN_ID_LABEL: RUN_ID} and len(secret["data"]["token"]) >= 40
+            env = api.objects[KEYS["Deployment"]]["spec"]["template"]["spec"]["containers"][0]["env"]
+            assert [e for e in env if "valueFrom" in e] == [
+                {"name": var, "valueFrom": {"secretKeyRef": {"name": weight_sync_secret_name(RUN_ID), "key": "token"}}}
+                for var in ("VLLM_API_KEY", "KFP_WEIGHT_SYNC_TOKEN")
+            ]
         assert not any(key in api.objects for key in KEYS.values())
         assert len(api.requests_for("DELETE")) == 4
         assert not record.exists()
+        # Kubernetes' garbage collector deleted the token with its owner, the NetworkPolicy.
+        assert ("secrets", NS, weight_sync_secret_name(RUN_ID)) not in api.core
 
 
 def test_a_failed_stage_deletes_it_too(tmp_path):
@@ -360,3 +383,26 @@ def test_preflight_reviews_what_the_server_needs_only_when_the_step_runs_one():
         ]
         given = {**grpo, "grpo_vllm_server_url": "http://my-vllm:8000"}
         assert preflight({**PARAMS, **given}, api_client=api.client, namespace=ns) == []
+
+
+@pytest.mark.parametrize("backend", ["pytorchjob", "trainjob"])
+def test_the_grpo_stages_pods_send_the_runs_token_and_other_stages_have_none(backend):
+    """The grpo job's trainer reads the run's token from its server's Secret (optional: a server the user started has
+    none, and then none is sent); no other stage's pods reference it."""
+    cluster = settings(train_backend=backend).cluster
+    ref = {"name": weight_sync_secret_name(RUN_ID), "key": "token", "optional": True}
+    for stage, expected in (
+        ("grpo", [{"name": "KFP_WEIGHT_SYNC_TOKEN", "valueFrom": {"secretKeyRef": ref}}]),
+        ("sft", []),
+    ):
+        job = launch.training_job_for_run(
+            cluster, run_id=RUN_ID, namespace=NS, config_path=f"/mnt/models/runs/{RUN_ID}/{stage}/c.json", stage=stage
+        )
+        spec = job["spec"]
+        envs = (
+            [r["template"]["spec"]["containers"][0]["env"] for r in spec["pytorchReplicaSpecs"].values()]
+            if backend == "pytorchjob"
+            else [spec["trainer"]["env"]]
+        )
+        for env in envs:
+            assert [e for e in env if e["name"] == "KFP_WEIGHT_SYNC_TOKEN"] == expected, stage

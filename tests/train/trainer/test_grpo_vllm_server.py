@@ -35,8 +35,10 @@ import torch
 
 from components.models.logprobs import server_logprobs
 from components.train.trainer.vllm_server import (
+    TOKEN_ENV,
     ServerGeneration,
     VLLMServer,
+    VLLMServerError,
     WeightSync,
     engine_dir,
     server_args,
@@ -47,6 +49,7 @@ from tests.helpers.serving import serving_vllm
 pytestmark = pytest.mark.slow
 
 SERVED = "tiny-grpo"
+TOKEN = "this-runs-weight-sync-token"  # the module's server asks for it, as the run's own server does
 
 
 def _free_port() -> int:
@@ -90,17 +93,19 @@ def workdir(tmp_path_factory):
 
 
 @contextlib.contextmanager
-def _vllm_server(model: str, log_path):
+def _vllm_server(model: str, log_path, token: str = ""):
     """The real vLLM CPU server on ``model``, float32 (to compare with transformers), with the weight-sync engine; as
-    the cluster's server pod runs it (server_args, server_env)."""
+    the cluster's server pod runs it (server_args, server_env; ``token``: the run's token, which the pod reads from
+    its Secret into ``VLLM_API_KEY`` and ``KFP_WEIGHT_SYNC_TOKEN``)."""
     python = serving_vllm()
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", TOKEN_ENV, "VLLM_API_KEY")}
     env.update(
         server_env(engine_dir()),
         VLLM_CPU_KVCACHE_SPACE="1",
         HF_HUB_OFFLINE="1",
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
+        **({TOKEN_ENV: token, "VLLM_API_KEY": token} if token else {}),
     )
     cmd = [
         python,
@@ -114,7 +119,7 @@ def _vllm_server(model: str, log_path):
     ]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-    client = VLLMServer(f"http://127.0.0.1:{port}")
+    client = VLLMServer(f"http://127.0.0.1:{port}", token=token)
     try:
         deadline = time.monotonic() + 900
         while True:
@@ -137,7 +142,7 @@ def _vllm_server(model: str, log_path):
 @pytest.fixture(scope="module")
 def server(workdir):
     root, base = workdir
-    with _vllm_server(base, root / "server.log") as client:
+    with _vllm_server(base, root / "server.log", token=TOKEN) as client:
         yield client, root / "server.log"
 
 
@@ -221,7 +226,63 @@ def test_server_generation_pushes_before_the_first_generation_and_every_sync_ste
     assert [generation.due(s) for s in (0, 1, 2, 3)] == [False, False, True, True]
 
 
-def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, tmp_path):
+def test_the_server_refuses_whoever_lacks_the_runs_token_and_checks_what_it_is_sent(server, workdir):
+    """vLLM's --api-key (VLLM_API_KEY) guards the OpenAI routes, the weight-sync engine the group (every join and
+    round carries the run's token); a join with the token is still refused when it names a trainer address that is
+    not one, before the server connects anywhere. The group the earlier tests formed stays as it was."""
+    client, _ = server
+    with pytest.raises(VLLMServerError, match="HTTP 401"):
+        VLLMServer(client.url, token="").get("/v1/models")
+    init = {
+        "master_address": "127.0.0.1",
+        "master_port": 29555,
+        "world_size": 2,
+        "rank_offset": 1,
+        "group_backend": "gloo",
+        "bucket_bytes": 1 << 20,
+        "timeout_seconds": 5,
+    }
+    for token, changes, refused in (
+        ("wrong", {}, "weight-sync token"),
+        ("", {}, "weight-sync token"),
+        (TOKEN, {"master_address": "evil.example:80/x"}, "master_address"),
+        (TOKEN, {"world_size": 10**9}, "world_size"),
+    ):
+        with pytest.raises(VLLMServerError, match=refused):
+            client.post("/init_weight_transfer_engine", {"init_info": {**init, **changes, "token": token}})
+    assert client.model == SERVED  # the token opens the OpenAI routes
+
+
+def test_the_engine_takes_only_its_dtypes_and_well_formed_shapes():
+    """The checks a round passes before the server allocates anything, in the serving image's Python (the engine
+    imports vllm): dtypes from a fixed list (never any torch attribute by name), shapes of non-negative integers."""
+    script = """
+import json, kfp_weight_sync as e
+out = []
+for dtypes, shapes in ((["bfloat16"], [[2, 3]]), (["save"], [[1]]), (["float32"], [[-1]]), (["float32"], [[1.5]])):
+    try:
+        out.append(e.round_bytes(dtypes, shapes))
+    except ValueError as exc:
+        out.append(str(exc))
+for given, expected in (("a", "a"), ("b", "a"), ("", None)):
+    try:
+        e.check_token(given, expected)
+        out.append("ok")
+    except PermissionError as exc:
+        out.append(str(exc))
+print(json.dumps(out))
+"""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    env["PYTHONPATH"] = engine_dir()
+    proc = subprocess.run([serving_vllm(), "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out[0] == [12]  # 6 bfloat16 values
+    assert "dtype 'save'" in out[1] and "non-negative integers" in out[2] and "non-negative integers" in out[3]
+    assert out[4] == "ok" and "weight-sync token" in out[5] and out[6] == "ok"  # no token on the server: any
+
+
+def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, tmp_path, monkeypatch):
     from components.settings import TrainSettings
     from components.train.config import build_trainer_config, write_trainer_config
     from components.train.launcher.local import run_torchrun
@@ -262,6 +323,7 @@ def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, 
     )
     cfg["save_strategy"] = "no"
     requests_before = log_path.read_text(errors="replace").count("POST /v1/completions")
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)  # what the grpo job's pods read from the run's server's Secret
     run_torchrun(write_trainer_config(cfg, str(tmp_path / "grpo.json")), 2)
     metrics = json.loads(next((tmp_path / "out").rglob("metrics.json")).read_text())
     keys = ("first_reward", "last_reward", "eval_reward", "weight_syncs", "weight_sync_seconds", "train_runtime")

@@ -40,6 +40,7 @@ def test_both_sides_name_the_same_engine_and_cut_the_same_buckets():
     tree = _engine_tree()
     assert _constant(tree, "BACKEND") == vllm_server.BACKEND
     assert _constant(tree, "STORE_PREFIX") == vllm_server.STORE_PREFIX
+    assert _constant(tree, "TOKEN_ENV") == vllm_server.TOKEN_ENV
     module, cls = vllm_server.WORKER_EXTENSION.split(".")
     assert module == ENGINE.stem and any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body)
     # The bucket rule is the wire format: the same function on both sides.
