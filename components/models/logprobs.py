@@ -208,8 +208,9 @@ def _decisive(margins: list[float], tie_margin: float = TIE_MARGIN) -> int:
     return next((i for i, m in enumerate(margins) if m < tie_margin), len(margins))
 
 
-def _post(url: str, body: dict, timeout: float) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict, timeout: float, api_key: str = "") -> dict:
+    headers = {"Content-Type": "application/json", **({"Authorization": f"Bearer {api_key}"} if api_key else {})}
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return json.loads(resp.read())
@@ -227,8 +228,11 @@ def _token_id(token: str) -> int:
     return int(token.removeprefix("token_id:"))
 
 
-def server_logprobs(base_url: str, model: str, token_ids: list[int], timeout: float = 120.0) -> list[float | None]:
-    """The server's log-probability of each token of ``token_ids`` given the ones before it (None for the first)."""
+def server_logprobs(
+    base_url: str, model: str, token_ids: list[int], timeout: float = 120.0, api_key: str = ""
+) -> list[float | None]:
+    """The server's log-probability of each token of ``token_ids`` given the ones before it (None for the first);
+    ``api_key``: the bearer token a server started with ``--api-key`` asks for."""
     payload = _post(
         base_url.rstrip("/") + "/completions",
         {
@@ -241,6 +245,7 @@ def server_logprobs(base_url: str, model: str, token_ids: list[int], timeout: fl
             "return_tokens_as_token_ids": True,
         },
         timeout,
+        api_key,
     )
     logprobs = ((payload.get("choices") or [{}])[0].get("logprobs")) or {}
     values, tokens = logprobs.get("token_logprobs") or [], logprobs.get("tokens") or []

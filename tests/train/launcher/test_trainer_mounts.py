@@ -10,6 +10,7 @@ The pod is the rendered PyTorchJob's, mounted as the rehearsal's kubelet and con
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
@@ -87,14 +88,18 @@ def test_a_trainer_pod_writes_its_own_run_folder_and_reads_but_cannot_change_oth
         "env": [["PATH", "/usr/bin:/bin"]],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
+    hostname = socket.gethostname()
     result = subprocess.run(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-I", "-S"]
+        # As the rehearsal's kubelet starts a pod: its own mount, PID and UTS namespaces (container.py sets the pod's
+        # hostname, which must not become this machine's).
+        ["unshare", "--mount", "--uts", "--pid", "--fork", "--propagation", "private", sys.executable, "-I", "-S"]
         + [str(ROOT / "tests" / "rehearsal" / "container.py"), str(tmp_path / "spec.json")],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr
+    assert socket.gethostname() == hostname  # the pod's name stayed in its own UTS namespace
     seen = json.loads(result.stdout)
     assert seen == {
         "/mnt/models/runs/run-b/train/checkpoint-1/w": "written",

@@ -183,7 +183,7 @@ def test_completions_come_from_the_server_and_pushed_weights_replace_its_weights
         assert _max_diff(lps, reference) < 2e-3, i
 
     probe = prompts[0] + ids[0]
-    before = server_logprobs(client.url + "/v1", SERVED, probe)[1:]
+    before = server_logprobs(client.url + "/v1", SERVED, probe, api_key=client.token)[1:]
     assert _max_diff(before, _reference_logprobs(model, probe)) < 2e-3
 
     original = {k: v.clone() for k, v in model.state_dict().items()}
@@ -197,7 +197,7 @@ def test_completions_come_from_the_server_and_pushed_weights_replace_its_weights
         weights = list(model.parameters())
         assert pushed["parameters"] == len(weights)
         assert pushed["bytes"] == sum(w.numel() * w.element_size() for w in weights) > 3 << 20
-        after = server_logprobs(client.url + "/v1", SERVED, probe)[1:]
+        after = server_logprobs(client.url + "/v1", SERVED, probe, api_key=client.token)[1:]
         expected = _reference_logprobs(model, probe)
         assert _max_diff(after, expected) < 2e-3
         assert _max_diff(after, before) > 0.05  # the change is visible, not within the tolerance
@@ -210,7 +210,7 @@ def test_completions_come_from_the_server_and_pushed_weights_replace_its_weights
 
         model.load_state_dict(original)
         assert sync.push_model(model)["version"] == 2
-        restored = server_logprobs(client.url + "/v1", SERVED, probe)[1:]
+        restored = server_logprobs(client.url + "/v1", SERVED, probe, api_key=client.token)[1:]
         assert _max_diff(restored, before) < 1e-4
         assert client.get("/weight_info")["weight_version"] == "2"
     finally:
@@ -379,7 +379,7 @@ def test_a_moe_models_fused_experts_reach_the_server_as_checkpoint_tensors(workd
         [{"role": "user", "content": "Say river."}], add_generation_prompt=True, tokenize=True, return_dict=False
     ) + [5, 6, 7, 8, 9]
     with _vllm_server(str(tmp_path / "moe"), tmp_path / "server.log") as client:
-        before = server_logprobs(client.url + "/v1", SERVED, probe)[1:]
+        before = server_logprobs(client.url + "/v1", SERVED, probe, api_key=client.token)[1:]
         assert _max_diff(before, _reference_logprobs(model, probe)) < 2e-3
         with torch.no_grad():
             for layer in model.model.layers:
@@ -391,7 +391,7 @@ def test_a_moe_models_fused_experts_reach_the_server_as_checkpoint_tensors(workd
         try:
             pushed = sync.push_model(model)
             assert pushed["parameters"] > len(list(model.named_parameters()))  # each expert's tensors
-            after = server_logprobs(client.url + "/v1", SERVED, probe)[1:]
+            after = server_logprobs(client.url + "/v1", SERVED, probe, api_key=client.token)[1:]
         finally:
             sync.close()
     assert _max_diff(after, _reference_logprobs(model, probe)) < 2e-3
