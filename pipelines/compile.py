@@ -16,6 +16,7 @@ from pathlib import Path
 import yaml
 from kfp import compiler
 
+from components.version import pin_errors
 from pipelines.derive import derived_files
 
 COMPILED = Path(__file__).resolve().parents[1] / "compiled" / "llm_finetune.yaml"
@@ -48,9 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="fail if the checked-in YAML differs from the source")
     parser.add_argument("--output", type=Path, default=COMPILED, help=f"where to write (default {COMPILED})")
     args = parser.parse_args(argv)
+    for error in pin_errors():
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     # Before the pipeline is imported: the compiled YAML embeds the validate_inputs component's source.
     stale = []
-    for path, text in derived_files().items():
+    # Only the repository's own build rewrites its derived files: a pinned or private build elsewhere leaves them.
+    derived = derived_files() if args.output.resolve() == COMPILED else {}
+    for path, text in derived.items():
         if path.read_text() == text:
             continue
         if args.check:

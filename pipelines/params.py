@@ -23,6 +23,9 @@ from pipelines.errors import UsageError
 PRESETS_DIR = Path(__file__).with_name("presets")
 LOCAL_PRESET = "local-tiny"
 CLUSTER_PRESET = "qwen3-30b-a3b-full"
+# The account the run's steps run as on a cluster: manifests/rbac/serviceaccount.yaml creates it with the package's
+# Role and KFP's own needs only.
+RUNNER_SERVICE_ACCOUNT = "llm-post-training-runner"
 
 
 def preset_names() -> list[str]:

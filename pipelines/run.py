@@ -23,7 +23,7 @@ from pathlib import Path
 from components.estimate.plan_text import memory_text, plan_text
 from components.settings import ADVANCED, specs, split_arguments
 from components.validate.rules import warnings
-from components.version import __version__
+from components.version import __version__, pin_errors
 from pipelines import params as P
 from pipelines.errors import UsageError, write_failure
 from pipelines.schedule import validate_cron
@@ -76,6 +76,12 @@ def make_parser() -> argparse.ArgumentParser:
     p.add_argument("--experiment", default="llm-finetune", help="KFP experiment (default: llm-finetune)")
     p.add_argument("--namespace", help="KFP namespace (multi-user Kubeflow)")
     p.add_argument("--pipeline-name", default="llm-finetune", help="KFP pipeline to add a version to")
+    p.add_argument(
+        "--service-account",
+        default=P.RUNNER_SERVICE_ACCOUNT,
+        help=f"ServiceAccount the run's steps run as (default: {P.RUNNER_SERVICE_ACCOUNT}, which manifests/ creates "
+        "with the package's Role only; '' for KFP's default, e.g. default-editor)",
+    )
     p.add_argument("--run-name", help="run name (default: <preset>-<UTC time>)")
     p.add_argument(
         "--render",
@@ -163,6 +169,7 @@ def submit_run(args, params: dict, preset: str) -> dict:
             host=args.host,
             package_path=str(package),
             pipeline_name=args.pipeline_name,
+            service_account=args.service_account,
             params=split_arguments(params),
             experiment=args.experiment,
             run_name=run_name,
@@ -218,6 +225,8 @@ def _main(args) -> int:
             raise UsageError(
                 "--schedule creates a recurring run on Kubeflow Pipelines; pass --host URL or set KFP_HOST"
             )
+    if (args.host or args.render) and (errors := pin_errors()):
+        raise UsageError(errors[0])
     overrides = args.overrides + (["keep_serving=true"] if args.keep_serving else [])
     params = P.resolve(preset, args.params, overrides)
     P.check(params)

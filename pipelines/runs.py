@@ -480,6 +480,7 @@ def cleanup_job(doomed: list[Doomed], namespace: str, image: str) -> dict:
     labels = {CLEANUP_LABEL: CLEANUP_JOB_PREFIX}
     pod: dict[str, Any] = {
         "restartPolicy": "Never",
+        "automountServiceAccountToken": False,  # it deletes files, never calls the API
         "securityContext": pod_security_context(),
         "containers": [
             {

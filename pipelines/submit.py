@@ -75,6 +75,7 @@ def submit(
     schedule: str | None = None,
     existing_token: str | None = None,
     description: str = "",
+    service_account: str = "",
 ) -> Submission:
     """Upload a compiled pipeline as a new version and start a run or a recurring run of that version.
 
@@ -98,6 +99,9 @@ def submit(
         existing_token: Bearer token for the KFP API. Without it, a service-account token file
             (``KF_PIPELINES_SA_TOKEN_PATH`` or KFP's default path inside a pod) is used when present.
         description: Description of the pipeline, the version and the recurring run.
+        service_account: The Kubernetes ServiceAccount the run's steps run as
+            (``pipelines.params.RUNNER_SERVICE_ACCOUNT``, which manifests/ creates); empty: KFP's default
+            (default-editor in a Kubeflow profile, pipeline-runner in standalone KFP).
 
     Returns:
         The created run or recurring run with its UI URL and the ids it is bound to.
@@ -138,6 +142,7 @@ def submit(
                     params=params,
                     pipeline_id=pipeline_id,
                     version_id=version_id,
+                    service_account=service_account or None,
                 )
             return Submission(
                 kind="run",
@@ -159,6 +164,7 @@ def submit(
                 params=params,
                 pipeline_id=pipeline_id,
                 version_id=version_id,
+                service_account=service_account or None,
             )
     return Submission(
         kind="recurring_run",

@@ -67,3 +67,47 @@ def test_every_report_to_choice_is_installed_in_the_trainer_image_by_its_extra()
     smoke = re.search(r'python -c "import ([^"]+)"', trainer).group(1)
     imported = {name.strip() for name in smoke.split(",")}
     assert {"tensorboard", "mlflow", "wandb"} <= imported, imported  # the image's build proves they import
+
+
+COMPONENTS_DIGEST = "sha256:" + "c0" * 32
+TRAINER_DIGEST = "sha256:" + "7a" * 32
+
+
+def test_compiled_pipeline_pins_the_images_by_digest_when_asked(tmp_path):
+    """A tag can be pushed over; a digest cannot: with the digests of the pushed images in the environment at compile
+    time, every step and the trainer_image default name the image by digest (tag@digest, which runtimes pull by the
+    digest), so a run starts exactly the bytes that were reviewed."""
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "pinned.yaml"
+    env = {
+        **os.environ,
+        "LLM_PIPELINES_COMPONENTS_DIGEST": COMPONENTS_DIGEST,
+        "LLM_PIPELINES_TRAINER_DIGEST": TRAINER_DIGEST,
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "pipelines.compile", "--output", str(out)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "wrote" not in done.stdout.replace(f"wrote {out}", "")  # the repository's derived files left as they are
+    text = out.read_text()
+    images = set(re.findall(r"^ +image: (\S+)$", text, re.M))
+    assert images == {f"{version.COMPONENTS_IMAGE}@{COMPONENTS_DIGEST}"}
+    assert f"{version.TRAINER_IMAGE}@{TRAINER_DIGEST}" in text
+    # A digest that is not one: one line naming the variable, and nothing written.
+    env["LLM_PIPELINES_TRAINER_DIGEST"] = "7a7a7a"
+    bad = subprocess.run(
+        [sys.executable, "-m", "pipelines.compile", "--output", str(tmp_path / "bad.yaml")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 2 and not (tmp_path / "bad.yaml").exists()
+    assert bad.stderr.strip().count("\n") == 0 and "LLM_PIPELINES_TRAINER_DIGEST='7a7a7a'" in bad.stderr, bad.stderr

@@ -60,8 +60,17 @@ def ours() -> list[Path]:
     return sorted(p for p in MANIFESTS.rglob("*.yaml") if "serving" not in p.relative_to(MANIFESTS).parts)
 
 
+RUNNER = "llm-post-training-runner"  # the package's Role, its binding, and the account manifests/ creates
+
+
 def resources(kind: str) -> list[dict]:
     return [d for p in ours() for d in documents(p) if d.get("kind") == kind]
+
+
+def package_role() -> dict:
+    """The package's Role (what its steps call); KFP's own needs are llm-post-training-kfp-runtime's."""
+    (role,) = [d for d in resources("Role") if d["metadata"]["name"] == "llm-post-training-runner"]
+    return role
 
 
 def test_every_file_parses_and_names_its_objects():
@@ -300,7 +309,7 @@ def needed_rules():
 
 
 def test_role_grants_exactly_what_the_code_calls(needed_rules):
-    (role,) = resources("Role")
+    role = package_role()
     assert granted(role, True) == {r for r in needed_rules if r[0]}
 
 
@@ -314,7 +323,7 @@ def test_cluster_role_grants_only_listing_nodes_and_training_runtimes(needed_rul
 
 
 def test_secret_access_is_limited_to_the_token_alert_langfuse_tracking_and_model_store_secrets():
-    (role,) = resources("Role")
+    role = package_role()
     # Two rules: create (the grpo server's new token, any name: create cannot name one), and get by name.
     create, rule = sorted((r for r in role["rules"] if "secrets" in r["resources"]), key=lambda r: "resourceNames" in r)
     assert create == {"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]}
@@ -329,7 +338,7 @@ def test_secret_access_is_limited_to_the_token_alert_langfuse_tracking_and_model
 
 
 def test_preflight_reviews_what_the_role_grants_to_the_runner():
-    (role,) = resources("Role")
+    role = package_role()
     reviewed = {
         (True, g, f"{r}/{s}" if s else r, v)
         for v, g, r, s in [
@@ -365,15 +374,30 @@ def kustomize(path: Path) -> list[dict]:
 def test_kustomization_builds_the_namespaced_prerequisites():
     built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(MANIFESTS)}
     assert set(built) == {
+        ("ServiceAccount", "llm-post-training-runner"),
         ("Role", "llm-post-training-runner"),
+        ("Role", "llm-post-training-kfp-runtime"),
         ("RoleBinding", "llm-post-training-runner"),
+        ("RoleBinding", "llm-post-training-kfp-runtime"),
         ("PersistentVolumeClaim", "llm-data"),
         ("PersistentVolumeClaim", "llm-models"),
     }
     namespaces = {d["metadata"]["namespace"] for d in built.values()}
-    (subject,) = built[("RoleBinding", "llm-post-training-runner")]["subjects"]
-    assert len(namespaces) == 1 and subject["namespace"] in namespaces
-    assert subject == {"kind": "ServiceAccount", "name": "default-editor", "namespace": subject["namespace"]}
+    # The steps run as the package's own account, bound to the package's Role and KFP's own needs only (not
+    # Kubeflow's default-editor, whose edit rights the package's Role would only add to).
+    for binding in ("llm-post-training-runner", "llm-post-training-kfp-runtime"):
+        (subject,) = built[("RoleBinding", binding)]["subjects"]
+        assert len(namespaces) == 1 and subject["namespace"] in namespaces
+        assert subject == {"kind": "ServiceAccount", "name": RUNNER, "namespace": subject["namespace"]}
+        assert built[("RoleBinding", binding)]["roleRef"]["name"] == binding
+    from pipelines.params import RUNNER_SERVICE_ACCOUNT
+
+    assert RUNNER_SERVICE_ACCOUNT == "llm-post-training-runner"  # what `python -m pipelines.run --host` submits with
+    # KFP's machinery reads one Secret by name, never lists or reads others
+    secrets = [r for r in built[("Role", "llm-post-training-kfp-runtime")]["rules"] if "secrets" in r["resources"]]
+    assert secrets == [
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": ["mlpipeline-minio-artifact"], "verbs": ["get"]}
+    ]
 
 
 def test_parameters_reach_every_resource(tmp_path):
@@ -384,7 +408,7 @@ def test_parameters_reach_every_resource(tmp_path):
     params = copy / "settings" / "params.yaml"
     text = params.read_text()
     for old, new in [
-        ("runnerServiceAccount: default-editor", "runnerServiceAccount: pipeline-runner"),
+        ("runnerServiceAccount: llm-post-training-runner", "runnerServiceAccount: pipeline-runner"),
         ("storageClassName: standard-rwx", "storageClassName: efs-sc"),
         ("hfTokenSecret: hf-token", "hfTokenSecret: team-hf"),
         ("alertWebhookSecret: llm-alerts", "alertWebhookSecret: team-alerts"),
@@ -399,9 +423,10 @@ def test_parameters_reach_every_resource(tmp_path):
     assert "namespace: kubeflow-user-example-com" in settings.read_text()
     settings.write_text(settings.read_text().replace("namespace: kubeflow-user-example-com", "namespace: kubeflow"))
     built = {(d["kind"], d["metadata"]["name"]): d for d in kustomize(copy)}
-    assert built[("RoleBinding", "llm-post-training-runner")]["subjects"] == [
-        {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
-    ]
+    for binding in ("llm-post-training-runner", "llm-post-training-kfp-runtime"):
+        assert built[("RoleBinding", binding)]["subjects"] == [
+            {"kind": "ServiceAccount", "name": "pipeline-runner", "namespace": "kubeflow"}
+        ]
     assert {d["spec"]["storageClassName"] for k, d in built.items() if k[0] == "PersistentVolumeClaim"} == {"efs-sc"}
     rules = built[("Role", "llm-post-training-runner")]["rules"]
     (secrets,) = [r for r in rules if "secrets" in r["resources"] and "resourceNames" in r]
@@ -416,7 +441,7 @@ def test_parameters_reach_every_resource(tmp_path):
 def test_cluster_kustomization_builds_with_the_same_subject():
     built = {d["kind"]: d for d in kustomize(MANIFESTS / "cluster")}
     assert sorted(built) == ["ClusterRole", "ClusterRoleBinding"]
-    (namespaced,) = [d for d in kustomize(MANIFESTS) if d["kind"] == "RoleBinding"]
+    (namespaced,) = [d for d in kustomize(MANIFESTS) if (d["kind"], d["metadata"]["name"]) == ("RoleBinding", RUNNER)]
     assert built["ClusterRoleBinding"]["subjects"] == namespaced["subjects"]
     assert "namespace" not in built["ClusterRole"]["metadata"]  # cluster-scoped
 
@@ -424,11 +449,11 @@ def test_cluster_kustomization_builds_with_the_same_subject():
 def test_bindings_name_no_subject_of_their_own():
     """The files hold placeholders: the subject comes from settings/ only, so no copy of it can go stale."""
     for path in (MANIFESTS / "rbac" / "rolebinding.yaml", MANIFESTS / "cluster" / "clusterrolebinding.yaml"):
-        (binding,) = documents(path)
-        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "runner", "namespace": "runs"}], path
+        for binding in documents(path):
+            assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "runner", "namespace": "runs"}], path
 
 
 def test_serving_runtime_builds_into_the_runs_namespace():
     (runtime,) = kustomize(MANIFESTS / "serving")
-    (role,) = [d for d in kustomize(MANIFESTS) if d["kind"] == "Role"]
+    (role,) = [d for d in kustomize(MANIFESTS) if (d["kind"], d["metadata"]["name"]) == ("Role", RUNNER)]
     assert runtime["kind"] == "ServingRuntime" and runtime["metadata"]["namespace"] == role["metadata"]["namespace"]

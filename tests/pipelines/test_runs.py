@@ -409,6 +409,8 @@ def test_cleanup_keeps_a_run_whose_model_is_served(capsys, kfp_api, token, monke
     assert code == 0 and "InferenceService kubeflow/qwen3-30b-a3b-sft serves its model" in out
     assert served in kfp_api.runs and fleet["old_ok"]["run_id"] not in kfp_api.runs
     assert create.body["spec"]["template"]["spec"]["containers"][0]["command"][-1] == fleet["old_ok"]["run_id"]
+    # The Job only deletes files: no API token in its pod (user code on the claims cannot borrow the runner's).
+    assert create.body["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
 
 
 def test_the_job_program_removes_exactly_the_runs_folders(tmp_path):

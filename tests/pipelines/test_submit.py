@@ -427,3 +427,19 @@ def test_fake_checks_the_recurring_run_trigger(kfp_api):
         {**recurring_run, "trigger": {"cron_schedule": {"cron": "0 0 3 * * 0"}}, "max_concurrency": 11},
     )
     assert status == 400 and "at most 10" in answer["message"]
+
+
+def test_runs_and_recurring_runs_name_the_packages_service_account(kfp_api, package):
+    """The steps run as the account manifests/ creates (the package's Role only), not Kubeflow's default-editor."""
+    from pipelines.params import RUNNER_SERVICE_ACCOUNT
+
+    run = _submit(kfp_api.url, package, service_account=RUNNER_SERVICE_ACCOUNT)
+    recurring = _submit(kfp_api.url, package, service_account=RUNNER_SERVICE_ACCOUNT, schedule="0 0 3 * * 0")
+    [create_run] = kfp_api.requests_to("POST", f"{API}/runs")
+    [create_recurring] = kfp_api.requests_to("POST", f"{API}/recurringruns")
+    assert create_run.json["service_account"] == create_recurring.json["service_account"] == RUNNER_SERVICE_ACCOUNT
+    assert kfp_api.runs[run.id]["service_account"] == RUNNER_SERVICE_ACCOUNT
+    assert kfp_api.recurring_runs[recurring.id]["service_account"] == RUNNER_SERVICE_ACCOUNT
+    # '' (the CLI's --service-account '') leaves the choice to KFP: the field is not sent
+    _submit(kfp_api.url, package, run_name="run-3")
+    assert "service_account" not in kfp_api.requests_to("POST", f"{API}/runs")[-1].json
