@@ -1,4 +1,4 @@
-"""Object storage (components/storage.py, model_store_uri) against a real S3 server on this machine (moto's server
+"""Object storage (components/storage/, model_store_uri) against a real S3 server on this machine (moto's server
 mode, tests/helpers/s3_server.py): a multipart upload cut short resumes sending only the parts the server lacks and
 ends byte for byte equal to the source; a wrong key fails validate_inputs before any training; a bucket URI that does
 not parse is one error naming model_store_uri; the train step uploads only a whole final model; serving from the

@@ -1,4 +1,4 @@
-"""What an upload to the object store may be trusted for (components/storage.py, issue 39 item 7), against a real S3
+"""What an upload to the object store may be trusted for (components/storage/, issue 39 item 7), against a real S3
 server on this machine (moto's server mode, tests/helpers/s3_server.py): each object's sha256 is the server's
 checksum (S3's own ``x-amz-checksum-sha256``, composite for a multipart upload), not metadata the client wrote; an
 object replaced on the server with other bytes and a forged ``x-amz-meta-sha256`` is found out and sent again; a
@@ -15,6 +15,8 @@ import os
 import pytest
 
 from components import storage
+from components.storage import client as store_client
+from components.storage import prune
 from tests.helpers.s3_server import BUCKET
 
 PART = storage.MIN_PART_SIZE  # 5 MiB: S3's (and moto's) smallest part
@@ -181,7 +183,7 @@ def test_a_re_upload_deletes_the_keys_the_folder_no_longer_has(s3_server, tmp_pa
         if name.startswith("shard-"):
             (src / name).unlink()
     _write(src, {"model.safetensors": b"new weights"})
-    monkeypatch.setattr(storage, "DELETE_BATCH", 2)  # S3 takes 1,000 keys a request; 5 stale keys in 3 requests
+    monkeypatch.setattr(prune, "DELETE_BATCH", 2)  # S3 takes 1,000 keys a request; 5 stale keys in 3 requests
     with caplog.at_level(logging.INFO, logger="model_store"):
         manifest = storage.upload_folder(uri, str(src), client=s3)
     assert _keys(s3, "reused/final/") == {uri.key(n) for n in (*manifest["files"], storage.MANIFEST)}
@@ -273,7 +275,7 @@ def test_an_open_upload_the_server_will_not_continue_is_begun_again(s3_server, t
 
 def test_uploads_to_gcs_carry_no_sha256_checksum_and_are_checked_by_their_etags(s3_server, tmp_path, monkeypatch):
     """GCS's XML API keeps no x-amz-checksum-*: the test's server stands in for its endpoint."""
-    monkeypatch.setattr(storage, "GCS_ENDPOINT", s3_server.endpoint)
+    monkeypatch.setattr(store_client, "GCS_ENDPOINT", s3_server.endpoint)
     src = tmp_path / "final"
     files = {"model.bin": os.urandom(PART + 3), "config.json": b"{}"}
     _write(src, files)
