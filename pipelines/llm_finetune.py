@@ -68,27 +68,7 @@ def build_pipeline(target: str = "cluster", workspace: str | None = None, varian
             # locally pipelines.run prints the outcome itself, so the local variant is the steps alone.
             return _steps(p, cluster, data_root, model_root, variants_parallel)
         # The exit handler posts how the run ended (alert_webhook_secret), whatever step failed.
-        notify = (
-            notify_run(
-                run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
-                model_root=model_root,
-                model_pvc=p["model_pvc"],
-                data_root=data_root,
-            )
-            .set_display_name("Notify (run outcome)")
-            .set_caching_options(False)
-        )
-        # The steps record how they ended on both volumes (components/observe/outcome.py).
-        kubernetes.mount_pvc(notify, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
-        kubernetes.mount_pvc(notify, pvc_name=p["data_pvc"], mount_path=DATA_MOUNT)
-        # Optional: without the Secret (or its key) the run ends without an alert, and the pod still starts.
-        kubernetes.use_secret_as_env(
-            notify,
-            secret_name=p["alert_webhook_secret"],
-            secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV},
-            optional=True,
-        )
-        with dsl.ExitHandler(notify, name="Run"):
+        with dsl.ExitHandler(_notify_run(p, data_root, model_root), name="Run"):
             _steps(p, cluster, data_root, model_root, variants_parallel)
         _run_as_non_root(pipeline_context.Pipeline.get_default_pipeline().tasks.values())
 
@@ -111,7 +91,55 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
     run_id = dsl.PIPELINE_JOB_ID_PLACEHOLDER
     validate = validate_inputs(**p).set_display_name("Validate inputs").set_caching_options(False)
     settings = validate.outputs["settings"]  # every setting, resolved and checked: what each later step reads
+    shard, prepare = _prepare_data(settings, data_root, run_id)
+    # Settings chosen by short trials on the sft data (hpo_trials; {} at once when it is 0): the sft stage uses them.
+    search = (
+        search_hyperparameters(
+            dataset=prepare.outputs["dataset"],
+            settings=settings,
+            data_root=data_root,
+            model_root=model_root,
+            run_id=run_id,
+        )
+        .set_display_name("Search hyper-parameters (Katib / Optuna)")
+        .set_caching_options(False)
+    )
 
+    # Each variant (variants; a run without any is its own one item) trains the stage chain under its own run id
+    # (folders and job names), and is evaluated on the run's held-out split; at most variants_parallel at once.
+    # An iteration reads everything from its item (components/variants/__init__.py says why).
+    variants = (
+        list_variants(settings=settings, run_id=run_id, tuned=search.outputs["Output"])
+        .set_display_name("Variants")
+        .set_caching_options(False)
+    )
+    with dsl.ParallelFor(variants.output, parallelism=variants_parallel, name="Each variant") as variant:
+        stages = _train_stages(variant, prepare, cluster, data_root, model_root)
+        evaluate, result = _evaluate_variant(variant, stages, prepare, data_root)
+    compare = (
+        compare_variants(results=dsl.Collected(result.output))
+        .set_display_name("Compare variants")
+        .set_caching_options(False)
+    )
+    deploy, skipped = _deploy_if_passed(p, compare, cluster, run_id)
+
+    if cluster:
+        # Platform settings take pipeline parameters (not a step's output): these settings are plain.
+        _attach_cluster_resources(p, [shard, prepare, *stages.preps], [search, *stages.trains], [evaluate])
+        _attach_watching(p, stages.trains, [evaluate], deploy)
+    return Outputs(
+        model_uri=compare.outputs["model_uri"],
+        metrics=compare.outputs["metrics"],
+        passed=compare.outputs["passed"],
+        reason=compare.outputs["reason"],
+        endpoint=dsl.OneOf(deploy.outputs["endpoint"], skipped.output),
+        smoke_reply=dsl.OneOf(deploy.outputs["smoke_reply"], skipped.output),
+    )
+
+
+def _prepare_data(settings, data_root: str, run_id: str) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
+    """The data preparation fan-out: the shards' loop, then the sft data step that joins them; returns the loop's
+    shard task and the data step."""
     # data_shards pods tokenize slices of the sft (and cpt) files at once; each data step then joins its stage's
     # shards (components/data/shards.py). With data_shards=1 the loop's one item does nothing.
     shard_items = list_data_shards(settings=settings).set_display_name("Data shards").set_caching_options(False)
@@ -133,104 +161,101 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
         .set_display_name("Prepare dataset")
         .set_caching_options(False)
     )
-    # Settings chosen by short trials on the sft data (hpo_trials; {} at once when it is 0): the sft stage uses them.
-    search = (
-        search_hyperparameters(
+    return shard, prepare
+
+
+class _Stages(NamedTuple):
+    """One variant's stage chain: the model it ends with, and its data and training tasks (one per slot)."""
+
+    model: dsl.OneOf
+    model_uri: dsl.OneOf
+    preps: list[dsl.PipelineTask]
+    trains: list[dsl.PipelineTask]
+
+
+def _train_stages(variant, prepare: dsl.PipelineTask, cluster: bool, data_root: str, model_root: str) -> _Stages:
+    """One variant's training: from its base model, a slot per possible stage (cpt, sft, dpo, ...), each preparing
+    its stage's data and training, or passing the model on unchanged."""
+    own = variant.settings
+    slots = variant_stages(variant=variant).set_display_name("Stages").set_caching_options(False)
+    base = base_model(settings=own).set_display_name("Base model")
+    # One slot per possible stage; a slot runs when the item names a stage for it (the run's `stages`, in order),
+    # trains from the model the previous slot ends with, and hands on its own (or, unused, that one).
+    model, model_uri = base.output, base.output
+    preps, trains = [], []
+    for i in range(len(STAGES)):
+        stage = slots.outputs[f"stage_{i + 1}"]
+        with dsl.If(stage != "", name=f"stage-{i + 1}"):
+            # After the sft data step: an sft stage prepares the same data again, from its cache.
+            stage_data = (
+                prepare_dataset(
+                    settings=own,
+                    stage=stage,
+                    data_root=data_root,
+                    run_id=variant.run_id,
+                )
+                .after(prepare)
+                .set_display_name(f"Stage {i + 1}: prepare data")
+                .set_caching_options(False)
+            )
+            train = (
+                train_model(
+                    dataset=stage_data.outputs["dataset"],
+                    base_model_path=model,
+                    settings=own,
+                    stage=stage,
+                    tuned=variant.tuned,
+                    data_root=data_root,
+                    model_root=model_root,
+                    run_id=variant.run_id,
+                )
+                .set_display_name(f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})")
+                .set_caching_options(False)
+            )
+        with dsl.Else(name=f"no-stage-{i + 1}"):
+            skip = skip_stage(previous=model, stage=f"{i + 1}").set_display_name(f"Stage {i + 1}: not run")
+        model = dsl.OneOf(train.outputs["model_path"], skip.output)
+        model_uri = dsl.OneOf(train.outputs["model_uri"], skip.output)
+        trains.append(train)
+        preps.append(stage_data)
+    return _Stages(model, model_uri, preps, trains)
+
+
+def _evaluate_variant(
+    variant, stages: _Stages, prepare: dsl.PipelineTask, data_root: str
+) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
+    """One variant's evaluation, base vs tuned, and its result for the comparison; returns both tasks."""
+    # Every variant on the same held-out tokens: the run's sft data.
+    evaluate = (
+        evaluate_model(
             dataset=prepare.outputs["dataset"],
-            settings=settings,
+            model_path=stages.model,
+            settings=variant.settings,
             data_root=data_root,
-            model_root=model_root,
-            run_id=run_id,
         )
-        .set_display_name("Search hyper-parameters (Katib / Optuna)")
+        .set_display_name("Evaluate base vs tuned")
         .set_caching_options(False)
     )
-    tuned = search.outputs["Output"]
-
-    # Each variant (variants; a run without any is its own one item) trains the stage chain under its own run id
-    # (folders and job names), and is evaluated on the run's held-out split; at most variants_parallel at once.
-    # An iteration reads everything from its item (components/variants/__init__.py says why).
-    variants = (
-        list_variants(settings=settings, run_id=run_id, tuned=tuned)
-        .set_display_name("Variants")
-        .set_caching_options(False)
-    )
-    trains, preps, evaluates = [], [shard, prepare], []
-    with dsl.ParallelFor(variants.output, parallelism=variants_parallel, name="Each variant") as variant:
-        own = variant.settings
-        slots = variant_stages(variant=variant).set_display_name("Stages").set_caching_options(False)
-        base = base_model(settings=own).set_display_name("Base model")
-        # One slot per possible stage; a slot runs when the item names a stage for it (the run's `stages`, in order),
-        # trains from the model the previous slot ends with, and hands on its own (or, unused, that one).
-        model, model_uri = base.output, base.output
-        for i in range(len(STAGES)):
-            stage = slots.outputs[f"stage_{i + 1}"]
-            with dsl.If(stage != "", name=f"stage-{i + 1}"):
-                # After the sft data step: an sft stage prepares the same data again, from its cache.
-                stage_data = (
-                    prepare_dataset(
-                        settings=own,
-                        stage=stage,
-                        data_root=data_root,
-                        run_id=variant.run_id,
-                    )
-                    .after(prepare)
-                    .set_display_name(f"Stage {i + 1}: prepare data")
-                    .set_caching_options(False)
-                )
-                train = (
-                    train_model(
-                        dataset=stage_data.outputs["dataset"],
-                        base_model_path=model,
-                        settings=own,
-                        stage=stage,
-                        tuned=variant.tuned,
-                        data_root=data_root,
-                        model_root=model_root,
-                        run_id=variant.run_id,
-                    )
-                    .set_display_name(
-                        f"Stage {i + 1}: train ({'PyTorchJob / TrainJob' if cluster else 'local torchrun'})"
-                    )
-                    .set_caching_options(False)
-                )
-            with dsl.Else(name=f"no-stage-{i + 1}"):
-                skip = skip_stage(previous=model, stage=f"{i + 1}").set_display_name(f"Stage {i + 1}: not run")
-            model = dsl.OneOf(train.outputs["model_path"], skip.output)
-            model_uri = dsl.OneOf(train.outputs["model_uri"], skip.output)
-            trains.append(train)
-            preps.append(stage_data)
-
-        # Every variant on the same held-out tokens: the run's sft data.
-        evaluate = (
-            evaluate_model(
-                dataset=prepare.outputs["dataset"],
-                model_path=model,
-                settings=own,
-                data_root=data_root,
-            )
-            .set_display_name("Evaluate base vs tuned")
-            .set_caching_options(False)
+    result = (
+        variant_result(
+            variant=variant.variant,
+            run_id=variant.run_id,
+            model_path=stages.model,
+            model_uri=stages.model_uri,
+            settings=variant.settings,
+            overrides=variant.overrides,
         )
-        evaluates.append(evaluate)
-        result = (
-            variant_result(
-                variant=variant.variant,
-                run_id=variant.run_id,
-                model_path=model,
-                model_uri=model_uri,
-                settings=own,
-                overrides=variant.overrides,
-            )
-            .after(evaluate)
-            .set_display_name("Result")
-        )
-    compare = (
-        compare_variants(results=dsl.Collected(result.output))
-        .set_display_name("Compare variants")
-        .set_caching_options(False)
+        .after(evaluate)
+        .set_display_name("Result")
     )
+    return evaluate, result
 
+
+def _deploy_if_passed(
+    p: dict, compare: dsl.PipelineTask, cluster: bool, run_id: str
+) -> tuple[dsl.PipelineTask, dsl.PipelineTask]:
+    """The gate on the comparison: deploy the chosen model when its evaluation passed, else say why not; returns the
+    deploy and the skip tasks."""
     with dsl.If(compare.outputs["passed"] == True, name="evaluation-passed"):  # noqa: E712 (a KFP condition)
         deploy = (
             deploy_model(
@@ -246,41 +271,7 @@ def _steps(p: dict, cluster: bool, data_root: str, model_root: str, variants_par
             kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
     with dsl.Else(name="evaluation-not-passed"):
         skipped = skip_deployment(reason=compare.outputs["reason"]).set_display_name("Skip deployment")
-
-    if cluster:
-        # Platform settings take pipeline parameters (not a step's output): these settings are plain.
-        _attach_cluster_resources(p, preps, [search, *trains], evaluates)
-        # Watching the run (optional references: no Secret, no alert or trace): the launcher posts a job's idle GPUs
-        # to the run's webhook (prometheus_url); evaluation and deployment trace their generations to Langfuse.
-        for train in trains:
-            kubernetes.use_secret_as_env(
-                train,
-                secret_name=p["alert_webhook_secret"],
-                secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV},
-                optional=True,
-            )
-        for task in (*evaluates, deploy):
-            kubernetes.use_secret_as_env(
-                task,
-                secret_name=p["langfuse_secret"],
-                secret_key_to_env={key: key for key in LANGFUSE_KEYS},
-                optional=True,
-            )
-        for task in evaluates:  # the judged evaluation's API key (components/evaluate/judge.py), optional as well
-            kubernetes.use_secret_as_env(
-                task,
-                secret_name=p["judge_api_key_secret"],
-                secret_key_to_env={JUDGE_API_KEY: JUDGE_API_KEY},
-                optional=True,
-            )
-    return Outputs(
-        model_uri=compare.outputs["model_uri"],
-        metrics=compare.outputs["metrics"],
-        passed=compare.outputs["passed"],
-        reason=compare.outputs["reason"],
-        endpoint=dsl.OneOf(deploy.outputs["endpoint"], skipped.output),
-        smoke_reply=dsl.OneOf(deploy.outputs["smoke_reply"], skipped.output),
-    )
+    return deploy, skipped
 
 
 def _attach_cluster_resources(p: dict, preps, trains, evaluates) -> None:
@@ -309,6 +300,58 @@ def _attach_cluster_resources(p: dict, preps, trains, evaluates) -> None:
         )
         kubernetes.add_node_selector_json(evaluate, p["node_selector"])
         kubernetes.add_toleration_json(evaluate, p["tolerations"])
+
+
+def _attach_watching(p: dict, trains, evaluates, deploy: dsl.PipelineTask) -> None:
+    """The optional Secret references that watch the run (no Secret: no alert or trace): the launcher posts a job's
+    idle GPUs to the run's webhook (prometheus_url); evaluation and deployment trace their generations to Langfuse;
+    the judged evaluation reads its API key."""
+    for train in trains:
+        kubernetes.use_secret_as_env(
+            train,
+            secret_name=p["alert_webhook_secret"],
+            secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV},
+            optional=True,
+        )
+    for task in (*evaluates, deploy):
+        kubernetes.use_secret_as_env(
+            task,
+            secret_name=p["langfuse_secret"],
+            secret_key_to_env={key: key for key in LANGFUSE_KEYS},
+            optional=True,
+        )
+    for task in evaluates:  # the judged evaluation's API key (components/evaluate/judge.py), optional as well
+        kubernetes.use_secret_as_env(
+            task,
+            secret_name=p["judge_api_key_secret"],
+            secret_key_to_env={JUDGE_API_KEY: JUDGE_API_KEY},
+            optional=True,
+        )
+
+
+def _notify_run(p: dict, data_root: str, model_root: str) -> dsl.PipelineTask:
+    """The exit handler's task: it posts the run's outcome to the webhook in ``alert_webhook_secret``."""
+    notify = (
+        notify_run(
+            run_id=dsl.PIPELINE_JOB_ID_PLACEHOLDER,
+            model_root=model_root,
+            model_pvc=p["model_pvc"],
+            data_root=data_root,
+        )
+        .set_display_name("Notify (run outcome)")
+        .set_caching_options(False)
+    )
+    # The steps record how they ended on both volumes (components/observe/outcome.py).
+    kubernetes.mount_pvc(notify, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
+    kubernetes.mount_pvc(notify, pvc_name=p["data_pvc"], mount_path=DATA_MOUNT)
+    # Optional: without the Secret (or its key) the run ends without an alert, and the pod still starts.
+    kubernetes.use_secret_as_env(
+        notify,
+        secret_name=p["alert_webhook_secret"],
+        secret_key_to_env={WEBHOOK_SECRET_KEY: WEBHOOK_URL_ENV},
+        optional=True,
+    )
+    return notify
 
 
 def _run_as_non_root(tasks) -> None:
