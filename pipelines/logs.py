@@ -15,7 +15,7 @@ import os
 import time
 
 from pipelines.errors import UsageError, exit_code
-from pipelines.runs import FINAL_STATES, connect, get_run, tasks_of
+from pipelines.kfp_client import FINAL_STATES, connect, get_run, tasks_of
 
 STEP_CONTAINER = "main"  # KFP v2's executor container in every step's pod
 

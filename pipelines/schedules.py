@@ -4,7 +4,7 @@ resume, delete.
     python -m pipelines.run schedules list [--experiment NAME]
     python -m pipelines.run schedules pause|resume|delete SCHEDULE_ID
 
-The same host, token and namespace as submit and the run commands (``pipelines.runs.connect``). A paused schedule
+The same host, token and namespace as submit and the run commands (``pipelines.kfp_client.connect``). A paused schedule
 starts no run until it is resumed (KFP's DisableRecurringRun / EnableRecurringRun: the runs it already started go
 on); delete removes the schedule, not the runs it started.
 """
@@ -16,7 +16,7 @@ import os
 from collections.abc import Callable
 
 from pipelines.errors import UsageError, exit_code
-from pipelines.runs import Kfp, _step, _when, all_pages, connect, get_or_usage
+from pipelines.kfp_client import Kfp, _step, _when, all_pages, connect, get_or_usage
 
 ACTIONS = ("pause", "resume", "delete")
 

@@ -1,5 +1,5 @@
-"""pipelines.runs (status, wait, list, cancel, cleanup) through the real kfp.Client against the fake KFP v2beta1 API
-(tests/fakes/kfp_api.py) and, for cleanup's Job, the fake Kubernetes API (tests/fakes/k8s_api.py).
+"""pipelines.runs (status, wait, list, cancel; cleanup in pipelines.cleanup) through the real kfp.Client against the
+fake KFP v2beta1 API (tests/fakes/kfp_api.py) and, for cleanup's Job, the fake Kubernetes API (tests/fakes/k8s_api.py).
 
 Nothing in kfp.Client or the Kubernetes client is mocked: every request the commands make is checked against the
 paths, methods and query parameters of KFP's swagger spec (``operation_of``), and cleanup's Job runs its own program
@@ -14,6 +14,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from pipelines import cleanup as C
 from pipelines import runs as R
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kfp_api import API, running_fake_kfp
@@ -309,14 +310,14 @@ def test_cleanup_rereads_each_run_before_deleting_it(capsys, kfp_api, token, mon
     """A run retried between the listing and the deletion is running again: it is kept."""
     fleet = _fleet(kfp_api)
     retried = fleet["old_failed"]["run_id"]
-    real_select = R.select
+    real_select = C.select
 
     def select_then_retry(*args, **kwargs):
         doomed = real_select(*args, **kwargs)
         kfp_api.runs[retried]["state"] = "RUNNING"  # someone pressed Retry in the KFP UI
         return doomed
 
-    monkeypatch.setattr(R, "select", select_then_retry)
+    monkeypatch.setattr(C, "select", select_then_retry)
     code, out, _ = _main(capsys, "cleanup", "--older-than", "7d", "--yes", "--keep-folders", "--host", kfp_api.url)
     assert code == 0 and f"kept: run {retried} is RUNNING now" in out
     assert retried in kfp_api.runs and fleet["old_ok"]["run_id"] not in kfp_api.runs
@@ -364,7 +365,7 @@ def test_cleanup_yes_deletes_the_folders_with_a_job_then_the_runs(capsys, kfp_ap
     assert claims == ["team-data", "team-models", "llm-data", "llm-models"]
     [container] = pod["containers"]
     assert container["command"][:2] == ["python", "-c"]
-    assert container["command"][3:] == [*(f"{R.CLAIMS_ROOT}/{i}" for i in range(4)), "--", *sorted([ok, failed])]
+    assert container["command"][3:] == [*(f"{C.CLAIMS_ROOT}/{i}" for i in range(4)), "--", *sorted([ok, failed])]
     assert pod["imagePullSecrets"] == [{"name": "reg"}]
     assert pod["securityContext"]["runAsNonRoot"] is True and pod["restartPolicy"] == "Never"
 
@@ -417,7 +418,7 @@ def test_the_job_program_removes_exactly_the_runs_folders(tmp_path):
     """The Job's container command, run here with the claims' mount points on folders laid out as the claims are."""
     doomed_id, kept_id = "0f0e0d0c-0000-4000-8000-00000000000a", "0f0e0d0c-0000-4000-8000-00000000000b"
     run = type("Run", (), {"run_id": doomed_id})()
-    job = R.cleanup_job([R.Doomed(run, ["data", "models"])], "ns", "image")
+    job = C.cleanup_job([C.Doomed(run, ["data", "models"])], "ns", "image")
     mounts = {
         m["mountPath"]: tmp_path / m["name"] for m in job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
     }
