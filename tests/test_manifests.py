@@ -29,7 +29,8 @@ from components.observe import tensorboard
 from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import trainjob_for_run
-from components.validate.preflight import (
+from components.validate.preflight import preflight
+from components.validate.preflight_access import (
     DEPLOYER_ACCESS,
     GRPO_SERVER_ACCESS,
     LAUNCHER_ACCESS,
@@ -37,7 +38,6 @@ from components.validate.preflight import (
     SEARCH_ACCESS,
     TENSORBOARD_ACCESS,
     TENSORBOARD_SERVER_ACCESS,
-    preflight,
 )
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kserve import becomes_ready
