@@ -97,3 +97,17 @@ def quantity(value: str) -> float | None:
     if suffix[:1] in ("e", "E") and suffix not in QUANTITY_FACTORS:
         return float(number) * 10 ** int(suffix[1:])
     return float(number) * QUANTITY_FACTORS[suffix]
+
+
+# The tags of a stage's MLflow run (the trainer sets them; the publish step finds the run by them).
+TRACKER_RUN_TAG, TRACKER_STAGE_TAG = "kfp_run_id", "stage"
+
+
+def tracker_run_id(run_id: str, stage: str) -> str:
+    """The experiment tracker's run id for one stage of one pipeline run (W&B's ``WANDB_RUN_ID``): the trainer's pods
+    log into it, restarts resume it, and the publish step adds the evaluation to it. W&B takes letters, digits, ``-``
+    and ``_``, at most 64 (wandb's run id check); a longer id is shortened by its hash, not cut."""
+    import hashlib
+
+    key = re.sub(r"[^A-Za-z0-9_-]", "-", f"{run_id}-{stage}")
+    return key if len(key) <= 64 else f"{key[:47]}-{hashlib.sha256(key.encode()).hexdigest()[:16]}"

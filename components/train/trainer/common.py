@@ -37,7 +37,7 @@ from components.train.trainer.speed import (
     attn_implementation,
     experts_implementation,
 )
-from components.train.trainer.tracking import OneMLflowRunCallback
+from components.train.trainer.tracking import OneMLflowRunCallback, name_wandb_run
 
 log = logging.getLogger("sft")
 
@@ -193,6 +193,7 @@ def use_progress(trainer, progress) -> None:
     trainer.callback_handler.callbacks.insert(0, progress)
     # Before MLflowCallback: the stage's one MLflow run, which the final model is recorded on (tracking.py).
     trainer.callback_handler.callbacks.insert(0, OneMLflowRunCallback())
+    name_wandb_run(list(trainer.args.report_to or []), trainer.args.stage)
     # Last in line: it reads the rates the progress callback adds and runs after the complete-marker callback.
     attach_metrics(trainer)
 

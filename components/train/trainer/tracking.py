@@ -16,6 +16,9 @@ import os
 
 from transformers import TrainerCallback
 
+from components.names import TRACKER_RUN_TAG, TRACKER_STAGE_TAG, tracker_run_id
+from components.train.trainer.metrics import RUN_ID_ENV
+
 log = logging.getLogger("sft.tracking")
 
 
@@ -34,7 +37,19 @@ class OneMLflowRunCallback(TrainerCallback):
                 if experiment := os.environ.get("MLFLOW_EXPERIMENT_NAME"):
                     mlflow.set_experiment(experiment)
                 mlflow.start_run(run_id=os.environ.get("MLFLOW_RUN_ID"), run_name=args.run_name)
+            # What the publish step finds the run by, to add the evaluation and the served model to it.
+            mlflow.set_tags(
+                {TRACKER_RUN_TAG: os.environ.get(RUN_ID_ENV, ""), TRACKER_STAGE_TAG: getattr(args, "stage", "")}
+            )
         return control
+
+
+def name_wandb_run(report_to: list[str], stage: str) -> None:
+    """Give the stage's W&B run a known id (``tracker_run_id``) before WandbCallback starts it, unless the user's
+    environment names one: a restarted job resumes the same run, and the publish step adds the evaluation to it."""
+    if "wandb" in report_to and (run_id := os.environ.get(RUN_ID_ENV)):
+        os.environ.setdefault("WANDB_RUN_ID", tracker_run_id(run_id, stage))
+        os.environ.setdefault("WANDB_RESUME", "allow")
 
 
 def record_final_model(report_to: list[str], final_dir: str) -> None:
