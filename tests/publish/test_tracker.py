@@ -91,6 +91,9 @@ def test_wandb_the_trainer_and_the_evaluation_share_the_stages_run_id(tmp_path, 
     )
     key = tracker_run_id(RUN_ID, "sft")
     assert key in line
+    import wandb
+
+    wandb.teardown()  # the run's records reach its file when W&B's service process ends, as the step's does
     (run_file,) = (tmp_path / "wandb").glob(f"offline-run-*-{key}/run-{key}.wandb")
     data = run_file.read_bytes()
     assert b"eval/judge_mean_score" in data and b"pvc://llm-models/x" in data and b"evaluation.json" in data
