@@ -39,8 +39,9 @@ def test_dockerfiles_install_this_package_and_pin_what_pyproject_pins():
     assert 'pip install ".[train]"' in trainer  # deepspeed, peft, bitsandbytes come from pyproject's pins
     components_image = (ROOT / "images/components/Dockerfile").read_text()
     assert "torch==" + pinned["torch"] in trainer and "torch==" + pinned["torch"] in components_image
-    # lm_eval_tasks are scored (evaluate_model) and checked (validate_inputs) in the components image
-    assert 'pip install ".[eval]"' in components_image and "lm_eval" in components_image
+    # lm_eval_tasks are scored (evaluate_model) and checked (validate_inputs) in the components image, and the model
+    # registered there (components/publish/model_registry.py)
+    assert 'pip install ".[eval,registry]"' in components_image and "lm_eval" in components_image
 
 
 def test_compiled_pipeline_uses_the_versioned_images():

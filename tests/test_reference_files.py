@@ -14,7 +14,14 @@ from tests.helpers.repo import ROOT
 
 FOLDER = ROOT / "tests" / "reference"
 README = FOLDER / "README.md"
-APACHE_2 = {"kubeflow/trainer", "kubeflow/katib", "kubeflow/pipelines", "kubeflow/notebooks", "kserve/kserve"}
+APACHE_2 = {
+    "kubeflow/trainer",
+    "kubeflow/katib",
+    "kubeflow/pipelines",
+    "kubeflow/notebooks",
+    "kubeflow/hub",
+    "kserve/kserve",
+}
 # | file | what | upstream repository @ commit | licence | sha256 |
 ROW = re.compile(r"^\| (\S+) \| .+ \| (\S+/\S+) .*@ ([0-9a-f]{7,40})\b.* \| (\S+) \| ([0-9a-f]{64}) \|$", re.M)
 
@@ -32,8 +39,9 @@ def test_every_file_is_listed_and_every_listed_file_is_there():
     listed = set(_rows())
     assert present - listed == set(), "files in tests/reference/ missing from its README"
     assert listed - present == set(), "files in tests/reference/README.md missing from the folder"
-    # What the tests read: the CRDs of both Trainer releases, KServe's, Katib's sources, KFP's API, the runtimes.
-    assert len(present) == 22
+    # What the tests read: the CRDs of both Trainer releases, KServe's, Katib's sources, KFP's and Model Registry's
+    # APIs, the runtimes.
+    assert len(present) == 23
 
 
 def test_every_file_is_unchanged_since_it_was_copied():
