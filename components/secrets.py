@@ -16,3 +16,15 @@ JUDGE_API_KEY = "JUDGE_API_KEY"
 # model_store_secret: the object store's keys (S3, an S3-compatible server, GCS's HMAC keys), read through the
 # Kubernetes API by preflight and the train step's launcher (components/storage.py), never put in a pod's env.
 STORE_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# tracking_secret: what the trainer's MLflow and W&B callbacks and the publish step read from the environment, each an
+# optional key: whichever the Secret holds reaches the pods, and nothing is set when it is absent.
+TRACKING_KEYS = (
+    "MLFLOW_TRACKING_URI",
+    "MLFLOW_TRACKING_TOKEN",
+    "MLFLOW_TRACKING_USERNAME",
+    "MLFLOW_TRACKING_PASSWORD",
+    "WANDB_API_KEY",
+    "WANDB_BASE_URL",
+)
+# Not secret, beside them: the MLflow experiment and the W&B project every run logs into.
+TRACKING_NAMES = {"MLFLOW_EXPERIMENT_NAME": "llm-finetune", "WANDB_PROJECT": "llm-finetune"}

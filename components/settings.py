@@ -984,6 +984,44 @@ class DeploySettings:
 
 
 @dataclass
+class PublishSettings:
+    """Where the deployed model is published beside the cluster: Kubeflow Model Registry, the Hugging Face Hub (the
+    publish step, components/publish/; the evaluation reaches the run's tracker there too, by report_to)."""
+
+    model_registry_url: str = setting(
+        "",
+        "Kubeflow Model Registry's REST address, http(s)://host:port (e.g. "
+        "http://model-registry-service.kubeflow.svc.cluster.local:8080): the deployed model is registered there "
+        "(name, a version per run, its URI, the evaluation's metrics); empty: not registered.",
+        plain=False,
+    )
+    model_registry_model_name: str = setting(
+        "", "The registered model's name in the Model Registry; empty: serving_name.", plain=False
+    )
+    hub_repo_id: str = setting(
+        "",
+        "Hugging Face Hub repository (namespace/name) the deployed model's files are pushed to, one commit per run; "
+        "empty: not pushed.",
+        plain=False,
+    )
+    hub_token_secret: str = setting(
+        "hf-token",
+        "Secret whose key HF_TOKEN holds a Hub token that may write hub_repo_id (used only when it is set).",
+        plain=False,
+    )
+    hub_private: bool = setting(
+        True,
+        "Create hub_repo_id private (an existing repository keeps its visibility; never made public).",
+        plain=False,
+    )
+    hub_endpoint: str = setting(
+        "",
+        "The Hub's address for the push: a team's Hub mirror (HF_ENDPOINT); empty: https://huggingface.co.",
+        plain=False,
+    )
+
+
+@dataclass
 class Settings:
     """Every setting of a run, by step."""
 
@@ -995,6 +1033,7 @@ class Settings:
     cluster: ClusterSettings = field(default_factory=ClusterSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     deploy: DeploySettings = field(default_factory=DeploySettings)
+    publish: PublishSettings = field(default_factory=PublishSettings)
 
     @classmethod
     def from_flat(cls, values: dict) -> Settings:

@@ -1,5 +1,5 @@
 """The LLM post-training pipeline: validate -> prepare -> train each stage (cpt, sft, dpo) -> evaluate -> (gate) ->
-deploy.
+deploy -> publish (cluster).
 
 ``build_pipeline("cluster")`` is what ``compiled/llm_finetune.yaml`` holds: steps mount the data and
 model claims, reference the HF token Secret, and the evaluate step gets GPUs, /dev/shm and node
@@ -26,6 +26,7 @@ from components.hpo.component import search_hyperparameters
 from components.observe.alerts import WEBHOOK_URL_ENV
 from components.observe.component import notify_run
 from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.publish.component import publish_model
 from components.secrets import HF_TOKEN_KEY, JUDGE_API_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
 from components.security import RUN_AS_GROUP, RUN_AS_USER
 from components.stages import STAGES
@@ -269,6 +270,22 @@ def _deploy_if_passed(
         )
         if cluster:  # it reads the evaluation's serving reference beside the model (components/models/logprobs.py)
             kubernetes.mount_pvc(deploy, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
+            # The Model Registry, the Hub and the tracker (each optional: nothing set, nothing done); the Hub push
+            # reads the model's files.
+            publish = (
+                publish_model(
+                    model_path=compare.outputs["model_path"],
+                    model_uri=compare.outputs["model_uri"],
+                    settings=compare.outputs["settings"],
+                    run_id=run_id,
+                    endpoint=deploy.outputs["endpoint"],
+                    metrics=compare.outputs["metrics"],
+                    report=compare.outputs["report"],
+                )
+                .set_display_name("Publish (Model Registry, Hub, tracker)")
+                .set_caching_options(False)
+            )
+            kubernetes.mount_pvc(publish, pvc_name=p["model_pvc"], mount_path=MODEL_MOUNT)
     with dsl.Else(name="evaluation-not-passed"):
         skipped = skip_deployment(reason=compare.outputs["reason"]).set_display_name("Skip deployment")
     return deploy, skipped

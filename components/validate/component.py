@@ -235,7 +235,8 @@ def validate_inputs(
             trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
             gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric,
             judge_max_tokens, min_judge_score, min_judge_win_rate, min_judged_fraction, serving_service_account,
-            scale_metric, scale_target. python -m pipelines.run --help describes each.
+            scale_metric, scale_target, model_registry_url, model_registry_model_name, hub_repo_id,
+            hub_token_secret, hub_private, hub_endpoint. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

@@ -88,7 +88,10 @@ def test_deploy_is_gated_on_the_evaluation_output(docs):
     }
     # the branches hold the deploy and the skip step respectively
     comps = pipeline["components"]
-    assert set(comps[gates["evaluation-passed"][0]]["dag"]["tasks"]) == {"deploy-model"}
+    gated = comps[gates["evaluation-passed"][0]]["dag"]["tasks"]
+    assert set(gated) == {"deploy-model", "publish-model"}
+    # published only once deployed (its endpoint is an input): a model that failed its gates goes nowhere
+    assert gated["publish-model"]["dependentTasks"] == ["deploy-model"]
     assert set(comps[gates["evaluation-not-passed"][0]]["dag"]["tasks"]) == {"skip-deployment"}
 
 

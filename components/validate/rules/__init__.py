@@ -1,6 +1,7 @@
 """Every check of a run's settings, in rooms of their own: what each setting declares in the settings model (type,
 bounds, choices: ``fields``), then each step's rules between settings (``train``, ``stages``, ``hpo``, ``data``,
-``cluster``, ``evaluate``, ``deploy``), which take the typed ``Settings``; last, whether each stage's job fits.
+``cluster``, ``evaluate``, ``deploy``, ``publish``), which take the typed ``Settings``; last, whether each stage's
+job fits.
 
     errors = check(values)      # values: every setting by name; [] when the run may start
     for w in warnings(values): ...
@@ -18,6 +19,7 @@ from components.validate.rules.deploy import check_deploy_settings
 from components.validate.rules.evaluate import check_evaluate_settings
 from components.validate.rules.fields import bound_errors, choice_errors, type_errors
 from components.validate.rules.hpo import check_hpo_settings
+from components.validate.rules.publish import check_publish_settings
 from components.validate.rules.stages import check_stage_settings, stage_warnings
 from components.validate.rules.train import check_train_settings, memory_errors
 from components.validate.rules.variants import check_variant_settings
@@ -32,6 +34,7 @@ RULES = (
     check_cluster_settings,
     check_evaluate_settings,
     check_deploy_settings,
+    check_publish_settings,
     check_variant_settings,
 )
 
