@@ -24,7 +24,8 @@ SHM_BYTES_PER_RANK = GIB // 2
 # DeepSpeed's estimators multiply host-side states by this (``additional_buffer_factor``): pinned buffers are
 # allocated in power-of-two blocks and the optimizer keeps staging copies.
 HOST_BUFFER_FACTOR = 1.5
-# The trainer pod's memory request and limit: build_pytorchjob's and build_trainjob's ``memory`` default ("128Gi").
+# The trainer pod's memory request and limit: the ``memory`` default ("128Gi") of the training job's spec
+# (components/train/launcher/spec.py, ``TrainingJobSpec``), which the PyTorchJob and the TrainJob both take.
 POD_MEMORY_GIB = 128.0
 LORA_PRESET = "qwen3-30b-a3b-lora"
 

@@ -33,7 +33,8 @@ import pytest
 
 from components.hpo import katib, trial
 from components.kube import MAX_JOB_NAME
-from components.train.launcher.pytorchjob import pytorchjob_for_run, validate_job
+from components.train.launcher.pytorchjob import pytorchjob_for_run
+from components.train.launcher.spec import validate_job
 from components.train.launcher.trainjob import trainjob_for_run
 from tests.helpers.crd_schema import crd_errors
 from tests.helpers.katib_go import experiment_type_errors, katib_trial_job, katib_webhook_errors, trial_name

@@ -17,6 +17,7 @@ from components.observe.gpu_watch import GpuWatch, gpu_watch_for, query_promethe
 from components.settings import ClusterSettings
 from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import build_pytorchjob
+from components.train.launcher.spec import TrainingJobSpec
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.webhook import Hook
 
@@ -182,7 +183,7 @@ def test_the_launcher_logs_utilisation_beside_the_progress_and_an_unreachable_pr
     server, _, _ = prometheus
     master = PODS[0]
     labels = {"training.kubeflow.org/job-name": NAME}
-    job = build_pytorchjob(
+    spec = TrainingJobSpec(
         name=NAME,
         namespace=NS,
         image="trainer:1",
@@ -196,6 +197,7 @@ def test_the_launcher_logs_utilisation_beside_the_progress_and_an_unreachable_pr
         tolerations=[],
         labels={"pipelines.kubeflow.org/run-id": "run-5"},
     )
+    job = build_pytorchjob(spec)
 
     def running(job):
         api.add_pod(NS, master, labels)

@@ -30,7 +30,6 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 from kubernetes import client as k8s
 
@@ -43,11 +42,13 @@ from components.kube import (
     PodLogFollower,
     call_api,
     egress_env,
+    job_name_for,
     latest_state,
     true_condition,
     unstartable_pod_reason,
 )
 from components.settings import ClusterSettings
+from components.train.launcher.spec import TRAINER_V2_2, TrainingJobSpec, trainjob_runtime_conflicts
 
 CLEANUP_POLICIES = ("keep", "on-success", "always")
 # What train_model can launch: the two job kinds, or torchrun on the step's own machine (launcher/local.py).
@@ -243,83 +244,84 @@ def run_training_job(
         return runner.follow(poll)
 
 
-# Settings a TrainJob cannot carry: Trainer v2 keeps them in the ClusterTrainingRuntime (gang scheduling too, through
-# the runtime's podGroupPolicy, which preflight checks).
-TRAINJOB_RUNTIME_SETTINGS = ("priority_class", "min_nodes")
-
-
 def trainjob_conflicts(cluster) -> list[str]:
-    """One error per setting of ``TRAINJOB_RUNTIME_SETTINGS`` set with ``train_backend=trainjob`` (validate_inputs
-    lists them; ``training_job_for_run`` refuses them rather than drop them)."""
-    if cluster.train_backend != "trainjob":
-        return []
-    return [
-        f"{name} with train_backend=trainjob: set it in the ClusterTrainingRuntime (Trainer v2 keeps it there), or "
-        "use train_backend=pytorchjob"
-        for name in TRAINJOB_RUNTIME_SETTINGS
-        if getattr(cluster, name)
-    ]
+    """One error per setting of ``spec.TRAINJOB_RUNTIME_SETTINGS`` set with ``train_backend=trainjob`` (validate_inputs
+    lists them; ``build_trainjob`` refuses them rather than drop them)."""
+    return trainjob_runtime_conflicts(cluster) if cluster.train_backend == "trainjob" else []
 
 
-def training_job_for_run(
+def training_job_spec(
     cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft", trainer_version: str | None = None
-) -> dict:
-    """The PyTorchJob or TrainJob of one run from its cluster settings (``components.settings.ClusterSettings``;
-    the train step and ``--render`` call this).
+) -> TrainingJobSpec:
+    """The training job of one run's stage from its cluster settings (``components.settings.ClusterSettings``, the
+    stage's own nodes and GPUs over the run's: ``stages.stage_cluster``): named ``<stage>-<run id>`` (each stage of a
+    run is its own job) and labelled by the run id.
 
     Pipeline parameters cannot be None, so 0 and {} mean "not set" in the settings. ``trainer_version`` is the
     Trainer release a TrainJob is rendered for (``trainjob.TRAINER_VERSIONS``): on a cluster the caller reads it
     once with ``trainjob.installed_trainer_version()``; None renders for v2.2 and later (``--render``).
     """
-    from components.train.launcher.pytorchjob import pytorchjob_for_run
-    from components.train.launcher.trainjob import trainjob_for_run
-
     c = cluster
-    common: dict[str, Any] = dict(
-        run_id=run_id,
+    return TrainingJobSpec(
+        name=job_name_for(run_id, stage),
         namespace=namespace,
-        config_path=config_path,
-        trainer_image=c.trainer_image,
+        labels={RUN_ID_LABEL: run_id},
         num_nodes=c.num_nodes,
         gpus_per_node=c.gpus_per_node,
+        queue_name=c.queue_name,
+        active_deadline_seconds=c.active_deadline_seconds or None,
+        image=c.trainer_image,
+        config_path=config_path,
         data_pvc=c.data_pvc,
         model_pvc=c.model_pvc,
-        hf_token_secret=c.hf_token_secret,
-        node_selector=c.node_selector,
-        tolerations=c.tolerations,
-        affinity=c.affinity or None,
-        active_deadline_seconds=c.active_deadline_seconds or None,
-        queue_name=c.queue_name,
-        stage=stage,
-        tracking_secret=c.tracking_secret,
-        metrics_port=c.metrics_port,
-        langfuse_secret=c.langfuse_secret,
-        nccl_env=dict(c.nccl_env) or None,
+        shm_size=c.trainer_shm_size,
+        cpu=c.trainer_cpu_request,
+        memory=c.trainer_memory_request,
+        cpu_limit=c.trainer_cpu_limit,
+        memory_limit=c.trainer_memory_limit,
         rdma_resource=c.rdma_resource,
         rdma_per_pod=c.rdma_per_pod,
         ipc_lock=c.ipc_lock,
-        cpu=c.trainer_cpu_request,
-        cpu_limit=c.trainer_cpu_limit,
-        memory=c.trainer_memory_request,
-        memory_limit=c.trainer_memory_limit,
-        shm_size=c.trainer_shm_size,
-        egress_env=egress_env(c) or None,
+        node_selector=c.node_selector,
+        tolerations=c.tolerations,
+        affinity=c.affinity or None,
         image_pull_secrets=list(c.image_pull_secrets) or None,
+        hf_token_secret=c.hf_token_secret,
+        tracking_secret=c.tracking_secret,
+        langfuse_secret=c.langfuse_secret,
+        nccl_env=dict(c.nccl_env) or None,
+        egress_env=egress_env(c) or None,
+        metrics_port=c.metrics_port,
+        gang_scheduling=c.gang_scheduling,
+        priority_class=c.priority_class,
+        min_nodes=c.min_nodes or None,
+        max_restarts=c.max_restarts,
+        runtime=c.trainjob_runtime,
+        trainer_version=trainer_version or TRAINER_V2_2,
     )
-    if c.train_backend == "trainjob":
-        if conflicts := trainjob_conflicts(c):
-            raise ValueError("; ".join(conflicts))
-        # Priority, gang scheduling and restarts belong to the ClusterTrainingRuntime in Trainer v2.
-        version: dict[str, Any] = {"trainer_version": trainer_version} if trainer_version else {}
-        job = trainjob_for_run(**common, **version, runtime=c.trainjob_runtime)
-    else:
-        job = pytorchjob_for_run(
-            **common,
-            priority_class=c.priority_class,
-            gang_scheduling=c.gang_scheduling,
-            min_nodes=c.min_nodes or None,
-            max_restarts=c.max_restarts,
-        )
+
+
+def training_job_for_run(
+    cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft", trainer_version: str | None = None
+) -> dict:
+    """The PyTorchJob or TrainJob (``train_backend``) of one run's stage, of ``training_job_spec`` (the train step,
+    the launcher's command line and ``--render`` call this, so what is rendered is what runs).
+
+    Raises:
+        ValueError: naming the setting, for a job the operator would reject, or a setting a TrainJob cannot carry.
+    """
+    from components.train.launcher.pytorchjob import build_pytorchjob
+    from components.train.launcher.trainjob import build_trainjob
+
+    spec = training_job_spec(
+        cluster,
+        run_id=run_id,
+        namespace=namespace,
+        config_path=config_path,
+        stage=stage,
+        trainer_version=trainer_version,
+    )
+    job = build_trainjob(spec) if cluster.train_backend == "trainjob" else build_pytorchjob(spec)
     if stage == "grpo":
         _add_weight_sync_token(job, run_id)
     return job

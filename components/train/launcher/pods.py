@@ -2,8 +2,8 @@
 
 Every pod of a training job is the same: ``torchrun`` with the trainer entry point, the HF token by Secret
 reference, the two claims and a memory-backed ``/dev/shm``, placed on the GPU nodes, without an Istio sidecar.
-``trainer_pod_template`` builds it once; the PyTorchJob uses it as it is, the TrainJob splits it between the
-fields Trainer v2 gives the trainer and the patch it applies to the runtime's pod.
+``trainer_pod_template`` builds it once from the job's spec (spec.py); the PyTorchJob uses it as it is, the TrainJob
+splits it between the fields Trainer v2 gives the trainer and the patch it applies to the runtime's pod.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from components.kube import RUN_ID_LABEL
 from components.paths import DATA_MOUNT, MODEL_MOUNT, run_dir
 from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS
 from components.security import container_security_context, pod_security_context
+from components.train.launcher.spec import TrainingJobSpec
 
 # NCCL's defaults are right on InfiniBand/RoCE clusters; WARN keeps transport problems visible without
 # the per-rank INFO flood. Callers override or add (NCCL_SOCKET_IFNAME, NCCL_IB_HCA, ...) per cluster.
@@ -167,92 +168,63 @@ def torchrun_args(nnodes: str, gpus_per_node: int, config_path: str) -> list[str
     ]
 
 
-def trainer_pod_template(
-    *,
-    container_name: str,
-    image: str,
-    nnodes: str,
-    gpus_per_node: int,
-    config_path: str,
-    hf_token_secret: str,
-    nccl_env: dict | None,
-    cpu: str,
-    memory: str,
-    data_pvc: str,
-    model_pvc: str,
-    shm_size: str,
-    labels: dict,
-    node_selector: dict,
-    tolerations: list,
-    affinity: dict | None,
-    priority_class: str = "",
-    tracking_secret: str = "",
-    metrics_port: int = 0,
-    job_name: str = "",
-    langfuse_secret: str = "",
-    rdma_resource: str = "",
-    rdma_per_pod: int = 1,
-    ipc_lock: bool = False,
-    cpu_limit: str = "",
-    memory_limit: str = "",
-    egress_env: dict | None = None,
-    image_pull_secrets: list | None = None,
-) -> k8s.V1PodTemplateSpec:
-    """The pod every node of a training job runs (the parameters are ``build_pytorchjob``'s).
+def trainer_resources(job: TrainingJobSpec) -> k8s.V1ResourceRequirements:
+    """The trainer container's CPU and memory requests and limits (a limit left empty is its request: the Guaranteed
+    QoS class), and its GPUs and RDMA devices, requests equal to limits."""
+    devices = {"nvidia.com/gpu": str(job.gpus_per_node)}
+    if job.rdma_resource:  # extended resources are requested as whole units, requests equal to limits
+        devices[job.rdma_resource] = str(job.rdma_per_pod)
+    requests = {"cpu": job.cpu, "memory": job.memory, **devices}
+    limits = {"cpu": job.cpu_limit or job.cpu, "memory": job.memory_limit or job.memory, **devices}
+    return k8s.V1ResourceRequirements(requests=requests, limits=limits)
+
+
+def trainer_pod_template(job: TrainingJobSpec, *, container_name: str, nnodes: str) -> k8s.V1PodTemplateSpec:
+    """The pod every node of ``job`` runs.
 
     Args:
+        job: the training job (``spec.TrainingJobSpec``: image, config, resources, placement, Secrets, NCCL, egress,
+            metrics).
         container_name: where the operator injects the ``PET_*`` rendezvous (``pytorch``; ``node`` for Trainer v2).
-        cpu, memory: the container's requests; cpu_limit, memory_limit: its limits (empty: equal to the request,
-            the Guaranteed QoS class). ``/dev/shm`` (``shm_size``) is memory-backed: what is written there counts
-            toward ``memory_limit``.
         nnodes: torchrun's ``--nnodes``: a count, or ``min:max`` for an elastic job.
-        metrics_port: where local rank 0 serves Prometheus metrics (a named container port ``metrics`` and the
-            scrape annotations); 0: none. job_name labels the series; langfuse_secret: Langfuse's keys (optional).
-        rdma_resource: the device plugin's RDMA resource (e.g. ``rdma/ib``), ``rdma_per_pod`` of it requested
-            with the GPUs; empty: none (NCCL then uses TCP between nodes). ipc_lock: add the IPC_LOCK capability.
-        egress_env: the proxy and Hub-mirror variables (``components.kube.egress_env``), added to the env.
-        image_pull_secrets: names of the Secrets the pod pulls its image with; empty: none.
 
     Returns:
-        The template: one container (``torchrun`` command and args, env, CPU/memory requests and limits, GPU
-        and RDMA requests equal to limits, the volume mounts) in a pod with the volumes, node placement, priority,
-        labels and the Istio opt-out, running as the non-root user under the ``restricted`` security context, without a
-        service-account token. Empty selectors, tolerations, affinity, priority and pull secrets are left out.
+        The template: one container (``torchrun`` command and args, env, ``trainer_resources``, the volume mounts, the
+        named ``metrics`` port where ``job.metrics_port`` is set) in a pod with the volumes, node placement,
+        priority, labels, the Istio opt-out and the scrape annotations, running as the non-root user under the
+        ``restricted`` security context, without a service-account token. Empty selectors, tolerations, affinity,
+        priority and pull secrets are left out.
     """
-    devices = {"nvidia.com/gpu": str(gpus_per_node)}
-    if rdma_resource:  # extended resources are requested as whole units, requests equal to limits
-        devices[rdma_resource] = str(rdma_per_pod)
-    requests = {"cpu": cpu, "memory": memory, **devices}
-    limits = {"cpu": cpu_limit or cpu, "memory": memory_limit or memory, **devices}
+    port = job.metrics_port
     container = k8s.V1Container(
         name=container_name,
-        image=image,
+        image=job.image,
         command=["torchrun"],
-        args=torchrun_args(nnodes, gpus_per_node, config_path),
-        env=trainer_env(hf_token_secret, nccl_env, tracking_secret)
-        + observe_env(metrics_port, labels.get(RUN_ID_LABEL, ""), job_name, langfuse_secret)
-        + [k8s.V1EnvVar(name=k, value=v) for k, v in (egress_env or {}).items()],
-        ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=metrics_port)] if metrics_port else None,
-        resources=k8s.V1ResourceRequirements(requests=requests, limits=limits),
-        volume_mounts=trainer_volume_mounts(config_path),
-        security_context=container_security_context(ipc_lock=ipc_lock),
+        args=torchrun_args(nnodes, job.gpus_per_node, job.config_path),
+        env=trainer_env(job.hf_token_secret, job.nccl_env, job.tracking_secret)
+        + observe_env(port, job.labels.get(RUN_ID_LABEL, ""), job.name, job.langfuse_secret)
+        + [k8s.V1EnvVar(name=k, value=v) for k, v in (job.egress_env or {}).items()],
+        ports=[k8s.V1ContainerPort(name=METRICS_PORT_NAME, container_port=port)] if port else None,
+        resources=trainer_resources(job),
+        volume_mounts=trainer_volume_mounts(job.config_path),
+        security_context=container_security_context(ipc_lock=job.ipc_lock),
     )
     return k8s.V1PodTemplateSpec(
         metadata=k8s.V1ObjectMeta(
-            labels=dict(labels),
+            labels=dict(job.labels),
             # An Istio sidecar never exits, so a finished pod would never complete, and it races the
             # trainer for the rendezvous port at start-up.
-            annotations={kfc.ISTIO_SIDECAR_INJECTION: "false", **metrics_annotations(metrics_port)},
+            annotations={kfc.ISTIO_SIDECAR_INJECTION: "false", **metrics_annotations(port)},
         ),
         spec=k8s.V1PodSpec(
             containers=[container],
-            node_selector=dict(node_selector) or None,
-            tolerations=list(tolerations) or None,
-            affinity=affinity or None,
-            priority_class_name=priority_class or None,
-            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in image_pull_secrets or ()] or None,
+            node_selector=dict(job.node_selector) or None,
+            tolerations=list(job.tolerations) or None,
+            affinity=job.affinity or None,
+            priority_class_name=job.priority_class or None,
+            image_pull_secrets=[k8s.V1LocalObjectReference(name=n) for n in job.image_pull_secrets or ()] or None,
             termination_grace_period_seconds=TERMINATION_GRACE_PERIOD_SECONDS,
-            volumes=trainer_volumes(data_pvc, model_pvc, shm_size),
+            volumes=trainer_volumes(job.data_pvc, job.model_pvc, job.shm_size),
             # The Pod Security Standards' `restricted` profile (components/security.py); the trainer never calls
             # the Kubernetes API, so no service-account token is mounted.
             security_context=pod_security_context(fs_group=True),

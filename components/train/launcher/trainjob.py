@@ -20,7 +20,6 @@ imports beside kubeflow-training, but its models cannot render Trainer v2.1's ``
 
 from __future__ import annotations
 
-from kubeflow.training.constants import constants as kfc
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
@@ -33,12 +32,17 @@ from components.jobs.kinds import (
     TRAINJOB_POD_SELECTOR_LABEL,
     TRAINJOB_VERSION,
 )
-from components.kube import RUN_ID_LABEL, call_api, job_name_for, load_api_client
+from components.kube import call_api, load_api_client
 from components.train.launcher.pods import trainer_pod_template
-from components.train.launcher.pytorchjob import validate_job
+from components.train.launcher.spec import (
+    TRAINER_V2_1,
+    TRAINER_V2_2,
+    TrainingJobSpec,
+    spec_for_run,
+    trainjob_runtime_conflicts,
+)
 
 GROUP, VERSION, PLURAL, KIND = TRAINJOB_GROUP, TRAINJOB_VERSION, TRAINJOB_PLURAL, TRAINJOB_KIND
-RUNTIME = "torch-distributed"
 # The runtimes a TrainJob's runtimeRef names (cluster-scoped; kind ClusterTrainingRuntime, the runtimeRef's default).
 RUNTIME_PLURAL = "clustertrainingruntimes"
 # The gang-scheduling plugins of a runtime's spec.podGroupPolicy (the ClusterTrainingRuntime CRD): the Trainer creates
@@ -48,10 +52,9 @@ GANG_PLUGINS = ("coscheduling", "volcano")
 NODE = TRAINJOB_NODE
 # Who owns our entry in spec.runtimePatches (entries are a map keyed by manager).
 PATCH_MANAGER = "llm-post-training.kubeflow.org/launcher"
-# The Trainer releases whose TrainJob this package renders, each by the spec field that patches the runtime's pods
-# (kubeflow/trainer: podTemplateOverrides in v2.1.0; runtimePatches and activeDeadlineSeconds from v2.2.0 on, the
-# same TrainJob spec through v2.3). "v2.2" stands for v2.2 and later.
-TRAINER_V2_1, TRAINER_V2_2 = "v2.1", "v2.2"
+# The Trainer releases whose TrainJob this package renders (spec.TRAINER_V2_1, TRAINER_V2_2), each by the spec field
+# that patches the runtime's pods (kubeflow/trainer: podTemplateOverrides in v2.1.0; runtimePatches and
+# activeDeadlineSeconds from v2.2.0 on, the same TrainJob spec through v2.3). "v2.2" stands for v2.2 and later.
 POD_PATCH_FIELDS = {TRAINER_V2_2: "runtimePatches", TRAINER_V2_1: "podTemplateOverrides"}
 TRAINER_VERSIONS = tuple(POD_PATCH_FIELDS)
 TRAINER_NAMES = {TRAINER_V2_2: "Trainer v2.2 or later", TRAINER_V2_1: "Trainer v2.1"}
@@ -66,113 +69,28 @@ POD_SELECTOR_LABEL = TRAINJOB_POD_SELECTOR_LABEL
 NODE_RANK_LABEL = TRAINJOB_NODE_RANK_LABEL
 
 
-def build_trainjob(
-    *,
-    name: str,
-    namespace: str,
-    image: str,
-    config_path: str,
-    num_nodes: int,
-    gpus_per_node: int,
-    data_pvc: str,
-    model_pvc: str,
-    hf_token_secret: str,
-    node_selector: dict,
-    tolerations: list,
-    labels: dict,
-    affinity: dict | None = None,
-    shm_size: str = "64Gi",
-    cpu: str = "16",
-    memory: str = "128Gi",
-    cpu_limit: str = "",
-    memory_limit: str = "",
-    nccl_env: dict | None = None,
-    runtime: str = RUNTIME,
-    active_deadline_seconds: int | None = None,
-    queue_name: str = "",
-    tracking_secret: str = "",
-    trainer_version: str = TRAINER_V2_2,
-    metrics_port: int = 0,
-    langfuse_secret: str = "",
-    rdma_resource: str = "",
-    rdma_per_pod: int = 1,
-    ipc_lock: bool = False,
-    egress_env: dict | None = None,
-    image_pull_secrets: list | None = None,
-) -> dict:
-    """The TrainJob manifest (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller.
-
-    Args:
-        name, namespace, image, config_path, num_nodes, gpus_per_node, data_pvc, model_pvc, hf_token_secret,
-        node_selector, tolerations, labels, affinity, shm_size, cpu, memory, cpu_limit, memory_limit, nccl_env,
-            tracking_secret, metrics_port, langfuse_secret, rdma_resource, rdma_per_pod, ipc_lock, egress_env,
-            image_pull_secrets: as for
-            ``build_pytorchjob`` (CPU, memory, GPUs and the RDMA resource are ``resourcesPerNode``'s requests and
-            limits, which the Trainer sets on the ``node`` container); every node runs the same ``torchrun``
-            command. The runtime patch cannot declare container ports (the TrainJob schema's patch container has
-            none): the metrics port is in the scrape annotations only, and the PodMonitor reaches it by relabeling.
-        runtime: the ClusterTrainingRuntime to run on (its replicated job and container must be ``node``): the
-            ``trainjob_runtime`` setting, which preflight checks against the cluster's runtimes.
-        active_deadline_seconds: the controller fails the job once it has run this long; None: no limit.
-        queue_name: Kueue LocalQueue (label ``kueue.x-k8s.io/queue-name``); empty: no Kueue.
-        trainer_version: the installed Trainer's TrainJob (``TRAINER_VERSIONS``; ``installed_trainer_version``
-            reads it): ``v2.2`` (and later) patches the pods through ``spec.runtimePatches``, grace period and
-            security context included; ``v2.1`` through ``spec.podTemplateOverrides``, which has neither, so the
-            pods get the runtime's grace period and security context.
-
-    Gang scheduling, priority, restarts and the finished-job TTL are the runtime's policy in Trainer
-    v2, not the TrainJob's (gang scheduling: the ClusterTrainingRuntime's ``podGroupPolicy``, coscheduling or
-    Volcano; ``gang_scheduling=true`` asks preflight to refuse a runtime without one, ``runtime_gang_plugin``);
-    ``run_training_job(cleanup=...)`` deletes finished jobs.
-
-    Raises:
-        ValueError: naming the field, for an invalid name, image, node or GPU count, deadline or Trainer
-            version, or a deadline the Trainer version cannot honour (v2.1 has no activeDeadlineSeconds).
-    """
-    validate_job(name, image, num_nodes, gpus_per_node)
-    if not runtime:
+def _validate(job: TrainingJobSpec) -> None:
+    """Raise ValueError, naming the field, for what a TrainJob cannot carry or the Trainer release cannot honour."""
+    if conflicts := trainjob_runtime_conflicts(job):
+        raise ValueError("; ".join(conflicts))
+    job.validate()
+    if not job.runtime:
         raise ValueError("runtime must name a ClusterTrainingRuntime, e.g. torch-distributed")
-    if active_deadline_seconds is not None and active_deadline_seconds < 1:
-        raise ValueError(f"active_deadline_seconds must be >= 1 (or None: no limit), got {active_deadline_seconds}")
-    if trainer_version not in TRAINER_VERSIONS:
-        raise ValueError(f"trainer_version {trainer_version!r} must be one of {', '.join(TRAINER_VERSIONS)}")
-    if active_deadline_seconds is not None and trainer_version == TRAINER_V2_1:
-        raise ValueError(unsupported_deadline(active_deadline_seconds))
-    if ipc_lock and trainer_version == TRAINER_V2_1:
+    if job.trainer_version not in TRAINER_VERSIONS:
+        raise ValueError(f"trainer_version {job.trainer_version!r} must be one of {', '.join(TRAINER_VERSIONS)}")
+    if job.active_deadline_seconds is not None and job.trainer_version == TRAINER_V2_1:
+        raise ValueError(unsupported_deadline(job.active_deadline_seconds))
+    if job.ipc_lock and job.trainer_version == TRAINER_V2_1:
         raise ValueError(
             "ipc_lock=true: Trainer v2.1's podTemplateOverrides cannot set the container's security context; add "
             "IPC_LOCK to the torch-distributed ClusterTrainingRuntime's node container and set ipc_lock=false, or "
             "use train_backend=pytorchjob or Trainer v2.2"
         )
-    template = trainer_pod_template(
-        container_name=NODE,
-        image=image,
-        nnodes=str(num_nodes),
-        gpus_per_node=gpus_per_node,
-        config_path=config_path,
-        hf_token_secret=hf_token_secret,
-        nccl_env=nccl_env,
-        cpu=cpu,
-        memory=memory,
-        cpu_limit=cpu_limit,
-        memory_limit=memory_limit,
-        data_pvc=data_pvc,
-        model_pvc=model_pvc,
-        shm_size=shm_size,
-        labels=labels,
-        node_selector=node_selector,
-        tolerations=tolerations,
-        affinity=affinity,
-        tracking_secret=tracking_secret,
-        metrics_port=metrics_port,
-        job_name=name,
-        langfuse_secret=langfuse_secret,
-        rdma_resource=rdma_resource,
-        rdma_per_pod=rdma_per_pod,
-        ipc_lock=ipc_lock,
-        egress_env=egress_env,
-        image_pull_secrets=image_pull_secrets,
-    )
+
+
+def _pod_patch(template: k8s.V1PodTemplateSpec, trainer_version: str) -> dict:
+    """The TrainJob spec's pod patch for the Trainer release: what of the trainer's pod the ``trainer`` fields cannot
+    hold, as ``runtimePatches`` (v2.2 and later) or ``podTemplateOverrides`` (v2.1)."""
     container, pod = template.spec.containers[0], template.spec
     # Trainer v2 owns the container: the TrainJob sets its image, command, env and resources in spec.trainer,
     # and the pod patch (merged by container name) adds only what the trainer fields cannot hold.
@@ -195,86 +113,66 @@ def build_trainjob(
         "metadata": {"labels": template.metadata.labels, "annotations": template.metadata.annotations},
         "spec": {k: v for k, v in pod_spec.items() if v is not None},
     }
-    job_labels = dict(labels)
-    if queue_name:
-        job_labels[kfc.LOCAL_QUEUE_LABEL] = queue_name
+    if trainer_version == TRAINER_V2_1:
+        # Trainer v2.1 merges it into the named replicated jobs' pod template (a strategic merge patch).
+        return {"podTemplateOverrides": [{"targetJobs": [{"name": NODE}], **pod_template}]}
+    replicated_jobs = [{"name": NODE, "template": {"spec": {"template": pod_template}}}]
+    patch = {"template": {"spec": {"replicatedJobs": replicated_jobs}}}
+    return {"runtimePatches": [{"manager": PATCH_MANAGER, "trainingRuntimeSpec": patch}]}
+
+
+def build_trainjob(job: TrainingJobSpec) -> dict:
+    """The TrainJob manifest of ``job`` (a plain dict): the PyTorchJob's pods, run by the Trainer v2 controller on the
+    ClusterTrainingRuntime ``job.runtime``, rendered for the Trainer release ``job.trainer_version``.
+
+    Every node runs the same ``torchrun`` command; CPU, memory, GPUs and the RDMA resource are ``resourcesPerNode``'s
+    requests and limits, which the Trainer sets on the ``node`` container. The runtime patch cannot declare container
+    ports (the TrainJob schema's patch container has none): the metrics port is in the scrape annotations only, and
+    the PodMonitor reaches it by relabeling. ``v2.2`` (and later) patches the pods through ``spec.runtimePatches``,
+    grace period and security context included; ``v2.1`` through ``spec.podTemplateOverrides``, which has neither, so
+    the pods get the runtime's grace period and security context.
+
+    Gang scheduling, priority, restarts and the finished-job TTL are the runtime's policy in Trainer v2, not the
+    TrainJob's (gang scheduling: the ClusterTrainingRuntime's ``podGroupPolicy``, coscheduling or Volcano;
+    ``gang_scheduling=true`` asks preflight to refuse a runtime without one, ``runtime_gang_plugin``);
+    ``run_training_job(cleanup=...)`` deletes finished jobs. The spec's PyTorchJob run policy is not used, and a
+    priority class or ``min_nodes`` is refused (``spec.TRAINJOB_RUNTIME_SETTINGS``).
+
+    Raises:
+        ValueError: naming the field, for an invalid name, image, node or GPU count, runtime, deadline or Trainer
+            version, a deadline or ``ipc_lock`` the Trainer version cannot honour (v2.1 has no
+            activeDeadlineSeconds), or a setting the runtime keeps.
+    """
+    _validate(job)
+    template = trainer_pod_template(job, container_name=NODE, nnodes=str(job.num_nodes))
+    container = template.spec.containers[0]
     spec: dict = {
-        "runtimeRef": {"name": runtime},
+        "runtimeRef": {"name": job.runtime},
         "trainer": {
             "image": container.image,
             "command": container.command,
             "args": container.args,
             "env": container.env,
-            "numNodes": num_nodes,
-            "numProcPerNode": gpus_per_node,
+            "numNodes": job.num_nodes,
+            "numProcPerNode": job.gpus_per_node,
             "resourcesPerNode": {"requests": container.resources.requests, "limits": container.resources.limits},
         },
+        **_pod_patch(template, job.trainer_version),
     }
-    if trainer_version == TRAINER_V2_2:
-        spec["runtimePatches"] = [
-            {
-                "manager": PATCH_MANAGER,
-                "trainingRuntimeSpec": {
-                    "template": {
-                        "spec": {
-                            "replicatedJobs": [
-                                {"name": NODE, "template": {"spec": {"template": pod_template}}},
-                            ]
-                        }
-                    }
-                },
-            }
-        ]
-    else:
-        # Trainer v2.1 merges it into the named replicated jobs' pod template (a strategic merge patch).
-        spec["podTemplateOverrides"] = [{"targetJobs": [{"name": NODE}], **pod_template}]
-    if active_deadline_seconds is not None:
-        spec["activeDeadlineSeconds"] = active_deadline_seconds
-    job = {
+    if job.active_deadline_seconds is not None:
+        spec["activeDeadlineSeconds"] = job.active_deadline_seconds
+    manifest = {
         "apiVersion": f"{GROUP}/{VERSION}",
         "kind": KIND,
-        "metadata": {"name": name, "namespace": namespace, "labels": job_labels},
+        "metadata": {"name": job.name, "namespace": job.namespace, "labels": job.job_labels()},
         "spec": spec,
     }
-    return k8s.ApiClient().sanitize_for_serialization(job)
+    return k8s.ApiClient().sanitize_for_serialization(manifest)
 
 
-def trainjob_for_run(
-    *,
-    run_id: str,
-    namespace: str,
-    config_path: str,
-    trainer_image: str,
-    num_nodes: int,
-    gpus_per_node: int,
-    data_pvc: str,
-    model_pvc: str,
-    hf_token_secret: str,
-    node_selector: dict,
-    tolerations: list,
-    stage: str = "sft",
-    **options,
-) -> dict:
-    """The TrainJob of one KFP run, from the pipeline's parameter names (mirrors ``pytorchjob_for_run``).
-
-    ``options`` are ``build_trainjob``'s keyword parameters (affinity, resources, NCCL, runtime,
-    active_deadline_seconds, queue_name, trainer_version).
-    """
-    return build_trainjob(
-        name=job_name_for(run_id, stage),
-        namespace=namespace,
-        image=trainer_image,
-        config_path=config_path,
-        num_nodes=num_nodes,
-        gpus_per_node=gpus_per_node,
-        data_pvc=data_pvc,
-        model_pvc=model_pvc,
-        hf_token_secret=hf_token_secret,
-        node_selector=node_selector,
-        tolerations=tolerations,
-        labels={RUN_ID_LABEL: run_id},
-        **options,
-    )
+def trainjob_for_run(**run) -> dict:
+    """The TrainJob of one KFP run's stage, from the pipeline's parameter names (mirrors ``pytorchjob_for_run``)."""
+    return build_trainjob(spec_for_run(**run))
 
 
 def unsupported_deadline(active_deadline_seconds: int) -> str:

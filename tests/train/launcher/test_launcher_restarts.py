@@ -15,6 +15,7 @@ from components.kube import job_name_for
 from components.train.launcher import job as launch
 from components.train.launcher.job import RESTARTS_ANNOTATION, run_training_job
 from components.train.launcher.pytorchjob import build_pytorchjob
+from components.train.launcher.spec import TrainingJobSpec
 from components.train.launcher.trainjob import trainjob_for_run
 from tests.fakes.k8s_api import FakeKubeAPI
 
@@ -93,7 +94,7 @@ def manifest(**overrides) -> dict:
         tolerations=[],
         labels={},
     )
-    return build_pytorchjob(**{**kwargs, **overrides})
+    return build_pytorchjob(TrainingJobSpec(**{**kwargs, **overrides}))
 
 
 # -- the operator and the cluster, as scenario steps ----------------------------------------------------------

@@ -1,7 +1,7 @@
 """The memory-fit estimate: DeepSpeed's own estimators agree, the H100 measurement agrees, presets fit, bad setups
 name the knob."""
 
-import inspect
+import dataclasses
 import json
 
 import pytest
@@ -221,11 +221,11 @@ def test_moe_lora_without_zero3_names_deepspeed_config_for_host_memory():
 
 
 def test_pod_memory_is_the_trainer_pods_limit():
-    from components.train.launcher.pytorchjob import build_pytorchjob
-    from components.train.launcher.trainjob import build_trainjob
+    # Both builders take the one spec: its memory default is the PyTorchJob's and the TrainJob's.
+    from components.train.launcher.spec import TrainingJobSpec
 
-    for build in (build_pytorchjob, build_trainjob):
-        assert inspect.signature(build).parameters["memory"].default == f"{POD_MEMORY_GIB:g}Gi"
+    defaults = {f.name: f.default for f in dataclasses.fields(TrainingJobSpec)}
+    assert defaults["memory"] == f"{POD_MEMORY_GIB:g}Gi"
 
 
 def test_an_unknown_hub_model_is_not_checked_and_a_local_folder_is(tmp_path):

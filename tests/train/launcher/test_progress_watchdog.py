@@ -22,6 +22,7 @@ from components.train.launcher import __main__ as launcher_cli
 from components.train.launcher.job import RESTARTS_ANNOTATION, run_training_job
 from components.train.launcher.pods import metrics_annotations
 from components.train.launcher.pytorchjob import build_pytorchjob
+from components.train.launcher.spec import TrainingJobSpec
 from components.train.trainer.metrics import METRIC_NAMES, TrainerMetrics
 from tests.fakes.k8s_api import FakeKubeAPI
 
@@ -57,7 +58,7 @@ def step_to(metrics: TrainerMetrics, step: int, max_steps: int = 50) -> None:
 
 
 def manifest(metrics_port: int) -> dict:
-    return build_pytorchjob(
+    spec = TrainingJobSpec(
         name=NAME,
         namespace=NS,
         image="registry.example/trainer:0.1.0",
@@ -72,6 +73,7 @@ def manifest(metrics_port: int) -> dict:
         labels={},
         metrics_port=metrics_port,
     )
+    return build_pytorchjob(spec)
 
 
 def pods_up(api, job, port: int | None, *lines: str, ip: str = "127.0.0.1") -> None:

@@ -20,6 +20,7 @@ from components.kube import MAX_JOB_NAME, job_name_for
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import build_pytorchjob
+from components.train.launcher.spec import TrainingJobSpec
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.crd_schema import crd_errors
 
@@ -49,7 +50,7 @@ def manifest(**overrides) -> dict:
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         labels={"pipelines.kubeflow.org/run-id": RUN_ID},
     )
-    return build_pytorchjob(**{**kwargs, **overrides})
+    return build_pytorchjob(TrainingJobSpec(**{**kwargs, **overrides}))
 
 
 def containers(job: dict):

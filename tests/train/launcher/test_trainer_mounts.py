@@ -17,6 +17,7 @@ import sys
 import pytest
 
 from components.train.launcher.pytorchjob import build_pytorchjob
+from components.train.launcher.spec import TrainingJobSpec
 from tests.helpers.repo import ROOT
 from tests.rehearsal.cluster import pod_mounts
 
@@ -58,7 +59,7 @@ def test_a_trainer_pod_writes_its_own_run_folder_and_reads_but_cannot_change_oth
     (final / "model.safetensors").write_text("theirs")
     (models / "runs" / RUN_ID / "train").mkdir(parents=True)  # the train step wrote its config there first
     data.mkdir()
-    job = build_pytorchjob(
+    spec = TrainingJobSpec(
         name="llm-ft-run-b",
         namespace="team-llm",
         image="trainer:1",
@@ -72,6 +73,7 @@ def test_a_trainer_pod_writes_its_own_run_folder_and_reads_but_cannot_change_oth
         tolerations=[],
         labels={},
     )
+    job = build_pytorchjob(spec)
     pod = job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     claims = {"llm-data": str(data), "llm-models": str(models)}
     mounts = pod_mounts(claims, pod, pod["containers"][0], tmp_path / "pod")

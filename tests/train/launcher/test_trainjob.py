@@ -19,6 +19,7 @@ from components.kube import job_name_for
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import pytorchjob_for_run
+from components.train.launcher.spec import TrainingJobSpec
 from components.train.launcher.trainjob import build_trainjob, trainjob_for_run
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.crd_schema import crd_errors
@@ -149,10 +150,12 @@ def test_bad_input_is_a_value_error_naming_the_field(field, value):
 def test_bad_name_is_a_value_error():
     with pytest.raises(ValueError, match="name"):
         build_trainjob(
-            **{k: v for k, v in RUN_ARGS.items() if k not in ("run_id", "trainer_image")},
-            name="Bad_Name",
-            image="x",
-            labels={},
+            TrainingJobSpec(
+                **{k: v for k, v in RUN_ARGS.items() if k not in ("run_id", "trainer_image")},
+                name="Bad_Name",
+                image="x",
+                labels={},
+            )
         )
 
 
