@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from components.deploy.inference_service import inference_service_for_run
+from components.deploy.manifest import inference_service_for_run
 from components.deploy.serving_runtime import SERVING_RUNTIME_FILE, serving_runtime_manifest
 from components.hpo.katib import experiment_manifest, experiment_name_for, trials_dir_for
 from components.kube import job_name_for

@@ -21,8 +21,9 @@ import pytest
 import yaml
 
 from components import kube
-from components.deploy import inference_service
-from components.deploy.inference_service import build_inference_service, deploy_inference_service
+from components.deploy import manifest as isvc_manifest
+from components.deploy.manifest import InferenceServiceSpec, build_inference_service
+from components.deploy.rollout import deploy_inference_service
 from components.hpo.follow import run_experiment
 from components.kube import job_name_for
 from components.observe import tensorboard
@@ -257,18 +258,20 @@ def deployer_rules() -> set[tuple]:
     and passes its smoke test, an existing one patched in place, and the two rollbacks (delete, restore)."""
     needed = set()
     manifest = build_inference_service(
-        name="qwen3-sft",
-        namespace=NS,
-        storage_uri="pvc://llm-models/runs/r/train/final",
-        runtime="kserve-vllm",
-        gpus=1,
-        max_model_len=4096,
-        served_model_name="qwen3-sft",
-        node_selector={},
-        tolerations=[],
-        labels={},
+        InferenceServiceSpec(
+            name="qwen3-sft",
+            namespace=NS,
+            storage_uri="pvc://llm-models/runs/r/train/final",
+            runtime="kserve-vllm",
+            gpus=1,
+            max_model_len=4096,
+            served_model_name="qwen3-sft",
+            node_selector={},
+            tolerations=[],
+            labels={},
+        )
     )
-    group, version, plural = inference_service.GROUP, inference_service.VERSION, inference_service.PLURAL
+    group, version, plural = isvc_manifest.GROUP, isvc_manifest.VERSION, isvc_manifest.PLURAL
     for existing, fail in [(False, False), (True, False), (False, True), (True, True)]:
         with FakeKubeAPI() as api, OpenAIServer(fail=fail) as server:
             if existing:

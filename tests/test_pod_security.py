@@ -16,7 +16,7 @@ import re
 import pytest
 import yaml
 
-from components.deploy.inference_service import build_inference_service
+from components.deploy.manifest import InferenceServiceSpec, build_inference_service
 from components.deploy.serving_runtime import serving_runtime_manifest
 from components.security import RUN_AS_GROUP, RUN_AS_USER
 from components.train.launcher.pytorchjob import pytorchjob_for_run
@@ -249,16 +249,18 @@ def predictor_pod(isvc: dict, runtime: dict) -> dict:
 @pytest.mark.parametrize("mode", ["Standard", "Knative"])
 def test_serving_pods_are_restricted_with_no_token_and_a_writable_home(backend, runtime, mode):
     isvc = build_inference_service(
-        name="llm-serving",
-        namespace="team-llm",
-        storage_uri="pvc://llm-models/runs/r/sft/final",
-        runtime=backend,
-        gpus=2,
-        max_model_len=4096,
-        served_model_name="llm",
-        node_selector={"gpu": "h100"},
-        tolerations=[],
-        deployment_mode=mode,
+        InferenceServiceSpec(
+            name="llm-serving",
+            namespace="team-llm",
+            storage_uri="pvc://llm-models/runs/r/sft/final",
+            runtime=backend,
+            gpus=2,
+            max_model_len=4096,
+            served_model_name="llm",
+            node_selector={"gpu": "h100"},
+            tolerations=[],
+            deployment_mode=mode,
+        )
     )
     pod = predictor_pod(isvc, kserve_runtime(runtime))
     assert violations(pod) == []
@@ -274,16 +276,18 @@ def test_the_inference_service_sets_no_pod_level_security_context():
     container, whose securityContext Knative admits field by field (SecurityContextMask)."""
     for mode in ("Standard", "Knative"):
         isvc = build_inference_service(
-            name="llm-serving",
-            namespace="team-llm",
-            storage_uri="pvc://llm-models/final",
-            runtime="kserve-vllm",
-            gpus=1,
-            max_model_len=4096,
-            served_model_name="llm",
-            node_selector={},
-            tolerations=[],
-            deployment_mode=mode,
+            InferenceServiceSpec(
+                name="llm-serving",
+                namespace="team-llm",
+                storage_uri="pvc://llm-models/final",
+                runtime="kserve-vllm",
+                gpus=1,
+                max_model_len=4096,
+                served_model_name="llm",
+                node_selector={},
+                tolerations=[],
+                deployment_mode=mode,
+            )
         )
         predictor = isvc["spec"]["predictor"]
         assert "securityContext" not in predictor

@@ -45,7 +45,7 @@ def deploy_models(s: Settings, serve: list[dict], *, model_path: str, run_id: st
 
     ``deploy_backend=local`` starts ``transformers serve`` here (vLLM's CPU build for a base with two or more
     adapters, components/deploy/local_server.py); the KServe backends create or update one InferenceService per
-    server and roll every one of them back when one fails (components/deploy/inference_service.py). Each server must
+    server and roll every one of them back when one fails (components/deploy/rollout.py). Each server must
     reproduce evaluate_model's ``serving_check.json`` beside its model folder, or the step fails. Then each server's
     latency is measured on a few concurrent streamed chat completions (``components.deploy.smoke.measure_latency``),
     put in each entry's ``latency``, and gated on ``max_ttft_seconds`` and ``min_output_tokens_per_second`` (0: not
@@ -183,13 +183,14 @@ def _serve_on_cluster(
     the served names and the smoke test's prompt."""
     import inspect
 
-    from components.deploy import inference_service
+    from components.deploy import rollout
+    from components.deploy.manifest import inference_services_for_servers
     from components.kube import current_namespace
 
-    manifests = inference_service.inference_services_for_servers(
+    manifests = inference_services_for_servers(
         servers, s.deploy, s.cluster, run_id=run_id, namespace=current_namespace()
     )
-    results = inference_service.deploy_inference_services(
+    results = rollout.deploy_inference_services(
         manifests,
         serving_references=references,
         latency_gates={
@@ -202,5 +203,5 @@ def _serve_on_cluster(
         for result in results
         for name, reply in (result.get("replies") or {result["served_model_name"]: result["smoke_reply"]}).items()
     ]
-    smoke_prompt = inspect.signature(inference_service.deploy_inference_service).parameters["smoke_prompt"].default
+    smoke_prompt = inspect.signature(rollout.deploy_inference_service).parameters["smoke_prompt"].default
     return served, smoke_prompt

@@ -14,8 +14,8 @@ import pytest
 
 from components import kube
 from components.deploy import smoke
-from components.deploy.inference_service import deploy_inference_service
 from components.deploy.local_server import serve_locally
+from components.deploy.rollout import deploy_inference_service
 from components.deploy.run import deploy_models, serve_list
 from components.models.logprobs import FORMAT_VERSION, REFERENCE_FILE
 from components.models.tiny import materialize

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from components.deploy import inference_service, local_server, smoke
+from components.deploy import local_server, rollout, smoke
 from components.deploy.local_server import serve_locally
 from components.deploy.smoke import chat_completion, readable_reply, wait_healthy
 from components.models.tiny import materialize
@@ -19,7 +19,7 @@ from tests.fakes.openai_server import OpenAIServer
 
 
 def test_cluster_and_local_deploys_share_one_smoke_client():
-    assert inference_service.chat_completion is local_server.chat_completion is chat_completion
+    assert rollout.chat_completion is local_server.chat_completion is chat_completion
 
 
 def test_smoke_client_sends_one_greedy_chat_completion():

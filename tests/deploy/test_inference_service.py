@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from components import kube
-from components.deploy.inference_service import RUNTIMES, deploy_inference_service
+from components.deploy.manifest import RUNTIMES
+from components.deploy.rollout import deploy_inference_service
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.fakes.kserve import becomes_ready
 from tests.fakes.openai_server import OpenAIServer
@@ -283,7 +284,7 @@ def test_startup_probe_only_where_the_runtime_has_none():
 
 
 def test_inference_service_for_run_reads_the_deploy_and_cluster_settings():
-    from components.deploy.inference_service import inference_service_for_run
+    from components.deploy.manifest import inference_service_for_run
     from components.settings import ClusterSettings, DeploySettings
 
     deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, serving_gpus=8, max_model_len=4096)
@@ -392,7 +393,7 @@ def test_sigterm_during_the_rollout_restores_the_previous_spec():
 
 @pytest.mark.parametrize("mode", ["Standard", "Knative"])
 def test_the_predictor_pulls_with_the_secrets_and_goes_out_through_the_proxy_and_mirror(mode):
-    from components.deploy.inference_service import inference_service_for_run
+    from components.deploy.manifest import inference_service_for_run
     from components.settings import ClusterSettings, DeploySettings
 
     deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, deployment_mode=mode)

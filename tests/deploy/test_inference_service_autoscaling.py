@@ -1,11 +1,11 @@
 """The InferenceService's replica bounds and autoscaling (predictor ``minReplicas``, ``maxReplicas``, ``scaleMetric``,
-``scaleTarget``; Standard mode's HPA), against KServe's CRD, and the errors of ``build_inference_service``."""
+``scaleTarget``; Standard mode's HPA), against KServe's CRD, and the errors of ``InferenceServiceSpec``."""
 
 from __future__ import annotations
 
 import pytest
 
-from components.deploy.inference_service import inference_service_for_run
+from components.deploy.manifest import inference_service_for_run
 from components.settings import ClusterSettings, DeploySettings
 from tests.helpers.crd_schema import crd_errors
 from tests.helpers.inference_service import CRD, NS, STORAGE, isvc

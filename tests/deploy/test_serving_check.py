@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from components import kube
-from components.deploy.inference_service import build_inference_service, deploy_inference_service
+from components.deploy.manifest import InferenceServiceSpec, build_inference_service
+from components.deploy.rollout import deploy_inference_service
 from components.models.logprobs import (
     LOGPROB_TOLERANCE,
     TIE_MARGIN,
@@ -172,15 +173,17 @@ def _ready_at(api, url):
 def test_deploy_rolls_back_a_service_that_is_not_the_evaluated_model(work, monkeypatch):
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
     manifest = build_inference_service(
-        name="qwen3-sft",
-        namespace="team-llm",
-        storage_uri="pvc://models/runs/r/train/final",
-        runtime="kserve-vllm",
-        gpus=1,
-        max_model_len=2048,
-        served_model_name="qwen3-sft",
-        node_selector={},
-        tolerations=[],
+        InferenceServiceSpec(
+            name="qwen3-sft",
+            namespace="team-llm",
+            storage_uri="pvc://models/runs/r/train/final",
+            runtime="kserve-vllm",
+            gpus=1,
+            max_model_len=2048,
+            served_model_name="qwen3-sft",
+            node_selector={},
+            tolerations=[],
+        )
     )
     with (
         FakeKubeAPI() as api,
@@ -202,15 +205,17 @@ def test_deploy_rolls_back_a_service_that_is_not_the_evaluated_model(work, monke
 def test_deploy_keeps_a_service_that_serves_the_evaluated_model(work, monkeypatch):
     monkeypatch.setattr(kube, "API_RETRY_WINDOW_SECONDS", 3.0)
     manifest = build_inference_service(
-        name="qwen3-sft",
-        namespace="team-llm",
-        storage_uri="pvc://models/runs/r/train/final",
-        runtime="kserve-vllm",
-        gpus=1,
-        max_model_len=2048,
-        served_model_name="qwen3-sft",
-        node_selector={},
-        tolerations=[],
+        InferenceServiceSpec(
+            name="qwen3-sft",
+            namespace="team-llm",
+            storage_uri="pvc://models/runs/r/train/final",
+            runtime="kserve-vllm",
+            gpus=1,
+            max_model_len=2048,
+            served_model_name="qwen3-sft",
+            node_selector={},
+            tolerations=[],
+        )
     )
     with FakeKubeAPI() as api, VLLMServer(work["root"] / "final", "qwen3-sft") as server:
         api.on_get("inferenceservices", _ready_at(api, server.url))

@@ -34,7 +34,8 @@ from pathlib import Path
 
 import pytest
 
-from components.deploy.inference_service import deploy_inference_service, inference_service_for_run
+from components.deploy.manifest import inference_service_for_run
+from components.deploy.rollout import deploy_inference_service
 from components.deploy.serving_runtime import serving_runtime_manifest
 from components.evaluate.evaluate import evaluate
 from components.models.logprobs import LOGPROB_TOLERANCE, read_reference, reference_path

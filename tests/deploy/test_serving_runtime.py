@@ -10,7 +10,7 @@ import subprocess
 import pytest
 import yaml
 
-from components.deploy.inference_service import RUNTIMES, build_inference_service
+from components.deploy.manifest import RUNTIMES, InferenceServiceSpec, build_inference_service
 from components.deploy.serving_runtime import (
     SERVING_RUNTIME_FILE,
     serving_runtime_manifest,
@@ -36,15 +36,17 @@ def test_inference_service_resolves_to_it():
     """Same name and model format as KServe's runtime: the InferenceService needs no change to use it."""
     runtime = serving_runtime_manifest("team-llm")
     model = build_inference_service(
-        name="qwen3-sft",
-        namespace="team-llm",
-        storage_uri="pvc://llm-models/runs/r/train/final",
-        runtime="kserve-vllm",
-        gpus=4,
-        max_model_len=8192,
-        served_model_name="qwen3-sft",
-        node_selector={},
-        tolerations=[],
+        InferenceServiceSpec(
+            name="qwen3-sft",
+            namespace="team-llm",
+            storage_uri="pvc://llm-models/runs/r/train/final",
+            runtime="kserve-vllm",
+            gpus=4,
+            max_model_len=8192,
+            served_model_name="qwen3-sft",
+            node_selector={},
+            tolerations=[],
+        )
     )["spec"]["predictor"]["model"]
     assert runtime["metadata"]["name"] == model["runtime"] == RUNTIMES["kserve-vllm"].runtime
     assert model["modelFormat"]["name"] in [f["name"] for f in runtime["spec"]["supportedModelFormats"]]

@@ -12,13 +12,9 @@ from pathlib import Path
 import pytest
 
 from components import kube
-from components.deploy.inference_service import (
-    ADAPTER_MOUNT,
-    deploy_inference_services,
-    inference_services_for_servers,
-    served_names,
-)
+from components.deploy.manifest import ADAPTER_MOUNT, inference_services_for_servers, served_names
 from components.deploy.plan import LORA_RANKS, lora_rank_limit, plan_servers
+from components.deploy.rollout import deploy_inference_services
 from components.settings import ClusterSettings, DeploySettings, defaults
 from components.validate.rules import check
 from components.variants.compare import compare
@@ -381,7 +377,7 @@ def test_several_local_adapters_without_vllms_cpu_build_say_which_setting(monkey
 def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_path, monkeypatch):
     """deploy_model as the pipeline calls it with deploy_variants=all: two LoRA variants and a full one become two
     InferenceServices; each served name is smoke-tested and checked against its own evaluation's reference."""
-    from components.deploy import inference_service
+    from components.deploy import manifest, rollout
     from components.deploy.component import deploy_model
     from components.models.logprobs import FORMAT_VERSION, REFERENCE_FILE
     from components.settings import Settings
@@ -398,8 +394,8 @@ def test_the_deploy_step_serves_every_listed_variant_and_reports_each_name(tmp_p
         checked.append((name, reference["variant"]))
         return {"mean_abs_logprob_diff": 0.001, "tokens": 8, "logprob_tolerance": 0.05, "greedy_tokens_compared": 4}
 
-    monkeypatch.setattr(inference_service, "check_server", check_server)
-    monkeypatch.setattr(inference_service, "MODEL_MOUNT", str(mount))
+    monkeypatch.setattr(rollout, "check_server", check_server)
+    monkeypatch.setattr(manifest, "MODEL_MOUNT", str(mount))
     monkeypatch.setattr(kube, "current_namespace", lambda default="default": NS)
     settings = Settings().flat() | {
         "serving_name": SERVING,

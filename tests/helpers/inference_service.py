@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from components.deploy.inference_service import build_inference_service
+from components.deploy.manifest import InferenceServiceSpec, build_inference_service
 
 CRD = "serving.kserve.io_inferenceservices.yaml"
 GVP = ("serving.kserve.io", "v1beta1", "inferenceservices")
@@ -24,4 +24,4 @@ def isvc(runtime="kserve-vllm", **overrides) -> dict:
         tolerations=[{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
         labels={"pipelines.kubeflow.org/run-id": "8b0e3f2a"},
     )
-    return build_inference_service(**{**kwargs, **overrides})
+    return build_inference_service(InferenceServiceSpec(**{**kwargs, **overrides}))

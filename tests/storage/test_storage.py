@@ -226,7 +226,7 @@ def test_the_train_step_uploads_a_whole_final_model_and_complete_checkpoints(s3_
 
 
 def test_serving_from_the_store_renders_an_s3_storage_uri_the_crd_accepts():
-    from components.deploy.inference_service import inference_service_for_run
+    from components.deploy.manifest import inference_service_for_run
 
     s = Settings.from_flat(
         {

@@ -9,7 +9,7 @@ import pytest
 
 from components import stages
 from components.data import formats, tokenizing
-from components.deploy import inference_service
+from components.deploy import manifest
 from components.hpo import space
 from components.settings import choices, defaults
 from components.train import config
@@ -28,8 +28,8 @@ def test_the_steps_implement_the_declared_choices():
     # ... and held to it where the implementing module keeps its own table.
     assert launch.CLEANUP_POLICIES == choices("job_cleanup")
     assert launch.TRAIN_BACKENDS == choices("train_backend")
-    assert inference_service.DEPLOYMENT_MODES == choices("deployment_mode")
-    assert inference_service.DEPLOY_BACKENDS == choices("deploy_backend")
+    assert manifest.DEPLOYMENT_MODES == choices("deployment_mode")
+    assert manifest.DEPLOY_BACKENDS == choices("deploy_backend")
     assert formats.DATASET_FORMATS == choices("dataset_format")
     assert tokenizing.OVER_LENGTH == choices("over_length")
     assert tuple(space.ALGORITHMS) == choices("hpo_algorithm")
