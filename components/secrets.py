@@ -14,7 +14,7 @@ LANGFUSE_KEYS = ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST")
 # sent as a bearer token; an optional reference (an in-cluster judge needs none).
 JUDGE_API_KEY = "JUDGE_API_KEY"
 # model_store_secret: the object store's keys (S3, an S3-compatible server, GCS's HMAC keys), read through the
-# Kubernetes API by preflight and the train step's launcher (components/storage.py), never put in a pod's env.
+# Kubernetes API by preflight and the train step's launcher (components/storage/), never put in a pod's env.
 STORE_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 # tracking_secret: what the trainer's MLflow and W&B callbacks and the publish step read from the environment, each an
 # optional key: whichever the Secret holds reaches the pods, and nothing is set when it is absent.

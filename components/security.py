@@ -4,7 +4,7 @@ Standards' ``restricted`` profile (https://kubernetes.io/docs/concepts/security/
 Every pod that writes the two claims runs as the same user and group, ``RUN_AS_USER``:``RUN_AS_GROUP``, the user
 the images declare (``USER 1000:1000`` in images/*/Dockerfile): a file one step writes is one the next step may
 rewrite. The trainer pods (components/train/launcher/pods.py), the serving pods
-(components/deploy/inference_service.py) and the pipeline's steps (pipelines/llm_finetune.py) take their settings
+(components/deploy/manifest.py) and the pipeline's steps (pipelines/llm_finetune.py) take their settings
 from here.
 """
 

@@ -674,7 +674,7 @@ class ClusterSettings:
         "https://hf-mirror.example.com); empty: huggingface.co.",
         plain=False,
     )
-    # Object storage (docs/cluster.md#object-storage, components/storage.py): off while model_store_uri is empty.
+    # Object storage (docs/cluster.md#object-storage, components/storage/): off while model_store_uri is empty.
     model_store_uri: str = setting(
         "",
         "Bucket folder each trained model is uploaded to after it is written and verified, s3://bucket/prefix or "

@@ -335,7 +335,7 @@ def test_secret_access_is_limited_to_the_token_alert_langfuse_tracking_and_model
         PARAMS["alert_webhook_secret"],
         "llm-langfuse",
         "llm-tracking",
-        "llm-model-store",  # model_store_secret: the train step's launcher reads the keys to upload (storage.py)
+        "llm-model-store",  # model_store_secret: the train step's launcher reads the keys to upload (storage)
     ]
     assert rule["verbs"] == ["get"]
 

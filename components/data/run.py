@@ -61,7 +61,7 @@ def _eval_prompts_problem(s: Settings, data_root: str) -> str | None:
 def source_env(s: Settings, stage: str) -> dict[str, str]:
     """What reading ``stage``'s sources from an object store (``s3://``, ``gs://``) needs in this process's
     environment, which boto3 reads: ``AWS_ENDPOINT_URL`` from model_store_endpoint, and in a pod the keys of
-    model_store_secret, read through the Kubernetes API as the train step reads them (components/storage.py);
+    model_store_secret, read through the Kubernetes API as the train step reads them (components/storage/);
     ``{}`` when no source is in an object store."""
     from components import storage
 

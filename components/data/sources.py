@@ -246,7 +246,7 @@ def _object_identity(uri: str, clients: dict[str, Any]) -> list:
     return [str(uri), uri.size, uri.etag]
 
 
-# Object stores: s3:// and gs:// (components/storage.py's client).
+# Object stores: s3:// and gs:// (components/storage/'s client).
 
 
 class StoreObject(str):

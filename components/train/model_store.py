@@ -1,4 +1,4 @@
-"""The train step's uploads to object storage (``model_store_uri``; the transfers are components/storage.py's).
+"""The train step's uploads to object storage (``model_store_uri``; the transfers are components/storage/'s).
 
 Who uploads: the train step's own pod (the launcher), which mounts the model claim, after the job succeeded and the
 final model is on the claim; not the trainer's rank 0. The GPU pods never hold the store's keys (the launcher reads

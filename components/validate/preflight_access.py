@@ -7,7 +7,7 @@ from kubernetes import client as k8s
 
 from components.kube import call_api
 
-# What the launcher (components/train/launcher/job.py) and deployer (components/deploy/inference_service.py)
+# What the launcher (components/train/launcher/job.py) and deployer (components/deploy/rollout.py)
 # call, as (verb, group, resource, subresource); manifests/rbac/role.yaml grants exactly these.
 # Every training job's NetworkPolicy (components/train/launcher/job.py::trainer_network): created before the job,
 # deleted after it (read first by the exit handler, which deletes only what carries the run's id).

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from components.secrets import TRACKING_KEYS
 from components.settings import defaults
-from components.train.launcher.pods import TRACKING_KEYS
 from components.validate.rules import check
 from tests.helpers.repo import run_cli
 

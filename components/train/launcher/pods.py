@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 from components.jobs.kinds import TERMINATION_GRACE_PERIOD_SECONDS
 from components.kube import RUN_ID_LABEL
 from components.paths import DATA_MOUNT, MODEL_MOUNT, run_dir
-from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS
+from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, TRACKING_KEYS, TRACKING_NAMES
 from components.security import container_security_context, pod_security_context
 from components.train.launcher.spec import TrainingJobSpec
 
@@ -64,20 +64,6 @@ def trainer_volumes(data_pvc: str, model_pvc: str, shm_size: str) -> list[k8s.V1
         ),
         k8s.V1Volume(name="dshm", empty_dir=k8s.V1EmptyDirVolumeSource(medium="Memory", size_limit=shm_size)),
     ]
-
-
-# What the trainer's MLflow and W&B callbacks read from the environment, each an optional key of tracking_secret:
-# whichever the Secret holds reaches the pods, and nothing is set when it is absent.
-TRACKING_KEYS = (
-    "MLFLOW_TRACKING_URI",
-    "MLFLOW_TRACKING_TOKEN",
-    "MLFLOW_TRACKING_USERNAME",
-    "MLFLOW_TRACKING_PASSWORD",
-    "WANDB_API_KEY",
-    "WANDB_BASE_URL",
-)
-# Where the runs go in the tracker: one experiment (MLflow) / project (W&B) for the pipeline's runs.
-TRACKING_NAMES = {"MLFLOW_EXPERIMENT_NAME": "llm-finetune", "WANDB_PROJECT": "llm-finetune"}
 
 
 def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: str = "") -> list[k8s.V1EnvVar]:

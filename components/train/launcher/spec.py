@@ -64,7 +64,7 @@ class TrainingJobSpec:
 
     What the trainer reads from its environment:
         hf_token_secret: Secret holding key ``HF_TOKEN``; referenced (optional), never read.
-        tracking_secret: Secret with the experiment tracker's keys (``pods.TRACKING_KEYS``, each optional); empty:
+        tracking_secret: Secret with the experiment tracker's keys (``secrets.TRACKING_KEYS``, each optional); empty:
             none referenced. langfuse_secret: Langfuse's keys (``secrets.LANGFUSE_KEYS``, optional refs); empty: none.
         nccl_env: NCCL variables merged over ``pods.NCCL_DEFAULTS``.
         egress_env: the proxy and Hub-mirror variables (``components.kube.egress_env``); None: none.

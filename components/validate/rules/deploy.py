@@ -33,7 +33,7 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
 
 
 def _replicas(s: Settings) -> list[str | None]:
-    """KServe's replica bounds and scale metric (components/deploy/inference_service.py, SCALE_METRICS): at least
+    """KServe's replica bounds and scale metric (components/deploy/plan.py, SCALE_METRICS): at least
     one replica in Standard mode (only Knative scales to zero), max_replicas >= min_replicas, a metric the mode's
     autoscaler scales on (an HPA on cpu or memory; Knative's on concurrency or rps)."""
     from components.deploy.plan import SCALE_METRICS
