@@ -190,8 +190,9 @@ def submit_run(args, params: dict, preset: str) -> dict:
 
 
 # What follows a submitted run, in pipelines/runs.py: ``python -m pipelines.run status RUN_ID`` hands over to it
-# (``schedules``: to pipelines/schedules.py, ``logs``: to pipelines/logs.py).
-RUN_COMMANDS = ("status", "wait", "list", "cancel", "cleanup", "schedules", "logs")
+# (``schedules``: to pipelines/schedules.py, ``logs``: to pipelines/logs.py, ``promote`` and ``rollback``: to
+# pipelines/traffic.py).
+RUN_COMMANDS = ("status", "wait", "list", "cancel", "cleanup", "schedules", "logs", "promote", "rollback")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -205,6 +206,10 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines import logs
 
         return logs.main(argv[1:])
+    if argv and argv[0] in ("promote", "rollback"):
+        from pipelines import traffic
+
+        return traffic.main(argv)
     if argv and argv[0] in RUN_COMMANDS:
         from pipelines import runs
 

@@ -22,8 +22,10 @@ def deploy_model(
     ``kserve-vllm`` / ``kserve-huggingface`` create (or update in place) an InferenceService whose
     ``storageUri`` is the model's ``pvc://`` URI, wait for Ready, smoke-test the OpenAI route and roll
     back on failure or when the run is cancelled. ``local`` starts ``transformers serve`` on a free localhost port.
-    An existing service keeps its deployment mode (changing it is an error: delete the service first); with
-    Knative, ``canary_traffic_percent`` sends that share to the new revision and the smoke test goes there.
+    An existing service keeps its deployment mode (changing it is an error: delete the service first), and gets no
+    request for the new model before it passed every check: Standard tests it on a candidate service beside the live
+    one first, Knative as a revision at 0% of the traffic, which then gets ``canary_traffic_percent`` (``python -m
+    pipelines.run promote|rollback RUN_ID`` finishes the canary).
     Then the server must reproduce evaluate_model's ``serving_check.json`` (beside the model folder): per-token
     log-probabilities of a few held-out rows within 0.05 nats on average and the greedy first tokens
     (components/models/logprobs.py; ``local`` compares the greedy answers only); otherwise the service is rolled

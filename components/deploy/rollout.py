@@ -1,15 +1,19 @@
-"""The rollout of a KServe InferenceService (components/deploy/manifest.py builds it): create it, or patch it in
-place; wait for Ready for this spec, saying where a slow rollout is (the predictor pods' phase, the model server's
-last log lines); smoke-test every model name it serves, check that it serves the evaluated model and, with gates, its
-latency; and roll it back (the previous spec restored, or the new service deleted) on any failure or a cancelled
-run. ``deploy_inference_services`` rolls out several, all or none.
+"""The rollout of a KServe InferenceService (components/deploy/manifest.py builds it): create it, or move it to the new
+spec once that spec passed its gates beside the live one (a candidate service, or a Knative revision at 0%); wait for
+Ready for this spec, saying where a slow rollout is (the predictor pods' phase, the model server's last log lines);
+smoke-test every model name it serves, check that it serves the evaluated model and, with gates, its latency; and
+roll it back (the previous spec restored, or the new service deleted) on any failure or a cancelled run.
+``deploy_inference_services`` rolls out several, all or none.
 """
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
@@ -19,6 +23,7 @@ from components.deploy.manifest import (
     LEGACY_DEPLOYMENT_MODES,
     PLURAL,
     RUNTIMES,
+    TAG_ROUTING_ANNOTATION,
     runtime_of,
     served_name,
     served_names,
@@ -34,6 +39,10 @@ POD_LABEL = "serving.kserve.io/inferenceservice"
 PROGRESS_SECONDS = 60.0
 PREDICTOR_CONTAINER = "kserve-container"
 PROGRESS_LOG_LINES = 3
+# Standard mode over a live service: the spec is tested on a candidate service of this name suffix first, labelled
+# with the live service's name (candidate_manifest).
+CANDIDATE_SUFFIX = "-candidate"
+CANDIDATE_LABEL = "llm-post-training/candidate-for"
 
 
 def merge_patch_to(current, desired):
@@ -122,7 +131,10 @@ def deploy_inference_service(
     latency_gates: dict | None = None,
 ) -> dict:
     """Create, or patch in place when it exists; wait for Ready; smoke-test; prove it serves the evaluated model;
-    roll back on any failure.
+    roll back on any failure. Over an existing service no request reaches the new spec through its route before the
+    gates passed: in Standard mode they run on a candidate service beside it (``candidate_manifest``: deleted after,
+    the live service patched only once it passed), in Knative mode on the new revision at ``canaryTrafficPercent: 0``
+    by its ``latest`` tag, which then gets the manifest's share.
 
     Waits until the service is Ready for this spec (``status.observedGeneration``), failing fast on pods
     that cannot start (bad image, crash loop, Unschedulable past ``pending_timeout_seconds``). The smoke
@@ -341,31 +353,33 @@ def _roll_out(
         runner.patch({"spec": merge_patch_to(runner.get()["spec"], previous["spec"])})
         return "restored the previous spec"
 
-    def cancelled() -> None:
-        # KFP cancelled the run mid-rollout: leave the service as it was before this step.
-        print(f"the run was cancelled (SIGTERM); {what}: {roll_back()}", flush=True)
+    cleanups: list = []  # a candidate service while it exists
 
+    def cancelled() -> None:
+        # KFP cancelled the run mid-rollout: leave the service as it was before this step, and no candidate.
+        done = [cleanup() for cleanup in list(cleanups)]
+        print(f"the run was cancelled (SIGTERM); {what}: {'; '.join([*done, roll_back()])}", flush=True)
+
+    references = dict(serving_references or {})
+    if serving_reference is not None:
+        references[served_name(manifest, rt)] = serving_reference
+    gates = _Gates(smoke_prompt, references, latency_gates, pending_timeout_seconds, progress_seconds)
+    knative = _deployment_mode(manifest) == "Knative"
     with runner.cancel_on_sigterm(on_cancel=cancelled):
-        applied = _apply(runner, previous, manifest)
-        try:
-            isvc = _wait_ready(
-                runner,
-                core,
-                generation=applied["metadata"].get("generation", 1),
-                pending_timeout_seconds=pending_timeout_seconds,
-                progress_seconds=progress_seconds,
-            )
-        except (RuntimeError, TimeoutError) as exc:
-            raise type(exc)(f"{what} {exc}; {roll_back()}") from exc
-        status, served = isvc["status"], served_name(manifest, rt)
-        references = dict(serving_references or {})
-        if serving_reference is not None:
-            references[served] = serving_reference
-        canary = "canaryTrafficPercent" in manifest["spec"]["predictor"] and previous is not None
-        service = _Served(what, _smoke_url(status, canary) + rt.openai_route, served_names(manifest), served, roll_back)
-        replies = service.smoke_test(smoke_prompt)
-        checks = service.check_models(references)
-        latency = None if latency_gates is None else service.check_latency(latency_gates)
+        if previous is None:  # a new service: nobody is served by it until it passed
+            status, service, checked = _gated(runner, core, None, manifest, rt, gates, roll_back, canary=False)
+        elif knative:  # the new revision at 0% of the traffic, tested by its tag, then given its share
+            zero = _at_zero_percent(manifest)
+            _, service, checked = _gated(runner, core, previous, zero, rt, gates, roll_back, canary=True)
+            status = _promote(runner, core, runner.get(), manifest, gates, roll_back)
+        else:  # Standard: a candidate service beside the live one, tested, then the live one moved to its spec
+            checked = _gated_candidate(runner, core, manifest, rt, gates, cleanups)
+            status = _promote(runner, core, previous, manifest, gates, roll_back)
+            url = _smoke_url(status, False) + rt.openai_route
+            service = _Served(what, url, checked.names, checked.served, roll_back)
+            checked = checked._replace(replies={**checked.replies, **service.smoke_test(smoke_prompt)})
+        canary = knative and previous is not None and "canaryTrafficPercent" in manifest["spec"]["predictor"]
+        served, replies, checks, latency = service.served, checked.replies, checked.checks, checked.latency
     _report_ready(what, service.names, manifest if canary else None)
     result: dict = {
         "endpoint": status["url"].rstrip("/") + rt.openai_route,
@@ -379,6 +393,127 @@ def _roll_out(
     if len(service.names) > 1:
         result["replies"], result["serving_checks"] = replies, checks
     return result, roll_back
+
+
+class _Gates(NamedTuple):
+    """What a service must pass before it gets traffic: the smoke test's prompt, the evaluated model's references
+    by served name, the latency gates (None: not probed), and how long its pods may take."""
+
+    prompt: str
+    references: dict
+    latency: dict | None
+    pending_timeout_seconds: float
+    progress_seconds: float
+
+
+class _Checked(NamedTuple):
+    """A service's gates, passed: its names, the served one, the replies and serving checks by name, its latency."""
+
+    names: list[str]
+    served: str
+    replies: dict
+    checks: dict
+    latency: dict | None
+
+
+def _gated(runner, core, previous, manifest, rt, gates: _Gates, roll_back, *, canary: bool):
+    """Apply ``manifest`` (over ``previous``), wait for Ready, and run every gate on the revision it made; on a
+    failure ``roll_back`` and raise. Returns the status, the service's checks object and what they found."""
+    applied = _apply(runner, previous, manifest)
+    try:
+        isvc = _wait_ready(
+            runner,
+            core,
+            generation=applied["metadata"].get("generation", 1),
+            pending_timeout_seconds=gates.pending_timeout_seconds,
+            progress_seconds=gates.progress_seconds,
+        )
+    except (RuntimeError, TimeoutError) as exc:
+        raise type(exc)(f"{runner.what} {exc}; {roll_back()}") from exc
+    status = isvc["status"]
+    url = _smoke_url(status, canary)
+    if canary and url == _smoke_url(status, False):
+        # No tagged URL for the new revision: the shared address would test the live one instead.
+        raise RuntimeError(
+            f"{runner.what} is Ready but shows no URL for its new revision (traffic tag 'latest'); KServe's tag "
+            f"routing ({TAG_ROUTING_ANNOTATION}) is needed to test it before it gets traffic; {roll_back()}"
+        )
+    service = _Served(runner.what, url + rt.openai_route, served_names(manifest), served_name(manifest, rt), roll_back)
+    replies = service.smoke_test(gates.prompt)
+    checks = service.check_models(gates.references)
+    latency = None if gates.latency is None else service.check_latency(gates.latency)
+    return status, service, _Checked(service.names, service.served, replies, checks, latency)
+
+
+def _at_zero_percent(manifest: dict) -> dict:
+    """``manifest`` as a Knative revision that gets none of the traffic (``canaryTrafficPercent: 0``), reachable by
+    its tag: what the gates test before the revision is given its share."""
+    zero = copy.deepcopy(manifest)
+    zero["spec"]["predictor"]["canaryTrafficPercent"] = 0
+    zero["metadata"].setdefault("annotations", {})[TAG_ROUTING_ANNOTATION] = "true"
+    return zero
+
+
+def candidate_manifest(manifest: dict) -> dict:
+    """The candidate beside a live Standard service: ``manifest`` under the name ``<name>-candidate`` (shortened by a
+    hash past 63 characters), one replica, labelled with the service it is a candidate for."""
+    candidate = copy.deepcopy(manifest)
+    name = manifest["metadata"]["name"]
+    new = f"{name}{CANDIDATE_SUFFIX}"
+    if len(new) > 63:
+        digest = hashlib.sha256(name.encode()).hexdigest()[:8]
+        new = f"{name[: 63 - len(CANDIDATE_SUFFIX) - 9].rstrip('-')}-{digest}{CANDIDATE_SUFFIX}"
+    candidate["metadata"]["name"] = new
+    candidate["metadata"].setdefault("labels", {})[CANDIDATE_LABEL] = name
+    predictor = candidate["spec"]["predictor"]
+    for key in ("scaleMetric", "scaleTarget"):
+        predictor.pop(key, None)
+    predictor["minReplicas"], predictor["maxReplicas"] = 1, 1
+    return candidate
+
+
+def _gated_candidate(runner, core, manifest: dict, rt, gates: _Gates, cleanups: list) -> _Checked:
+    """Standard mode over a live service: the candidate (``candidate_manifest``) created beside it, every gate run on
+    the candidate's own address, and the candidate deleted (passed or not: its GPUs go back before the live service
+    rolls). The live service is not touched here; a failure raises, saying so."""
+    candidate = candidate_manifest(manifest)
+    left = None if runner.deadline is None else max(1.0, runner.deadline - time.monotonic())
+    crunner = CustomResourceRunner(
+        candidate,
+        PLURAL,
+        api_client=runner.api_client,
+        poll_seconds=runner.poll_seconds,
+        timeout_seconds=left,
+        controller="KServe's controller",
+    )
+
+    def drop() -> str:
+        crunner.delete("its gates ran: a candidate never serves the live service's traffic")
+        cleanups.remove(drop)
+        return f"deleted the candidate {crunner.what}; {runner.what} was not changed"
+
+    cleanups.append(drop)
+    _, _, checked = _gated(crunner, core, crunner.read(), candidate, rt, gates, drop, canary=False)
+    print(f"the candidate {crunner.what} passed its gates; {runner.what} moves to its spec", flush=True)
+    drop()
+    return checked
+
+
+def _promote(runner, core, current: dict, manifest: dict, gates: _Gates, roll_back) -> dict:
+    """The live service moved to ``manifest`` (from ``current``), once its spec passed its gates; its status once
+    Ready (a failure rolls back and raises)."""
+    applied = _apply(runner, current, manifest)
+    try:
+        isvc = _wait_ready(
+            runner,
+            core,
+            generation=applied["metadata"].get("generation", 1),
+            pending_timeout_seconds=gates.pending_timeout_seconds,
+            progress_seconds=gates.progress_seconds,
+        )
+    except (RuntimeError, TimeoutError) as exc:
+        raise type(exc)(f"{runner.what} {exc}; {roll_back()}") from exc
+    return isvc["status"]
 
 
 def _report_ready(what: str, names: list[str], canary: dict | None) -> None:

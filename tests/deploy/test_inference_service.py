@@ -124,19 +124,96 @@ def test_smoke_test_uses_the_in_cluster_address_and_reports_the_public_url():
 
 
 def test_existing_service_is_patched_in_place_and_stale_ready_is_not_trusted():
+    """Standard mode over a live service: the spec is tested on a candidate beside it, then the live service is patched
+    in place (same object), and the old generation's Ready is not taken for the new one's."""
     events = []
     with FakeKubeAPI() as api, OpenAIServer(events=events) as model_server:
         before = existing_service(api, model_server.url)
         # The old generation's Ready=True stays in place for three polls after the patch.
         api.on_get("inferenceservices", becomes_ready(api, model_server.url, after=3, events=events))
         deploy_inference_service(isvc(), api_client=api.client, **FAST)
-        assert api.requests_for("POST") == [] and api.requests_for("DELETE") == []
+        assert [r.path.rsplit("/", 1)[1] for r in api.requests_for("POST")] == ["inferenceservices"]
+        assert api.requests_for("POST")[0].body["metadata"]["name"] == f"{NAME}-candidate"
+        assert len(api.requests_for("DELETE", f"/inferenceservices/{NAME}-candidate")) == 1
         assert len(api.requests_for("PATCH", f"/inferenceservices/{NAME}")) == 1
         after = api.get_object(*GVP, NS, NAME)
-    assert events == ["ready for the new spec", "smoke"]
+        assert api.get_object(*GVP, NS, f"{NAME}-candidate") is None
+    # the candidate ready and smoke-tested, then the live service ready for the new spec and smoke-tested
+    assert events == ["ready for the new spec", "smoke", "ready for the new spec", "smoke"]
     assert after["metadata"]["uid"] == before["metadata"]["uid"]
     assert after["metadata"]["generation"] == 2
     assert after["spec"] == isvc()["spec"]  # minReplicas, which our spec lacks, was removed
+
+
+def test_no_request_reaches_a_failing_candidate_through_the_live_route():
+    """Gates before traffic (issue 40): the live service keeps its spec, and its route its model, until the new spec
+    passed on a candidate of its own; a candidate that fails is deleted and the live service never patched."""
+    with FakeKubeAPI() as api, OpenAIServer() as live, OpenAIServer(fail=True) as candidate:
+        before = existing_service(api, live.url)
+        api.on_get("inferenceservices", by_name(api, {NAME: live.url, f"{NAME}-candidate": candidate.url}))
+        with pytest.raises(
+            RuntimeError, match=r"candidate.* failed the smoke test.*deleted the candidate.*was not changed"
+        ):
+            deploy_inference_service(isvc(), api_client=api.client, **FAST)
+        assert api.requests_for("PATCH", f"/inferenceservices/{NAME}") == []  # the live service: not touched
+        assert api.get_object(*GVP, NS, f"{NAME}-candidate") is None
+        after = api.get_object(*GVP, NS, NAME)
+    assert after == before and live.requests == [] and len(candidate.requests) == 1
+
+
+def test_knative_tests_the_new_revision_at_zero_percent_before_it_gets_its_share():
+    """Knative over a live service: the new revision first at canaryTrafficPercent 0 (tag routing on), tested by its
+    tag; only then the second patch gives it its share (here 10%); a failure there restores the previous spec."""
+    for fails in (False, True):
+        with FakeKubeAPI() as api, OpenAIServer(fail=fails) as latest, OpenAIServer() as stable:
+            before = isvc(deployment_mode="Knative", storage_uri="pvc://llm-models/runs/previous/train/final")
+            before["status"] = {
+                "observedGeneration": 1,
+                "url": stable.url,
+                "deploymentMode": "Knative",
+                "conditions": [{"type": "Ready", "status": "True"}],
+            }
+            api.put_object(*GVP, before)
+            api.on_get("inferenceservices", knative_revisions(api, stable.url, latest.url))
+            manifest = isvc(deployment_mode="Knative", canary_traffic_percent=10)
+            if fails:
+                with pytest.raises(RuntimeError, match="smoke test.*restored the previous spec"):
+                    deploy_inference_service(manifest, api_client=api.client, **FAST)
+            else:
+                deploy_inference_service(manifest, api_client=api.client, **FAST)
+            patches = [r.body["spec"]["predictor"].get("canaryTrafficPercent") for r in api.requests_for("PATCH")]
+            after = api.get_object(*GVP, NS, NAME)
+        assert patches[0] == 0 and stable.requests == [] and len(latest.requests) == 1
+        if fails:  # the new revision never had a share of the traffic
+            assert after["spec"] == before["spec"] and 10 not in patches
+        else:
+            assert patches == [0, 10] and after["spec"]["predictor"]["canaryTrafficPercent"] == 10
+
+
+def by_name(api, urls: dict) -> object:
+    """KServe's side for several services: each Ready at its own model server's URL."""
+    controllers = {name: becomes_ready(api, url) for name, url in urls.items()}
+    return lambda obj: controllers[obj["metadata"]["name"]](obj)
+
+
+def knative_revisions(api, stable_url: str, latest_url: str):
+    """KServe's side in Knative mode: Ready for each generation, the previous revision at ``stable_url`` and the
+    latest at ``latest_url`` under their traffic tags, at the spec's canary share."""
+    ready = becomes_ready(api, "http://qwen3-30b-a3b-sft.team-llm.example.invalid", address=stable_url, after=0)
+
+    def controller(obj):
+        ready(obj)
+        share = obj["spec"]["predictor"].get("canaryTrafficPercent", 100)
+        obj["status"]["components"] = {
+            "predictor": {
+                "traffic": [
+                    {"tag": "prev", "percent": 100 - share, "url": stable_url, "revisionName": "p-00001"},
+                    {"tag": "latest", "percent": share, "url": latest_url, "revisionName": "p-00002"},
+                ]
+            }
+        }
+
+    return controller
 
 
 def test_never_ready_times_out_with_the_conditions_reason_and_deletes_the_new_service():
@@ -218,17 +295,6 @@ def test_smoke_failure_deletes_a_new_service():
             deploy_inference_service(isvc(), api_client=api.client, **FAST)
         assert len(api.requests_for("DELETE", f"/inferenceservices/{NAME}")) == 1
         assert api.get_object(*GVP, NS, NAME) is None
-
-
-def test_smoke_failure_restores_the_previous_spec():
-    with FakeKubeAPI() as api, OpenAIServer(fail=True) as model_server:
-        before = existing_service(api, model_server.url)
-        api.on_get("inferenceservices", becomes_ready(api, model_server.url))
-        with pytest.raises(RuntimeError, match="restored the previous spec"):
-            deploy_inference_service(isvc(), api_client=api.client, **FAST)
-        assert api.requests_for("DELETE") == []
-        after = api.get_object(*GVP, NS, NAME)
-    assert after["spec"] == before["spec"] and after["metadata"]["uid"] == before["metadata"]["uid"]
 
 
 # -- deployment mode, canary, startup probe ----------------------------------------------------------------

@@ -288,7 +288,9 @@ def test_one_failing_service_rolls_back_every_service_the_step_deployed(tmp_path
             "conditions": [{"type": "Ready", "status": "True"}],
         }
         before = api.put_object(*GVP, previous)
-        api.on_get("inferenceservices", Servers(api, {"qwen3-sft-a": good.url, "qwen3-sft-b": bad.url}))
+        # qwen3-sft-a is live: its spec is tested on a candidate beside it first (same model server here).
+        urls = {"qwen3-sft-a": good.url, "qwen3-sft-a-candidate": good.url, "qwen3-sft-b": bad.url}
+        api.on_get("inferenceservices", Servers(api, urls))
         with pytest.raises(RuntimeError) as err:
             deploy_inference_services(out, api_client=api.client, **FAST)
         after = api.get_object(*GVP, NS, "qwen3-sft-a")
@@ -297,7 +299,8 @@ def test_one_failing_service_rolls_back_every_service_the_step_deployed(tmp_path
     text = str(err.value)
     assert "qwen3-sft-b is Ready but failed the smoke test" in text and "deleted the new InferenceService" in text
     assert "rolled back too: InferenceService team-llm/qwen3-sft-a: restored the previous spec" in text
-    assert [body["model"] for _, body in good.requests] == ["qwen3-sft-a"]
+    # the candidate's smoke test, then the promoted service's
+    assert [body["model"] for _, body in good.requests] == ["qwen3-sft-a", "qwen3-sft-a"]
 
 
 def test_a_failing_adapter_name_fails_its_service_and_names_it(tmp_path):

@@ -580,12 +580,28 @@ class FakeKubeAPI:
                 return self._access_review(body)
             if parts[0] == "apis" and len(parts) == 3 and method == "GET":
                 return self._discovery(parts[1], parts[2])
+            if parts[0] == "apis" and len(parts) == 6 and parts[3] == "namespaces" and method == "GET":
+                _, group, version, _, namespace, plural = parts
+                return self._custom_list((group, version, plural, namespace), query)
             if parts[0] == "apis" and len(parts) in (6, 7) and parts[3] == "namespaces":
                 _, group, version, _, namespace, plural, *rest = parts
                 return self._custom(
                     method, (group, version, plural, namespace), rest[0] if rest else None, body, content_type
                 )
             return _status(404, "NotFound", f"the server could not find the requested resource ({path})")
+
+    def _custom_list(self, coll, query):
+        """A list of custom objects in one namespace, filtered by ``labelSelector`` (equality terms, as the real API
+        server takes them)."""
+        wanted = dict(kv.split("=", 1) for kv in query.get("labelSelector", [""])[0].split(",") if kv)
+        items = []
+        for key, obj in sorted(self.objects.items()):
+            if key[:4] == coll and all(obj["metadata"].get("labels", {}).get(k) == v for k, v in wanted.items()):
+                items.append(copy.deepcopy(obj))
+        group, version, plural, _ = coll
+        kind = (items[0]["kind"] if items else plural.capitalize().rstrip("s")) + "List"
+        listed = {"apiVersion": f"{group}/{version}", "kind": kind, "metadata": {}, "items": items}
+        return 200, listed, "application/json"
 
     def _custom(self, method, coll, name, body, content_type):
         group, version, plural, namespace = coll
