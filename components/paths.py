@@ -12,6 +12,9 @@ import os
 
 DATA_MOUNT = "/mnt/data"
 MODEL_MOUNT = "/mnt/models"
+# The data volume's shared cache (the Hugging Face cache, bf16 copies of FP8 checkpoints): the one folder on it the
+# training pods may write (components/train/launcher/pods.py trainer_volume_mounts).
+DATA_CACHE = "cache"
 
 
 def run_dir(root: str, run_id: str) -> str:

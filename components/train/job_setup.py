@@ -23,7 +23,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from components.paths import DATA_MOUNT, MODEL_MOUNT
+from components.paths import DATA_CACHE, DATA_MOUNT, MODEL_MOUNT
 from components.settings import ClusterSettings, TrainSettings
 
 
@@ -84,8 +84,10 @@ def write_config(
         output_dir=mounts.for_trainer(out_dir),
         packing=packing,
         use_cpu=trains_on_cpu(mounts.local),
-        model_cache_dir=os.path.join(mounts.data, "cache"),
+        model_cache_dir=os.path.join(mounts.data, DATA_CACHE),
     )
+    # The training pods mount the data volume read-only but for this folder, whose mount point must exist there.
+    os.makedirs(os.path.join(mounts.data_root, DATA_CACHE), exist_ok=True)
     return cfg, config.write_trainer_config(cfg, os.path.join(out_dir, "train_config.json"))
 
 

@@ -15,7 +15,7 @@ from kubernetes import client as k8s
 
 from components.jobs.kinds import TERMINATION_GRACE_PERIOD_SECONDS
 from components.kube import RUN_ID_LABEL
-from components.paths import DATA_MOUNT, MODEL_MOUNT, run_dir
+from components.paths import DATA_CACHE, DATA_MOUNT, MODEL_MOUNT, run_dir
 from components.secrets import HF_TOKEN_KEY, LANGFUSE_KEYS, TRACKING_KEYS, TRACKING_NAMES
 from components.security import container_security_context, pod_security_context
 from components.train.launcher.spec import TrainingJobSpec
@@ -37,8 +37,10 @@ def trainer_volume_mounts(config_path: str) -> list[k8s.V1VolumeMount]:
     folder (``runs/<run id>``, the one ``config_path`` is in: its config, checkpoints, exports, logs) read-write over
     it, as the claim's ``subPath``. The train step writes the config there before the job exists, so the folder is
     there when the kubelet mounts it (the container runtime creates no mount point inside a read-only mount), owned
-    by the same non-root user. The data claim stays read-write: it holds the shared Hugging Face cache (``HF_HOME``)
-    the pods download base models into. Listed parent first: a nested mount follows the one it is inside.
+    by the same non-root user. The data claim read-only too (the prepared datasets: this run's and others'), but for
+    its ``cache/`` folder (``DATA_CACHE``): the shared Hugging Face cache (``HF_HOME``) and the bf16 copies rank 0
+    downloads or builds a base model into when the data step has not. The data step creates that folder; the train
+    step makes sure of it before the job exists. Listed parent first: a nested mount follows the one it is inside.
     """
     parts = os.path.relpath(config_path, MODEL_MOUNT).split(os.sep)
     if len(parts) < 3 or parts[0] != "runs" or parts[1] in ("", ".", ".."):
@@ -48,7 +50,8 @@ def trainer_volume_mounts(config_path: str) -> list[k8s.V1VolumeMount]:
         )
     own = run_dir(MODEL_MOUNT, parts[1])
     return [
-        k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT),
+        k8s.V1VolumeMount(name="data", mount_path=DATA_MOUNT, read_only=True),
+        k8s.V1VolumeMount(name="data", mount_path=f"{DATA_MOUNT}/{DATA_CACHE}", sub_path=DATA_CACHE),
         k8s.V1VolumeMount(name="models", mount_path=MODEL_MOUNT, read_only=True),
         k8s.V1VolumeMount(name="models", mount_path=own, sub_path=f"runs/{parts[1]}"),
         k8s.V1VolumeMount(name="dshm", mount_path="/dev/shm"),
@@ -94,7 +97,7 @@ def trainer_env(hf_token_secret: str, nccl_env: dict | None, tracking_secret: st
         ),
         # Base-model downloads (60 GB for Qwen3-30B-A3B) go to the shared data claim once, not to each
         # node's ephemeral storage, where they would risk eviction.
-        k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/cache/huggingface"),
+        k8s.V1EnvVar(name="HF_HOME", value=f"{DATA_MOUNT}/{DATA_CACHE}/huggingface"),
         k8s.V1EnvVar(name="TORCH_ELASTIC_SHUTDOWN_TIMEOUT", value=str(TORCHRUN_SHUTDOWN_TIMEOUT_SECONDS)),
     ]
     nccl = {**NCCL_DEFAULTS, **(nccl_env or {})}

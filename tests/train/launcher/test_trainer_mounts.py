@@ -1,6 +1,6 @@
 """Issue 39, mounts by need: a trainer pod, which runs user code (reward functions, a user's DeepSpeed JSON), writes its
 own run's folder on the models claim and nothing else there; it still reads any model on it (a base model may be an
-earlier run's ``final/``).
+earlier run's ``final/``). On the data claim it reads the prepared datasets and writes only the shared cache.
 
 The pod is the rendered PyTorchJob's, mounted as the rehearsal's kubelet and container runtime mount it
 (tests/rehearsal/cluster.py ``pod_mounts``, tests/rehearsal/container.py: claims as bind mounts, ``subPath`` and
@@ -30,7 +30,8 @@ PROBE = """
 import json, os
 out = {}
 for path in ("/mnt/models/runs/run-b/train/checkpoint-1/w", "/mnt/models/runs/run-a/train/final/model.safetensors",
-             "/mnt/models/runs/run-c/x", "/mnt/models/x", "/mnt/data/cache/huggingface/x"):
+             "/mnt/models/runs/run-c/x", "/mnt/models/x", "/mnt/data/cache/huggingface/x",
+             "/mnt/data/runs/run-a/data/train/data-00000-of-00001.arrow", "/mnt/data/x"):
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
@@ -39,6 +40,7 @@ for path in ("/mnt/models/runs/run-b/train/checkpoint-1/w", "/mnt/models/runs/ru
     except OSError as e:
         out[path] = os.strerror(e.errno)
 out["read"] = open("/mnt/models/runs/run-a/train/final/model.safetensors").read()
+out["read data"] = open("/mnt/data/runs/run-a/data/train/data-00000-of-00001.arrow").read()
 print(json.dumps(out))
 """
 
@@ -59,6 +61,11 @@ def test_a_trainer_pod_writes_its_own_run_folder_and_reads_but_cannot_change_oth
     (final / "model.safetensors").write_text("theirs")
     (models / "runs" / RUN_ID / "train").mkdir(parents=True)  # the train step wrote its config there first
     data.mkdir()
+    # Another run's prepared dataset (the data step writes runs/<id>/ on the data claim), and the shared cache the
+    # data step created (the train step makes sure of it before the job exists).
+    (data / "runs" / OTHER / "data" / "train").mkdir(parents=True)
+    (data / "runs" / OTHER / "data" / "train" / "data-00000-of-00001.arrow").write_text("their rows")
+    (data / "cache").mkdir()
     spec = TrainingJobSpec(
         name="llm-ft-run-b",
         namespace="team-llm",
@@ -109,7 +116,11 @@ def test_a_trainer_pod_writes_its_own_run_folder_and_reads_but_cannot_change_oth
         "/mnt/models/runs/run-c/x": "Read-only file system",
         "/mnt/models/x": "Read-only file system",
         "/mnt/data/cache/huggingface/x": "written",  # the shared Hugging Face cache
+        # Datasets are read-only to the trainer: another run's prepared rows cannot be changed under it.
+        "/mnt/data/runs/run-a/data/train/data-00000-of-00001.arrow": "Read-only file system",
+        "/mnt/data/x": "Read-only file system",
         "read": "theirs",
+        "read data": "their rows",
     }
     assert (final / "model.safetensors").read_text() == "theirs"
     assert (models / "runs" / RUN_ID / "train" / "checkpoint-1" / "w").read_text() == "mine"
