@@ -16,6 +16,7 @@ import logging
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import datasets
 import torch
@@ -237,18 +238,33 @@ def gate(
     return True, "; ".join(notes)
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """What ``evaluate`` scores and the deploy gate's rules (components/settings.py's evaluate settings).
+
+    Attributes:
+        max_samples: at most this many held-out rows, and examples per lm-eval task (0 = all).
+        min_loss_improvement, min_perplexity_improvement, max_task_regression: the gate rules (see ``gate``).
+        eval_prompts: ``builtin:sample`` (bundled Korean/English prompts) or a JSONL file of conversations.
+        max_new_tokens: length limit of each generated answer.
+        lm_eval_tasks: lm-evaluation-harness task names; empty: none run.
+    """
+
+    max_samples: int
+    min_loss_improvement: float
+    min_perplexity_improvement: float = 0.0
+    eval_prompts: str = BUILTIN_PROMPTS
+    max_new_tokens: int = 64
+    lm_eval_tasks: list | None = None
+    max_task_regression: float = 0.01
+
+
 def evaluate(
     base_model: str,
     tuned_model: str,
     dataset_path: str,
-    max_samples: int,
-    min_loss_improvement: float,
+    options: EvalOptions,
     *,
-    min_perplexity_improvement: float = 0.0,
-    eval_prompts: str = BUILTIN_PROMPTS,
-    max_new_tokens: int = 64,
-    lm_eval_tasks: list | None = None,
-    max_task_regression: float = 0.01,
     train_dir: str | None = None,
     stage_dirs: dict | None = None,
     preference_path: str | None = None,
@@ -264,11 +280,7 @@ def evaluate(
     Args:
         base_model, tuned_model: model folders (config, weights, tokenizer).
         dataset_path: a prepared dataset (its ``eval`` split is scored).
-        max_samples: at most this many held-out rows, and examples per lm-eval task (0 = all).
-        min_loss_improvement, min_perplexity_improvement, max_task_regression: the gate rules (see ``gate``).
-        eval_prompts: ``builtin:sample`` (bundled Korean/English prompts) or a JSONL file of conversations.
-        max_new_tokens: length limit of each generated answer.
-        lm_eval_tasks: lm-evaluation-harness task names; empty: none run.
+        options: what is scored (rows, prompts, answer length, lm-eval tasks) and the gate's rules.
         train_dir: the trainer's output folder (checkpoints with its log): the report draws the loss curve.
         stage_dirs: stage -> its output folder, when several stages ran: the report shows each one's metrics.
         preference_path: the dpo stage's prepared pairs: base, ``before_dpo`` and tuned are scored on their eval split
@@ -291,14 +303,8 @@ def evaluate(
         ValueError: bad prompts file, dataset, task list or length, before any model is loaded.
     """
     started = time.time()
-    tasks = list(lm_eval_tasks or [])
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    prompts = load_prompts(eval_prompts)
-    if judge:
-        load_rubric(judge["rubric"])  # a bad rubric fails before any model is loaded
-    check_tasks(tasks)
-    rows = load_eval_rows(dataset_path, max_samples)
+    o = options
+    tasks, prompts, rows = _checked_inputs(o, dataset_path, judge)
     log.info(
         "evaluating %s (base) vs %s (tuned): %d held-out rows, %d prompts, tasks %s",
         base_model,
@@ -307,115 +313,37 @@ def evaluate(
         len(prompts),
         tasks or "none",
     )
-    gpus = torch.cuda.device_count()
-    use_vllm = bool(gpus) and importlib.util.find_spec("vllm") is not None
-    scores = {}
-    for role, path in (("base", base_model), ("tuned", tuned_model)):
-        t0 = time.time()
-        scores[role] = score_model(
-            path,
-            rows,
-            prompts,
-            max_new_tokens,
-            dataset_path,
-            serving_reference=role == "tuned" and serving_reference is not None,
-        )
-        scores[role]["tasks"] = run_tasks(path, tasks, max_samples, use_vllm, gpus)
-        log.info(
-            "%-5s eval_loss %.4f over %d tokens, %d answers, %d tasks in %.1fs",
-            role,
-            scores[role]["eval_loss"],
-            scores[role]["tokens"],
-            len(prompts),
-            len(tasks),
-            time.time() - t0,
-        )
-    base, tuned = scores["base"], scores["tuned"]
+    base, tuned = _score_both(base_model, tuned_model, dataset_path, rows, prompts, tasks, o, serving_reference)
     if serving_reference is not None:
         write_reference(serving_reference, tuned.pop("serving_reference"))
     passed, reason = gate(
         base,
         tuned,
-        min_loss_improvement,
-        min_perplexity_improvement=min_perplexity_improvement,
+        o.min_loss_improvement,
+        min_perplexity_improvement=o.min_perplexity_improvement,
         base_tasks=base["tasks"],
         tuned_tasks=tuned["tasks"],
-        max_task_regression=max_task_regression,
+        max_task_regression=o.max_task_regression,
     )
-    metrics = {
-        "base_eval_loss": base["eval_loss"],
-        "eval_loss": tuned["eval_loss"],
-        "base_perplexity": base["perplexity"],
-        "perplexity": tuned["perplexity"],
-        "eval_loss_delta": tuned["eval_loss"] - base["eval_loss"],
-        "perplexity_delta": tuned["perplexity"] - base["perplexity"],
-        "tokens_evaluated": tuned["tokens"],
-        "prompts_answered": len(prompts),
-    }
-    for task in tasks:
-        metrics[f"base_{task}_{base['tasks'][task]['metric']}"] = base["tasks"][task]["score"]
-        metrics[f"{task}_{tuned['tasks'][task]['metric']}"] = tuned["tasks"][task]["score"]
+    metrics = _model_metrics(base, tuned, len(prompts), tasks)
     stages = stage_metrics(stage_dirs or {})
     preference = {}
     if preference_path:
         models = {"base": base_model, **({"before dpo": before_dpo} if before_dpo else {}), "tuned": tuned_model}
-        preference = preference_scores(models, preference_path, max_samples)
-        for role, score in preference.items():
-            prefix = {"base": "base_", "before dpo": "before_dpo_", "tuned": ""}[role]
-            metrics[f"{prefix}preference_accuracy"] = score["accuracy"]
+        preference = _preference_check(models, preference_path, o.max_samples, metrics)
     reward_eval = rm_eval = None
     if grpo:
-        roles = {
-            "base": base_model,
-            **({"before grpo": grpo["before"]} if grpo["before"] != base_model else {}),
-            "tuned": tuned_model,
-        }
-        reward_eval = reward_scores(
-            roles,
-            grpo["prompts_path"],
-            grpo["rewards"],
-            temperature=grpo["temperature"],
-            pattern=grpo["pattern"],
-            length_budget=grpo["length_budget"],
-            max_new_tokens=grpo["max_new_tokens"],
-            reward_model=grpo["reward_model"],
-            reward_function=grpo["reward_function"],
-            max_prompts=max_samples,
-        )
-        for role in roles:
-            metrics[{"base": "base_", "before grpo": "before_grpo_", "tuned": ""}[role] + "mean_reward"] = reward_eval[
-                role
-            ]["mean_reward"]
-        ok, line = reward_gate(
-            {"before grpo": reward_eval.get("before grpo", reward_eval["base"]), "tuned": reward_eval["tuned"]},
-            grpo["min_reward_improvement"],
-        )
-        if passed and ok:
-            reason = f"{reason}; {line}"
-        else:
-            kept = reason.removesuffix("; not deploying")
-            reason = f"{kept}; {line}; not deploying" if not passed else f"{line}; not deploying"
-            passed = False
+        reward_eval, ok, line = _reward_check(grpo, base_model, tuned_model, o.max_samples, metrics)
+        passed, reason = _also_gated(passed, reason, ok, line)
     judged = None
     if judge:  # both models' answers, scored by the judge on the rubric
-        judged = run_judge(
-            judge, base_model=base_model, prompts=prompts, answers={"base": base["answers"], "tuned": tuned["answers"]}
+        judged, ok, line = _judge_check(
+            judge, base_model, prompts, {"base": base["answers"], "tuned": tuned["answers"]}
         )
         metrics.update(judge_metrics(judged))
-        ok, line = judge_gate(
-            judged,
-            min_judge_score=judge["min_judge_score"],
-            min_judge_win_rate=judge["min_judge_win_rate"],
-            min_judged_fraction=judge.get("min_judged_fraction", 0.0),
-        )
-        if passed and ok:
-            reason = f"{reason}; {line}"
-        else:
-            kept = reason.removesuffix("; not deploying")
-            reason = f"{kept}; {line}; not deploying" if not passed else f"{line}; not deploying"
-            passed = False
+        passed, reason = _also_gated(passed, reason, ok, line)
     if rm:
-        rm_eval = reward_model_accuracy(rm["model"], rm["pairs_path"], max_samples)
+        rm_eval = reward_model_accuracy(rm["model"], rm["pairs_path"], o.max_samples)
         metrics["reward_model_accuracy"] = rm_eval["accuracy"]
     for stage, m in stages.items():
         for key in ("eval_loss", "eval_rewards/accuracies"):
@@ -443,6 +371,140 @@ def evaluate(
         "prompts": [messages[-1]["content"] for messages in prompts],
         "judge": judged,
     }
+
+
+def _checked_inputs(
+    o: EvalOptions, dataset_path: str, judge: dict | None
+) -> tuple[list, list[list[dict]], datasets.Dataset]:
+    """The task names, the prompts and the held-out rows, each checked before any model is loaded."""
+    tasks = list(o.lm_eval_tasks or [])
+    if o.max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {o.max_new_tokens}")
+    prompts = load_prompts(o.eval_prompts)
+    if judge:
+        load_rubric(judge["rubric"])  # a bad rubric fails before any model is loaded
+    check_tasks(tasks)
+    return tasks, prompts, load_eval_rows(dataset_path, o.max_samples)
+
+
+def _score_both(
+    base_model: str,
+    tuned_model: str,
+    dataset_path: str,
+    rows,
+    prompts: list[list[dict]],
+    tasks: list,
+    o: EvalOptions,
+    serving_reference: str | None,
+) -> tuple[dict, dict]:
+    """Base's and tuned's scores (``score_model``) with their lm-eval task scores under ``tasks``; the tuned one also
+    holds its ``serving_reference`` when one is to be written."""
+    gpus = torch.cuda.device_count()
+    use_vllm = bool(gpus) and importlib.util.find_spec("vllm") is not None
+    scores = {}
+    for role, path in (("base", base_model), ("tuned", tuned_model)):
+        t0 = time.time()
+        scores[role] = score_model(
+            path,
+            rows,
+            prompts,
+            o.max_new_tokens,
+            dataset_path,
+            serving_reference=role == "tuned" and serving_reference is not None,
+        )
+        scores[role]["tasks"] = run_tasks(path, tasks, o.max_samples, use_vllm, gpus)
+        log.info(
+            "%-5s eval_loss %.4f over %d tokens, %d answers, %d tasks in %.1fs",
+            role,
+            scores[role]["eval_loss"],
+            scores[role]["tokens"],
+            len(prompts),
+            len(tasks),
+            time.time() - t0,
+        )
+    return scores["base"], scores["tuned"]
+
+
+def _model_metrics(base: dict, tuned: dict, prompts_answered: int, tasks: list) -> dict:
+    """The metrics of base against tuned: held-out loss, perplexity, their deltas, and each lm-eval task's score."""
+    metrics = {
+        "base_eval_loss": base["eval_loss"],
+        "eval_loss": tuned["eval_loss"],
+        "base_perplexity": base["perplexity"],
+        "perplexity": tuned["perplexity"],
+        "eval_loss_delta": tuned["eval_loss"] - base["eval_loss"],
+        "perplexity_delta": tuned["perplexity"] - base["perplexity"],
+        "tokens_evaluated": tuned["tokens"],
+        "prompts_answered": prompts_answered,
+    }
+    for task in tasks:
+        metrics[f"base_{task}_{base['tasks'][task]['metric']}"] = base["tasks"][task]["score"]
+        metrics[f"{task}_{tuned['tasks'][task]['metric']}"] = tuned["tasks"][task]["score"]
+    return metrics
+
+
+def _reward_check(
+    grpo: dict, base_model: str, tuned_model: str, max_samples: int, metrics: dict
+) -> tuple[dict, bool, str]:
+    """The grpo stage's check: each model's mean reward on held-out prompts (into ``metrics``) and the reward gate's
+    verdict and line."""
+    roles = {
+        "base": base_model,
+        **({"before grpo": grpo["before"]} if grpo["before"] != base_model else {}),
+        "tuned": tuned_model,
+    }
+    reward_eval = reward_scores(
+        roles,
+        grpo["prompts_path"],
+        grpo["rewards"],
+        temperature=grpo["temperature"],
+        pattern=grpo["pattern"],
+        length_budget=grpo["length_budget"],
+        max_new_tokens=grpo["max_new_tokens"],
+        reward_model=grpo["reward_model"],
+        reward_function=grpo["reward_function"],
+        max_prompts=max_samples,
+    )
+    for role in roles:
+        metrics[{"base": "base_", "before grpo": "before_grpo_", "tuned": ""}[role] + "mean_reward"] = reward_eval[
+            role
+        ]["mean_reward"]
+    ok, line = reward_gate(
+        {"before grpo": reward_eval.get("before grpo", reward_eval["base"]), "tuned": reward_eval["tuned"]},
+        grpo["min_reward_improvement"],
+    )
+    return reward_eval, ok, line
+
+
+def _preference_check(models: dict, preference_path: str, max_samples: int, metrics: dict) -> dict:
+    """The dpo stage's check: each model's preference accuracy on the held-out pairs (into ``metrics``)."""
+    preference = preference_scores(models, preference_path, max_samples)
+    for role, score in preference.items():
+        prefix = {"base": "base_", "before dpo": "before_dpo_", "tuned": ""}[role]
+        metrics[f"{prefix}preference_accuracy"] = score["accuracy"]
+    return preference
+
+
+def _judge_check(judge: dict, base_model: str, prompts: list[list[dict]], answers: dict) -> tuple[dict, bool, str]:
+    """The judged evaluation: both models' ``answers`` scored by the judge on the rubric, and its gate's verdict and
+    line."""
+    judged = run_judge(judge, base_model=base_model, prompts=prompts, answers=answers)
+    ok, line = judge_gate(
+        judged,
+        min_judge_score=judge["min_judge_score"],
+        min_judge_win_rate=judge["min_judge_win_rate"],
+        min_judged_fraction=judge.get("min_judged_fraction", 0.0),
+    )
+    return judged, ok, line
+
+
+def _also_gated(passed: bool, reason: str, ok: bool, line: str) -> tuple[bool, str]:
+    """The decision with one more gate's verdict ``ok`` and its ``line``: a pass only when both passed; a failing
+    reason names the failed gates only and ends with '; not deploying'."""
+    if passed and ok:
+        return True, f"{reason}; {line}"
+    kept = reason.removesuffix("; not deploying")
+    return False, f"{kept}; {line}; not deploying" if not passed else f"{line}; not deploying"
 
 
 def _cell(text: str) -> str:

@@ -87,7 +87,7 @@ def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, dat
     langfuse_secret's keys are set. Returns ``evaluate``'s result: ``metrics``, ``report``, ``passed``, ``reason``,
     ``prompts`` and ``answers``.
     """
-    from components.evaluate.evaluate import evaluate  # torch, transformers, datasets: loaded when evaluating
+    from components.evaluate.evaluate import EvalOptions, evaluate  # torch, transformers, datasets: when evaluating
     from components.models.hub import resolve_model
 
     e = s.evaluate
@@ -96,13 +96,15 @@ def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, dat
         base,
         model_path,
         dataset_path,
-        e.eval_max_samples,
-        e.min_loss_improvement,
-        min_perplexity_improvement=e.min_perplexity_improvement,
-        eval_prompts=e.eval_prompts,
-        max_new_tokens=e.max_new_tokens,
-        lm_eval_tasks=e.lm_eval_tasks,
-        max_task_regression=e.max_task_regression,
+        EvalOptions(
+            e.eval_max_samples,
+            e.min_loss_improvement,
+            min_perplexity_improvement=e.min_perplexity_improvement,
+            eval_prompts=e.eval_prompts,
+            max_new_tokens=e.max_new_tokens,
+            lm_eval_tasks=e.lm_eval_tasks,
+            max_task_regression=e.max_task_regression,
+        ),
         train_dir=os.path.dirname(model_path),
         serving_reference=reference_path(model_path),
         judge=judge_config(s, log_dir=os.path.dirname(model_path)),

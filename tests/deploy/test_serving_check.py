@@ -227,7 +227,7 @@ def test_deploy_keeps_a_service_that_serves_the_evaluated_model(work, monkeypatc
 
 def test_the_evaluate_step_writes_the_reference_the_deploy_step_checks(work, tmp_path):
     """evaluate() scores the tuned model and writes its reference; a server of that same folder passes the check."""
-    from components.evaluate.evaluate import evaluate
+    from components.evaluate.evaluate import EvalOptions, evaluate
 
     tuned = work["root"] / "final"
     path = reference_path(str(tuned))
@@ -235,9 +235,7 @@ def test_the_evaluate_step_writes_the_reference_the_deploy_step_checks(work, tmp
         str(work["root"] / "base"),
         str(tuned),
         str(work["root"] / "data"),
-        4,
-        0.0,
-        max_new_tokens=4,
+        EvalOptions(4, 0.0, max_new_tokens=4),
         serving_reference=path,
     )
     reference = read_reference(path)

@@ -37,7 +37,7 @@ import pytest
 from components.deploy.manifest import inference_service_for_run
 from components.deploy.rollout import deploy_inference_service
 from components.deploy.serving_runtime import serving_runtime_manifest
-from components.evaluate.evaluate import evaluate
+from components.evaluate.evaluate import EvalOptions, evaluate
 from components.models.logprobs import LOGPROB_TOLERANCE, read_reference, reference_path
 from components.paths import pvc_uri
 from components.settings import Settings
@@ -161,10 +161,7 @@ def test_the_deploy_step_serves_the_evaluated_export_on_the_real_engine(variant,
         str(base),
         str(final),
         str(claim / "data"),
-        4,
-        0.0,
-        eval_prompts=str(claim / "prompts.jsonl"),
-        max_new_tokens=8,
+        EvalOptions(4, 0.0, eval_prompts=str(claim / "prompts.jsonl"), max_new_tokens=8),
         serving_reference=reference_path(str(final)),
     )
     reference = read_reference(reference_path(str(final)))

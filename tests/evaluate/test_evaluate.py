@@ -12,6 +12,7 @@ import pytest
 from components.data.prepare import prepare
 from components.evaluate import harness
 from components.evaluate.evaluate import (
+    EvalOptions,
     build_report,
     evaluate,
     gate,
@@ -98,10 +99,7 @@ def test_untrained_base_scores_about_uniform_and_tuned_beats_it(tiny):
         str(tiny / "base"),
         str(tiny / "tuned"),
         str(tiny / "data"),
-        0,
-        0.2,
-        eval_prompts=str(tiny / "prompts.jsonl"),
-        max_new_tokens=8,
+        EvalOptions(0, 0.2, eval_prompts=str(tiny / "prompts.jsonl"), max_new_tokens=8),
     )
     m = result["metrics"]
     vocab = len(build_tokenizer(tiny / "chat.jsonl"))
@@ -129,10 +127,7 @@ def test_gate_fails_when_the_required_improvement_is_not_reached(tiny):
         str(tiny / "base"),
         str(tiny / "tuned"),
         str(tiny / "data"),
-        4,
-        0.99,
-        eval_prompts=str(tiny / "prompts.jsonl"),
-        max_new_tokens=2,
+        EvalOptions(4, 0.99, eval_prompts=str(tiny / "prompts.jsonl"), max_new_tokens=2),
     )
     assert not result["passed"]
     assert "short of the required 99.0%" in result["reason"] and "**NOT PASSED**" in result["report"]
@@ -321,13 +316,13 @@ def test_bundled_prompts_are_korean_and_english():
 def test_errors_come_before_any_model_loads(tmp_path):
     missing = str(tmp_path / "no-model")  # loading it would fail differently: these errors must come first
     with pytest.raises(ValueError, match="eval_prompts: .* is not a file"):
-        evaluate(missing, missing, missing, 0, 0.0, eval_prompts=str(tmp_path / "nope.jsonl"))
+        evaluate(missing, missing, missing, EvalOptions(0, 0.0, eval_prompts=str(tmp_path / "nope.jsonl")))
     with pytest.raises(ValueError, match="lm_eval_tasks must be a list of task names"):
-        evaluate(missing, missing, missing, 0, 0.0, lm_eval_tasks=[""])
+        evaluate(missing, missing, missing, EvalOptions(0, 0.0, lm_eval_tasks=[""]))
     with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
-        evaluate(missing, missing, missing, 0, 0.0, max_new_tokens=0)
+        evaluate(missing, missing, missing, EvalOptions(0, 0.0, max_new_tokens=0))
     with pytest.raises(ValueError, match="is not a prepared dataset; run prepare_dataset first"):
-        evaluate(missing, missing, missing, 0, 0.0)
+        evaluate(missing, missing, missing, EvalOptions(0, 0.0))
 
 
 def test_missing_harness_is_named_with_its_pin(monkeypatch):

@@ -64,8 +64,8 @@ def test_the_result_is_recorded_beside_the_tuned_model_for_the_variants_comparis
         "report": "# Evaluation",
     }
 
-    def evaluate(base, tuned, dataset, max_samples, min_loss_improvement, **kwargs):
-        seen.update(base=base, tuned=tuned, dataset=dataset, max_samples=max_samples, **kwargs)
+    def evaluate(base, tuned, dataset, options, **kwargs):
+        seen.update(base=base, tuned=tuned, dataset=dataset, max_samples=options.max_samples, **kwargs)
         return result
 
     monkeypatch.setattr(evaluate_module, "evaluate", evaluate)

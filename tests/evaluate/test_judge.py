@@ -325,10 +325,8 @@ def test_the_evaluation_step_judges_both_models_reports_each_verdict_and_gates_o
     def run(server, **gates):
         judge = {"endpoint": server.url, "model": "judge-1", "rubric": J.BUILTIN_RUBRIC, "max_tokens": 32}
         judge |= {"min_judge_score": 0.0, "min_judge_win_rate": 0.0, **gates}
-        return E.evaluate(
-            tiny["base"], tiny["base"], tiny["data"], 4, 0.0, eval_prompts=tiny["prompts"], max_new_tokens=4,
-            judge=judge,
-        )  # fmt: skip
+        options = E.EvalOptions(4, 0.0, eval_prompts=tiny["prompts"], max_new_tokens=4)
+        return E.evaluate(tiny["base"], tiny["base"], tiny["data"], options, judge=judge)
 
     with JudgeServer() as server:
         ungated = run(server)
@@ -345,11 +343,11 @@ def test_the_evaluation_step_judges_both_models_reports_each_verdict_and_gates_o
 
 
 def test_a_bad_rubric_fails_the_evaluation_before_any_model_loads(tmp_path):
-    from components.evaluate.evaluate import evaluate
+    from components.evaluate.evaluate import EvalOptions, evaluate
 
     judge = {"endpoint": "served-base", "rubric": str(tmp_path / "none.json")}
     with pytest.raises(ValueError, match="judge_rubric: .* is not a file"):
-        evaluate("/no/base", "/no/tuned", "/no/data", 0, 0.0, judge=judge)
+        evaluate("/no/base", "/no/tuned", "/no/data", EvalOptions(0, 0.0), judge=judge)
 
 
 # --- the real local server as the judge ---------------------------------------------------------------------------

@@ -7,7 +7,7 @@ import datasets
 import pytest
 
 from components.data.prepare import prepare
-from components.evaluate.evaluate import evaluate, gate, heldout_loss
+from components.evaluate.evaluate import EvalOptions, evaluate, gate, heldout_loss
 from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, deepspeed_config_path, write_trainer_config
@@ -75,7 +75,7 @@ def test_two_rank_torchrun_trains_and_the_tuned_model_beats_the_base(workdir):
     assert (workdir / "out" / "final" / "model.safetensors").exists()
     assert (workdir / "out" / "final" / "tokenizer.json").exists()
 
-    result = evaluate(str(workdir / "base"), str(workdir / "out" / "final"), str(workdir / "data"), 0, 0.1)
+    result = evaluate(str(workdir / "base"), str(workdir / "out" / "final"), str(workdir / "data"), EvalOptions(0, 0.1))
     m = result["metrics"]
     assert m["eval_loss"] < 0.8 * m["base_eval_loss"], m
     assert result["passed"] and "required >= 10.0%" in result["reason"]
