@@ -214,9 +214,14 @@ def write_corpus(n: int, path: Path, shuffled: bool = False) -> None:
 
 
 def run_ours(data: str, tokenizer: str, out: str, max_seq_length: int, num_proc: int, near_dedup: float = 0.0) -> dict:
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
 
-    stats = prepare(data, tokenizer, out, max_seq_length, 0.01, 0, num_proc=num_proc, near_dedup_threshold=near_dedup)
+    stats = prepare(
+        data,
+        tokenizer,
+        out,
+        PrepareOptions(max_seq_length, 0.01, 0, num_proc=num_proc, near_dedup_threshold=near_dedup),
+    )
     tokens = stats["train"]["tokens"] + stats["eval"]["tokens"]
     rows = stats["train"]["packed_rows"] + stats["eval"]["packed_rows"]
     return {

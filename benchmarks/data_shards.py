@@ -76,20 +76,16 @@ def upload(corpus: Path) -> tuple[str, Any]:
 
 def child(args) -> None:
     """One shard, or the join, in this process; its stats to ``--result``."""
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
 
     only = None if args.only_shard < 0 else args.only_shard
     stats = prepare(
         args.source,
         args.tokenizer,
         args.out,
-        args.max_seq_length,
-        0.01,
-        0,
-        num_proc=1,
-        shards=args.n,
-        shard_cache=args.shard_cache,
-        only_shard=only,
+        PrepareOptions(
+            args.max_seq_length, 0.01, 0, num_proc=1, shards=args.n, shard_cache=args.shard_cache, only_shard=only
+        ),
     )
     Path(args.result).write_text(json.dumps({k: v for k, v in stats.items() if k != "examples"}))
 

@@ -212,7 +212,7 @@ def build_inputs(workdir: Path, configs: dict[str, dict], seq: int, rows: int, g
     import torch
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
     from components.models.mfu import attention_length
     from components.models.tiny import build_tokenizer
 
@@ -246,12 +246,14 @@ def build_inputs(workdir: Path, configs: dict[str, dict], seq: int, rows: int, g
         str(source),
         next(iter(models.values())),  # the tokenizer: the same in every model folder
         str(data_dir),
-        max_seq_length=seq,
-        eval_size=1,  # one held-out document: the trainer's closing evaluation pass stays short
-        seed=0,
-        format="text",
-        over_length="truncate",
-        num_proc=1,
+        PrepareOptions(
+            max_seq_length=seq,
+            eval_size=1,  # one held-out document: the trainer's closing evaluation pass stays short
+            seed=0,
+            format="text",
+            over_length="truncate",
+            num_proc=1,
+        ),
     )
     train = datasets.load_from_disk(str(data_dir))["train"]
     return {

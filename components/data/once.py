@@ -39,10 +39,11 @@ def prepare_once(out_dir: str, model_name_or_path: str, model_cache: str, **opti
         log.info("%s was prepared for this request earlier in the run: reusing it as it is", out_dir)
         return stats
     # Here, not at the top: a request answered above needs neither.
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
     from components.models.hub import resolve_model
 
-    stats = prepare(tokenizer=resolve_model(model_name_or_path, model_cache), out_dir=out_dir, **options)
+    source = options.pop("source")
+    stats = prepare(source, resolve_model(model_name_or_path, model_cache), out_dir, PrepareOptions(**options))
     _write_atomically(Path(out_dir) / REQUEST_FILE, request)
     return stats
 

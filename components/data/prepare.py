@@ -35,7 +35,9 @@ import shutil
 import sys
 import tempfile
 import time
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
+from typing import Any
 
 import datasets
 import numpy as np
@@ -47,7 +49,7 @@ from components.data.report import length_histogram
 from components.data.tokenizing import CHUNK, OVER_LENGTH
 from components.models.hub import resolve_model
 
-__all__ = ["DataError", "prepare", "main"]
+__all__ = ["DataError", "PrepareOptions", "prepare", "main"]
 
 log = logging.getLogger("prepare_dataset")
 
@@ -56,39 +58,11 @@ N_REPORT_EXAMPLES = 3
 TEXT_KINDS = ("preference", "prompts")
 
 
-def prepare(
-    source,
-    tokenizer: str,
-    out_dir: str,
-    max_seq_length: int = 2048,
-    eval_size: float = 0.05,
-    seed: int = 42,
-    *,
-    format: str = "auto",
-    columns: dict | None = None,
-    eval_source=None,
-    packing: bool = True,
-    over_length: str = "drop",
-    num_proc: int = 1,
-    chat_template: str | None = None,
-    enable_thinking: bool | None = None,
-    max_bad_rows: int = 0,
-    pvc_mounts: dict | None = None,
-    cache_dir: str | None = None,
-    chunk_overlap: int = 0,
-    near_dedup_threshold: float = 0.0,
-    names: Options = COMMAND_LINE,
-    shards: int = 0,
-    shard_cache: str | None = None,
-    only_shard: int | None = None,
-    filters=None,
-) -> dict:
-    """Prepare ``source`` with ``tokenizer`` into ``out_dir``; return the stats written to stats.json.
+@dataclass(frozen=True)
+class PrepareOptions:
+    """How ``prepare`` prepares its sources (every field but the first three is keyword-only).
 
-    Args:
-        source: one source string or a list of them (see :mod:`components.data.sources`).
-        tokenizer: a tokenizer folder or Hub id; chat data needs a chat template (its own or ``chat_template``).
-        out_dir: where the DatasetDict (train, eval) and stats.json go; replaced only when complete.
+    Attributes:
         max_seq_length: the packed row length; longer examples are dropped, truncated or chunked (``over_length``).
         eval_size: a fraction (< 1) or a number of rows (>= 1) held out for evaluation; ignored with ``eval_source``.
         seed: seeds the train/eval split.
@@ -120,49 +94,87 @@ def prepare(
             dataset at ``out_dir`` (what a shard pod does; the data step's join finds it there).
         filters: noise filters (components/data/filters.py ``NoiseFilters``) each row must pass; None: none.
     """
+
+    max_seq_length: int = 2048
+    eval_size: float = 0.05
+    seed: int = 42
+    _: KW_ONLY
+    format: str = "auto"
+    columns: dict | None = None
+    eval_source: Any = None
+    packing: bool = True
+    over_length: str = "drop"
+    num_proc: int = 1
+    chat_template: str | None = None
+    enable_thinking: bool | None = None
+    max_bad_rows: int = 0
+    pvc_mounts: dict | None = None
+    cache_dir: str | None = None
+    chunk_overlap: int = 0
+    near_dedup_threshold: float = 0.0
+    names: Options = COMMAND_LINE
+    shards: int = 0
+    shard_cache: str | None = None
+    only_shard: int | None = None
+    filters: Any = None
+
+
+def prepare(source, tokenizer: str, out_dir: str, options: PrepareOptions = PrepareOptions()) -> dict:
+    """Prepare ``source`` with ``tokenizer`` into ``out_dir`` as ``options`` say; return the stats written to
+    stats.json.
+
+    Args:
+        source: one source string or a list of them (see :mod:`components.data.sources`).
+        tokenizer: a tokenizer folder or Hub id; chat data needs a chat template (its own or ``chat_template``).
+        out_dir: where the DatasetDict (train, eval) and stats.json go; replaced only when complete.
+        options: the row length, eval split, seed, format and the rest (:class:`PrepareOptions`).
+    """
     started = time.time()
+    o = options
     source_list = [source] if isinstance(source, str) else list(source)
-    eval_list = [eval_source] if isinstance(eval_source, str) else list(eval_source or [])
-    columns, pvc_mounts = dict(columns or {}), dict(pvc_mounts or {})
-    num_proc = num_proc or shard_work.available_cpus()
-    _check_options(format, columns, over_length, max_seq_length, eval_size, eval_list, num_proc, max_bad_rows)
-    _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup_threshold)
-    tok = tokenizing.load_tokenizer(tokenizer, chat_template)
-    template_kwargs = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    eval_list = [o.eval_source] if isinstance(o.eval_source, str) else list(o.eval_source or [])
+    columns, pvc_mounts = dict(o.columns or {}), dict(o.pvc_mounts or {})
+    num_proc = o.num_proc or shard_work.available_cpus()
+    _check_options(o.format, columns, o.over_length, o.max_seq_length, o.eval_size, eval_list, num_proc, o.max_bad_rows)
+    _check_corpus_options(o.over_length, o.chunk_overlap, o.max_seq_length, o.near_dedup_threshold)
+    tok = tokenizing.load_tokenizer(tokenizer, o.chat_template)
+    template_kwargs = {} if o.enable_thinking is None else {"enable_thinking": o.enable_thinking}
     resolved = reading.resolve_sources(source_list + eval_list, pvc_mounts)
-    options = {
+    fingerprinted = {
         "sources": source_list,
         "eval_sources": eval_list,
-        "format": format,
+        "format": o.format,
         "columns": columns,
-        "max_seq_length": max_seq_length,
-        "eval_size": eval_size,
-        "seed": seed,
-        "packing": packing,
-        "over_length": over_length,
-        "chunk_overlap": chunk_overlap,
-        "near_dedup_threshold": near_dedup_threshold,
+        "max_seq_length": o.max_seq_length,
+        "eval_size": o.eval_size,
+        "seed": o.seed,
+        "packing": o.packing,
+        "over_length": o.over_length,
+        "chunk_overlap": o.chunk_overlap,
+        "near_dedup_threshold": o.near_dedup_threshold,
         "template_kwargs": template_kwargs,
-        "sharded": shards > 0,  # the join packs in split-key order: the same rows, packed differently
-        "filters": None if filters is None else filters.describe(),
+        "sharded": o.shards > 0,  # the join packs in split-key order: the same rows, packed differently
+        "filters": None if o.filters is None else o.filters.describe(),
     }
+    shard_cache = o.shard_cache or str(
+        Path(o.cache_dir).parent / "shards" if o.cache_dir else Path(out_dir).parent / ".shards"
+    )
     prep = shard_work.Preparation(
         train=list(zip(source_list, resolved[: len(source_list)], strict=True)),
         eval=list(zip(eval_list, resolved[len(source_list) :], strict=True)),
         tok=tok,
-        cache=shard_cache or str(Path(cache_dir).parent / "shards" if cache_dir else Path(out_dir).parent / ".shards"),
-        options=shard_work.shard_request(options),
-        read={"fmt": format, "columns": columns, "max_bad_rows": max_bad_rows, "seed": seed, "names": names}
-        | {"pvc_mounts": pvc_mounts, "filters": filters},
-        tokenize={"max_seq_length": max_seq_length, "over_length": over_length, "chunk_overlap": chunk_overlap}
+        cache=shard_cache,
+        options=shard_work.shard_request(fingerprinted),
+        read=reading.ReadOptions(o.format, columns, pvc_mounts, o.max_bad_rows, o.seed, o.names, o.filters),
+        tokenize={"max_seq_length": o.max_seq_length, "over_length": o.over_length, "chunk_overlap": o.chunk_overlap}
         | {"num_proc": num_proc, "template_kwargs": template_kwargs},
-        near_dedup_threshold=near_dedup_threshold,
+        near_dedup_threshold=o.near_dedup_threshold,
     )
-    if only_shard is not None:  # a shard pod's part: its slice read and tokenized, kept for the join
-        return shard_work.build_one(prep, shards, only_shard)
-    key = caching.fingerprint(resolved, tok, options) if cache_dir else None
-    _check_space(resolved, Path(out_dir).parent, names)
-    stats = _write(prep, Path(out_dir), cache_dir, key, shards=shards, eval_size=eval_size, packing=packing)
+    if o.only_shard is not None:  # a shard pod's part: its slice read and tokenized, kept for the join
+        return shard_work.build_one(prep, o.shards, o.only_shard)
+    key = caching.fingerprint(resolved, tok, fingerprinted) if o.cache_dir else None
+    _check_space(resolved, Path(out_dir).parent, o.names)
+    stats = _write(prep, Path(out_dir), o.cache_dir, key, shards=o.shards, eval_size=o.eval_size, packing=o.packing)
     stats["seconds"] = round(time.time() - started, 2)
     (Path(out_dir) / "stats.json").unlink()  # on a cache hit a hard link to the cached copy, which must not change
     (Path(out_dir) / "stats.json").write_text(json.dumps(stats, indent=2, ensure_ascii=False))
@@ -282,12 +294,12 @@ def _check_corpus_options(over_length, chunk_overlap, max_seq_length, near_dedup
 def _build(prep: shard_work.Preparation, tmp: Path, eval_size, packing) -> dict:
     """The dataset of ``prep`` read, cleaned, split, tokenized and packed in one pass here, into ``tmp``."""
     source_list, eval_list = [source for source, _ in prep.train], [source for source, _ in prep.eval]
-    tok, names = prep.tok, prep.read["names"]
+    tok, names = prep.tok, prep.read.names
     max_seq_length, over_length = prep.tokenize["max_seq_length"], prep.tokenize["over_length"]
     template_kwargs, near_dedup_threshold = prep.tokenize["template_kwargs"], prep.near_dedup_threshold
     work = tmp / "_work"
     work.mkdir()
-    kind, n_rows, counts = reading.read_sources(source_list, eval_list, work, **prep.read)
+    kind, n_rows, counts = reading.read_sources(source_list, eval_list, work, prep.read)
     if kind not in TEXT_KINDS:
         tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
     if over_length == CHUNK and kind != "text":
@@ -466,22 +478,24 @@ def main(argv: list[str] | None = None) -> int:
             args.source,
             resolve_model(args.tokenizer, args.cache_dir),
             args.out,
-            args.max_seq_length,
-            int(args.eval_size) if args.eval_size >= 1 else args.eval_size,
-            args.seed,
-            format=args.format,
-            columns=_mapping(args.columns, "--columns"),
-            eval_source=args.eval_source,
-            packing=args.packing,
-            over_length=args.over_length,
-            num_proc=args.num_proc,
-            chat_template=args.chat_template,
-            enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "true",
-            max_bad_rows=args.max_bad_rows,
-            pvc_mounts=_mapping(args.pvc_mount, "--pvc-mount"),
-            cache_dir=args.data_cache,
-            chunk_overlap=args.chunk_overlap,
-            near_dedup_threshold=args.near_dedup_threshold,
+            PrepareOptions(
+                args.max_seq_length,
+                int(args.eval_size) if args.eval_size >= 1 else args.eval_size,
+                args.seed,
+                format=args.format,
+                columns=_mapping(args.columns, "--columns"),
+                eval_source=args.eval_source,
+                packing=args.packing,
+                over_length=args.over_length,
+                num_proc=args.num_proc,
+                chat_template=args.chat_template,
+                enable_thinking=None if args.enable_thinking is None else args.enable_thinking == "true",
+                max_bad_rows=args.max_bad_rows,
+                pvc_mounts=_mapping(args.pvc_mount, "--pvc-mount"),
+                cache_dir=args.data_cache,
+                chunk_overlap=args.chunk_overlap,
+                near_dedup_threshold=args.near_dedup_threshold,
+            ),
         )
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)

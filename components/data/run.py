@@ -122,13 +122,14 @@ def stage_request(s: Settings, stage: str, data_root: str) -> dict:
 def prepare_stage_shard(s: Settings, *, stage: str, shard: int, data_root: str, run_id: str) -> dict:
     """Shard ``shard`` of ``stage``'s data (data_shards of them) read and tokenized into the data volume's shard
     cache, where the run's data step finds it complete; its stats (rows, seconds, the folder). A shard pod's work."""
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
     from components.models.hub import resolve_model
 
     request = stage_request(s, stage, data_root)
+    source = request.pop("source")
     tokenizer = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))  # the join's, which reads the shard
-    return prepare(tokenizer=tokenizer, out_dir=out_dir, only_shard=shard, **request)
+    return prepare(source, tokenizer, out_dir, PrepareOptions(**request, only_shard=shard))
 
 
 def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: str) -> PreparedStage:

@@ -111,29 +111,12 @@ def shard_key(part: list[tuple[str, object]], tok, options: dict, shard: int, sh
     return caching.fingerprint([res for _, res in part], tok, {**options, "shard": [shard, shards]})
 
 
-def prepare_shard(
-    part: list[tuple[str, object]],
-    tok,
-    cache_dir: str,
-    key: str | None,
-    *,
-    fmt: str,
-    columns: dict,
-    max_seq_length: int,
-    over_length: str,
-    chunk_overlap: int,
-    num_proc: int,
-    template_kwargs: dict,
-    max_bad_rows: int,
-    seed: int,
-    pvc_mounts: dict,
-    names: Options = COMMAND_LINE,
-    filters=None,
-    near_dedup_threshold: float = 0.0,
-) -> Path:
-    """Read and tokenize one shard's ``part`` into ``<cache_dir>/<key>`` (reused as it is when complete there);
-    return the folder. It holds the tokenized rows (``datasets`` ``save_to_disk``), ``keys.npz`` (each document's
-    digest and split key, and its MinHash signature when ``near_dedup_threshold`` is set) and ``shard.json``."""
+def prepare_shard(work: Preparation, part: list[tuple[str, object]], key: str | None) -> Path:
+    """Read and tokenize one shard's ``part`` of ``work`` into ``<work.cache>/<key>`` (reused as it is when complete
+    there); return the folder. It holds the tokenized rows (``datasets`` ``save_to_disk``), ``keys.npz`` (each
+    document's digest and split key, and its MinHash signature when ``near_dedup_threshold`` is set) and
+    ``shard.json``."""
+    cache_dir = work.cache
     if key is not None and (Path(cache_dir) / key / SHARD_STATS).is_file():
         log.info("shard %s is complete: reusing it", key[:16])
         return Path(cache_dir) / key
@@ -145,53 +128,15 @@ def prepare_shard(
         kind, n_rows = reading.read_canonical(
             [source for source, _ in part],
             tmp / "canonical.arrow",
-            fmt=fmt,
-            columns=columns,
-            pvc_mounts=pvc_mounts,
-            max_bad_rows=max_bad_rows,
-            seed=seed,
+            work.read,
             seen=set(),
             counts=counts,
-            names=names,
             resolved=part,
             shard=True,
-            **({"filters": filters} if filters is not None else {}),
         )
         stats: dict = {"kind": kind, "documents": n_rows, "counts": counts}
         if kind is not None:
-            if kind not in TOKENIZED_KINDS:
-                raise DataError(f"data_shards: {kind} rows are read by the data step alone; set data_shards=1")
-            tokenizing.check_tokenizer(tok, kind, max_seq_length, template_kwargs)
-            if over_length == CHUNK and kind != "text":
-                raise DataError(
-                    f"over_length {CHUNK!r} cuts text rows (the cpt stage's); {kind} rows are dropped or truncated"
-                )
-            canonical = datasets.Dataset.from_file(str(tmp / "canonical.arrow"))
-            keys = {
-                "digest": digest_words(canonical.data.column("digest").to_pylist()),
-                "split_key": canonical.data.column("split_key").to_numpy(),
-            }
-            if near_dedup_threshold:
-                from components.data.near_dedup import signatures
-
-                keys["minhash"] = signatures(canonical)
-            work = tmp / "_work"
-            work.mkdir()
-            tokenized = tokenizing.tokenize(
-                canonical,
-                tok,
-                kind,
-                max_seq_length=max_seq_length,
-                over_length=over_length,
-                num_proc=num_proc,
-                template_kwargs=template_kwargs,
-                work=work,
-                chunk_overlap=chunk_overlap,
-            )
-            tokenized.save_to_disk(str(tmp / "rows"))
-            np.savez(tmp / KEYS_FILE, **keys)
-            del tokenized, canonical
-            shutil.rmtree(work)
+            _tokenize_shard(work, kind, tmp)
         (tmp / "canonical.arrow").unlink(missing_ok=True)
         stats["seconds"] = round(time.time() - started, 2)
         (tmp / SHARD_STATS).write_text(json.dumps(stats, indent=2, ensure_ascii=False))
@@ -207,6 +152,33 @@ def prepare_shard(
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _tokenize_shard(work: Preparation, kind: str, tmp: Path) -> None:
+    """The shard's canonical rows in ``tmp`` (of ``kind``) tokenized into ``tmp/rows``, with their documents' keys in
+    ``tmp/keys.npz``."""
+    tok, max_seq_length = work.tok, work.tokenize["max_seq_length"]
+    if kind not in TOKENIZED_KINDS:
+        raise DataError(f"data_shards: {kind} rows are read by the data step alone; set data_shards=1")
+    tokenizing.check_tokenizer(tok, kind, max_seq_length, work.tokenize["template_kwargs"])
+    if work.tokenize["over_length"] == CHUNK and kind != "text":
+        raise DataError(f"over_length {CHUNK!r} cuts text rows (the cpt stage's); {kind} rows are dropped or truncated")
+    canonical = datasets.Dataset.from_file(str(tmp / "canonical.arrow"))
+    keys = {
+        "digest": digest_words(canonical.data.column("digest").to_pylist()),
+        "split_key": canonical.data.column("split_key").to_numpy(),
+    }
+    if work.near_dedup_threshold:
+        from components.data.near_dedup import signatures
+
+        keys["minhash"] = signatures(canonical)
+    scratch = tmp / "_work"
+    scratch.mkdir()
+    tokenized = tokenizing.tokenize(canonical, tok, kind, work=scratch, **work.tokenize)
+    tokenized.save_to_disk(str(tmp / "rows"))
+    np.savez(tmp / KEYS_FILE, **keys)
+    del tokenized, canonical
+    shutil.rmtree(scratch)
 
 
 def join_shards(
@@ -407,20 +379,12 @@ class Preparation:
     tok: Any
     cache: str
     options: dict
-    read: dict
+    read: reading.ReadOptions
     tokenize: dict
     near_dedup_threshold: float = 0.0
 
     def prepare(self, part: list[tuple[str, object]], key: str | None) -> Path:
-        return prepare_shard(
-            part,
-            self.tok,
-            self.cache,
-            key,
-            **self.read,
-            **self.tokenize,
-            near_dedup_threshold=self.near_dedup_threshold,
-        )
+        return prepare_shard(self, part, key)
 
 
 def build_one(work: Preparation, shards: int, shard: int) -> dict:
@@ -451,7 +415,7 @@ def build_sharded(work: Preparation, out: Path, *, shards: int, eval_size: float
         over_length=work.tokenize["over_length"],
         packing=packing,
         near_dedup_threshold=work.near_dedup_threshold,
-        names=work.read["names"],
+        names=work.read.names,
     )
     stats["eval_sources"] = [source for source, _ in work.eval]
     return stats

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from components.data.prepare import DataError, prepare
+from components.data.prepare import DataError, PrepareOptions, prepare
 from tests.helpers.data import write_jsonl
 
 OK = '{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}'
@@ -42,7 +42,7 @@ def test_bad_data_is_one_clear_error_and_nothing_is_written(fmt, lines, message,
         write_jsonl(src, lines)
     out = tmp_path / "out"
     with pytest.raises(DataError) as e:
-        prepare(str(src), tokenizer_dir, str(out), 128, 0.5, 0, format=fmt)
+        prepare(str(src), tokenizer_dir, str(out), PrepareOptions(128, 0.5, 0, format=fmt))
     assert message in str(e.value)
     assert sorted(p.name for p in tmp_path.iterdir()) == ([] if lines is None else ["bad.jsonl"])
 
@@ -51,7 +51,7 @@ def test_invalid_utf8_names_the_line(tokenizer_dir, tmp_path):
     src = tmp_path / "latin1.jsonl"
     src.write_bytes(OK.encode() + b"\n" + '{"messages": [{"role": "user", "content": "caf\xe9"}]}'.encode("latin-1"))
     with pytest.raises(DataError, match=r"latin1.jsonl:2: invalid UTF-8 at byte \d+ of the line; re-encode"):
-        prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 128, 0.5, 0)
+        prepare(str(src), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 0.5, 0))
 
 
 def test_unparseable_lines_can_be_skipped_up_to_a_cap(tokenizer_dir, tmp_path):
@@ -59,41 +59,41 @@ def test_unparseable_lines_can_be_skipped_up_to_a_cap(tokenizer_dir, tmp_path):
         tmp_path / "d.jsonl",
         [ok(i) for i in range(8)] + ["{broken", "[1, 2]", '{"messages": [{"role": "bot", "content": "x"}]}'],
     )
-    stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0, max_bad_rows=3)
+    stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 2, 0, max_bad_rows=3))
     assert stats["dropped"] == {"unparseable": 2, "unknown_role": 1, "over_length": 0} and stats["rows_kept"] == 8
     with pytest.raises(
         DataError, match=r"d.jsonl:11: unknown role 'bot'.*more than the 2 bad rows --max-bad-rows allows"
     ):
-        prepare(str(src), tokenizer_dir, str(tmp_path / "o2"), 128, 2, 0, max_bad_rows=2)
+        prepare(str(src), tokenizer_dir, str(tmp_path / "o2"), PrepareOptions(128, 2, 0, max_bad_rows=2))
 
 
 def test_unknown_columns_list_what_was_found(tokenizer_dir, tmp_path):
     src = write_jsonl(tmp_path / "d.jsonl", ['{"question": "a", "reply": "b"}'])
     with pytest.raises(DataError, match=r"cannot tell the format from the columns \['question', 'reply'\].*--columns"):
-        prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 128, 0.5, 0)
+        prepare(str(src), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 0.5, 0))
 
 
 def test_chat_and_text_sources_do_not_mix(tokenizer_dir, tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [ok(i) for i in range(4)])
     b = write_jsonl(tmp_path / "b.jsonl", ['{"text": "plain"}'])
     with pytest.raises(DataError, match=r"mixed formats: .*b.jsonl' is 'text'"):
-        prepare([str(a), str(b)], tokenizer_dir, str(tmp_path / "o"), 128, 1, 0)
+        prepare([str(a), str(b)], tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 1, 0))
 
 
 def test_eval_size_must_leave_both_splits(corpus, tokenizer_dir, tmp_path):
     with pytest.raises(DataError, match="--eval-size 60 gives 60 eval rows out of 60"):
-        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 60, 0)
+        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 60, 0))
 
 
 def test_every_row_over_length_is_an_error(corpus, tokenizer_dir, tmp_path):
     with pytest.raises(DataError, match=r"every train row was filtered out \(dropped: \{'over_length': 60\}\)"):
-        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 24, 0.2, 0)
+        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(24, 0.2, 0))
     assert not (tmp_path / "o").exists()
 
 
 def test_max_seq_length_below_the_template_overhead(corpus, tokenizer_dir, tmp_path):
     with pytest.raises(DataError, match=r"max_seq_length=8 is not more than the chat template's own \d+ tokens"):
-        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 8, 0.2, 0)
+        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(8, 0.2, 0))
 
 
 def test_tokenizer_without_chat_template_is_rejected(corpus, tokenizer_dir, tmp_path):
@@ -108,13 +108,21 @@ def test_tokenizer_without_chat_template_is_rejected(corpus, tokenizer_dir, tmp_
     cfg.write_text(json.dumps(data))
     (tmp_path / "plain" / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(DataError, match="the tokenizer has no chat template"):
-        prepare(str(corpus), str(tmp_path / "plain"), str(tmp_path / "o"), 128, 0.2, 0)
+        prepare(str(corpus), str(tmp_path / "plain"), str(tmp_path / "o"), PrepareOptions(128, 0.2, 0))
 
 
 def test_unmounted_claim_and_bad_options(corpus, tokenizer_dir, tmp_path):
     with pytest.raises(DataError, match=r"claim 'other' is not mounted in this step \(mounted: \['data'\]\)"):
         prepare(
-            "pvc://other/x.jsonl", tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 0, pvc_mounts={"data": str(tmp_path)}
+            "pvc://other/x.jsonl",
+            tokenizer_dir,
+            str(tmp_path / "o"),
+            PrepareOptions(128, 0.2, 0, pvc_mounts={"data": str(tmp_path)}),
         )
     with pytest.raises(DataError, match="format 'chatml': use auto or one of.*over_length 'cut': use drop or truncate"):
-        prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 0, format="chatml", over_length="cut")
+        prepare(
+            str(corpus),
+            tokenizer_dir,
+            str(tmp_path / "o"),
+            PrepareOptions(128, 0.2, 0, format="chatml", over_length="cut"),
+        )

@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from components.data import formats
-from components.data.prepare import prepare
+from components.data.prepare import PrepareOptions, prepare
 from components.data.sources import resolve
 from tests.helpers.data import write_jsonl
 
@@ -36,13 +36,13 @@ def test_chat_formats_are_detected_and_match_messages(fmt, rows, tokenizer_dir, 
         str(write_jsonl(tmp_path / "m.jsonl", [as_messages(q, a) for q, a in QA])),
         tokenizer_dir,
         str(tmp_path / "ref"),
-        64,
-        3,
-        0,
-        packing=False,
+        PrepareOptions(64, 3, 0, packing=False),
     )
     stats = prepare(
-        str(write_jsonl(tmp_path / "x.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 64, 3, 0, packing=False
+        str(write_jsonl(tmp_path / "x.jsonl", rows)),
+        tokenizer_dir,
+        str(tmp_path / "out"),
+        PrepareOptions(64, 3, 0, packing=False),
     )
     assert stats["formats"] == {str(tmp_path / "x.jsonl"): fmt} and reference["format"] == stats["format"] == "messages"
     assert train_eval(tmp_path / "out") == train_eval(tmp_path / "ref")
@@ -60,11 +60,7 @@ def test_column_mapping_renames_other_names(tokenizer_dir, tmp_path):
         str(src),
         tokenizer_dir,
         str(tmp_path / "o"),
-        64,
-        3,
-        0,
-        packing=False,
-        columns={"prompt": "question", "completion": "answer"},
+        PrepareOptions(64, 3, 0, packing=False, columns={"prompt": "question", "completion": "answer"}),
     )
     assert stats["formats"] == {str(src): "prompt_completion"} and stats["rows_kept"] == 12
 
@@ -74,14 +70,16 @@ def test_text_rows_learn_every_token_and_end_with_eos(tokenizer_dir, tmp_path):
 
     tok = AutoTokenizer.from_pretrained(tokenizer_dir)
     src = write_jsonl(tmp_path / "t.jsonl", [{"text": f"Plain text number {i}."} for i in range(10)])
-    stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), 64, 2, 0, packing=False)
+    stats = prepare(str(src), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(64, 2, 0, packing=False))
     row = datasets.load_from_disk(str(tmp_path / "o"))["train"][0]
     assert stats["format"] == "text" and row["labels"] == row["input_ids"] and row["input_ids"][-1] == tok.eos_token_id
 
 
 def test_preference_rows_are_kept_for_preference_tuning(tokenizer_dir, tmp_path):
     rows = [{"prompt": q, "chosen": a, "rejected": "I don't know."} for q, a in QA]
-    stats = prepare(str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 3, 0)
+    stats = prepare(
+        str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(64, 3, 0)
+    )
     ds = datasets.load_from_disk(str(tmp_path / "o"))
     assert stats["format"] == "preference" and not stats["packing"] and len(ds["eval"]) == 3
     assert ds["train"].column_names == ["prompt", "chosen", "rejected"]
@@ -90,7 +88,9 @@ def test_preference_rows_are_kept_for_preference_tuning(tokenizer_dir, tmp_path)
 
 def test_parquet_csv_json_arrow_folders_globs_and_pvc_read_the_same(tokenizer_dir, tmp_path):
     rows = [as_messages(q, a) for q, a in QA]
-    ref = prepare(str(write_jsonl(tmp_path / "ref.jsonl", rows)), tokenizer_dir, str(tmp_path / "ref"), 64, 3, 0)
+    ref = prepare(
+        str(write_jsonl(tmp_path / "ref.jsonl", rows)), tokenizer_dir, str(tmp_path / "ref"), PrepareOptions(64, 3, 0)
+    )
     folder = tmp_path / "mixed"
     folder.mkdir()
     pd.DataFrame(rows[:4]).to_parquet(folder / "a.parquet")
@@ -103,7 +103,7 @@ def test_parquet_csv_json_arrow_folders_globs_and_pvc_read_the_same(tokenizer_di
         ("saved", str(tmp_path / "saved"), {}),
         ("pvc", "pvc://data/mixed", {"data": str(tmp_path)}),
     ]:
-        stats = prepare(source, tokenizer_dir, str(tmp_path / name), 64, 3, 0, pvc_mounts=mounts)
+        stats = prepare(source, tokenizer_dir, str(tmp_path / name), PrepareOptions(64, 3, 0, pvc_mounts=mounts))
         assert stats["rows_kept"] == 12, name
         assert train_eval(tmp_path / name) == train_eval(tmp_path / "ref"), name
     assert ref["rows_kept"] == 12
@@ -112,7 +112,7 @@ def test_parquet_csv_json_arrow_folders_globs_and_pvc_read_the_same(tokenizer_di
 def test_several_sources_mix(tokenizer_dir, tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", [as_messages(q, a) for q, a in QA[:6]])
     b = write_jsonl(tmp_path / "b.jsonl", [{"instruction": q, "output": a} for q, a in QA[6:]])
-    stats = prepare([str(a), str(b)], tokenizer_dir, str(tmp_path / "o"), 64, 3, 0)
+    stats = prepare([str(a), str(b)], tokenizer_dir, str(tmp_path / "o"), PrepareOptions(64, 3, 0))
     assert stats["formats"] == {str(a): "messages", str(b): "alpaca"} and stats["rows_kept"] == 12
 
 

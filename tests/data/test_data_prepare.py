@@ -9,7 +9,7 @@ import datasets
 import numpy as np
 import pytest
 
-from components.data.prepare import prepare
+from components.data.prepare import PrepareOptions, prepare
 from components.data.report import markdown
 from components.data.tokenizing import tokenize_batch
 from components.models.tiny import build_tokenizer
@@ -55,8 +55,8 @@ def test_thinking_switch_reaches_the_template(corpus):
 
 
 def test_prepare_packs_rows_of_exactly_max_seq_length(corpus, tokenizer_dir, tmp_path):
-    packed = prepare(str(corpus), tokenizer_dir, str(tmp_path / "packed"), 128, 0.2, 1)
-    plain = prepare(str(corpus), tokenizer_dir, str(tmp_path / "plain"), 128, 0.2, 1, packing=False)
+    packed = prepare(str(corpus), tokenizer_dir, str(tmp_path / "packed"), PrepareOptions(128, 0.2, 1))
+    plain = prepare(str(corpus), tokenizer_dir, str(tmp_path / "plain"), PrepareOptions(128, 0.2, 1, packing=False))
     p, u = datasets.load_from_disk(str(tmp_path / "packed")), datasets.load_from_disk(str(tmp_path / "plain"))
     assert p["train"].column_names == ["input_ids", "labels", "position_ids"]
     assert u["train"].column_names == ["input_ids", "labels"] and len(u["train"]) == 48 and len(u["eval"]) == 12
@@ -73,7 +73,7 @@ def test_prepare_packs_rows_of_exactly_max_seq_length(corpus, tokenizer_dir, tmp
 
 
 def test_padding_tail_is_unscored_pad_tokens(corpus, tokenizer_dir, tmp_path):
-    prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 1)
+    prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 0.2, 1))
     from transformers import AutoTokenizer
 
     pad = AutoTokenizer.from_pretrained(tokenizer_dir).pad_token_id
@@ -84,7 +84,7 @@ def test_padding_tail_is_unscored_pad_tokens(corpus, tokenizer_dir, tmp_path):
 
 def test_split_is_deterministic_and_seeded(corpus, tokenizer_dir, tmp_path):
     def eval_examples(seed, name):
-        prepare(str(corpus), tokenizer_dir, str(tmp_path / name), 128, 0.2, seed)
+        prepare(str(corpus), tokenizer_dir, str(tmp_path / name), PrepareOptions(128, 0.2, seed))
         return examples_of(datasets.load_from_disk(str(tmp_path / name))["eval"])
 
     assert eval_examples(1, "a") == eval_examples(1, "b")
@@ -97,7 +97,9 @@ def test_decomposed_hangul_is_normalised(tokenizer_dir, tmp_path):
         {"messages": [{"role": "user", "content": nfd}, {"role": "assistant", "content": f"{nfd} {i}"}]}
         for i in range(4)
     ]
-    prepare(str(write_jsonl(tmp_path / "nfd.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), 128, 1, 0)
+    prepare(
+        str(write_jsonl(tmp_path / "nfd.jsonl", rows)), tokenizer_dir, str(tmp_path / "out"), PrepareOptions(128, 1, 0)
+    )
     from transformers import AutoTokenizer
 
     first = datasets.load_from_disk(str(tmp_path / "out"))["train"][0]
@@ -123,7 +125,9 @@ def test_cleaning_counts_every_reason(tokenizer_dir, tmp_path):
         {"messages": [{"role": "user", "content": "only a question"}]},
         {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]},
     ]
-    stats = prepare(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0)
+    stats = prepare(
+        str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 2, 0)
+    )
     assert stats["rows_in"] == 17 and stats["rows_kept"] == 12
     assert stats["dropped"] == {"duplicate": 3, "empty_turn": 1, "no_assistant_turn": 1, "over_length": 1}
     assert stats["train"]["examples"] + stats["eval"]["examples"] == 11
@@ -134,8 +138,8 @@ def test_over_length_can_truncate_instead_of_drop(tokenizer_dir, tmp_path):
         {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "long answer " * 200}]}
     ]
     src = write_jsonl(tmp_path / "d.jsonl", rows)
-    dropped = prepare(str(src), tokenizer_dir, str(tmp_path / "a"), 64, 1, 0, over_length="drop")
-    cut = prepare(str(src), tokenizer_dir, str(tmp_path / "b"), 64, 1, 0, over_length="truncate")
+    dropped = prepare(str(src), tokenizer_dir, str(tmp_path / "a"), PrepareOptions(64, 1, 0, over_length="drop"))
+    cut = prepare(str(src), tokenizer_dir, str(tmp_path / "b"), PrepareOptions(64, 1, 0, over_length="truncate"))
     assert dropped["dropped"]["over_length"] == 1 and dropped["truncated"] == 0
     assert cut["truncated"] == 1 and cut["train"]["examples"] + cut["eval"]["examples"] == 7
     assert {len(r) for r in datasets.load_from_disk(str(tmp_path / "b"))["train"]["input_ids"]} == {64}
@@ -143,7 +147,9 @@ def test_over_length_can_truncate_instead_of_drop(tokenizer_dir, tmp_path):
 
 def test_separate_eval_source(corpus, tokenizer_dir, tmp_path):
     held_out = write_jsonl(tmp_path / "eval.jsonl", [conversation(i) for i in range(100, 105)] + [conversation(0)])
-    stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.5, 0, eval_source=str(held_out))
+    stats = prepare(
+        str(corpus), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 0.5, 0, eval_source=str(held_out))
+    )
     # every corpus row trains; the eval copy of a training row is a duplicate and is dropped from eval
     assert stats["train"]["examples"] == 60 and stats["eval"]["examples"] == 5
     assert stats["dropped"] == {"duplicate": 1, "over_length": 0}
@@ -152,9 +158,9 @@ def test_separate_eval_source(corpus, tokenizer_dir, tmp_path):
 def test_unchanged_inputs_reuse_the_cache(corpus, tokenizer_dir, tmp_path):
     cache = tmp_path / "cache"
     corpus = write_jsonl(tmp_path / "own.jsonl", corpus.read_text().splitlines())  # this test changes it
-    first = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r1"), 128, 0.2, 1, cache_dir=str(cache))
-    again = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r2"), 128, 0.2, 1, cache_dir=str(cache))
-    other = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r3"), 128, 0.2, 2, cache_dir=str(cache))
+    first = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r1"), PrepareOptions(128, 0.2, 1, cache_dir=str(cache)))
+    again = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r2"), PrepareOptions(128, 0.2, 1, cache_dir=str(cache)))
+    other = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r3"), PrepareOptions(128, 0.2, 2, cache_dir=str(cache)))
     assert (first["cache_hit"], again["cache_hit"], other["cache_hit"]) == (False, True, False)
     assert first["fingerprint"] == again["fingerprint"] != other["fingerprint"]
     a, b = (datasets.load_from_disk(str(tmp_path / r)) for r in ("r1", "r2"))
@@ -162,12 +168,14 @@ def test_unchanged_inputs_reuse_the_cache(corpus, tokenizer_dir, tmp_path):
     # the cached copy's stats were not rewritten by the reusing run (its files are hard links)
     assert json.loads((cache / first["fingerprint"] / "stats.json").read_text())["cache_hit"] is False
     corpus.write_text(corpus.read_text() + "\n" + json.dumps(conversation(999)))  # a changed source is a miss
-    changed = prepare(str(corpus), tokenizer_dir, str(tmp_path / "r4"), 128, 0.2, 1, cache_dir=str(cache))
+    changed = prepare(
+        str(corpus), tokenizer_dir, str(tmp_path / "r4"), PrepareOptions(128, 0.2, 1, cache_dir=str(cache))
+    )
     assert changed["cache_hit"] is False
 
 
 def test_report_shows_counts_histogram_and_three_examples(corpus, tokenizer_dir, tmp_path):
-    stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), 128, 0.2, 1)
+    stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 0.2, 1))
     md = markdown(stats)
     assert "| read | 60 |" in md and "packing efficiency" in md and "## Example lengths" in md
     assert md.count("### Example ") == 3 and "<|im_start|>assistant" in md
@@ -180,7 +188,9 @@ def test_report_counts_add_up(tokenizer_dir, tmp_path):
         {"messages": [{"role": "user", "content": "only a question"}]},
         {"messages": [{"role": "user", "content": "long " * 400}, {"role": "assistant", "content": "ok"}]},
     ]
-    stats = prepare(str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 128, 2, 0)
+    stats = prepare(
+        str(write_jsonl(tmp_path / "d.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(128, 2, 0)
+    )
     md = markdown(stats)
     read = int(re.search(r"\| read \| (\d+) \|", md).group(1))
     dropped = [int(n) for n in re.findall(r"\| dropped: \w+ \| (\d+) \|", md)]
@@ -207,7 +217,7 @@ def test_report_keeps_code_fences_inside_examples():
 
 @pytest.mark.slow  # a second interpreter and its two tokenizer processes: ~8 s
 def test_command_line_is_the_same_code(corpus, tokenizer_dir, tmp_path):
-    stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "f"), 128, 0.2, 42)
+    stats = prepare(str(corpus), tokenizer_dir, str(tmp_path / "f"), PrepareOptions(128, 0.2, 42))
     ok = run_cli(
         "components.data.prepare",
         "--source",
@@ -246,7 +256,7 @@ def test_bundled_sample_packs_well_for_the_local_run(tmp_path):
 
     tok_dir = tmp_path / "tok"
     build_tokenizer(SAMPLE_PATH).save_pretrained(tok_dir)
-    stats = prepare("builtin:sample", str(tok_dir), str(tmp_path / "o"), 512, 0.05, 42)
+    stats = prepare("builtin:sample", str(tok_dir), str(tmp_path / "o"), PrepareOptions(512, 0.05, 42))
     assert stats["rows_in"] == 537 and stats["train"]["packing_efficiency"] > 0.95
     assert stats["seconds"] < 10
 

@@ -8,7 +8,7 @@ import pytest
 
 from components.data import formats
 from components.data.arithmetic import ANSWER_PATTERN, arithmetic_prompts
-from components.data.prepare import prepare
+from components.data.prepare import PrepareOptions, prepare
 from components.data.sources import resolve
 from components.settings import specs
 from tests.helpers.data import write_jsonl
@@ -18,7 +18,10 @@ def test_prompt_rows_keep_the_prompt_as_turns_and_the_answer_as_text(tokenizer_d
     rows = [{"prompt": f"What is {i} + 1?", "answer": i + 1} for i in range(10)]
     rows[0]["answer"] = None  # the reference is optional
     stats = prepare(
-        str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 2, 0, format="prompts"
+        str(write_jsonl(tmp_path / "p.jsonl", rows)),
+        tokenizer_dir,
+        str(tmp_path / "o"),
+        PrepareOptions(64, 2, 0, format="prompts"),
     )
     ds = datasets.load_from_disk(str(tmp_path / "o"))
     assert stats["format"] == "prompts" and not stats["packing"] and (len(ds["train"]), len(ds["eval"])) == (8, 2)
@@ -39,13 +42,16 @@ def test_prompt_rows_are_not_guessed_and_a_file_without_prompts_is_named(tokeniz
         match=r"format 'prompts' needs column\(s\) \['prompt'\] but found "
         r"\['messages'\]",
     ):
-        prepare(str(chat), tokenizer_dir, str(tmp_path / "o"), 64, 1, 0, format="prompts")
+        prepare(str(chat), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(64, 1, 0, format="prompts"))
 
 
 def test_an_empty_prompt_is_dropped_and_counted(tokenizer_dir, tmp_path):
     rows = [{"prompt": f"Question {i}?", "answer": str(i)} for i in range(6)] + [{"prompt": "  ", "answer": "1"}]
     stats = prepare(
-        str(write_jsonl(tmp_path / "p.jsonl", rows)), tokenizer_dir, str(tmp_path / "o"), 64, 1, 0, format="prompts"
+        str(write_jsonl(tmp_path / "p.jsonl", rows)),
+        tokenizer_dir,
+        str(tmp_path / "o"),
+        PrepareOptions(64, 1, 0, format="prompts"),
     )
     assert stats["dropped"] == {"empty_turn": 1} and stats["rows_kept"] == 6
 
@@ -67,7 +73,9 @@ def test_the_bundled_arithmetic_prompts_are_bilingual_with_numeric_answers_in_th
 
 def test_builtin_arithmetic_prepares_with_a_held_out_split(tokenizer_dir, tmp_path):
     (path,) = resolve("builtin:arithmetic", {})
-    stats = prepare("builtin:arithmetic", tokenizer_dir, str(tmp_path / "o"), 512, 0.1, 42, format="prompts")
+    stats = prepare(
+        "builtin:arithmetic", tokenizer_dir, str(tmp_path / "o"), PrepareOptions(512, 0.1, 42, format="prompts")
+    )
     assert path.endswith(".jsonl") and stats["rows_kept"] == 480
     assert (stats["train"]["rows"], stats["eval"]["rows"]) == (432, 48)
 

@@ -11,7 +11,7 @@ import datasets
 import pytest
 
 from components.data.formats import DataError
-from components.data.prepare import prepare
+from components.data.prepare import PrepareOptions, prepare
 from components.data.shards import deal_files
 from components.settings import Settings
 from tests.helpers.data import conversation, write_jsonl
@@ -48,10 +48,12 @@ def test_one_two_and_three_shards_give_the_same_rows_and_duplicates_across_shard
 ):
     outputs, stats = {}, {}
     for n in (1, 2, 3):
-        stats[n] = prepare(str(folder), tokenizer_dir, str(tmp_path / f"out-{n}"), 256, 0.1, 7, shards=n)
+        stats[n] = prepare(
+            str(folder), tokenizer_dir, str(tmp_path / f"out-{n}"), PrepareOptions(256, 0.1, 7, shards=n)
+        )
         outputs[n] = _rows(tmp_path / f"out-{n}")
     assert outputs[1] == outputs[2] == outputs[3]
-    one_pass = prepare(str(folder), tokenizer_dir, str(tmp_path / "one-pass"), 256, 0.1, 7)
+    one_pass = prepare(str(folder), tokenizer_dir, str(tmp_path / "one-pass"), PrepareOptions(256, 0.1, 7))
     # Every duplicate is dropped whatever read it: 65 rows read, 55 distinct chats.
     for n in (1, 2, 3):
         assert stats[n]["rows_in"] == one_pass["rows_in"] == 65 and stats[n]["rows_kept"] == 55, stats[n]
@@ -70,18 +72,23 @@ def test_a_complete_shard_is_reused_and_a_shard_pod_and_the_join_name_the_same_f
     cache = tmp_path / "shards"
     done = [
         prepare(
-            str(folder), tokenizer_dir, str(tmp_path / "x"), 256, 0.1, 7, shards=3, shard_cache=str(cache), only_shard=i
+            str(folder),
+            tokenizer_dir,
+            str(tmp_path / "x"),
+            PrepareOptions(256, 0.1, 7, shards=3, shard_cache=str(cache), only_shard=i),
         )
         for i in range(3)
     ]
     assert sorted(d["folder"] for d in done) == sorted(str(p) for p in cache.iterdir())
     assert sum(d["documents"] for d in done) >= 55 and not (tmp_path / "x").exists()  # a shard writes no dataset
     caplog.set_level("INFO", logger="prepare_dataset")
-    stats = prepare(str(folder), tokenizer_dir, str(tmp_path / "out"), 256, 0.1, 7, shards=3, shard_cache=str(cache))
+    stats = prepare(
+        str(folder), tokenizer_dir, str(tmp_path / "out"), PrepareOptions(256, 0.1, 7, shards=3, shard_cache=str(cache))
+    )
     assert caplog.text.count("is complete: reusing it") == 3, caplog.text
     assert stats["rows_kept"] == 55
     with pytest.raises(DataError, match="shard 3: there are 3"):
-        prepare(str(folder), tokenizer_dir, str(tmp_path / "x"), 256, 0.1, 7, shards=3, only_shard=3)
+        prepare(str(folder), tokenizer_dir, str(tmp_path / "x"), PrepareOptions(256, 0.1, 7, shards=3, only_shard=3))
 
 
 def test_near_duplicates_across_shards_are_dropped_as_in_one_pass(tokenizer_dir, tmp_path):
@@ -91,8 +98,8 @@ def test_near_duplicates_across_shards_are_dropped_as_in_one_pass(tokenizer_dir,
         (tmp_path / "corpus").mkdir(exist_ok=True)
         write_jsonl(tmp_path / "corpus" / f"part-{f}.jsonl", rows)
     args = (str(tmp_path / "corpus"), tokenizer_dir)
-    one_pass = prepare(*args, str(tmp_path / "a"), 256, 1, 7, near_dedup_threshold=0.7)
-    sharded = prepare(*args, str(tmp_path / "b"), 256, 1, 7, near_dedup_threshold=0.7, shards=3)
+    one_pass = prepare(*args, str(tmp_path / "a"), PrepareOptions(256, 1, 7, near_dedup_threshold=0.7))
+    sharded = prepare(*args, str(tmp_path / "b"), PrepareOptions(256, 1, 7, near_dedup_threshold=0.7, shards=3))
     assert sharded["dropped"]["near_duplicate"] == one_pass["dropped"]["near_duplicate"] == 2
     assert sharded["rows_kept"] == one_pass["rows_kept"] == 4
 
@@ -102,7 +109,10 @@ def test_an_eval_source_is_read_beside_the_shards_and_loses_rows_that_repeat_tra
 ):
     write_jsonl(tmp_path / "eval.jsonl", [conversation(0, "en"), conversation(999, "en")])  # chat 0 is trained on
     stats = prepare(
-        str(folder), tokenizer_dir, str(tmp_path / "o"), 256, 0.1, 7, shards=2, eval_source=str(tmp_path / "eval.jsonl")
+        str(folder),
+        tokenizer_dir,
+        str(tmp_path / "o"),
+        PrepareOptions(256, 0.1, 7, shards=2, eval_source=str(tmp_path / "eval.jsonl")),
     )
     assert stats["eval"]["examples"] == 1 and stats["train"]["examples"] == 55
     assert stats["eval_sources"] == [str(tmp_path / "eval.jsonl")]
@@ -113,7 +123,7 @@ def test_preference_data_in_shards_is_one_error_naming_data_shards(tokenizer_dir
     (tmp_path / "p").mkdir()
     write_jsonl(tmp_path / "p" / "pairs.jsonl", [{**pair, "prompt": f"{i}+2?"} for i in range(10)])
     with pytest.raises(DataError, match="set data_shards=1"):
-        prepare(str(tmp_path / "p"), tokenizer_dir, str(tmp_path / "o"), 256, 0.1, 7, shards=2)
+        prepare(str(tmp_path / "p"), tokenizer_dir, str(tmp_path / "o"), PrepareOptions(256, 0.1, 7, shards=2))
 
 
 def test_the_data_step_shards_only_the_tokenized_stages_and_names_its_cpus():
@@ -174,5 +184,10 @@ def test_a_parquet_corpus_without_the_text_column_is_one_error_naming_the_mappin
             pa.table({"body": [f"document {i}.{j}" for j in range(20)]}), tmp_path / "corpus" / f"{i}.parquet"
         )
     with pytest.raises(DataError, match=r"needs column\(s\) \['text'\] but found \['body'\].*--columns text=body"):
-        prepare(str(tmp_path / "corpus"), tokenizer_dir, str(tmp_path / "o"), 64, 0.1, 7, format="text", shards=shards)
+        prepare(
+            str(tmp_path / "corpus"),
+            tokenizer_dir,
+            str(tmp_path / "o"),
+            PrepareOptions(64, 0.1, 7, format="text", shards=shards),
+        )
     assert not (tmp_path / "o").exists()  # nothing left behind as if complete

@@ -185,7 +185,7 @@ def test_an_unknown_script_is_an_error():
 
 
 def test_the_data_step_drops_and_counts_what_the_filters_find(tokenizer_dir, tmp_path):
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
     from components.data.report import markdown
     from tests.helpers.data import conversation, write_jsonl
 
@@ -199,11 +199,7 @@ def test_the_data_step_drops_and_counts_what_the_filters_find(tokenizer_dir, tmp
             str(tmp_path / "chats.jsonl"),
             tokenizer_dir,
             str(tmp_path / f"o{shards}"),
-            256,
-            0.1,
-            7,
-            filters=filters,
-            shards=shards,
+            PrepareOptions(256, 0.1, 7, filters=filters, shards=shards),
         )
         assert stats["dropped"]["too_short"] == 1 and stats["dropped"]["duplicate_lines"] == 1, stats["dropped"]
         assert stats["rows_kept"] == 40

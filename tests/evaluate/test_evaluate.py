@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from components.data.prepare import prepare
+from components.data.prepare import PrepareOptions, prepare
 from components.evaluate import harness
 from components.evaluate.evaluate import (
     EvalOptions,
@@ -81,10 +81,16 @@ def tiny(tmp_path_factory):
     build_model(tok).save_pretrained(root / "base")
     tok.save_pretrained(root / "base")
     prepare(
-        str(corpus), str(root / "base"), str(root / "data"), max_seq_length=128, eval_size=16, seed=0, packing=False
+        str(corpus),
+        str(root / "base"),
+        str(root / "data"),
+        PrepareOptions(max_seq_length=128, eval_size=16, seed=0, packing=False),
     )
     prepare(
-        str(corpus), str(root / "base"), str(root / "packed"), max_seq_length=128, eval_size=16, seed=0, packing=True
+        str(corpus),
+        str(root / "base"),
+        str(root / "packed"),
+        PrepareOptions(max_seq_length=128, eval_size=16, seed=0, packing=True),
     )
     _train_briefly(str(root / "base"), str(root / "data"), str(root / "tuned"))
     prompts = root / "prompts.jsonl"

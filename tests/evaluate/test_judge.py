@@ -300,7 +300,7 @@ def test_an_answering_judge_passes_and_a_model_it_does_not_serve_is_named():
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     """The tiny model and a small prepared dataset of its own (base and 'tuned' are the same model here)."""
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
     from components.models.tiny import materialize
 
     root = tmp_path_factory.mktemp("judge")
@@ -311,7 +311,9 @@ def tiny(tmp_path_factory):
         for w in [f"{w}{i}" for i in range(4) for w in ("apple", "river", "cloud", "stone")]
     ]
     corpus.write_text("\n".join(json.dumps(r) for r in rows))
-    prepare(str(corpus), base, str(root / "data"), max_seq_length=64, eval_size=4, seed=0, packing=False)
+    prepare(
+        str(corpus), base, str(root / "data"), PrepareOptions(max_seq_length=64, eval_size=4, seed=0, packing=False)
+    )
     prompts = root / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"messages": m}) for m in PROMPTS[:2]))
     return {"base": base, "data": str(root / "data"), "prompts": str(prompts)}

@@ -132,7 +132,7 @@ def test_the_bundled_samples_cover_every_stage():
 
 def test_preference_rows_without_chosen_and_rejected_are_named(tmp_path):
     from components.data.formats import DataError
-    from components.data.prepare import prepare
+    from components.data.prepare import PrepareOptions, prepare
     from components.models.tiny import build_tokenizer
 
     rows = tmp_path / "pairs.jsonl"
@@ -140,5 +140,5 @@ def test_preference_rows_without_chosen_and_rejected_are_named(tmp_path):
     tok = tmp_path / "tok"
     build_tokenizer(samples.SAMPLE_PATH).save_pretrained(tok)
     with pytest.raises(DataError, match="chosen"):
-        prepare(str(rows), str(tok), str(tmp_path / "out"), format="preference", eval_size=0.2)
+        prepare(str(rows), str(tok), str(tmp_path / "out"), PrepareOptions(format="preference", eval_size=0.2))
     assert not (tmp_path / "out").exists()

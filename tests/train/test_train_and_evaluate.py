@@ -6,7 +6,7 @@ import math
 import datasets
 import pytest
 
-from components.data.prepare import prepare
+from components.data.prepare import PrepareOptions, prepare
 from components.evaluate.evaluate import EvalOptions, evaluate, gate, heldout_loss
 from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
@@ -37,7 +37,7 @@ def workdir(tmp_path_factory):
     base = root / "base"
     build_model(tok).save_pretrained(base)
     tok.save_pretrained(base)
-    prepare(str(corpus), str(base), str(root / "data"), max_seq_length=128, eval_size=16, seed=0)
+    prepare(str(corpus), str(base), str(root / "data"), PrepareOptions(max_seq_length=128, eval_size=16, seed=0))
     return root
 
 
