@@ -86,7 +86,7 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
     first gathers the whole model onto every GPU (GRPOConfig ``ds3_gather_for_generation``, default True); decoding is
     then memory-bandwidth bound: each decode step reads the weights its tokens use (for a MoE, the distinct experts
     the step's tokens route to) and the KV cache from HBM at ``HBM_BYTES_PER_S``."""
-    from components.estimate.memory import GIB, check_memory_fit, estimate_gib, grpo_extra_bytes, vllm_server_error
+    from components.estimate.memory import GIB, vllm_server_error
     from components.stages import stage_overrides, stage_resources
 
     typed = settings if isinstance(settings, Settings) else Settings.from_flat(settings)
@@ -113,16 +113,8 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
     gather_s = full_gather_s if gather else 0.0
     batch = c * n if server else c  # sequences one decode step advances (per GPU in the trainer pods)
 
-    # Decode: one token of each of the batch's sequences per step. Expected distinct experts per MoE layer that
-    # ``batch`` tokens choosing top_k of E each route to: E (1 - (1 - top_k / E)^batch).
-    experts, top_k = int(config.get("num_experts", 0) or 0), int(config.get("num_experts_per_tok", 0) or 0)
-    experts_read = experts * (1 - (1 - top_k / experts) ** batch) if shape.is_moe and experts else 0.0
-    embedding = shape.vocab * shape.hidden  # a lookup reads c rows of it, not the table
-    dense_weights = PARAM_BYTES * (shape.total - shape.expert_params - embedding)
-    expert_weights = PARAM_BYTES * shape.expert_params * (experts_read / experts if experts else 0.0)
-    context = GRPO_PROMPT_TOKENS + t_c / 2  # keys per token on average over the completion
-    kv = 2 * PARAM_BYTES * shape.layers * shape.kv_dim * context * batch
-    decode_bytes = {"weights": dense_weights, "experts": expert_weights, "kv_cache": kv}
+    experts_read, decode_bytes = _decode_bytes(config, shape, batch, t_c)
+    kv = decode_bytes["kv_cache"]
     decode_step_s = sum(decode_bytes.values()) / (HBM_BYTES_PER_S * (server_gpus or 1))
     # One push: the model gathered whole (ZeRO-3: an all-gather's worth over the job) and sent by rank 0 over its
     # GPU's share of the node's network to the server's node.
@@ -133,19 +125,9 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
     server_memory_gib = (PARAM_BYTES * shape.total + kv) / (server_gpus or 1) / GIB if server else 0.0
     generation_s = gather_s + t_c * decode_step_s + sync_s / sync_every
 
-    # The reference's forward: TRL 1.16 runs it in chunks of the micro-batch (k forwards), each gathering the
-    # reference's layers under ZeRO-3 (its own engine in full; for LoRA the policy with its adapter off).
     sequence = GRPO_PROMPT_TOKENS + t_c
     beta = float(v["grpo_beta"])
-    forward_s = 2 * shape.active * b * sequence / (float(v["achieved_tflops_per_gpu"]) * 1e12)
-    chunk_gather_s = full_gather_s if zero3 else 0.0
-    reference_s = k * max(forward_s, chunk_gather_s) if beta > 0 else 0.0
-    reference_note = (
-        f"KL to the reference (grpo_beta {beta:g}): {k} forwards of {b} x {sequence} tokens per GPU"
-        + (f", each gathering the model's {_gb(full_model.size)} under ZeRO-3" if zero3 else "")
-        if beta > 0
-        else "none (grpo_beta 0 keeps no reference)"
-    )
+    reference_s, reference_note = _reference(v, shape, sequence, full_model, full_gather_s, zero3)
 
     # The policy's forward and backward: the plan of a step whose rows are prompt + completion tokens.
     train = plan({**values, "max_seq_length": sequence}, config, stage="grpo")
@@ -159,50 +141,10 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         "colocate": True,
         "server": server,
     }
-    memory_error = check_memory_fit(
-        config,
-        v["method"],
-        v["deepspeed_config"],
-        m,
-        g,
-        int(v["max_seq_length"]),
-        b,
-        gpu_memory_gib=float(v["gpu_memory_gib"]),
-        lora_r=int(v["lora_r"]),
-        lora_target_modules=v["lora_target_modules"],
-        grpo=grpo,
-        every_n_layers=int(v["recompute_every_n_layers"]) if v["activation_checkpointing"] else 0,
-        setting_prefix="stage_settings.grpo." if stage_resources(typed, "grpo") else "",
-        pod_memory_gib=pod_memory_limit_gib(v.get("trainer_memory_limit", "")),
-    )
-    lora = 0
-    expert_lora = False
-    if v["method"] in ("lora", "qlora"):
-        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", v["lora_target_modules"])
-        lora, expert_lora = shape.lora_params(v["lora_r"], modules + parameters), bool(parameters)
-    every_n = int(v["recompute_every_n_layers"]) if v["activation_checkpointing"] else 0
-    est = estimate_gib(shape, v["method"], zero, n, int(v["max_seq_length"]), b, lora, expert_lora, every_n, False)
-    extra = grpo_extra_bytes(
-        shape,
-        v["method"],
-        zero,
-        n,
-        beta=beta,
-        completions=c,
-        sequence_tokens=int(v["max_seq_length"]),
-        gpu_memory_gib=float(v["gpu_memory_gib"]),
-        colocate=True,
-        server=server,
-    )
-    memory = est["total"] + extra / GIB
+    setting_prefix = "stage_settings.grpo." if stage_resources(typed, "grpo") else ""
+    memory_error, memory = _memory(v, config, shape, zero, grpo, setting_prefix)
 
-    prompts, prompts_source = _grpo_prompts(v)
-    if int(v["max_steps"]) > 0:
-        steps = int(v["max_steps"])
-        prompts_source += f" (max_steps={steps} decides the length)"
-    else:
-        per_step = max(1, c * n // gens)
-        steps = max(1, math.ceil((prompts if prompts is not None else 1000) * float(v["num_train_epochs"]) / per_step))
+    prompts, prompts_source, steps = _grpo_steps(v, c * n // gens)
     wall = steps * step_s
     return GRPOPlan(
         backend=f"a vLLM server on {server_gpus} GPU(s) of its own"
@@ -239,6 +181,88 @@ def grpo_plan(settings: Settings | dict, config: dict) -> GRPOPlan:
         server_error=server_error,
         server_managed=managed,
     )
+
+
+def _decode_bytes(config: dict, shape, batch: int, t_c: int) -> tuple[float, dict]:
+    """The distinct experts per MoE layer a decode step's ``batch`` tokens route to (0: dense), and what the step reads
+    from HBM: the non-expert weights, those experts' weights, and the KV cache over a completion of ``t_c`` tokens."""
+    # Decode: one token of each of the batch's sequences per step. Expected distinct experts per MoE layer that
+    # ``batch`` tokens choosing top_k of E each route to: E (1 - (1 - top_k / E)^batch).
+    experts, top_k = int(config.get("num_experts", 0) or 0), int(config.get("num_experts_per_tok", 0) or 0)
+    experts_read = experts * (1 - (1 - top_k / experts) ** batch) if shape.is_moe and experts else 0.0
+    embedding = shape.vocab * shape.hidden  # a lookup reads c rows of it, not the table
+    dense_weights = PARAM_BYTES * (shape.total - shape.expert_params - embedding)
+    expert_weights = PARAM_BYTES * shape.expert_params * (experts_read / experts if experts else 0.0)
+    context = GRPO_PROMPT_TOKENS + t_c / 2  # keys per token on average over the completion
+    kv = 2 * PARAM_BYTES * shape.layers * shape.kv_dim * context * batch
+    return experts_read, {"weights": dense_weights, "experts": expert_weights, "kv_cache": kv}
+
+
+def _reference(
+    v: dict, shape, sequence: int, full_model: Collective, full_gather_s: float, zero3: bool
+) -> tuple[float, str]:
+    """The reference's forward for the KL term: its seconds per optimizer step and the plan's line on it. Under
+    ZeRO-3 each forward gathers ``full_model`` (``full_gather_s``)."""
+    # TRL 1.16 runs it in chunks of the micro-batch (k forwards), each gathering the reference's layers under ZeRO-3
+    # (its own engine in full; for LoRA the policy with its adapter off).
+    b, k = int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
+    beta = float(v["grpo_beta"])
+    forward_s = 2 * shape.active * b * sequence / (float(v["achieved_tflops_per_gpu"]) * 1e12)
+    chunk_gather_s = full_gather_s if zero3 else 0.0
+    reference_s = k * max(forward_s, chunk_gather_s) if beta > 0 else 0.0
+    reference_note = (
+        f"KL to the reference (grpo_beta {beta:g}): {k} forwards of {b} x {sequence} tokens per GPU"
+        + (f", each gathering the model's {_gb(full_model.size)} under ZeRO-3" if zero3 else "")
+        if beta > 0
+        else "none (grpo_beta 0 keeps no reference)"
+    )
+    return reference_s, reference_note
+
+
+def _memory(v: dict, config: dict, shape, zero: dict, grpo: dict, setting_prefix: str) -> tuple[str | None, float]:
+    """The grpo stage's fit as validate_inputs checks it (its error, or None), and its GiB per GPU: the policy's
+    training and ``grpo``'s reference model and generations (memory.py's ``grpo_extra_bytes`` keywords)."""
+    from components.estimate.memory import GIB, StageFit, check_memory_fit, estimate_gib, grpo_extra_bytes
+
+    m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
+    b = int(v["per_device_train_batch_size"])
+    every_n = int(v["recompute_every_n_layers"]) if v["activation_checkpointing"] else 0
+    memory_error = check_memory_fit(
+        config,
+        v["method"],
+        v["deepspeed_config"],
+        m,
+        g,
+        int(v["max_seq_length"]),
+        b,
+        gpu_memory_gib=float(v["gpu_memory_gib"]),
+        lora_r=int(v["lora_r"]),
+        lora_target_modules=v["lora_target_modules"],
+        pod_memory_gib=pod_memory_limit_gib(v.get("trainer_memory_limit", "")),
+        stage_fit=StageFit(grpo=grpo, every_n_layers=every_n, setting_prefix=setting_prefix),
+    )
+    lora = 0
+    expert_lora = False
+    if v["method"] in ("lora", "qlora"):
+        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", v["lora_target_modules"])
+        lora, expert_lora = shape.lora_params(v["lora_r"], modules + parameters), bool(parameters)
+    n = m * g
+    est = estimate_gib(shape, v["method"], zero, n, int(v["max_seq_length"]), b, lora, expert_lora, every_n, False)
+    extra = grpo_extra_bytes(shape, v["method"], zero, n, gpu_memory_gib=float(v["gpu_memory_gib"]), **grpo)
+    return memory_error, est["total"] + extra / GIB
+
+
+def _grpo_steps(v: dict, prompts_per_step: int) -> tuple[float | None, str, int]:
+    """The training prompts (None where the source does not say), where that count comes from, and the run's
+    optimizer steps: ``max_steps``, else the prompts' epochs (1,000 prompts where they are not known)."""
+    prompts, prompts_source = _grpo_prompts(v)
+    if int(v["max_steps"]) > 0:
+        steps = int(v["max_steps"])
+        prompts_source += f" (max_steps={steps} decides the length)"
+    else:
+        per_step = max(1, prompts_per_step)
+        steps = max(1, math.ceil((prompts if prompts is not None else 1000) * float(v["num_train_epochs"]) / per_step))
+    return prompts, prompts_source, steps
 
 
 def format_grpo_plan(p: GRPOPlan) -> str:

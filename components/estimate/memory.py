@@ -10,6 +10,8 @@ docs/memory.md has every formula and the measurements behind them.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from components.models.shape import ModelShape, load_architecture, lora_targets, model_shape
 from components.names import quantity
 from components.train.config import LOSS_CHUNK_TOKENS, job_zero_config
@@ -321,6 +323,25 @@ def _host_error(
     return f"{summary}: {fix}, or raise trainer_memory_limit where the nodes have the memory"
 
 
+@dataclass(frozen=True)
+class StageFit:
+    """What the training stage brings to ``check_memory_fit`` beyond the job's shape.
+
+    ``grpo``: the grpo stage's ``grpo_extra_bytes`` keywords (beta, completions, sequence_tokens, colocate, server):
+    its reference model and generations count too. ``every_n_layers``: the recomputed layers' stride
+    (``recompute_every_n_layers``; 0: activation_checkpointing off). ``chunked_loss``: the stage computes its loss
+    with ``chunked_cross_entropy``; ``loss_chunkable``: it could (cpt, sft), so a job that does not fit is told so.
+    ``setting_prefix``: where the job's ``num_nodes`` and ``gpus_per_node`` come from, for the fix
+    (``stage_settings.cpt.`` for a stage's own, components/stages.py).
+    """
+
+    grpo: dict | None = None
+    every_n_layers: int = 1
+    chunked_loss: bool = False
+    loss_chunkable: bool = False
+    setting_prefix: str = ""
+
+
 def check_memory_fit(
     model: str | dict,
     method: str,
@@ -333,11 +354,7 @@ def check_memory_fit(
     lora_r: int = 16,
     lora_target_modules: str = "",
     pod_memory_gib: float = POD_MEMORY_GIB,
-    grpo: dict | None = None,
-    every_n_layers: int = 1,
-    chunked_loss: bool = False,
-    loss_chunkable: bool = False,
-    setting_prefix: str = "",
+    stage_fit: StageFit = StageFit(),
 ) -> str | None:
     """An error naming the knob to change when the job cannot fit, else None.
 
@@ -346,13 +363,10 @@ def check_memory_fit(
     together. ``model`` is a model name/folder (architecture looked up with :func:`load_architecture`; an
     unknown Hub id is not checked and returns None) or a config.json dict. ``deepspeed_config`` is a shipped
     name (``zero3``), a JSON path, or ``none``. ``lora_target_modules`` as the trainer takes it (empty: by
-    model type, see components/train/trainer/lora.py). ``grpo``: the grpo stage's ``grpo_extra_bytes`` keywords
-    (beta, completions, sequence_tokens, colocate): its reference model and generations count too.
-    ``every_n_layers``: the recomputed layers' stride (``recompute_every_n_layers``; 0: activation_checkpointing off).
-    ``chunked_loss``: the stage computes its loss with ``chunked_cross_entropy``; ``loss_chunkable``: it could (cpt,
-    sft), so a job that does not fit is told so. ``setting_prefix``: where the job's ``num_nodes`` and
-    ``gpus_per_node`` come from, for the fix (``stage_settings.cpt.`` for a stage's own, components/stages.py).
+    model type, see components/train/trainer/lora.py). ``stage_fit``: the stage's own part (:class:`StageFit`).
     """
+    grpo, every_n_layers, chunked_loss = stage_fit.grpo, stage_fit.every_n_layers, stage_fit.chunked_loss
+    loss_chunkable, setting_prefix = stage_fit.loss_chunkable, stage_fit.setting_prefix
     config = model if isinstance(model, dict) else load_architecture(model)
     if config is None:
         return None

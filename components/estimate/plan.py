@@ -184,38 +184,21 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     # The stage's own training settings, nodes and GPUs over the run's.
     v = {**values, **stage_overrides(typed, stage), **stage_resources(typed, stage)}
     shape = model_shape(config)
-    method, zero = v["method"], zero_config(v["deepspeed_config"])
-    parallelism = v.get("parallelism", "deepspeed")
+    method, parallelism = v["method"], v.get("parallelism", "deepspeed")
     hsdp = parallelism in HSDP_LAYOUTS
-    if hsdp:
-        zero = {}  # validate_inputs refuses hsdp with a DeepSpeed config
-    else:  # the shipped zero3_hpz's partition as the trainer sets it: the job's GPUs per node (1, off, on one node)
-        zero = job_zero_config(v["deepspeed_config"], int(v["num_nodes"]), int(v["gpus_per_node"]), shape.largest_layer)
-    zero_stage, hpz = zero.get("stage", 0), int(zero.get("zero_hpz_partition_size", 1) or 1)
+    zero = _zero_layout(v, shape, hsdp)
+    zero_stage = zero.get("stage", 0)
     m, g = int(v["num_nodes"]), int(v["gpus_per_node"])
     n = m * g
     s, b, k = int(v["max_seq_length"]), int(v["per_device_train_batch_size"]), int(v["gradient_accumulation_steps"])
     rows = b * (2 if stage in ("dpo", "rm") else 1)  # DPO, rm: chosen and rejected of each pair in one forward
-    notes: list[str] = []
-
-    # Trainable parameters and the frozen nn.Linear weights whose weight gradients LoRA skips.
-    lora, expert_lora, frozen_linear_active = 0, False, 0
-    if method in ("lora", "qlora"):
-        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", v["lora_target_modules"])
-        lora, expert_lora = shape.lora_params(v["lora_r"], modules + parameters), bool(parameters)
-        experts_active = shape.sparse_layers * 3 * shape.hidden * shape.intermediate if shape.is_moe else 0
-        frozen_linear_active = shape.active - (experts_active if expert_lora else 0)
+    lora, expert_lora, frozen_linear_active = _lora_params(shape, method, v)
     trainable = shape.total if method == "full" else lora
 
     # Compute (docs/plan.md).
     tokens = s * rows
-    real = 1.0
-    if stats and stats.get("train", {}).get("packing_efficiency"):
-        real = float(stats["train"]["packing_efficiency"])
-    t_att = attention_from_stats(stats, s) if stats else None
-    att_source = "the prepared dataset's length histogram"
-    if t_att is None:
-        t_att, att_source = (s + 1) / 2, "one document per row, (s + 1) / 2: an upper bound"
+    real = _packing_efficiency(stats)
+    t_att, att_source = _attention_length(stats, s)
     model_flops = model_flops_per_token(shape, t_att)  # 6 A + 12 L d T: forward a third, backward two thirds
     dense, attention = 6 * shape.active, model_flops - 6 * shape.active
     recompute = bool(v["activation_checkpointing"])
@@ -230,64 +213,17 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
     fwd_s, bwd_s = fwd_flops / speed, bwd_flops / speed
 
     # Communication and overlap.
-    intra, inter = float(v["intra_node_gb_per_s"]) * GB, float(v["inter_node_gb_per_s"]) * GB
-    transport = network_transport(v)
-    if transport.startswith("TCP"):  # NCCL's sockets over the pod network: the node's TCP bandwidth over its GPUs
-        inter = min(inter, float(v["tcp_node_gb_per_s"]) * GB / g)
+    intra, inter, transport = _links(v, g)
     steps_collectives = collectives(shape, method, zero, m, g, trainable, parallelism, tokens, recompute)
-    blocked = None
-    if hsdp:
-        if method != "full":
-            notes.append(f"parallelism {parallelism} trains method full only: validate_inputs refuses {method}")
-        notes.append(
-            "checkpoints under HSDP: every rank writes its own shards of the weights and the optimizer state (torch's "
-            "distributed checkpoint, components/train/trainer/sharded_checkpoints.py); a re-run resumes on the same "
-            "nodes x GPUs"
-        )
-        host, pod = hsdp_export_host_gib(shape, g), pod_memory_limit_gib(values.get("trainer_memory_limit", ""))
-        if host > pod:
-            blocked = (
-                f"the final export holds one layer and one shard on rank 0's host: {host:.0f} GiB with its "
-                f"pod's {g} processes, over the pod's {pod:g} GiB (trainer_memory_limit)"
-            )
-            notes.append(f"does not run: {blocked}")
-    if zero_stage == 3 and hpz > 1 and hpz != g:
-        notes.append(
-            f"zero_hpz_partition_size is {hpz} but a node has {g} GPUs: the secondary partition "
-            + ("spans nodes, so its gathers cross the network" if hpz > g else "is smaller than a node")
-            + f"; set it to gpus_per_node ({g})"
-        )
-    if any(zero.get(key, {}).get("device", "none") != "none" for key in ("offload_optimizer", "offload_param")):
-        notes.append(
-            "offload: the optimizer steps on the host CPUs and states cross PCIe; neither is in this plan, "
-            "so its step time is a lower bound"
-        )
-    if zero_stage == 3 and hpz > 1 and n % hpz:
-        notes.append(f"zero_hpz_partition_size {hpz} does not divide the {n} GPUs: DeepSpeed refuses it")
+    blocked, notes = _layout_notes(v, shape, zero, hsdp, values.get("trainer_memory_limit", ""))
     embed = PARAM_BYTES * shape.vocab * shape.hidden
-    micro: list[float] = []
-    busy = {INTRA: 0.0, INTER: 0.0}
-    exposed_total, comm_bound = 0.0, False
-    for i in range(k):
-        fwd_items = [c for c in steps_collectives if c.phase == "forward" and c.applies(i, k)]
-        bwd_items = [c for c in steps_collectives if c.phase == "backward" and c.applies(i, k)]
-        fwd, bwd = _link_seconds(fwd_items, intra, inter), _link_seconds(bwd_items, intra, inter)
-        # Exposed: the embedding's share of the forward's first gather, and of the backward's reduce-scatter when
-        # the embedding is trained (its gradient comes last).
-        exposed = [c for c in fwd_items if c.kind == "all-gather"][:1]
-        exposed += [c for c in bwd_items if c.kind == "reduce-scatter" and method == "full"]
-        exp = sum(min(1.0, embed / c.size) * max(_link_seconds([c], intra, inter).values()) for c in exposed)
-        for link in busy:
-            busy[link] += fwd[link] + bwd[link]
-        comm_bound |= max(fwd.values()) > fwd_s or max(bwd.values()) > bwd_s
-        micro.append(max(fwd_s, max(fwd.values())) + max(bwd_s, max(bwd.values())) + exp)
-        exposed_total += exp
-    after = [c for c in steps_collectives if c.when == "after"]
-    after_links = _link_seconds(after, intra, inter)
+    micro, busy, exposed_total, comm_bound = _micro_steps(
+        steps_collectives, k, intra, inter, fwd_s, bwd_s, trains_embedding=method == "full", embed_bytes=embed
+    )
+    updated = trainable / g if hsdp else trainable / n if zero_stage in (1, 2, 3) else trainable
+    after_links, after_s = _after_step(steps_collectives, intra, inter, updated)
     for link in busy:
         busy[link] += after_links[link]
-    updated = trainable / g if hsdp else trainable / n if zero_stage in (1, 2, 3) else trainable
-    after_s = OPTIMIZER_BYTES_PER_PARAM * updated / HBM_BYTES_PER_S + max(after_links.values())
     step_s = sum(micro) + after_s
     bottleneck = max(busy, key=lambda link: busy[link]) if comm_bound else COMPUTE
     tokens_per_s = tokens * real * k / step_s
@@ -301,19 +237,7 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
 
     # The run.
     epochs = float(v["num_train_epochs"])
-    if stats and stats.get("train", {}).get("rows"):
-        train_rows = float(stats["train"]["rows"])
-        dataset_tokens = float(stats["train"].get("tokens") or train_rows * s * real)
-        source = "the prepared dataset's statistics"
-    else:
-        dataset_tokens = float(v["dataset_tokens_estimate"])
-        train_rows = dataset_tokens / (s * real)
-        source = "the setting dataset_tokens_estimate"
-    if int(v["max_steps"]) > 0:
-        steps = int(v["max_steps"])
-        source += f" (max_steps={steps} decides the length)"
-    else:
-        steps = max(1, math.ceil(train_rows * epochs / (b * k * n)))
+    dataset_tokens, source, steps = _run_length(v, stats, s, real, epochs, b * k * n)
     wall = steps * step_s
     return Plan(
         model=v["model_name_or_path"],
@@ -363,6 +287,154 @@ def plan(settings: Settings | dict, config: dict, stats: dict | None = None, sta
         gpu_hours=wall * n / 3600,
         notes=notes,
     )
+
+
+def _zero_layout(v: dict, shape, hsdp: bool) -> dict:
+    """The DeepSpeed config the trainer runs with: none under HSDP (validate_inputs refuses hsdp with one), else the
+    shipped config with zero3_hpz's partition as the trainer sets it: the job's GPUs per node (1, off, on one node)."""
+    if hsdp:
+        zero_config(v["deepspeed_config"])  # still read: a deepspeed_config that does not load fails every layout
+        return {}
+    return job_zero_config(v["deepspeed_config"], int(v["num_nodes"]), int(v["gpus_per_node"]), shape.largest_layer)
+
+
+def _links(v: dict, g: int) -> tuple[float, float, str]:
+    """Bytes per second per GPU within a node and between nodes, and the transport between them."""
+    intra, inter = float(v["intra_node_gb_per_s"]) * GB, float(v["inter_node_gb_per_s"]) * GB
+    transport = network_transport(v)
+    if transport.startswith("TCP"):  # NCCL's sockets over the pod network: the node's TCP bandwidth over its GPUs
+        inter = min(inter, float(v["tcp_node_gb_per_s"]) * GB / g)
+    return intra, inter, transport
+
+
+def _lora_params(shape, method: str, v: dict) -> tuple[int, bool, int]:
+    """LoRA's trainable parameters, whether they adapt the experts' fused parameters, and the frozen nn.Linear weights
+    whose weight gradients LoRA skips (active per token); ``(0, False, 0)`` for full fine-tuning."""
+    lora, expert_lora, frozen_linear_active = 0, False, 0
+    if method in ("lora", "qlora"):
+        modules, parameters = lora_targets("qwen3_moe" if shape.is_moe else "qwen3", v["lora_target_modules"])
+        lora, expert_lora = shape.lora_params(v["lora_r"], modules + parameters), bool(parameters)
+        experts_active = shape.sparse_layers * 3 * shape.hidden * shape.intermediate if shape.is_moe else 0
+        frozen_linear_active = shape.active - (experts_active if expert_lora else 0)
+    return lora, expert_lora, frozen_linear_active
+
+
+def _attention_length(stats: dict | None, s: int) -> tuple[float, str]:
+    """T, the keys a token attends to on average, and where it comes from: the prepared dataset's length histogram,
+    else one document per row of ``s`` tokens."""
+    t_att = attention_from_stats(stats, s) if stats else None
+    if t_att is None:
+        return (s + 1) / 2, "one document per row, (s + 1) / 2: an upper bound"
+    return t_att, "the prepared dataset's length histogram"
+
+
+def _layout_notes(v: dict, shape, zero: dict, hsdp: bool, trainer_memory_limit: str) -> tuple[str | None, list[str]]:
+    """What stops the layout (HSDP's final export over the pod's memory), or None, and the plan's notes on it: HSDP's
+    method and checkpoints, a ZeRO++ hpZ partition that does not fit the nodes, offload."""
+    method, parallelism = v["method"], v.get("parallelism", "deepspeed")
+    g = int(v["gpus_per_node"])
+    n = int(v["num_nodes"]) * g
+    zero_stage, hpz = zero.get("stage", 0), int(zero.get("zero_hpz_partition_size", 1) or 1)
+    notes: list[str] = []
+    blocked = None
+    if hsdp:
+        if method != "full":
+            notes.append(f"parallelism {parallelism} trains method full only: validate_inputs refuses {method}")
+        notes.append(
+            "checkpoints under HSDP: every rank writes its own shards of the weights and the optimizer state (torch's "
+            "distributed checkpoint, components/train/trainer/sharded_checkpoints.py); a re-run resumes on the same "
+            "nodes x GPUs"
+        )
+        host, pod = hsdp_export_host_gib(shape, g), pod_memory_limit_gib(trainer_memory_limit)
+        if host > pod:
+            blocked = (
+                f"the final export holds one layer and one shard on rank 0's host: {host:.0f} GiB with its "
+                f"pod's {g} processes, over the pod's {pod:g} GiB (trainer_memory_limit)"
+            )
+            notes.append(f"does not run: {blocked}")
+    if zero_stage == 3 and hpz > 1 and hpz != g:
+        notes.append(
+            f"zero_hpz_partition_size is {hpz} but a node has {g} GPUs: the secondary partition "
+            + ("spans nodes, so its gathers cross the network" if hpz > g else "is smaller than a node")
+            + f"; set it to gpus_per_node ({g})"
+        )
+    if any(zero.get(key, {}).get("device", "none") != "none" for key in ("offload_optimizer", "offload_param")):
+        notes.append(
+            "offload: the optimizer steps on the host CPUs and states cross PCIe; neither is in this plan, "
+            "so its step time is a lower bound"
+        )
+    if zero_stage == 3 and hpz > 1 and n % hpz:
+        notes.append(f"zero_hpz_partition_size {hpz} does not divide the {n} GPUs: DeepSpeed refuses it")
+    return blocked, notes
+
+
+def _micro_steps(
+    steps_collectives: list,
+    k: int,
+    intra: float,
+    inter: float,
+    fwd_s: float,
+    bwd_s: float,
+    *,
+    trains_embedding: bool,
+    embed_bytes: float,
+) -> tuple[list[float], dict[str, float], float, bool]:
+    """Each of the ``k`` micro-steps' seconds (max(compute, communication) for its forward and for its backward,
+    plus what is not overlapped), each link's busy seconds over them, the seconds not overlapped, and whether
+    communication outlasts compute anywhere."""
+    micro: list[float] = []
+    busy = {INTRA: 0.0, INTER: 0.0}
+    exposed_total, comm_bound = 0.0, False
+    for i in range(k):
+        fwd_items = [c for c in steps_collectives if c.phase == "forward" and c.applies(i, k)]
+        bwd_items = [c for c in steps_collectives if c.phase == "backward" and c.applies(i, k)]
+        fwd, bwd = _link_seconds(fwd_items, intra, inter), _link_seconds(bwd_items, intra, inter)
+        # Exposed: the embedding's share of the forward's first gather, and of the backward's reduce-scatter when
+        # the embedding is trained (its gradient comes last).
+        exposed = [c for c in fwd_items if c.kind == "all-gather"][:1]
+        exposed += [c for c in bwd_items if c.kind == "reduce-scatter" and trains_embedding]
+        exp = sum(min(1.0, embed_bytes / c.size) * max(_link_seconds([c], intra, inter).values()) for c in exposed)
+        for link in busy:
+            busy[link] += fwd[link] + bwd[link]
+        comm_bound |= max(fwd.values()) > fwd_s or max(bwd.values()) > bwd_s
+        micro.append(max(fwd_s, max(fwd.values())) + max(bwd_s, max(bwd.values())) + exp)
+        exposed_total += exp
+    return micro, busy, exposed_total, comm_bound
+
+
+def _after_step(steps_collectives: list, intra: float, inter: float, updated: float) -> tuple[dict[str, float], float]:
+    """What follows the last micro-step: each link's busy seconds (the post-step collectives), and the seconds it takes
+    (the optimizer's update of its ``updated`` parameters per GPU at HBM bandwidth, and those collectives)."""
+    after_links = _link_seconds([c for c in steps_collectives if c.when == "after"], intra, inter)
+    return after_links, OPTIMIZER_BYTES_PER_PARAM * updated / HBM_BYTES_PER_S + max(after_links.values())
+
+
+def _packing_efficiency(stats: dict | None) -> float:
+    """The fraction of a packed row that is real tokens: the prepared dataset's, else 1."""
+    if stats and stats.get("train", {}).get("packing_efficiency"):
+        return float(stats["train"]["packing_efficiency"])
+    return 1.0
+
+
+def _run_length(
+    v: dict, stats: dict | None, s: int, real: float, epochs: float, rows_per_step: int
+) -> tuple[float, str, int]:
+    """The training data's tokens, where that figure comes from, and the run's optimizer steps: ``max_steps``, else
+    ``epochs`` over the rows, ``rows_per_step`` rows an optimizer step."""
+    if stats and stats.get("train", {}).get("rows"):
+        train_rows = float(stats["train"]["rows"])
+        dataset_tokens = float(stats["train"].get("tokens") or train_rows * s * real)
+        source = "the prepared dataset's statistics"
+    else:
+        dataset_tokens = float(v["dataset_tokens_estimate"])
+        train_rows = dataset_tokens / (s * real)
+        source = "the setting dataset_tokens_estimate"
+    if int(v["max_steps"]) > 0:
+        steps = int(v["max_steps"])
+        source += f" (max_steps={steps} decides the length)"
+    else:
+        steps = max(1, math.ceil(train_rows * epochs / rows_per_step))
+    return dataset_tokens, source, steps
 
 
 # The ZeRO-3 layouts ``alternatives`` weighs against each other: shipped DeepSpeed configs.

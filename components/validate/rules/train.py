@@ -7,7 +7,7 @@ import dataclasses
 import importlib.util
 from pathlib import Path
 
-from components.estimate.memory import check_memory_fit, pod_memory_limit_gib
+from components.estimate.memory import StageFit, check_memory_fit, pod_memory_limit_gib
 from components.settings import Settings
 from components.stages import stage_cluster, stage_overrides, stage_resources, stage_setting_name
 from components.train.config import (
@@ -194,12 +194,14 @@ def memory_errors(s: Settings) -> list[str]:
             gpu_memory_gib=s.cluster.gpu_memory_gib,
             lora_r=t.lora_r,
             lora_target_modules=t.lora_target_modules,
-            grpo=grpo,
-            every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
-            chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
-            loss_chunkable=stage in ("cpt", "sft"),
-            setting_prefix=f"stage_settings.{stage}." if stage_resources(s, stage) else "",
             pod_memory_gib=pod_memory_limit_gib(s.cluster.trainer_memory_limit),
+            stage_fit=StageFit(
+                grpo=grpo,
+                every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
+                chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
+                loss_chunkable=stage in ("cpt", "sft"),
+                setting_prefix=f"stage_settings.{stage}." if stage_resources(s, stage) else "",
+            ),
         )
         if problem and stage_resources(s, stage):  # the stage's own job shape: name the settings that give it
             nodes, gpus = (stage_setting_name(s, stage, name) for name in ("num_nodes", "gpus_per_node"))
