@@ -209,59 +209,94 @@ def run_experiment(
         deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
         controller="Katib's controller",
     )
-    custom, core = k8s.CustomObjectsApi(runner.api_client), k8s.CoreV1Api(runner.api_client)
-    name, namespace, what, retry_delay = runner.name, runner.namespace, runner.what, runner.retry_delay
-    started = time.monotonic()
-    # The trials' pods: the run's label (on every pod of the run's jobs) and the trial job's own label = trial name.
-    run_id = (manifest["metadata"].get("labels") or {}).get(RUN_ID_LABEL)
-    kind = job_kind(manifest["spec"]["trialTemplate"]["trialSpec"]["kind"])
-    logs = _TrialLogs(core, namespace, kind, retry_delay)
+    follower = _Follower(runner, manifest, trials_dir, pending_timeout_seconds, on_created)
+    with runner.cancel_on_sigterm():
+        try:
+            runner.create(manifest, replace=_spent)
+            result = runner.follow(follower.poll, describe=lambda experiment: follower.line)
+            # Katib keeps the trials' jobs and pods (retain), and would keep those of trials still running: the
+            # report has what it needs from them.
+            runner.delete("the search is over; its trials' jobs and pods go with it")
+            return result
+        finally:
+            if trials_dir is not None:
+                remove_exports(trials_dir)
 
-    def list_trials() -> list[dict]:
+
+class _Follower:
+    """One Experiment followed, poll by poll (``poll``): its progress printed when it changes, each ended trial's
+    export deleted and each failed one's logs read, and the Experiment deleted (with the error) on each way out but
+    success and the timeout, which ``runner`` handles."""
+
+    def __init__(
+        self,
+        runner: CustomResourceRunner,
+        manifest: dict,
+        trials_dir: str | None,
+        pending_timeout_seconds: float,
+        on_created,
+    ):
+        self.runner, self.trials_dir, self.on_created = runner, trials_dir, on_created
+        self.pending_timeout_seconds = pending_timeout_seconds
+        self.custom, self.core = k8s.CustomObjectsApi(runner.api_client), k8s.CoreV1Api(runner.api_client)
+        self.name, self.namespace, self.what = runner.name, runner.namespace, runner.what
+        self.retry_delay = runner.retry_delay
+        self.started = time.monotonic()
+        # The trials' pods: the run's label (on every pod of the run's jobs) and the trial job's own label = trial
+        # name.
+        self.run_id = (manifest["metadata"].get("labels") or {}).get(RUN_ID_LABEL)
+        self.kind = job_kind(manifest["spec"]["trialTemplate"]["trialSpec"]["kind"])
+        self.logs = _TrialLogs(self.core, self.namespace, self.kind, self.retry_delay)
+        self.ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
+        self.unschedulable_since: dict = {}
+        self.podless_since: dict = {}  # running trial -> when it was first seen without any pod
+        self.announce, self.line = True, None
+
+    def list_trials(self) -> list[dict]:
         answer = call_api(
-            custom.list_namespaced_custom_object,
+            self.custom.list_namespaced_custom_object,
             katib.GROUP,
             katib.VERSION,
-            namespace,
+            self.namespace,
             katib.TRIAL_PLURAL,
-            label_selector=f"{katib.EXPERIMENT_LABEL}={name}",
-            retry_delay=retry_delay,
+            label_selector=f"{katib.EXPERIMENT_LABEL}={self.name}",
+            retry_delay=self.retry_delay,
         )
         return answer.get("items") or []
 
-    def trial_pods(trial_names: set) -> list:
-        if run_id is None or not trial_names:
+    def trial_pods(self, trial_names: set) -> list:
+        if self.run_id is None or not trial_names:
             return []
         pods = call_api(
-            core.list_namespaced_pod, namespace, label_selector=f"{RUN_ID_LABEL}={run_id}", retry_delay=retry_delay
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{RUN_ID_LABEL}={self.run_id}",
+            retry_delay=self.retry_delay,
         ).items
-        return [p for p in pods if (p.metadata.labels or {}).get(kind.pod_label) in trial_names]
+        return [p for p in pods if (p.metadata.labels or {}).get(self.kind.pod_label) in trial_names]
 
-    ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
-    unschedulable_since: dict = {}
-    podless_since: dict = {}  # running trial -> when it was first seen without any pod
-
-    def never_got_a_pod(running: set, pods: list) -> str | None:
+    def never_got_a_pod(self, running: set, pods: list) -> str | None:
         """Why a running trial will never get a pod (its job could not create them), or None. The Trainer only
         records an event when JobSet refuses the TrainJob's JobSet; a job that Kueue holds (suspended) is queued."""
+        kind, namespace = self.kind, self.namespace
         now = time.monotonic()
         with_pods = {(p.metadata.labels or {}).get(kind.pod_label) for p in pods}
         for t in sorted(running):
             if t in with_pods:
-                podless_since.pop(t, None)
+                self.podless_since.pop(t, None)
                 continue
-            waited = now - podless_since.setdefault(t, now)
-            if waited < pending_timeout_seconds:
+            waited = now - self.podless_since.setdefault(t, now)
+            if waited < self.pending_timeout_seconds:
                 continue
             try:
                 job = call_api(
-                    custom.get_namespaced_custom_object,
+                    self.custom.get_namespaced_custom_object,
                     kind.group,
                     kind.version,
                     namespace,
                     kind.plural,
                     t,
-                    retry_delay=retry_delay,
+                    retry_delay=self.retry_delay,
                 )
             except ApiException as exc:
                 if exc.status != 404:
@@ -283,57 +318,53 @@ def run_experiment(
             )
         return None
 
-    announce, line = True, None
-
-    def poll(experiment: dict) -> tuple[dict, list[dict]] | None:
-        nonlocal announce, line, ended
-        if announce and on_created is not None:
-            on_created(experiment)
-        announce = False
-        trials = list_trials()
+    def poll(self, experiment: dict) -> tuple[dict, list[dict]] | None:
+        """One look at ``experiment`` and its trials: ``(experiment, trials)`` once it succeeded, None while it runs."""
+        if self.announce and self.on_created is not None:
+            self.on_created(experiment)
+        self.announce = False
+        trials = self.list_trials()
         progress = _progress(experiment, trials)
-        if progress != line:
-            line = progress
-            print(f"{what}: {line}", flush=True)
-        done = {t["metadata"]["name"] for t in trials if any(true_condition(t, state) for state in _ENDED)}
-        if trials_dir is not None:
-            remove_exports(trials_dir, sorted(done - ended))
-        for t in trials:
-            if t["metadata"]["name"] in done - ended and any(true_condition(t, state) for state in _FAILED):
-                logs.read(t, trial_pods({t["metadata"]["name"]}))
-        ended |= done
-        logs.attach(trials)
+        if progress != self.line:
+            self.line = progress
+            print(f"{self.what}: {self.line}", flush=True)
+        self._record_ended(trials)
         if true_condition(experiment, "Succeeded"):
             return experiment, trials
         if failed := true_condition(experiment, "Failed"):
             # Katib never stops the trials still running in a finished Experiment: they would keep their GPUs.
-            runner.delete("it failed; its running trials would keep their GPUs")
-            raise RuntimeError(_failure_report(what, failed, trials))
-        running = {t["metadata"]["name"] for t in trials} - ended
-        pods = trial_pods(running)
-        if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
-            runner.delete(f"a trial cannot start: {why}")
-            raise RuntimeError(f"{what}: a trial cannot start: {why}")
-        if run_id is not None and (why := never_got_a_pod(running, pods)):
-            runner.delete(why)
-            raise RuntimeError(f"{what}: {why}")
-        if not trials and time.monotonic() - started > pending_timeout_seconds:
-            runner.delete(f"no trial after {pending_timeout_seconds:.0f}s")
-            raise RuntimeError(
-                f"{what} created no trial in {pending_timeout_seconds:.0f}s: Katib's suggestion "
-                f"service did not start or answer (kubectl -n {namespace} describe suggestion "
-                f"{name}, and its pod)"
-            )
+            self.runner.delete("it failed; its running trials would keep their GPUs")
+            raise RuntimeError(_failure_report(self.what, failed, trials))
+        self._check_running(trials)
         return None
 
-    with runner.cancel_on_sigterm():
-        try:
-            runner.create(manifest, replace=_spent)
-            result = runner.follow(poll, describe=lambda experiment: line)
-            # Katib keeps the trials' jobs and pods (retain), and would keep those of trials still running: the
-            # report has what it needs from them.
-            runner.delete("the search is over; its trials' jobs and pods go with it")
-            return result
-        finally:
-            if trials_dir is not None:
-                remove_exports(trials_dir)
+    def _record_ended(self, trials: list[dict]) -> None:
+        """The newly ended trials' exports deleted and the failed ones' logs read; each failed trial's tail attached."""
+        done = {t["metadata"]["name"] for t in trials if any(true_condition(t, state) for state in _ENDED)}
+        if self.trials_dir is not None:
+            remove_exports(self.trials_dir, sorted(done - self.ended))
+        for t in trials:
+            if t["metadata"]["name"] in done - self.ended and any(true_condition(t, state) for state in _FAILED):
+                self.logs.read(t, self.trial_pods({t["metadata"]["name"]}))
+        self.ended |= done
+        self.logs.attach(trials)
+
+    def _check_running(self, trials: list[dict]) -> None:
+        """A RuntimeError, once the Experiment is deleted, when a running trial cannot start or never got a pod, or
+        no trial appeared, within ``pending_timeout_seconds``."""
+        what, pending = self.what, self.pending_timeout_seconds
+        running = {t["metadata"]["name"] for t in trials} - self.ended
+        pods = self.trial_pods(running)
+        if why := unstartable_pod_reason(pods, self.unschedulable_since, pending):
+            self.runner.delete(f"a trial cannot start: {why}")
+            raise RuntimeError(f"{what}: a trial cannot start: {why}")
+        if self.run_id is not None and (why := self.never_got_a_pod(running, pods)):
+            self.runner.delete(why)
+            raise RuntimeError(f"{what}: {why}")
+        if not trials and time.monotonic() - self.started > pending:
+            self.runner.delete(f"no trial after {pending:.0f}s")
+            raise RuntimeError(
+                f"{what} created no trial in {pending:.0f}s: Katib's suggestion "
+                f"service did not start or answer (kubectl -n {self.namespace} describe suggestion "
+                f"{self.name}, and its pod)"
+            )

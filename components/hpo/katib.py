@@ -231,43 +231,14 @@ def experiment_manifest(
         algorithm=algorithm,
         method=method,
     )
-    if not DNS1035_LABEL.match(name) or len(name) > KATIB_MAX_NAME:
-        errors.append(
-            f"name {name!r} must be a DNS-1035 label of at most {KATIB_MAX_NAME} characters; "
-            "use experiment_name_for(run_id)"
-        )
-    elif (
-        training_job.get("kind") == trainjob.KIND
-        and len(longest := longest_trial_pod_name(name, training_job["spec"]["trainer"]["numNodes"])) > MAX_POD_NAME
-    ):
-        errors.append(
-            f"name {name!r} leaves no room for its trials' pod names: a trial's TrainJob pod would be named "
-            f"like {longest!r} ({len(longest)} characters, at most {MAX_POD_NAME}); use "
-            "experiment_name_for(run_id)"
-        )
+    errors += _name_errors(name, training_job)
     if trial_steps < 1:
         errors.append(f"hpo_trial_steps must be >= 1 (optimizer steps per trial), got {trial_steps}")
     if errors:
         raise ValueError("\n".join(errors))
-    trial_spec = copy.deepcopy(training_job)
-    # Katib names each trial's job after the trial, in the Experiment's namespace; its webhook refuses both here.
-    labels = trial_spec["metadata"].get("labels") or {}
-    trial_spec["metadata"] = {"labels": labels} if labels else {}
     parameters = list(search_space)
-    trial_dir = f"{trials_dir.rstrip('/')}/${{trialParameters.{TRIAL_NAME_PARAMETER}}}"
-    for container in _trainer_containers(trial_spec):
-        container["command"], container["args"] = _trial_command(
-            container["command"], container["args"], trial_dir, trial_steps, parameters
-        )
-        argv = container["command"] + container["args"]
-        unsafe = [a for a in argv if not _SHELL_SAFE.match(_PLACEHOLDER.sub("x", a))]
-        if unsafe:
-            raise ValueError(
-                f"the trial command has arguments sh would interpret {unsafe}: Katib's StdOut collector "
-                "runs it through sh -c; use paths and names of letters, digits and ./_-"
-            )
-    primary_container, primary_labels = _primary(trial_spec)
-    done = "Complete" if trial_spec["kind"] == trainjob.KIND else "Succeeded"  # Katib's defaults for these kinds
+    trial_spec = _trial_spec(training_job, trials_dir, trial_steps, parameters)
+    labels = trial_spec["metadata"].get("labels") or {}
     metadata: dict = {"name": name, "namespace": namespace}
     if RUN_ID_LABEL in labels:
         metadata["labels"] = {RUN_ID_LABEL: labels[RUN_ID_LABEL]}
@@ -297,28 +268,78 @@ def experiment_manifest(
                 "collector": {"kind": "StdOut"},
                 "source": {"filter": {"metricsFormat": list(METRICS_FORMAT)}},
             },
-            "trialTemplate": {
-                "primaryContainerName": primary_container,
-                "primaryPodLabels": primary_labels,
-                # Katib deletes a finished trial's job, and with it the only copy of its log, unless told to keep
-                # it; the search step reads failed trials' logs, then deletes the Experiment (components/hpo/follow.py).
-                "retain": True,
-                "successCondition": f'status.conditions.#(type=="{done}")#|#(status=="True")#',
-                "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
-                "trialParameters": [
-                    {
-                        "name": TRIAL_NAME_PARAMETER,
-                        "reference": "${trialSpec.Name}",
-                        "description": "the trial's name: its folder under the trials directory",
-                    },
-                    *(
-                        {"name": n, "reference": n, "description": f"the trainer's {TRAINER_FIELD.get(n, n)}"}
-                        for n in parameters
-                    ),
-                ],
-                "trialSpec": trial_spec,
-            },
+            "trialTemplate": _trial_template(trial_spec, parameters),
         },
+    }
+
+
+def _name_errors(name: str, training_job: dict) -> list[str]:
+    """What is wrong with the Experiment's ``name``: not a DNS-1035 label within Katib's limit, or too long for its
+    trials' TrainJob pod names."""
+    if not DNS1035_LABEL.match(name) or len(name) > KATIB_MAX_NAME:
+        return [
+            f"name {name!r} must be a DNS-1035 label of at most {KATIB_MAX_NAME} characters; "
+            "use experiment_name_for(run_id)"
+        ]
+    if (
+        training_job.get("kind") == trainjob.KIND
+        and len(longest := longest_trial_pod_name(name, training_job["spec"]["trainer"]["numNodes"])) > MAX_POD_NAME
+    ):
+        return [
+            f"name {name!r} leaves no room for its trials' pod names: a trial's TrainJob pod would be named "
+            f"like {longest!r} ({len(longest)} characters, at most {MAX_POD_NAME}); use "
+            "experiment_name_for(run_id)"
+        ]
+    return []
+
+
+def _trial_spec(training_job: dict, trials_dir: str, trial_steps: int, parameters: list[str]) -> dict:
+    """A copy of ``training_job`` as each trial runs it: without its name and namespace, its trainer commands
+    running ``trial_steps`` steps with the trial's values of ``parameters`` into its folder under ``trials_dir``."""
+    trial_spec = copy.deepcopy(training_job)
+    # Katib names each trial's job after the trial, in the Experiment's namespace; its webhook refuses both here.
+    labels = trial_spec["metadata"].get("labels") or {}
+    trial_spec["metadata"] = {"labels": labels} if labels else {}
+    trial_dir = f"{trials_dir.rstrip('/')}/${{trialParameters.{TRIAL_NAME_PARAMETER}}}"
+    for container in _trainer_containers(trial_spec):
+        container["command"], container["args"] = _trial_command(
+            container["command"], container["args"], trial_dir, trial_steps, parameters
+        )
+        argv = container["command"] + container["args"]
+        unsafe = [a for a in argv if not _SHELL_SAFE.match(_PLACEHOLDER.sub("x", a))]
+        if unsafe:
+            raise ValueError(
+                f"the trial command has arguments sh would interpret {unsafe}: Katib's StdOut collector "
+                "runs it through sh -c; use paths and names of letters, digits and ./_-"
+            )
+    return trial_spec
+
+
+def _trial_template(trial_spec: dict, parameters: list[str]) -> dict:
+    """The Experiment's ``trialTemplate``: ``trial_spec`` with its primary pod and container, its conditions, and the
+    trial parameters (``trialName`` and each of ``parameters``)."""
+    primary_container, primary_labels = _primary(trial_spec)
+    done = "Complete" if trial_spec["kind"] == trainjob.KIND else "Succeeded"  # Katib's defaults for these kinds
+    return {
+        "primaryContainerName": primary_container,
+        "primaryPodLabels": primary_labels,
+        # Katib deletes a finished trial's job, and with it the only copy of its log, unless told to keep
+        # it; the search step reads failed trials' logs, then deletes the Experiment (components/hpo/follow.py).
+        "retain": True,
+        "successCondition": f'status.conditions.#(type=="{done}")#|#(status=="True")#',
+        "failureCondition": 'status.conditions.#(type=="Failed")#|#(status=="True")#',
+        "trialParameters": [
+            {
+                "name": TRIAL_NAME_PARAMETER,
+                "reference": "${trialSpec.Name}",
+                "description": "the trial's name: its folder under the trials directory",
+            },
+            *(
+                {"name": n, "reference": n, "description": f"the trainer's {TRAINER_FIELD.get(n, n)}"}
+                for n in parameters
+            ),
+        ],
+        "trialSpec": trial_spec,
     }
 
 
