@@ -136,24 +136,69 @@ def run_training_job(
         deletion_timeout_seconds=DELETION_TIMEOUT_SECONDS,
         controller="the training operator",
     )
-    core = k8s.CoreV1Api(runner.api_client)
-    name, namespace, what = runner.name, runner.namespace, runner.what
-    logs = PodLogFollower(
-        core, namespace, kind.container, out=lambda s: print(s, flush=True), retry_delay=runner.retry_delay
+    follower = _JobFollower(
+        runner,
+        manifest,
+        cleanup=cleanup,
+        job_restarts=job_restarts,
+        pending_timeout_seconds=pending_timeout_seconds,
+        progress=ProgressWatch(stall_timeout_seconds),
+        on_created=on_created,
+        watch=watch,
     )
+    with runner.cancel_on_sigterm():
+        follower.create(0)
+        return runner.follow(follower.poll)
 
-    def list_pods() -> list:
-        return call_api(
-            core.list_namespaced_pod,
-            namespace,
-            label_selector=f"{kind.pod_label}={name}",
+
+class _JobFollower:
+    """One training job followed, poll by poll (``poll``): its pods' logs printed, its state when it changes, and its
+    end: reported when it succeeded, re-run (``rerun``) when it failed or stalled for a retriable cause within
+    ``job_restarts``, else raised; a pod that cannot start deletes it."""
+
+    def __init__(
+        self,
+        runner: CustomResourceRunner,
+        manifest: dict,
+        *,
+        cleanup: str,
+        job_restarts: int,
+        pending_timeout_seconds: float,
+        progress: ProgressWatch,
+        on_created,
+        watch,
+    ):
+        self.runner, self.manifest, self.cleanup, self.job_restarts = runner, manifest, cleanup, job_restarts
+        self.pending_timeout_seconds, self.progress = pending_timeout_seconds, progress
+        self.on_created, self.watch = on_created, watch
+        self.kind = job_kind(manifest.get("kind"))
+        self.core = k8s.CoreV1Api(runner.api_client)
+        self.name, self.namespace, self.what = runner.name, runner.namespace, runner.what
+        self.logs = PodLogFollower(
+            self.core,
+            self.namespace,
+            self.kind.container,
+            out=lambda s: print(s, flush=True),
             retry_delay=runner.retry_delay,
+        )
+        self.unschedulable_since: dict = {}
+        self.announce, self.state = True, None
+        self.seen: dict = {}  # uid -> this job's pod as last seen: a pod deleted since still tells why it ended
+
+    def list_pods(self) -> list:
+        return call_api(
+            self.core.list_namespaced_pod,
+            self.namespace,
+            label_selector=f"{self.kind.pod_label}={self.name}",
+            retry_delay=self.runner.retry_delay,
         ).items
 
-    def create(restarts: int) -> None:
+    def create(self, restarts: int) -> None:
+        """The job created (or re-attached to), its re-runs so far ``restarts``."""
+
         def body(gone: dict | None) -> dict:
             # A job found being deleted carries its count over: its failure was counted when its re-run was decided.
-            job = copy.deepcopy(manifest)
+            job = copy.deepcopy(self.manifest)
             job["metadata"]["annotations"] = {
                 **(job["metadata"].get("annotations") or {}),
                 RESTARTS_ANNOTATION: str(_restarts(gone) if gone else restarts),
@@ -162,86 +207,90 @@ def run_training_job(
 
         def describe(job: dict) -> str:
             n = _restarts(job)
-            return f" (restart {n}/{job_restarts})" if n else ""
+            return f" (restart {n}/{self.job_restarts})" if n else ""
 
-        runner.create(body, describe=describe)
+        self.runner.create(body, describe=describe)
 
-    unschedulable_since: dict = {}
-    announce, state = True, None
-    seen: dict = {}  # uid -> this job's pod as last seen: a pod deleted since still tells why it ended
-    progress = ProgressWatch(stall_timeout_seconds)
-
-    def rerun(used: int, cause: str) -> None:
+    def rerun(self, used: int, cause: str) -> None:
         """Delete the job (its pods first) and create it again under its name, counting the re-run."""
-        nonlocal announce, state, seen
-        print(f"re-running {what} (restart {used + 1}/{job_restarts}): {cause}", flush=True)
-        runner.delete("to create it again once its pods are gone", foreground=True)
-        runner.wait_until_gone()
-        create(used + 1)
-        announce, state, seen = True, None, {}
-        progress.reset()
+        print(f"re-running {self.what} (restart {used + 1}/{self.job_restarts}): {cause}", flush=True)
+        self.runner.delete("to create it again once its pods are gone", foreground=True)
+        self.runner.wait_until_gone()
+        self.create(used + 1)
+        self.announce, self.state, self.seen = True, None, {}
+        self.progress.reset()
 
-    def poll(job: dict) -> dict | None:
-        nonlocal announce, state, seen
-        if announce and on_created is not None:
-            on_created(job)
-        announce = False
+    def poll(self, job: dict) -> dict | None:
+        """One look at ``job`` and its pods: the result once it succeeded, None while it runs (or was re-run)."""
+        if self.announce and self.on_created is not None:
+            self.on_created(job)
+        self.announce = False
         # Status before logs: once the job reports an end, the logs fetched after it are complete.
-        pods = list_pods()
-        rank0 = kind.rank0(name, pods)
+        pods = self.list_pods()
+        rank0 = self.kind.rank0(self.name, pods)
 
         def order(pod):
             return pod.metadata.name != rank0, pod.metadata.name
 
         pods.sort(key=order)
-        seen.update((p.metadata.uid, p) for p in pods)
-        logs.poll(pods)
-        if watch is not None:
-            watch(pods)
-        if state != latest_state(job):
-            state = latest_state(job)
-            print(f"{what}: {state}", flush=True)
-        if done := true_condition(job, kind.succeeded):
-            if cleanup != "keep":
-                runner.delete(f"it succeeded (cleanup={cleanup})")
+        self.seen.update((p.metadata.uid, p) for p in pods)
+        self.logs.poll(pods)
+        if self.watch is not None:
+            self.watch(pods)
+        if self.state != latest_state(job):
+            self.state = latest_state(job)
+            print(f"{self.what}: {self.state}", flush=True)
+        if done := true_condition(job, self.kind.succeeded):
+            if self.cleanup != "keep":
+                self.runner.delete(f"it succeeded (cleanup={self.cleanup})")
             return {
-                "name": name,
-                "namespace": namespace,
-                "kind": kind.kind,
-                "state": kind.succeeded,
+                "name": self.name,
+                "namespace": self.namespace,
+                "kind": self.kind.kind,
+                "state": self.kind.succeeded,
                 "reason": done.get("reason", ""),
                 "message": done.get("message", ""),
             }
-        if failed := true_condition(job, kind.failed):
-            # Drain: one more poll, so the last lines of pods that ended meanwhile are printed too.
-            pods = sorted(list_pods(), key=order)
-            seen.update((p.metadata.uid, p) for p in pods)
-            logs.poll(pods)
-            failure = classify_failure(failed, sorted(seen.values(), key=order), kind.container, logs.last_lines)
-            used = _restarts(job)
-            if failure.retriable and used < job_restarts:
-                rerun(used, failure.cause)
-                return None
-            if cleanup == "always":
-                runner.delete(f"it failed (cleanup={cleanup})")
-            raise RuntimeError(failure_report(what, failed, failure, rank0, logs.last_lines, used, job_restarts))
-        if stall := progress(pods):
-            # The logs were drained above: each pod's last lines are where its trainer went quiet.
-            tails, used = pod_tails(pods, logs.last_lines), _restarts(job)
-            if used < job_restarts:
-                print(f"{what} is stalled: {stall}\n{tails}", flush=True)
-                rerun(used, f"stalled: {stall}")
-                return None
-            runner.delete(f"it is stalled (whatever cleanup says: it holds its GPUs): {stall}")
-            raise RuntimeError(stall_report(what, stall, tails, used, job_restarts))
-        if why := unstartable_pod_reason(pods, unschedulable_since, pending_timeout_seconds):
-            runner.delete(why)
-            raise RuntimeError(f"{what} cannot start: {why}")
+        if failed := true_condition(job, self.kind.failed):
+            self._failed(job, failed, order, rank0)
+            return None
+        if stall := self.progress(pods):
+            self._stalled(job, pods, stall)
+            return None
+        if why := unstartable_pod_reason(pods, self.unschedulable_since, self.pending_timeout_seconds):
+            self.runner.delete(why)
+            raise RuntimeError(f"{self.what} cannot start: {why}")
         return None
 
-    with runner.cancel_on_sigterm():
-        create(0)
-        return runner.follow(poll)
+    def _failed(self, job: dict, failed: dict, order, rank0: str | None) -> None:
+        """The failed ``job`` re-run when its cause is retriable and re-runs are left, else its failure raised."""
+        # Drain: one more poll, so the last lines of pods that ended meanwhile are printed too.
+        pods = sorted(self.list_pods(), key=order)
+        self.seen.update((p.metadata.uid, p) for p in pods)
+        self.logs.poll(pods)
+        failure = classify_failure(
+            failed, sorted(self.seen.values(), key=order), self.kind.container, self.logs.last_lines
+        )
+        used = _restarts(job)
+        if failure.retriable and used < self.job_restarts:
+            self.rerun(used, failure.cause)
+            return
+        if self.cleanup == "always":
+            self.runner.delete(f"it failed (cleanup={self.cleanup})")
+        raise RuntimeError(
+            failure_report(self.what, failed, failure, rank0, self.logs.last_lines, used, self.job_restarts)
+        )
+
+    def _stalled(self, job: dict, pods: list, stall: str) -> None:
+        """The stalled ``job`` re-run while re-runs are left, else deleted (it holds its GPUs) and its stall raised."""
+        # The logs were drained above: each pod's last lines are where its trainer went quiet.
+        tails, used = pod_tails(pods, self.logs.last_lines), _restarts(job)
+        if used < self.job_restarts:
+            print(f"{self.what} is stalled: {stall}\n{tails}", flush=True)
+            self.rerun(used, f"stalled: {stall}")
+            return
+        self.runner.delete(f"it is stalled (whatever cleanup says: it holds its GPUs): {stall}")
+        raise RuntimeError(stall_report(self.what, stall, tails, used, self.job_restarts))
 
 
 def trainjob_conflicts(cluster) -> list[str]:

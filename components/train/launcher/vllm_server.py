@@ -54,6 +54,8 @@ SERVED_MODEL_NAME = "policy"
 # What the server's pod requests per GPU beside it (requests, no limits).
 CPU_PER_GPU = 4
 MEMORY_GI_PER_GPU = 16
+# The size of the server pod's memory-backed /dev/shm, which NCCL and vLLM's worker processes use within the node.
+SHM_SIZE = "8Gi"
 
 
 def service_url(name: str, namespace: str, port: int = PORT) -> str:
@@ -73,7 +75,6 @@ def server_manifests(
     tolerations: list | None = None,
     image_pull_secrets: list | None = None,
     labels: dict | None = None,
-    shm_size: str = "8Gi",
     max_model_len: int | None = None,
     token_secret: str = "",
 ) -> list[dict]:
@@ -132,7 +133,7 @@ def server_manifests(
         "volumes": [
             {"name": "engine", "configMap": {"name": f"{name}-engine"}},
             {"name": "models", "persistentVolumeClaim": {"claimName": model_pvc, "readOnly": True}},
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": SHM_SIZE}},
         ],
     }
     if node_selector:
