@@ -250,7 +250,8 @@ class _Follower:
         self.ended: set = set()  # trials that have ended (their final/ deleted, their pods no longer checked)
         self.unschedulable_since: dict = {}
         self.podless_since: dict = {}  # running trial -> when it was first seen without any pod
-        self.announce, self.line = True, None
+        self.announce = True
+        self.line: str | None = None  # the progress line last printed
 
     def list_trials(self) -> list[dict]:
         answer = call_api(

@@ -182,7 +182,8 @@ class _JobFollower:
             retry_delay=runner.retry_delay,
         )
         self.unschedulable_since: dict = {}
-        self.announce, self.state = True, None
+        self.announce = True
+        self.state: str | None = None
         self.seen: dict = {}  # uid -> this job's pod as last seen: a pod deleted since still tells why it ended
 
     def list_pods(self) -> list:
