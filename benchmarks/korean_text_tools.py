@@ -50,16 +50,15 @@ def main() -> None:
         for para in paragraphs:
             texts.append(para)
             text += len(para)
-    from transformers import AutoTokenizer
-
     from data_prep import build_qwen3_tokenizer
+    from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(build_qwen3_tokenizer(Path(tempfile.mkdtemp()) / "qwen3"))
     started = time.perf_counter()
     tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     tokenize_s = time.perf_counter() - started
 
-    import kss
+    import kss  # type: ignore[import-not-found]  # installed by hand: see the docstring
 
     kss.split_sentences(texts[0])  # its backend loads on the first call: not timed
     started = time.perf_counter()
