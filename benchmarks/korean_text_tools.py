@@ -58,7 +58,7 @@ def main() -> None:
     tokens = sum(len(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     tokenize_s = time.perf_counter() - started
 
-    import kss  # type: ignore[import-not-found]  # installed by hand: see the docstring
+    import kss  # installed by hand: see the docstring
 
     kss.split_sentences(texts[0])  # its backend loads on the first call: not timed
     started = time.perf_counter()
