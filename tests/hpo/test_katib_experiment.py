@@ -730,7 +730,10 @@ def test_a_trial_runs_the_real_trainer_and_katib_reads_its_eval_loss(tmp_path):
             }
         )
     )
-    job = training_job(config_path=str(base), num_nodes=1, gpus_per_node=1)
+    # The job as the pods see it: the config in the run's folder on the models claim (the only folder they may write);
+    # run here, the command reads this machine's copy of that folder.
+    pod_config = f"/mnt/models/runs/{RUN_ID}/train/train_config.json"
+    job = training_job(config_path=pod_config, num_nodes=1, gpus_per_node=1)
     exp = experiment(
         job,
         trials_dir=str(root / "hpo"),
@@ -748,7 +751,10 @@ def test_a_trial_runs_the_real_trainer_and_katib_reads_its_eval_loss(tmp_path):
     master = run["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     katib_dir = tmp_path / "katib"
     katib_dir.mkdir()
-    command = katib_wrapped_command(master, str(katib_dir / "metrics.log"))
+    command = [
+        arg.replace(pod_config, str(base)) for arg in katib_wrapped_command(master, str(katib_dir / "metrics.log"))
+    ]
+    assert any(str(base) in arg for arg in command)
     # The container's env, the operator's rendezvous env, and the trainer image's PATH (here: this virtualenv).
     env = {e["name"]: e["value"] for e in master["env"] if "value" in e}
     env.update(
