@@ -419,18 +419,7 @@ class _Checked(NamedTuple):
 def _gated(runner, core, previous, manifest, rt, gates: _Gates, roll_back, *, canary: bool):
     """Apply ``manifest`` (over ``previous``), wait for Ready, and run every gate on the revision it made; on a
     failure ``roll_back`` and raise. Returns the status, the service's checks object and what they found."""
-    applied = _apply(runner, previous, manifest)
-    try:
-        isvc = _wait_ready(
-            runner,
-            core,
-            generation=applied["metadata"].get("generation", 1),
-            pending_timeout_seconds=gates.pending_timeout_seconds,
-            progress_seconds=gates.progress_seconds,
-        )
-    except (RuntimeError, TimeoutError) as exc:
-        raise type(exc)(f"{runner.what} {exc}; {roll_back()}") from exc
-    status = isvc["status"]
+    status = _promote(runner, core, previous, manifest, gates, roll_back)
     url = _smoke_url(status, canary)
     if canary and url == _smoke_url(status, False):
         # No tagged URL for the new revision: the shared address would test the live one instead.
@@ -500,8 +489,8 @@ def _gated_candidate(runner, core, manifest: dict, rt, gates: _Gates, cleanups: 
 
 
 def _promote(runner, core, current: dict, manifest: dict, gates: _Gates, roll_back) -> dict:
-    """The live service moved to ``manifest`` (from ``current``), once its spec passed its gates; its status once
-    Ready (a failure rolls back and raises)."""
+    """``runner``'s service moved to ``manifest`` (from ``current``; None: created); its status once Ready for it (a
+    failure rolls back and raises). The live service once its spec passed its gates, or the spec under test."""
     applied = _apply(runner, current, manifest)
     try:
         isvc = _wait_ready(
