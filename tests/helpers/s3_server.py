@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import socket
-import urllib.request
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -37,15 +36,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _set_auth(endpoint: str, free_requests: str) -> None:
-    """moto authenticates every request once this many have been served since ("inf": never)."""
-    request = urllib.request.Request(
-        f"{endpoint}/moto-api/reset-auth",
-        data=free_requests.encode(),
-        method="POST",
-        headers={"Content-Type": "text/plain"},
-    )
-    urllib.request.urlopen(request, timeout=10).read()
+def _set_auth(free_requests: float) -> None:
+    """moto authenticates every request once this many have been served since (``inf``: never). Set in this process,
+    where the server's thread reads it, as moto's ``POST /moto-api/reset-auth`` sets it: not over HTTP, so stopping a
+    server does not wait on it (a CI run's teardown once timed out on that request after 50 minutes of tests)."""
+    from moto import settings
+    from moto.core.responses import ActionAuthenticatorMixin
+
+    settings.INITIAL_NO_AUTH_ACTION_COUNT = free_requests
+    ActionAuthenticatorMixin.request_count = 0
 
 
 @contextmanager
@@ -65,11 +64,11 @@ def s3_server():
     iam.put_user_policy(UserName="trainer", PolicyName="s3", PolicyDocument=json.dumps(policy))
     key = iam.create_access_key(UserName="trainer")["AccessKey"]
     boto3.client("s3", aws_secret_access_key="setup", **setup).create_bucket(Bucket=BUCKET)
-    _set_auth(endpoint, "0")
+    _set_auth(0)
     try:
         yield S3Server(
             endpoint, {"AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
         )
     finally:
-        _set_auth(endpoint, "inf")
+        _set_auth(float("inf"))
         server.stop()
