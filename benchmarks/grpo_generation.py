@@ -29,7 +29,7 @@ def _free_port() -> int:
 
 def _start_server(model: str, log_path: str) -> tuple[subprocess.Popen, str]:
     from components.deploy.local_server import vllm_python
-    from components.train.trainer.vllm_server import engine_dir, server_args, server_env
+    from components.train.trainer.vllm_client import engine_dir, server_args, server_env
 
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from components.models.tiny import materialize
-    from components.train.trainer.vllm_server import VLLMServer, WeightSync
+    from components.train.trainer.vllm_client import VLLMServer, WeightSync
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=16)

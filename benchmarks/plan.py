@@ -9,7 +9,7 @@ layouts hsdp and hsdp_ep) with every split of the preset's rows per optimizer st
 batch): seconds per step, tokens/s per GPU and its ratio to the preset as it is, the bottleneck, what crosses the
 network per GPU and step, memory per GPU, whether it fits, and whether it runs (``Plan.blocked``: what validate_inputs
 refuses besides memory). Everything comes from
-``components.estimate.plan`` (no GPU, no cluster); the other settings are the preset's.
+``components.estimate.training_plan`` (no GPU, no cluster); the other settings are the preset's.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ RDMA = ("rdma_resource=rdma/ib", "rdma_per_pod=8", "ipc_lock=true")
 def table(preset: str, networks: tuple[float, ...]) -> str:
     """The Markdown table for ``preset`` over ``networks``."""
     from components.estimate.network import INTER
-    from components.estimate.plan import alternatives, architecture
+    from components.estimate.training_plan import alternatives, architecture
     from pipelines import params as P
 
     lines = [

@@ -405,7 +405,7 @@ class VariantSettings:
         "best",
         "With variants, what is served: best (the lowest held-out loss of those that passed their gate) or "
         "all (every variant that passed, each as <serving_name>-<variant>; LoRA adapters of one base share "
-        "one vLLM server, components/deploy/plan.py).",
+        "one vLLM server, components/deploy/serving_plan.py).",
         plain=False,
         choices=("best", "all"),
     )
@@ -627,7 +627,7 @@ class ClusterSettings:
     )
     trainer_image: str = setting(TRAINER_IMAGE, "Image the training job's pods run.")
     # The grpo stage's generation server (grpo_generation_backend vllm-server with no grpo_vllm_server_url): the
-    # train step runs it beside the stage's job (components/train/launcher/vllm_server.py, docs/rl.md).
+    # train step runs it beside the stage's job (components/train/launcher/generation_server.py, docs/rl.md).
     grpo_vllm_image: str = setting(
         "vllm/vllm-openai:v0.32.0",
         "grpo stage, grpo_generation_backend vllm-server with no grpo_vllm_server_url: image of the vLLM server the "

@@ -21,9 +21,9 @@ from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
 from components.stages import dataset_folder, hands_on, stage_cluster, stage_folder, stage_train_settings
 from components.train.config import build_trainer_config
+from components.train.launcher.generation_server import run_server_manifests, runs_own_server, stage_server_url
 from components.train.launcher.job import training_job_for_run
 from components.train.launcher.pods import trainer_network_policy
-from components.train.launcher.vllm_server import run_server_manifests, runs_own_server, stage_server_url
 from pipelines.compile import compile_pipeline
 
 RENDER_RUN_ID = "render-preview"

@@ -263,7 +263,7 @@ def _main(args) -> int:
                 "or --render DIR to see what it would create"
             )
         workspace = make_workspace(args.workspace)
-        from pipelines.local import run_locally
+        from pipelines.local_runner import run_locally
 
         print(
             f"Running pipeline llm-finetune locally (kfp.local, preset {preset}); outputs under {workspace}"

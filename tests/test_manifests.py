@@ -214,12 +214,12 @@ def scripted_runs() -> set[tuple]:
 
 
 def grpo_server_rules() -> set[tuple]:
-    """The grpo stage's own vLLM server (components/train/launcher/vllm_server.py): created, waited on until ready
+    """The grpo stage's own vLLM server (components/train/launcher/generation_server.py): created, waited on until ready
     (its pods listed), deleted when the stage ends; one a killed step left, deleted by the exit handler; and the
     preflight of a run that has one."""
     from components.observe.run_objects import GRPO_SERVER_RECORD, record_objects, remove_recorded
     from components.settings import Settings, defaults
-    from components.train.launcher import vllm_server
+    from components.train.launcher import generation_server
 
     grpo = {"stages": ["sft", "grpo"], "grpo_generation_backend": "vllm-server"}
     cluster = Settings.from_flat({**defaults(), **grpo}).cluster
@@ -233,7 +233,7 @@ def grpo_server_rules() -> set[tuple]:
             obj["status"] = {"readyReplicas": 1} if ready["n"] > 1 else {}
 
         api.on_get("deployments", becomes_ready)
-        with vllm_server.generation_server(
+        with generation_server.generation_server(
             cluster,
             run_id=RUN_ID,
             namespace=NS,
@@ -243,7 +243,7 @@ def grpo_server_rules() -> set[tuple]:
             poll_seconds=0.01,
         ):
             pass
-        manifests = vllm_server.run_server_manifests(cluster, run_id=RUN_ID, namespace=NS, model_path=model)
+        manifests = generation_server.run_server_manifests(cluster, run_id=RUN_ID, namespace=NS, model_path=model)
         record_objects(root, RUN_ID, GRPO_SERVER_RECORD, manifests)
         remove_recorded(root, RUN_ID, GRPO_SERVER_RECORD, api_client=api.client)  # the exit handler
         needed |= {rule_for(r.method, r.path) for r in api.requests}

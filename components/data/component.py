@@ -24,7 +24,7 @@ def prepare_dataset(
 
     The base model (``model_name_or_path``) is resolved here, on a CPU pod before any GPU is requested: a Hub id
     is downloaded into the HF cache on the data volume, and an FP8 checkpoint is dequantised once into the bf16
-    copy that training and evaluation load (``components.models.hub.resolve_model``; both reuse it by fingerprint).
+    copy that training and evaluation load (``components.models.resolve.resolve_model``; both reuse it by fingerprint).
 
     Args:
         settings: every setting, as validate_inputs resolved them (components/settings.py): the data settings

@@ -40,7 +40,7 @@ def prepare_once(out_dir: str, model_name_or_path: str, model_cache: str, **opti
         return stats
     # Here, not at the top: a request answered above needs neither.
     from components.data.prepare import PrepareOptions, prepare
-    from components.models.hub import resolve_model
+    from components.models.resolve import resolve_model
 
     source = options.pop("source")
     stats = prepare(source, resolve_model(model_name_or_path, model_cache), out_dir, PrepareOptions(**options))

@@ -47,7 +47,7 @@ from components.data import shards as shard_work
 from components.data.formats import COMMAND_LINE, DataError, Options
 from components.data.report import length_histogram
 from components.data.tokenizing import CHUNK, OVER_LENGTH
-from components.models.hub import resolve_model
+from components.models.resolve import resolve_model
 
 __all__ = ["DataError", "PrepareOptions", "prepare", "main"]
 

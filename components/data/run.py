@@ -123,7 +123,7 @@ def prepare_stage_shard(s: Settings, *, stage: str, shard: int, data_root: str, 
     """Shard ``shard`` of ``stage``'s data (data_shards of them) read and tokenized into the data volume's shard
     cache, where the run's data step finds it complete; its stats (rows, seconds, the folder). A shard pod's work."""
     from components.data.prepare import PrepareOptions, prepare
-    from components.models.hub import resolve_model
+    from components.models.resolve import resolve_model
 
     request = stage_request(s, stage, data_root)
     source = request.pop("source")

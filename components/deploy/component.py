@@ -35,7 +35,7 @@ def deploy_model(
     The InferenceService's replicas: ``min_replicas``..``max_replicas``, scaled on ``scale_metric`` to
     ``scale_target`` (Standard: an HPA on cpu or memory; Knative: concurrency or rps).
 
-    Several models (components/deploy/plan.py): each full fine-tune (or merged LoRA) its own InferenceService
+    Several models (components/deploy/serving_plan.py): each full fine-tune (or merged LoRA) its own InferenceService
     ``<serving_name>-<variant>``; the LoRA adapters of one base (``merge_lora=false``) one vLLM service with the
     base as its model and each adapter a LoRA module under its own name (``kserve-vllm``; locally vLLM's CPU build
     from the serving virtualenv when a base has two or more adapters). Every served name is smoke-tested; when one

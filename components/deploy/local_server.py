@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from components.deploy.plan import lora_args
+from components.deploy.serving_plan import lora_args
 from components.deploy.smoke import TooSlow, chat_completion, wait_healthy
 from components.models.logprobs import ServingMismatch, check_greedy_text, check_server
 from components.models.serve_command import transformers_serve
@@ -151,7 +151,7 @@ def serve_adapters_locally(
     serving_references: dict[str, dict] | None = None,
     probe: Callable[[str, str], dict] | None = None,
 ) -> dict:
-    """Start vLLM's OpenAI server (CPU build) on ``server``'s base (``components.deploy.plan.Server``) with each
+    """Start vLLM's OpenAI server (CPU build) on ``server``'s base (``components.deploy.serving_plan.Server``) with each
     adapter a LoRA module, send one chat completion to every served name, and stop it unless ``keep_serving``.
 
     With ``serving_references`` (served name -> the evaluate step's reference) each adapter must also reproduce

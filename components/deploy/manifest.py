@@ -12,7 +12,7 @@ Two runtimes, both KServe ClusterServingRuntimes that read the model KServe moun
 KServe appends the InferenceService's ``args`` to the runtime's, so ours come last and win over the
 runtime's defaults (``--served-model-name={{.Name}}`` / ``--model_name={{.Name}}``).
 
-LoRA adapters of one base (components/deploy/plan.py) are served by one ``kserve-vllm`` service without merging:
+LoRA adapters of one base (components/deploy/serving_plan.py) are served by one ``kserve-vllm`` service without merging:
 ``storageUri`` is the base, the model claim is mounted read-only at ``ADAPTER_MOUNT`` (a ``persistentVolumeClaim``
 volume in the predictor's pod spec and a ``volumeMounts`` entry on its model container, both fields of the
 InferenceService CRD's predictor), and vLLM loads each adapter from there as a LoRA module with its own name.
@@ -36,7 +36,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from components.deploy.plan import SCALE_METRICS, lora_args
+from components.deploy.serving_plan import SCALE_METRICS, lora_args
 from components.kube import DNS1035_LABEL, RUN_ID_LABEL, egress_env
 from components.paths import MODEL_MOUNT, pvc_uri
 from components.security import container_security_context
@@ -302,8 +302,8 @@ def build_inference_service(spec: InferenceServiceSpec) -> dict:
 
 def served_from_store(deploy, cluster, storage_uri: str) -> str:
     """``storage_uri`` (``pvc://<model_pvc>/<path>``), or the train step's uploaded copy of it when the model store
-    serves (``model_store_uri`` and ``serving_service_account`` set; components/train/model_store.py uploads each
-    final model to ``<model_store_uri>/<path>``). The URI is ``s3://`` for a ``gs://`` store too: KServe's storage
+    serves (``model_store_uri`` and ``serving_service_account`` set; components/train/launcher/model_store.py uploads
+    each final model to ``<model_store_uri>/<path>``). The URI is ``s3://`` for a ``gs://`` store too: KServe's storage
     initializer reads GCS's XML API with the HMAC keys of the account's Secret (its ``s3-endpoint`` annotation
     ``storage.googleapis.com``)."""
     claim = f"pvc://{cluster.model_pvc}/"
@@ -357,8 +357,8 @@ def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, s
 
 
 def base_storage_uri(server, claim: str, mount: str) -> str:
-    """The ``storageUri`` of a LoRA server's base (``components.deploy.plan.Server``): the folder on the model claim
-    its adapters' stage started from, else the Hub id it was resolved from (``hf://``, KServe's storage
+    """The ``storageUri`` of a LoRA server's base (``components.deploy.serving_plan.Server``): the folder on the model
+    claim its adapters' stage started from, else the Hub id it was resolved from (``hf://``, KServe's storage
     initializer downloads it).
 
     Raises:
@@ -385,8 +385,8 @@ def base_storage_uri(server, claim: str, mount: str) -> str:
 def inference_services_for_servers(
     servers, deploy, cluster, *, run_id: str, namespace: str, mount: str | None = None
 ) -> list[dict]:
-    """One InferenceService per server of ``components.deploy.plan.plan_servers``: a full model from its folder on
-    the model claim; a LoRA server from its base (``base_storage_uri``) with the claim mounted read-only at
+    """One InferenceService per server of ``components.deploy.serving_plan.plan_servers``: a full model from its folder
+    on the model claim; a LoRA server from its base (``base_storage_uri``) with the claim mounted read-only at
     ``ADAPTER_MOUNT`` and each adapter a LoRA module under its served name. ``mount``: where the deploy step
     mounts the model claim (``MODEL_MOUNT``)."""
     mount = mount or MODEL_MOUNT

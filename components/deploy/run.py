@@ -1,7 +1,7 @@
 """The deploy step's work (deploy_model, components/deploy/component.py) as a plain function, testable without KFP:
-serve what the run chose (components/deploy/plan.py: which models share a server), prove each served name answers,
-is the model the evaluation scored and is fast enough (time to first token, output tokens/s: the latency gates), and
-say where each is."""
+serve what the run chose (components/deploy/serving_plan.py: which models share a server), prove each served name
+answers, is the model the evaluation scored and is fast enough (time to first token, output tokens/s: the latency
+gates), and say where each is."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import logging
 import os
 from typing import NamedTuple
 
-from components.deploy.plan import Server, plan_servers
+from components.deploy.serving_plan import Server, plan_servers
 from components.deploy.smoke import check_latency, describe_latency
 from components.models.logprobs import read_reference, reference_path
 from components.settings import Settings

@@ -1,8 +1,8 @@
 """The grpo stage's plan (docs/plan.md, "The grpo stage"): ``GRPOPlan`` and ``grpo_plan``, its optimizer step as the
 trainer pods run it (generation, the reference's forward for the KL term, then the policy's forward and backward as
-plan.py's ``plan``), its memory per GPU by the fit validate_inputs checks, its run's steps and GPU-hours, and
-``format_grpo_plan``, the text of it. It builds on network.py and plan.py, which import nothing of it; plan_text.py and
-validate_inputs' rules call it.
+training_plan.py's ``plan``), its memory per GPU by the fit validate_inputs checks, its run's steps and GPU-hours, and
+``format_grpo_plan``, the text of it. It builds on network.py and training_plan.py, which import nothing of it;
+plan_text.py and validate_inputs' rules call it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from components.estimate.network import (
     _link_seconds,
     network_transport,
 )
-from components.estimate.plan import Plan, _duration, _gb, plan
+from components.estimate.training_plan import Plan, _duration, _gb, plan
 from components.models.shape import lora_targets, model_shape
 from components.settings import Settings
 from components.train.config import job_zero_config

@@ -170,7 +170,7 @@ VLLM_GPU_MEMORY_UTILIZATION = 0.3
 # release fits the package's transformers, docs/rl.md), so grpo_arguments.vllm_colocate picks transformers' ``generate``
 # in the trainer pods too, and a request for vLLM colocate is counted as what runs instead.
 TRAINER_IMAGE_HAS_VLLM = False
-# The weight sync's send bucket on the trainer's rank 0 (components/train/trainer/vllm_server.py DEFAULT_BUCKET_BYTES;
+# The weight sync's send bucket on the trainer's rank 0 (components/train/trainer/vllm_client.py DEFAULT_BUCKET_BYTES;
 # a test holds the two equal: this module imports nothing of the trainer's).
 WEIGHT_SYNC_BUCKET_BYTES = 256 * 2**20
 
@@ -223,7 +223,7 @@ def grpo_extra_bytes(
     under ZeRO-3 the whole gathered model, ``grpo_generation_gather_bytes``; ``colocate``: vLLM's reserved share of the
     GPU instead, where the trainer image has vllm, TRAINER_IMAGE_HAS_VLLM). ``server`` (grpo_generation_backend
     vllm-server): the completions come from a server on GPUs of its own; the trainer holds only what its weight sync
-    does, one parameter gathered whole at a time and rank 0's send bucket (components/train/trainer/vllm_server.py)."""
+    does, one parameter gathered whole at a time and rank 0's send bucket (components/train/trainer/vllm_client.py)."""
     reference = 0
     if beta > 0 and method == "full":
         reference = int(2 * shape.total / n_gpus) if zero.get("stage", 0) == 3 else 2 * shape.total

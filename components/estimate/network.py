@@ -3,8 +3,8 @@ optimizer step (ZeRO-3, hpZ, HSDP, HSDP + EP, ZeRO-2, DDP) as ring bytes on the 
 each GPU's share of the node's NICs between nodes: ``Collective``, ``collectives``, ``hsdp_collectives``,
 ``_link_seconds``), what NCCL uses between the training pods (``network_transport``), the layouts' names
 (``zero_config``, ``HSDP_LAYOUTS``, ``layout_name``), and HSDP's memory per GPU and rank 0's host memory at the final
-export (``hsdp_memory_gib``, ``hsdp_export_host_gib``). No torch, no cluster, no GPU; plan.py and grpo_plan.py build
-the plan on it.
+export (``hsdp_memory_gib``, ``hsdp_export_host_gib``). No torch, no cluster, no GPU; training_plan.py and grpo_plan.py
+build the plan on it.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 pipelines.run ... --plan [STATS_JSON]`` prints: the plan, a faster layout or lighter recomputation where one fits, the
 grpo stage's plan and one line per stage), ``memory_text`` (each training stage's memory per GPU after ``--render``'s
 manifests), ``format_stage_plans`` (a line per stage and the run's total) and ``read_stats`` (a prepared dataset's
-statistics). It imports plan.py and grpo_plan.py; nothing of theirs imports it.
+statistics). It imports training_plan.py and grpo_plan.py; nothing of theirs imports it.
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from components.estimate.data_prep import data_prep_text
+from components.estimate.data_prep_time import data_prep_text
 from components.estimate.grpo_plan import format_grpo_plan, grpo_plan
-from components.estimate.plan import (
+from components.estimate.training_plan import (
     _duration,
     architecture,
     faster_layout,

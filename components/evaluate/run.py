@@ -87,8 +87,11 @@ def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, dat
     langfuse_secret's keys are set. Returns ``evaluate``'s result: ``metrics``, ``report``, ``passed``, ``reason``,
     ``prompts`` and ``answers``.
     """
-    from components.evaluate.evaluate import EvalOptions, evaluate  # torch, transformers, datasets: when evaluating
-    from components.models.hub import resolve_model
+    from components.evaluate.base_vs_tuned import (  # torch, transformers, datasets: when evaluating
+        EvalOptions,
+        evaluate,
+    )
+    from components.models.resolve import resolve_model
 
     e = s.evaluate
     base = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))

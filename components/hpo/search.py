@@ -14,7 +14,7 @@ from components.hpo import katib
 from components.hpo.space import check_hpo_settings
 from components.settings import Settings
 from components.stages import stage_cluster, stage_train_settings
-from components.train.job_setup import TrainerMounts, cluster_job, record_created, write_config
+from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
 
 log = logging.getLogger("search_hyperparameters")
 
@@ -38,7 +38,7 @@ def search_sft_settings(
     (``hpo_search_space``), ``hpo_trial_steps`` steps and no checkpoints; the objective (``katib.OBJECTIVE``, the
     held-out ``eval_loss``) is minimised. The trials' base config and folders are under
     ``<model_root>/runs/<run id>/hpo/``, and so is the report (``report.md``), whatever becomes of the run.
-    ``train_backend=local`` runs the trials here one at a time (components/hpo/local.py); ``pytorchjob`` and
+    ``train_backend=local`` runs the trials here one at a time (components/hpo/local_search.py); ``pytorchjob`` and
     ``trainjob`` create the Katib Experiment ``hpo-<run id>`` whose trials are the run's training job and follow it
     (components/hpo/follow.py; with ``active_deadline_seconds``, given up after ceil(trials / parallel trials)
     rounds of it).
@@ -111,7 +111,7 @@ def _search_here(
     s: Settings, base_config: str, trials_dir: str, *, name: str, search_space: dict
 ) -> tuple[dict, list[dict]]:
     """Optuna's trials, one at a time under torchrun on this machine."""
-    from components.hpo import local
+    from components.hpo import local_search
 
     hpo = s.hpo
     if hpo.hpo_parallel_trials > 1:
@@ -120,7 +120,7 @@ def _search_here(
             "once would only slow both)",
             hpo.hpo_parallel_trials,
         )
-    return local.run_search(
+    return local_search.run_search(
         base_config,
         trials_dir,
         name=name,

@@ -1,6 +1,6 @@
 """The search space of a hyper-parameter search and its rules: what a trial may vary, how, and every problem with a
 search before anything is created (Katib's admission webhook and suggestion services, components/hpo/katib.py,
-and the local Optuna search, components/hpo/local.py, share them).
+and the local Optuna search, components/hpo/local_search.py, share them).
 
 It imports no Kubernetes or Katib library (only the settings model): the validate step checks a run's search with it.
 """

@@ -80,7 +80,7 @@ def tiny_config(tokenizer):
 
 def build_model(tokenizer, seed: int = 0):
     """A freshly initialised 4-layer Qwen3 sized for a CPU laptop run (about 1M parameters)."""
-    # Lazy: hub.py imports this module for every model it resolves, and the data step, which loads only the
+    # Lazy: resolve.py imports this module for every model it resolves, and the data step, which loads only the
     # tokenizer, would pay transformers' modelling import (seconds) for a model it never builds.
     from transformers import Qwen3ForCausalLM
 

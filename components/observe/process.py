@@ -7,9 +7,9 @@ never an import, decides how the process exits.
 How a local run's processes end with it, however it ends (SIGKILL included, which gives no process a chance to pass
 anything on), each link of the chain on its own:
 
-- each step ends with the run's CLI (pipelines/local.py), whose pid is in ``PARENT_PID_ENV``: a thread waits on the
-  CLI's pidfd (Linux: readable when the process ends; elsewhere it asks every second) and sends the step SIGTERM, which
-  unwinds it. Not a parent-death signal: kfp.local starts each step as ``sh -ec '...; python3 -m
+- each step ends with the run's CLI (pipelines/local_runner.py), whose pid is in ``PARENT_PID_ENV``: a thread waits on
+  the CLI's pidfd (Linux: readable when the process ends; elsewhere it asks every second) and sends the step SIGTERM,
+  which unwinds it. Not a parent-death signal: kfp.local starts each step as ``sh -ec '...; python3 -m
   kfp.dsl.executor_main ...'``, so the step's parent is that shell, which outlives the CLI;
 - torchrun and the local server end with the step that started them: the kernel's parent-death signal (Linux
   ``prctl(PR_SET_PDEATHSIG)``, requested between fork and exec: ``parent_death_signal``), SIGTERM, which torchrun
@@ -35,7 +35,7 @@ from components import parent_death
 from components.quick_exit import freeze_heap_at_exit
 
 LOG_FORMAT = "%(asctime)s %(name)s: %(message)s"
-# Set by a local run's CLI (pipelines/local.py) to its pid: a step started with it ends with the run.
+# Set by a local run's CLI (pipelines/local_runner.py) to its pid: a step started with it ends with the run.
 PARENT_PID_ENV = "LLM_PIPELINE_LOCAL_RUN_PID"
 # Seconds a stopped local step has to unwind (stop its torchrun or server, each with a grace of its own) before it is
 # ended regardless; the CLI waits as long before it kills a step.

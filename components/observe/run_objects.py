@@ -8,7 +8,7 @@ a step killed by KFP, by its node or by a timeout never reaches its ``finally``.
 
 A record is ``runs/<run id>/<record>`` (the variants' ``runs/<run id>-<variant>/<record>`` too), a JSON list of
 ``{"kind", "namespace", "name"}``. Kinds: ConfigMap, Deployment, Service, NetworkPolicy. Today: the grpo stage's vLLM
-generation server (components/train/launcher/vllm_server.py, ``GRPO_SERVER_RECORD``) and each training job's
+generation server (components/train/launcher/generation_server.py, ``GRPO_SERVER_RECORD``) and each training job's
 NetworkPolicy (components/train/launcher/job.py::trainer_network, ``TRAINER_POLICY_RECORD``).
 
 A record says where to look, never what may be deleted: every trainer pod writes its run's folder on the model claim

@@ -86,7 +86,7 @@ def publish(
         )
         done.append(f"model registry: {registered['name']} version {registered['version']} ({registered['ui_path']})")
     if s.publish.hub_repo_id:
-        from components.publish.hub import push_to_hub
+        from components.publish.hub_push import push_to_hub
 
         if not hub_token:
             raise ValueError(

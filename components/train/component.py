@@ -56,7 +56,7 @@ def train_model(
     from components.observe.outcome import recording_outcome
     from components.observe.process import start_step
     from components.settings import Settings, whole_numbers
-    from components.train.run import train_stage
+    from components.train.launcher.run import train_stage
 
     start_step("train_model")
     # How this step ended, for the run's exit handler (components/observe/outcome.py).

@@ -274,7 +274,7 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
             else:
                 problems.append(tensorboard_problem(authz, namespace))
         if "grpo" in s.stages.stages:
-            from components.train.launcher.vllm_server import runs_own_server
+            from components.train.launcher.generation_server import runs_own_server
 
             if runs_own_server("grpo", stage_train_settings(s, "grpo", s.train.model_name_or_path), c):
                 wanted += GRPO_SERVER_ACCESS

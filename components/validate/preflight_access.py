@@ -43,8 +43,8 @@ TENSORBOARD_SERVER_ACCESS = [
     ("get", "", "services", ""),
     ("delete", "", "services", ""),
 ]
-# The grpo stage's own vLLM server (components/train/launcher/vllm_server.py): the train step creates it, reads its
-# Deployment until it is ready (and lists its pods: POD_ACCESS), deletes it, and so may the exit handler.
+# The grpo stage's own vLLM server (components/train/launcher/generation_server.py): the train step creates it, reads
+# its Deployment until it is ready (and lists its pods: POD_ACCESS), deletes it, and so may the exit handler.
 GRPO_SERVER_ACCESS = [
     ("create", "networking.k8s.io", "networkpolicies", ""),
     ("get", "networking.k8s.io", "networkpolicies", ""),

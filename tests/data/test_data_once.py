@@ -11,7 +11,7 @@ from kfp.dsl import Dataset, Markdown
 
 from components.data import once, tokenizing
 from components.data.component import prepare_dataset
-from components.models import hub
+from components.models import resolve
 from components.settings import defaults
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ def test_the_sft_stages_data_step_takes_the_runs_sft_data_as_it_is(corpus, token
     first = _data_step(settings, tmp_path / "data", tmp_path / "run-data-step")
     folder = Path(first.metadata["path"])
     files = {p: p.stat().st_mtime_ns for p in folder.rglob("*")}
-    monkeypatch.setattr(hub, "resolve_model", _no("resolved the model again"))
+    monkeypatch.setattr(resolve, "resolve_model", _no("resolved the model again"))
     monkeypatch.setattr(tokenizing, "load_tokenizer", _no("loaded a tokenizer"))
     again = _data_step(settings, tmp_path / "data", tmp_path / "stage-slot")
     assert again.metadata["path"] == str(folder) and again.metadata["cache_hit"]
@@ -98,7 +98,7 @@ def test_any_other_request_into_the_folder_prepares_again(corpus, tokenizer_dir,
     request = json.loads((Path(out) / once.REQUEST_FILE).read_text())
     assert request == {"model_name_or_path": tokenizer_dir, **options, "source": [str(corpus)]}
     resolved = []
-    monkeypatch.setattr(hub, "resolve_model", lambda ref, cache: resolved.append(ref) or tokenizer_dir)
+    monkeypatch.setattr(resolve, "resolve_model", lambda ref, cache: resolved.append(ref) or tokenizer_dir)
     ref = change.get("model_name_or_path", tokenizer_dir)
     changed = {**options, **{k: v for k, v in change.items() if k in options}}
     again = once.prepare_once(out, ref, str(tmp_path / "cache"), **changed)

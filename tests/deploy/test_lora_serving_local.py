@@ -24,7 +24,7 @@ import time
 import pytest
 
 from components.deploy.local_server import serve_adapters_locally
-from components.deploy.plan import plan_servers
+from components.deploy.serving_plan import plan_servers
 from components.models.logprobs import server_logprobs
 from components.models.tiny import materialize
 from tests.helpers.serving import build_adapter, serving_vllm

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from components.deploy.manifest import inference_services_for_servers
-from components.deploy.plan import plan_servers
 from components.deploy.rollout import deploy_inference_services
+from components.deploy.serving_plan import plan_servers
 from components.deploy.serving_runtime import serving_runtime_manifest
 from components.models.logprobs import LOGPROB_TOLERANCE
 from components.models.tiny import materialize

@@ -227,7 +227,7 @@ def test_deploy_keeps_a_service_that_serves_the_evaluated_model(work, monkeypatc
 
 def test_the_evaluate_step_writes_the_reference_the_deploy_step_checks(work, tmp_path):
     """evaluate() scores the tuned model and writes its reference; a server of that same folder passes the check."""
-    from components.evaluate.evaluate import EvalOptions, evaluate
+    from components.evaluate.base_vs_tuned import EvalOptions, evaluate
 
     tuned = work["root"] / "final"
     path = reference_path(str(tuned))
@@ -251,7 +251,7 @@ def test_transformers_serve_reproduces_the_evaluations_greedy_answers_and_a_mism
 ):
     """The local backend against the real `transformers serve` (no log-probabilities there: answers only)."""
     from components.deploy.local_server import serve_locally
-    from components.evaluate.evaluate import load_causal_lm
+    from components.evaluate.base_vs_tuned import load_causal_lm
     from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
     from components.models.tiny import materialize
 

@@ -37,12 +37,12 @@ import pytest
 from components.deploy.manifest import inference_service_for_run
 from components.deploy.rollout import deploy_inference_service
 from components.deploy.serving_runtime import serving_runtime_manifest
-from components.evaluate.evaluate import EvalOptions, evaluate
+from components.evaluate.base_vs_tuned import EvalOptions, evaluate
 from components.models.logprobs import LOGPROB_TOLERANCE, read_reference, reference_path
 from components.paths import pvc_uri
 from components.settings import Settings
 from components.train.config import deepspeed_config_path
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.fakes import serving_image
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.serving import READY_TIMEOUT_SECONDS, rehearsal_unavailable

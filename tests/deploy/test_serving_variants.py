@@ -13,8 +13,8 @@ import pytest
 
 from components import kube
 from components.deploy.manifest import ADAPTER_MOUNT, inference_services_for_servers, served_names
-from components.deploy.plan import LORA_RANKS, lora_rank_limit, plan_servers
 from components.deploy.rollout import deploy_inference_services
+from components.deploy.serving_plan import LORA_RANKS, lora_rank_limit, plan_servers
 from components.settings import ClusterSettings, DeploySettings, defaults
 from components.validate.rules import check
 from components.variants.compare import compare

@@ -1,9 +1,9 @@
-"""The ``data:`` line of ``--plan`` (components/estimate/data_prep.py): the data step's wall time for the corpus at
+"""The ``data:`` line of ``--plan`` (components/estimate/data_prep_time.py): the data step's wall time for the corpus at
 the run's data_shards and data_cpu, the claim space it needs, and the shard count that would shorten it."""
 
 import pytest
 
-from components.estimate.data_prep import (
+from components.estimate.data_prep_time import (
     JOIN_TOKENS_PER_S,
     TOKENIZE_TOKENS_PER_S_PER_CPU,
     cpus,

@@ -11,7 +11,7 @@ import pytest
 
 from components.data.prepare import PrepareOptions, prepare
 from components.evaluate import harness
-from components.evaluate.evaluate import (
+from components.evaluate.base_vs_tuned import (
     EvalOptions,
     build_report,
     evaluate,

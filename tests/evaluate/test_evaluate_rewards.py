@@ -1,7 +1,7 @@
 """Evaluation of the grpo and rm stages: held-out answers scored with the run's rewards and weights, the gate on the
 reward gain over the model before grpo, and the report's section."""
 
-from components.evaluate.rewards import reward_gate, rewards_section, score_answers
+from components.evaluate.reward_gain import reward_gate, rewards_section, score_answers
 
 PATTERN = r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?"
 

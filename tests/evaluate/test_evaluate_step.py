@@ -49,8 +49,8 @@ def test_a_grpo_run_without_earlier_stages_starts_from_the_base():
 
 
 def test_the_result_is_recorded_beside_the_tuned_model_for_the_variants_comparison(tmp_path, monkeypatch):
-    from components.evaluate import evaluate as evaluate_module
-    from components.models import hub
+    from components.evaluate import base_vs_tuned as evaluate_module
+    from components.models import resolve
 
     model = tmp_path / "models" / "runs" / "r1" / "train" / "final"
     model.mkdir(parents=True)
@@ -69,7 +69,7 @@ def test_the_result_is_recorded_beside_the_tuned_model_for_the_variants_comparis
         return result
 
     monkeypatch.setattr(evaluate_module, "evaluate", evaluate)
-    monkeypatch.setattr(hub, "resolve_model", lambda name, cache: f"{cache}/models/{name}")
+    monkeypatch.setattr(resolve, "resolve_model", lambda name, cache: f"{cache}/models/{name}")
     for key in ("LANGFUSE_PUBLIC_KEY", "LANGFUSE_SECRET_KEY", "LANGFUSE_HOST"):
         monkeypatch.delenv(key, raising=False)
     data = tmp_path / "data"

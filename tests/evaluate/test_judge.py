@@ -320,7 +320,7 @@ def tiny(tmp_path_factory):
 
 
 def test_the_evaluation_step_judges_both_models_reports_each_verdict_and_gates_on_it(tiny, monkeypatch):
-    from components.evaluate import evaluate as E
+    from components.evaluate import base_vs_tuned as E
 
     monkeypatch.setattr(E, "gate", lambda *a, **k: (True, "eval_loss fine"))  # the judge's gate alone decides
 
@@ -345,7 +345,7 @@ def test_the_evaluation_step_judges_both_models_reports_each_verdict_and_gates_o
 
 
 def test_a_bad_rubric_fails_the_evaluation_before_any_model_loads(tmp_path):
-    from components.evaluate.evaluate import EvalOptions, evaluate
+    from components.evaluate.base_vs_tuned import EvalOptions, evaluate
 
     judge = {"endpoint": "served-base", "rubric": str(tmp_path / "none.json")}
     with pytest.raises(ValueError, match="judge_rubric: .* is not a file"):
@@ -402,9 +402,9 @@ def _servers_of(model: str) -> list[int]:
 
 
 def test_the_judge_settings_reach_the_evaluation_and_its_verdicts_are_recorded(tmp_path, monkeypatch):
-    from components.evaluate import evaluate as evaluate_module
+    from components.evaluate import base_vs_tuned as evaluate_module
     from components.evaluate.run import evaluate_tuned_model, judge_config
-    from components.models import hub
+    from components.models import resolve
     from components.paths import evaluation_path
 
     flat = Settings().flat() | {"judge_endpoint": "https://j.example/v1", "judge_model": "big", "min_judge_score": 6.0}
@@ -425,7 +425,7 @@ def test_the_judge_settings_reach_the_evaluation_and_its_verdicts_are_recorded(t
                 "report": "# Evaluation", "judge": verdicts}  # fmt: skip
 
     monkeypatch.setattr(evaluate_module, "evaluate", evaluate)
-    monkeypatch.setattr(hub, "resolve_model", lambda name, cache: f"{cache}/{name}")
+    monkeypatch.setattr(resolve, "resolve_model", lambda name, cache: f"{cache}/{name}")
     monkeypatch.setattr("components.langfuse_trace.trace_evaluation", lambda **kwargs: None)
     evaluate_tuned_model(s, model_path=str(model), dataset_path=str(tmp_path / "d"), data_root=str(tmp_path))
     assert seen["judge"] == judge_config(s, log_dir=str(model.parent))

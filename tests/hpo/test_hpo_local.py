@@ -1,4 +1,4 @@
-"""The local search (components/hpo/local.py) and search_hyperparameters with train_backend=local.
+"""The local search (components/hpo/local_search.py) and search_hyperparameters with train_backend=local.
 
 The fast tests replace ``torchrun`` with a stand-in trainer that reads the trial's config and writes what the real one
 writes (metrics.json, final/); the slow one runs three real trials of the tiny model, as ``-p hpo_trials=3`` does.
@@ -16,10 +16,10 @@ import pytest
 from kfp.dsl import Dataset, Markdown
 
 from components.hpo import katib
-from components.hpo import local as hpo_local
+from components.hpo import local_search as hpo_local
 from components.hpo.component import search_hyperparameters
 from components.settings import defaults
-from components.train.launcher import local as train_local
+from components.train.launcher import local_torchrun as train_local
 
 RUN_ID = "local-run-1"
 SPACE = {"learning_rate": {"min": 1e-4, "max": 1e-2, "scale": "log"}}

@@ -1,5 +1,5 @@
 """search_hyperparameters' work without KFP (components/hpo/search.py): off, its deadline, and trials that start from
-the very config the sft stage trains with (the setup both share: components/train/job_setup.py). The searches
+the very config the sft stage trains with (the setup both share: components/train/launcher/job_setup.py). The searches
 themselves: tests/hpo/test_hpo_step.py (Katib, the fake API server) and tests/hpo/test_hpo_local.py (Optuna)."""
 
 import json
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from components.hpo import local as hpo_local
+from components.hpo import local_search as hpo_local
 from components.hpo.search import OFF_REPORT, SearchResult, search_sft_settings, search_timeout_seconds
 from components.settings import Settings, defaults
-from components.train.launcher import local as train_local
-from components.train.run import train_stage
+from components.train.launcher import local_torchrun as train_local
+from components.train.launcher.run import train_stage
 
 RUN_ID = "run-1"
 

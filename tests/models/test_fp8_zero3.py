@@ -27,7 +27,7 @@ RANK_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import deepspeed, torch
     from transformers import AutoModelForCausalLM, FineGrainedFP8Config
-    from components.models.hub import BASE_MODEL_RECORD, resolve_model_for_run
+    from components.models.resolve import BASE_MODEL_RECORD, resolve_model_for_run
     from components.train.trainer.arguments import SFTConfig
     from components.train.config import deepspeed_config_path
     from components.train.trainer.common import load_model

@@ -18,8 +18,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from components.models import fp8, hub
-from components.models.hub import load_model_config, resolve_model
+from components.models import fp8, resolve
+from components.models.resolve import load_model_config, resolve_model
 from tests.helpers.hf_cache import TINY_FP8_REPO, add_to_hub_cache, build_tiny_fp8_qwen3_moe, use_offline_hub
 
 SLUG = TINY_FP8_REPO.replace("/", "--")
@@ -45,7 +45,7 @@ def store(tmp_path_factory):
 def offline(store, monkeypatch):
     use_offline_hub(monkeypatch, store["root"] / "hf")
     monkeypatch.delenv("RANK", raising=False)
-    monkeypatch.setattr(hub, "POLL_S", 0.05)
+    monkeypatch.setattr(resolve, "POLL_S", 0.05)
     return store
 
 
@@ -177,41 +177,42 @@ def _no_resolving(*args, **kwargs):
 
 
 def test_rank_0_records_the_resolved_folder_atomically_in_the_run_folder(offline, tmp_path):
-    record = tmp_path / "run" / "train" / hub.BASE_MODEL_RECORD  # the output folder does not exist yet
-    folder = hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record))
+    record = tmp_path / "run" / "train" / resolve.BASE_MODEL_RECORD  # the output folder does not exist yet
+    folder = resolve.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record))
     assert Path(folder).parent == tmp_path / "cache" / "models" and Path(folder).name.startswith(f"{SLUG}-bf16-")
     assert json.loads(record.read_text()) == {"model_name_or_path": TINY_FP8_REPO, "path": folder}
-    assert os.listdir(record.parent) == [hub.BASE_MODEL_RECORD]  # no temporary file left beside it
+    assert os.listdir(record.parent) == [resolve.BASE_MODEL_RECORD]  # no temporary file left beside it
 
 
 def test_a_failed_record_write_leaves_no_record_and_no_temporary_file(offline, tmp_path, monkeypatch):
-    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
+    record = tmp_path / "train" / resolve.BASE_MODEL_RECORD
 
     def full_disk(*args, **kwargs):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(hub.os, "replace", full_disk)
+    monkeypatch.setattr(resolve.os, "replace", full_disk)
     with pytest.raises(OSError, match="No space left"):
-        hub.resolve_model_for_run(PLAIN_REPO, str(tmp_path / "cache"), str(record))
+        resolve.resolve_model_for_run(PLAIN_REPO, str(tmp_path / "cache"), str(record))
     assert os.listdir(record.parent) == []
 
 
 def test_other_ranks_take_rank_0s_recorded_folder_without_any_hub_request(offline, tmp_path, monkeypatch):
     # Rank 0 resolves from the HF cache prepare_dataset filled, builds the bf16 copy and records it.
-    attempt = tmp_path / "rank0" / hub.BASE_MODEL_RECORD
-    folder = hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(attempt))
+    attempt = tmp_path / "rank0" / resolve.BASE_MODEL_RECORD
+    folder = resolve.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(attempt))
     # Rank 1 on a GPU node without internet access: HF_HUB_OFFLINE unset and nothing listening at HF_ENDPOINT.
     # It starts before rank 0's record exists and gets it when it appears.
     _point_hub_at(monkeypatch, f"http://127.0.0.1:{_closed_port()}")
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(hub, "resolve_model", _no_resolving)
-    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
+    monkeypatch.setattr(resolve, "resolve_model", _no_resolving)
+    record = tmp_path / "train" / resolve.BASE_MODEL_RECORD
     record.parent.mkdir()
     rank0 = threading.Timer(0.5, os.replace, args=(attempt, record))  # the record lands as rank 0 renames it
     rank0.start()
     try:
         assert (
-            hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=60) == folder
+            resolve.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=60)
+            == folder
         )
     finally:
         rank0.join()
@@ -223,8 +224,8 @@ def test_a_rerun_reuses_the_recorded_copy_even_when_the_hub_has_a_newer_commit(
     # A copy of the HF cache: following the Hub below moves its refs/main.
     shutil.copytree(offline["root"] / "hf", tmp_path / "hf", symlinks=True)
     use_offline_hub(monkeypatch, tmp_path / "hf")
-    record, cache = tmp_path / "train" / hub.BASE_MODEL_RECORD, str(tmp_path / "cache")
-    first = hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record))  # the first attempt
+    record, cache = tmp_path / "train" / resolve.BASE_MODEL_RECORD, str(tmp_path / "cache")
+    first = resolve.resolve_model_for_run(TINY_FP8_REPO, cache, str(record))  # the first attempt
     assert Path(first).name.startswith(f"{SLUG}-bf16-")
     # Evicted and re-run; meanwhile the Hub repo got a new commit. Nobody asks the Hub, downloads or builds.
     endpoint, requests = newer_commit_hub
@@ -236,7 +237,7 @@ def test_a_rerun_reuses_the_recorded_copy_even_when_the_hub_has_a_newer_commit(
     monkeypatch.setattr("safetensors.torch.save_file", no_writes)
     for rank in ("0", "1"):
         monkeypatch.setenv("RANK", rank)
-        assert hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record), wait_timeout_s=5) == first
+        assert resolve.resolve_model_for_run(TINY_FP8_REPO, cache, str(record), wait_timeout_s=5) == first
     assert requests == []
     # What the record prevents: resolving afresh follows the Hub to its newer commit.
     monkeypatch.setenv("RANK", "0")
@@ -244,7 +245,7 @@ def test_a_rerun_reuses_the_recorded_copy_even_when_the_hub_has_a_newer_commit(
 
 
 def test_a_stale_record_is_replaced_by_rank_0_and_never_taken_by_other_ranks(offline, tmp_path, monkeypatch):
-    record, cache = tmp_path / "train" / hub.BASE_MODEL_RECORD, str(tmp_path / "cache")
+    record, cache = tmp_path / "train" / resolve.BASE_MODEL_RECORD, str(tmp_path / "cache")
     record.parent.mkdir()
     plain = resolve_model(PLAIN_REPO, cache)
     stale = {
@@ -256,9 +257,9 @@ def test_a_stale_record_is_replaced_by_rank_0_and_never_taken_by_other_ranks(off
         record.write_text("{not json" if content is None else json.dumps(content))
         monkeypatch.setenv("RANK", "1")
         with pytest.raises(TimeoutError, match="rank 1 waited"):
-            hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record), wait_timeout_s=0.3)
+            resolve.resolve_model_for_run(TINY_FP8_REPO, cache, str(record), wait_timeout_s=0.3)
         monkeypatch.setenv("RANK", "0")
-        folder = hub.resolve_model_for_run(TINY_FP8_REPO, cache, str(record))
+        folder = resolve.resolve_model_for_run(TINY_FP8_REPO, cache, str(record))
         assert Path(folder).name.startswith(f"{SLUG}-bf16-"), why
         assert json.loads(record.read_text()) == {"model_name_or_path": TINY_FP8_REPO, "path": folder}, why
 
@@ -268,16 +269,16 @@ def test_a_missing_record_times_out_with_a_clear_message_and_rank_1_builds_nothi
     partial = tmp_path / "cache" / "models" / f".{name}-interrupted"  # what a killed rank 0 leaves behind
     partial.mkdir(parents=True)
     (partial / "config.json").write_text("{}")
-    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
+    record = tmp_path / "train" / resolve.BASE_MODEL_RECORD
     monkeypatch.setenv("RANK", "1")
-    monkeypatch.setattr(hub, "resolve_model", _no_resolving)
+    monkeypatch.setattr(resolve, "resolve_model", _no_resolving)
     with pytest.raises(
         TimeoutError,
         match=rf"rank 1 waited \d+ s for {re.escape(str(record))}, the base model "
         rf"{re.escape(TINY_FP8_REPO)} global rank 0 resolves.*rank 0's log.*same "
         r"volumes at the same paths",
     ):
-        hub.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=0.5)
+        resolve.resolve_model_for_run(TINY_FP8_REPO, str(tmp_path / "cache"), str(record), wait_timeout_s=0.5)
     assert os.listdir(tmp_path / "cache" / "models") == [partial.name] and not record.exists()
 
 

@@ -7,22 +7,24 @@ holds the whole job: on the laptop run rank 1 asked a moment before rank 0 wrote
 import threading
 import time
 
-from components.models import hub
+from components.models import resolve
 
 
 def test_a_waiting_rank_takes_rank_0s_record_within_a_fraction_of_a_second(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     folder = tmp_path / "cache" / "models" / "tiny"
     folder.mkdir(parents=True)
-    record = tmp_path / "train" / hub.BASE_MODEL_RECORD
+    record = tmp_path / "train" / resolve.BASE_MODEL_RECORD
     record.parent.mkdir()
     rank0 = threading.Timer(
-        0.3, hub._write_record, args=(str(record), {"model_name_or_path": "builtin:tiny-qwen3", "path": str(folder)})
+        0.3,
+        resolve._write_record,
+        args=(str(record), {"model_name_or_path": "builtin:tiny-qwen3", "path": str(folder)}),
     )
     started = time.monotonic()
     rank0.start()
     try:
-        assert hub.resolve_model_for_run("builtin:tiny-qwen3", str(tmp_path / "cache"), str(record)) == str(folder)
+        assert resolve.resolve_model_for_run("builtin:tiny-qwen3", str(tmp_path / "cache"), str(record)) == str(folder)
     finally:
         rank0.join()
     assert time.monotonic() - started < 2.0  # the record landed at 0.3 s; POLL_S (5 s) is for long waits only
@@ -33,8 +35,8 @@ def test_a_long_wait_polls_every_poll_s(tmp_path, monkeypatch):
     monkeypatch.setenv("RANK", "1")
     sleeps = []
     clock = iter(range(0, 10_000, 1))
-    monkeypatch.setattr(hub.time, "monotonic", lambda: float(next(clock)))
-    monkeypatch.setattr(hub.time, "sleep", sleeps.append)
+    monkeypatch.setattr(resolve.time, "monotonic", lambda: float(next(clock)))
+    monkeypatch.setattr(resolve.time, "sleep", sleeps.append)
     ready = iter([None] * 100 + ["folder"])
-    assert hub._wait_for(lambda: next(ready), deadline=10_000.0, what="the record") == "folder"
-    assert sleeps[0] < 1 and sleeps[-1] == hub.POLL_S
+    assert resolve._wait_for(lambda: next(ready), deadline=10_000.0, what="the record") == "folder"
+    assert sleeps[0] < 1 and sleeps[-1] == resolve.POLL_S

@@ -89,7 +89,8 @@ def test_a_taken_port_is_an_error_naming_the_setting():
 
 
 def test_a_local_runs_trainer_serves_on_a_free_port_when_the_setting_is_taken(caplog):
-    # Local runs (components/train/launcher/local.py sets any_port): the process that binds the port chooses another.
+    # Local runs (components/train/launcher/local_torchrun.py sets any_port): the process that binds the port chooses
+    # another.
     with socket.socket() as holder:
         holder.bind(("0.0.0.0", 0))
         holder.listen()

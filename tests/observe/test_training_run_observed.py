@@ -20,7 +20,8 @@ from tests.helpers.trainer import make_workdir, trainer_config
 pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[2]
-# The trainer under torchrun, one CPU process, as the local backend runs it (components/train/launcher/local.py).
+# The trainer under torchrun, one CPU process, as the local backend runs it
+# (components/train/launcher/local_torchrun.py).
 TORCHRUN = [
     sys.executable,
     "-m",

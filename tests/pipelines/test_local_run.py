@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.local import ExecutorLineFilter, StepLines
+from pipelines.local_runner import ExecutorLineFilter, StepLines
 from tests.helpers.load import wall_time_bound
 from tests.helpers.repo import ROOT, run_cli
 

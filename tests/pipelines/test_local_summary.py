@@ -1,4 +1,4 @@
-"""What the local run reads back from the steps' outputs for its summary (pipelines/local.py), and what it loads
+"""What the local run reads back from the steps' outputs for its summary (pipelines/local_runner.py), and what it loads
 before the first step starts."""
 
 import base64
@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from components.evaluate.curves import PNG_PREFIX
-from pipelines.local import embedded_png
+from pipelines.local_runner import embedded_png
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,6 +20,6 @@ def test_the_training_curve_is_read_back_from_the_evaluation_report():
 
 
 def test_the_local_run_loads_no_plotting_library_before_its_steps():
-    code = "import sys, pipelines.local; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
+    code = "import sys, pipelines.local_runner; print(sorted(m for m in ('matplotlib', 'torch') if m in sys.modules))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr

@@ -1,4 +1,4 @@
-"""components/publish/hub.py against a fake Hugging Face Hub (tests/fakes/hub.py) that huggingface_hub's own
+"""components/publish/hub_push.py against a fake Hugging Face Hub (tests/fakes/hub.py) that huggingface_hub's own
 create_repo and upload_folder talk to over HTTP: the repository created private, the weights over the LFS protocol
 with the right sha256, the other files as they are, checkpoints left behind; a second push a new commit; the
 errors a user fixes, one line each."""
@@ -17,7 +17,7 @@ import pytest
 from huggingface_hub import HfApi, constants
 from safetensors.numpy import save_file
 
-from components.publish.hub import push_to_hub
+from components.publish.hub_push import push_to_hub
 from tests.fakes.hub import running_fake_hub
 
 WRITE_TOKEN = "hf_write_aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"

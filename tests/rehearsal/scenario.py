@@ -120,9 +120,9 @@ def call_train_step(arguments: dict):
 def patch_for_this_machine() -> None:
     """The two deliberate deviations from the cluster run (module docstring, step 3)."""
     import components.train.config as config
-    import components.train.job_setup as job_setup
     import components.train.launcher.job as launch
-    import components.train.run as train_run
+    import components.train.launcher.job_setup as job_setup
+    import components.train.launcher.run as train_run
 
     build = config.build_trainer_config
 

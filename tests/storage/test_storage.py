@@ -15,7 +15,7 @@ import pytest
 
 from components import storage
 from components.settings import Settings
-from components.train import model_store
+from components.train.launcher import model_store
 from components.validate.preflight import preflight
 from components.validate.rules import check
 from pipelines import params as P
@@ -269,10 +269,11 @@ def test_a_base_model_uri_is_refused_with_the_download_fix():
 
 
 def test_a_local_train_stage_uploads_its_final_model_and_records_the_uri(s3_server, tmp_path, monkeypatch):
-    """train_stage itself (components/train/run.py), torchrun stubbed: the trainer leaves a checkpoint and final/."""
+    """train_stage itself (components/train/launcher/run.py), torchrun stubbed: the trainer leaves a checkpoint and
+    final/."""
     from components.settings import defaults
-    from components.train.launcher import local as train_local
-    from components.train.run import train_stage
+    from components.train.launcher import local_torchrun as train_local
+    from components.train.launcher.run import train_stage
 
     _local_env(monkeypatch, s3_server, s3_server.keys)
     weights = _safetensors(b"\x02" * 32)

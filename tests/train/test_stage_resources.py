@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from components.estimate.plan import architecture, plan
 from components.estimate.plan_text import plan_text
+from components.estimate.training_plan import architecture, plan
 from components.settings import Settings
 from components.stages import stage_cluster, stage_overrides, stage_train_settings
 from components.train.launcher.job import training_job_for_run
@@ -113,11 +113,10 @@ def test_render_writes_each_stage_job_and_the_search_trials_on_the_sft_stage_gpu
 
 
 def test_a_local_stage_runs_its_own_number_of_processes(monkeypatch, tmp_path):
-    from components.train import run
-    from components.train.launcher import local
+    from components.train.launcher import local_torchrun, run
 
     started = []
-    monkeypatch.setattr(local, "run_torchrun", lambda path, n, env: started.append(n))
+    monkeypatch.setattr(local_torchrun, "run_torchrun", lambda path, n, env: started.append(n))
     s = Settings.from_flat({**P.resolve("local-tiny"), "stage_settings": {"sft": {"gpus_per_node": 1}}})
     cfg = {"report_to": []}
     for stage in ("cpt", "sft"):

@@ -47,7 +47,7 @@ def test_an_unknown_tracker_is_refused_naming_the_setting():
 @pytest.mark.slow
 def test_a_local_run_with_mlflow_writes_its_metrics_to_a_file_store(tmp_path):
     pytest.importorskip("mlflow")
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.trainer import make_workdir, trainer_config
 
     root = make_workdir(tmp_path)
@@ -74,7 +74,7 @@ def test_a_local_run_with_mlflow_writes_its_metrics_to_a_file_store(tmp_path):
 @pytest.mark.slow
 def test_a_run_with_wandb_offline_logs_its_metrics_and_the_final_models_reference(tmp_path):
     pytest.importorskip("wandb")
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.trainer import make_workdir, trainer_config
 
     root = make_workdir(tmp_path)

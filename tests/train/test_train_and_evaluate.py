@@ -7,11 +7,11 @@ import datasets
 import pytest
 
 from components.data.prepare import PrepareOptions, prepare
-from components.evaluate.evaluate import EvalOptions, evaluate, gate, heldout_loss
+from components.evaluate.base_vs_tuned import EvalOptions, evaluate, gate, heldout_loss
 from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, deepspeed_config_path, write_trainer_config
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.repo import run_module
 from tests.helpers.trainer import CPU_TEST_SETTINGS
 

@@ -1,5 +1,5 @@
-"""train_model's work without KFP (components/train/run.py) and the training setup it shares with the
-hyper-parameter search (components/train/job_setup.py): the config's paths as the trainer sees them, the job it
+"""train_model's work without KFP (components/train/launcher/run.py) and the training setup it shares with the
+hyper-parameter search (components/train/launcher/job_setup.py): the config's paths as the trainer sees them, the job it
 creates, what it leaves on the volume and what it reports. The trainer and the cluster are stand-ins here; the real
 ones run in tests/train/test_train_and_evaluate.py, the rehearsal and the local end-to-end run."""
 
@@ -11,12 +11,11 @@ import pytest
 
 from components import kube
 from components.settings import Settings, defaults
-from components.train import job_setup
-from components.train.job_setup import TrainerMounts, record_created
 from components.train.launcher import job as launch
-from components.train.launcher import local as train_local
-from components.train.launcher import trainjob
-from components.train.run import train_stage, trainer_env
+from components.train.launcher import job_setup, trainjob
+from components.train.launcher import local_torchrun as train_local
+from components.train.launcher.job_setup import TrainerMounts, record_created
+from components.train.launcher.run import train_stage, trainer_env
 
 RUN_ID = "run-1"
 NS = "team-llm"

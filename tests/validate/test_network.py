@@ -102,7 +102,7 @@ def test_good_network_settings_pass_and_ib_without_ipc_lock_warns():
 
 
 def test_the_plan_counts_tcp_between_nodes_unless_rdma_is_requested():
-    from components.estimate.plan import format_plan, plan
+    from components.estimate.training_plan import format_plan, plan
     from components.models.shape import load_architecture
 
     values = reference_values()

@@ -260,7 +260,7 @@ def test_the_memory_fit_counts_grpos_reference_model_and_generations():
 
 def test_the_grpo_data_step_imports_a_function_on_the_data_volume_that_validate_could_not(tmp_path):
     from components.settings import Settings
-    from components.validate.rules.rewards import grpo_function_error
+    from components.validate.rules.reward_rules import grpo_function_error
 
     # On a cluster validate_inputs does not mount the data volume: a file there is left to the grpo data step.
     on_volume = "/mnt/data/rewards/missing.py:reward"

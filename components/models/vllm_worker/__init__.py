@@ -2,7 +2,7 @@
 
 The server runs the serving image (vLLM, not this package): its modules are self-contained and reach the server as
 files on its ``PYTHONPATH`` (kfp_weight_sync.py, the weight-sync engine). This module, which imports no ML library,
-holds what the trainer (components/train/trainer/vllm_server.py) and the launcher (the server's manifests) share:
+holds what the trainer (components/train/trainer/vllm_client.py) and the launcher (the server's manifests) share:
 the engine's names and the server's command line.
 """
 

@@ -1,6 +1,6 @@
 """The vLLM server's side of the grpo stage's weight sync (grpo_generation_backend=vllm-server): a weight-transfer
 engine for vLLM's native RL API that joins a plain ``torch.distributed`` process group, so that the trainer, whose
-image has no vllm, can push its weights with torch alone (components/train/trainer/vllm_server.py).
+image has no vllm, can push its weights with torch alone (components/train/trainer/vllm_client.py).
 
 vLLM's own ``nccl`` engine needs vLLM on both ends (its ``StatelessProcessGroup`` rendezvous and its PyNccl
 communicator, GPUs only); this one speaks what torch has on both ends: a ``TCPStore`` the trainer's rank 0 hosts and a

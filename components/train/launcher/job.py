@@ -51,7 +51,7 @@ from components.settings import ClusterSettings
 from components.train.launcher.spec import TRAINER_V2_2, TrainingJobSpec, trainjob_runtime_conflicts
 
 CLEANUP_POLICIES = ("keep", "on-success", "always")
-# What train_model can launch: the two job kinds, or torchrun on the step's own machine (launcher/local.py).
+# What train_model can launch: the two job kinds, or torchrun on the step's own machine (launcher/local_torchrun.py).
 TRAIN_BACKENDS = ("pytorchjob", "trainjob", "local")
 # Re-runs of this job so far, on the job object: the count survives the launcher pod (a KFP retry reads it).
 RESTARTS_ANNOTATION = "llm-post-training.kubeflow.org/restarts"
@@ -379,9 +379,10 @@ def training_job_for_run(
 
 def _add_weight_sync_token(job: dict, run_id: str) -> None:
     """The grpo stage's pods send the run's weight-sync token to its generation server: ``TOKEN_ENV`` from the
-    server's Secret (launcher/vllm_server.py::weight_sync_secret), optional: a server the user started has none."""
+    server's Secret (launcher/generation_server.py::weight_sync_secret), optional: a server the user started has
+    none."""
     from components.models.vllm_worker import TOKEN_ENV, TOKEN_KEY
-    from components.train.launcher.vllm_server import weight_sync_secret_name
+    from components.train.launcher.generation_server import weight_sync_secret_name
 
     ref = {"name": weight_sync_secret_name(run_id), "key": TOKEN_KEY, "optional": True}
     var = {"name": TOKEN_ENV, "valueFrom": {"secretKeyRef": ref}}

@@ -23,7 +23,7 @@ from transformers.trainer_callback import ProgressCallback as HFProgressCallback
 
 from components.distributed import global_rank
 from components.models.checkpoint_dirs import latest_complete_checkpoint
-from components.models.hub import BASE_MODEL_RECORD, resolve_model_for_run
+from components.models.resolve import BASE_MODEL_RECORD, resolve_model_for_run
 from components.train.config import load_deepspeed_config
 from components.train.trainer.checkpoints import CompleteMarkerCallback, SaveOnSigtermCallback
 from components.train.trainer.export import export_final

@@ -133,7 +133,7 @@ def config_class(stage: str) -> type[SFTConfig]:
 def _largest_layer(model_name_or_path: str | None) -> int:
     """The model's largest decoder layer in parameters, from its config.json alone; 0 when it cannot be read here
     (ZeRO-3's sizes are then transformers' "auto")."""
-    from components.models.hub import load_model_config
+    from components.models.resolve import load_model_config
     from components.models.shape import model_shape
 
     try:
@@ -145,7 +145,7 @@ def _largest_layer(model_name_or_path: str | None) -> int:
 
 def _model_config(model_name_or_path: str) -> dict | None:
     """The model's config.json, or None when it cannot be read here (the model's load reports that)."""
-    from components.models.hub import load_model_config
+    from components.models.resolve import load_model_config
 
     try:
         return load_model_config(model_name_or_path)

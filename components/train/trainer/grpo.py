@@ -19,7 +19,7 @@ The same entry point as every stage (__main__.py), and the same model loading, c
 - Generation: transformers' ``generate`` in the training processes, on a laptop and in the trainer image alike (it
   has no vllm: components/estimate/memory.py TRAINER_IMAGE_HAS_VLLM); on GPUs where vllm is installed, TRL's vLLM
   colocate mode (grpo_arguments.vllm_colocate): an engine in each rank shares its GPU.
-  With ``grpo_generation_backend=vllm-server``, a vLLM server of its own (vllm_server.py): each rank's completions come
+  With ``grpo_generation_backend=vllm-server``, a vLLM server of its own (vllm_client.py): each rank's completions come
   from it, and the trainer pushes its weights to it every ``grpo_weight_sync_steps`` steps
   (GRPOCheckpointTrainer._generate_single_turn).
 - Rewards that are None or NaN (TRL: "not applicable"): counted per source and step (``rewards/<source>/unscored``,
@@ -57,7 +57,7 @@ from components.train.trainer.common import (
     train_resuming,
     use_progress,
 )
-from components.train.trainer.vllm_server import ServerGeneration
+from components.train.trainer.vllm_client import ServerGeneration
 
 log = logging.getLogger("sft.grpo")
 # The frozen adapter TRL adds to a PeftModel whose adapter it keeps training (GRPOTrainer.__init__: model.add_adapter(
@@ -81,7 +81,7 @@ class GRPOCheckpointTrainer(CheckpointMixin, GRPOTrainer):
     """
 
     reward_settings: dict[str, str] = {}  # source -> the setting that defines it (reward_settings(cfg))
-    server: ServerGeneration | None = None  # grpo_generation_backend=vllm-server (vllm_server.py)
+    server: ServerGeneration | None = None  # grpo_generation_backend=vllm-server (vllm_client.py)
 
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
         # TRL 1.16: one completion per entry of prompt_ids (this rank's prompts, each repeated num_generations times

@@ -37,7 +37,8 @@ from components.langfuse_trace import Trace, configured, start_trace
 log = logging.getLogger("sft.metrics")
 
 PORT_ENV, RUN_ID_ENV, JOB_NAME_ENV = "TRAINER_METRICS_PORT", "TRAINER_RUN_ID", "TRAINER_JOB_NAME"
-# "1" (a local run's trainer: components/train/launcher/local.py): a taken port is not an error, a free one is served.
+# "1" (a local run's trainer: components/train/launcher/local_torchrun.py): a taken port is not an error, a free one is
+# served.
 ANY_PORT_ENV = "TRAINER_METRICS_ANY_PORT"
 LABELS = ("run_id", "stage", "job_name", "node_rank")
 PREFIX = "llm_train_"

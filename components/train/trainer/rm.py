@@ -14,7 +14,7 @@ what differs:
 - Loss: ``-log sigmoid(r(chosen) - r(rejected))`` (TRL's RewardTrainer.compute_loss).
 - Metrics (metrics.json): TRL's ``eval_accuracy`` (the share of held-out pairs scored higher for chosen, averaged over
   evaluation batches), ``eval_margin``, ``eval_loss``, plus what every stage reports. The evaluation step recounts the
-  accuracy over every held-out pair (components/evaluate/rewards.py).
+  accuracy over every held-out pair (components/evaluate/reward_gain.py).
 - Hand-on: the rm stage's model is a scorer, not the policy; the next stage trains from the model this one started
   from (components/stages.py ``hands_on``), and grpo reads this model from ``<run>/rm/final``.
 """

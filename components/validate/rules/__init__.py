@@ -20,7 +20,7 @@ from components.validate.rules.evaluate import check_evaluate_settings
 from components.validate.rules.fields import bound_errors, choice_errors, type_errors
 from components.validate.rules.hpo import check_hpo_settings
 from components.validate.rules.publish import check_publish_settings
-from components.validate.rules.stages import check_stage_settings, stage_warnings
+from components.validate.rules.stage_rules import check_stage_settings, stage_warnings
 from components.validate.rules.train import check_train_settings, memory_errors
 from components.validate.rules.variants import check_variant_settings
 from components.variants import variant_names, variant_values

@@ -33,10 +33,10 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
 
 
 def _replicas(s: Settings) -> list[str | None]:
-    """KServe's replica bounds and scale metric (components/deploy/plan.py, SCALE_METRICS): at least
+    """KServe's replica bounds and scale metric (components/deploy/serving_plan.py, SCALE_METRICS): at least
     one replica in Standard mode (only Knative scales to zero), max_replicas >= min_replicas, a metric the mode's
     autoscaler scales on (an HPA on cpu or memory; Knative's on concurrency or rps)."""
-    from components.deploy.plan import SCALE_METRICS
+    from components.deploy.serving_plan import SCALE_METRICS
 
     d = s.deploy
     errors: list[str | None] = []
@@ -103,7 +103,7 @@ def _tensor_parallel(s: Settings) -> list[str | None]:
 
 def _adapter_serving(s: Settings) -> list[str | None]:
     """A LoRA adapter served unmerged (method lora/qlora, merge_lora=false): vLLM's own server, a rank it loads."""
-    from components.deploy.plan import LORA_RANKS
+    from components.deploy.serving_plan import LORA_RANKS
 
     if s.train.method not in ("lora", "qlora") or s.train.merge_lora:
         return []
@@ -125,7 +125,7 @@ def _adapter_serving(s: Settings) -> list[str | None]:
 
 def _variant_serving(s: Settings) -> list[str | None]:
     """With variants: each served name fits a service name; locally, several adapters need vLLM's CPU build."""
-    from components.deploy.plan import BASE_SUFFIX
+    from components.deploy.serving_plan import BASE_SUFFIX
     from components.variants import variant_names, variant_values
     from components.variants.compare import is_adapter
 

@@ -10,7 +10,7 @@ from components.settings import Settings
 
 def check_publish_settings(s: Settings) -> list[str | None]:
     """The problems with the publish settings (None where a check passed)."""
-    from components.publish.hub import check_repo_id
+    from components.publish.hub_push import check_repo_id
     from components.publish.model_registry import parse_server_url
 
     p = s.publish

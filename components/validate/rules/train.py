@@ -133,7 +133,7 @@ def memory_errors(s: Settings) -> list[str]:
         if stage == "grpo" and t.grpo_generation_backend == "vllm-server" and t.parallelism == "deepspeed":
             # The generation server the train step runs on GPUs of its own must hold the model too (grpo_plan.py).
             from components.estimate.grpo_plan import grpo_plan
-            from components.estimate.plan import architecture
+            from components.estimate.training_plan import architecture
 
             try:
                 server_error = grpo_plan(s, architecture(s.train.model_name_or_path)).server_error

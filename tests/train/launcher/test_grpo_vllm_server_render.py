@@ -13,7 +13,7 @@ import pytest
 from kubernetes import client
 
 from components.models.vllm_worker import engine_source
-from components.train.launcher.vllm_server import ENGINE_DIR, server_manifests, service_url
+from components.train.launcher.generation_server import ENGINE_DIR, server_manifests, service_url
 from tests.helpers.pod_security import violations
 
 MODEL = "/mnt/models/runs/123/sft/final"

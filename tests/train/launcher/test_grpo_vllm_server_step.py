@@ -20,15 +20,15 @@ from components.kube import RUN_ID_LABEL
 from components.observe.component import notify_run
 from components.observe.run_objects import GRPO_SERVER_RECORD, record_objects
 from components.settings import Settings, defaults
+from components.train.launcher import generation_server
 from components.train.launcher import job as launch
-from components.train.launcher import vllm_server
-from components.train.launcher.vllm_server import (
+from components.train.launcher.generation_server import (
     run_server_manifests,
     server_name,
     service_url,
     weight_sync_secret_name,
 )
-from components.train.run import train_stage
+from components.train.launcher.run import train_stage
 from tests.fakes.k8s_api import FakeKubeAPI
 
 RUN_ID = "7d2e9a41-0c5b-4f8e-9a63-1b4c2d8e7f90"
@@ -81,7 +81,7 @@ def ready_after(gets: int):
 
 @pytest.fixture(autouse=True)
 def fast_polls(monkeypatch):
-    monkeypatch.setattr(vllm_server, "POLL_SECONDS", 0.01)
+    monkeypatch.setattr(generation_server, "POLL_SECONDS", 0.01)
 
 
 def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
@@ -100,7 +100,7 @@ def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
     assert policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == [{"podSelector": {"matchLabels": {RUN_ID_LABEL: RUN_ID}}}]  # this namespace, this run
-    assert rule["ports"] == [{"protocol": "TCP", "port": vllm_server.PORT}]
+    assert rule["ports"] == [{"protocol": "TCP", "port": generation_server.PORT}]
     # The training job's pods carry the label the policy admits.
     job = launch.training_job_for_run(
         settings().cluster, stage="grpo", run_id=RUN_ID, namespace=NS, config_path="/mnt/models/runs/r1/train/c.json"
@@ -136,7 +136,7 @@ def test_it_runs_while_the_block_runs_and_is_deleted_after(tmp_path):
     record = tmp_path / "runs" / RUN_ID / GRPO_SERVER_RECORD
     with FakeKubeAPI() as api:
         api.on_get("deployments", ready_after(3))
-        with vllm_server.generation_server(
+        with generation_server.generation_server(
             settings().cluster,
             run_id=RUN_ID,
             namespace=NS,
@@ -186,7 +186,7 @@ def test_a_failed_stage_deletes_it_too(tmp_path):
     with FakeKubeAPI() as api:
         api.on_get("deployments", ready_after(1))
         with pytest.raises(RuntimeError, match="the job failed"):
-            with vllm_server.generation_server(
+            with generation_server.generation_server(
                 settings().cluster,
                 run_id=RUN_ID,
                 namespace=NS,
@@ -213,7 +213,7 @@ def test_a_server_that_cannot_start_fails_with_the_pods_reason_and_is_deleted(tm
             message=f'Back-off pulling image "{IMAGE}"',
         )
         with pytest.raises(RuntimeError, match=f"server {NS}/{NAME} cannot start: .*ImagePullBackOff"):
-            with vllm_server.generation_server(
+            with generation_server.generation_server(
                 settings().cluster,
                 run_id=RUN_ID,
                 namespace=NS,
@@ -226,7 +226,7 @@ def test_a_server_that_cannot_start_fails_with_the_pods_reason_and_is_deleted(tm
     with FakeKubeAPI() as api:  # never ready, never failing: the timeout
         api.on_get("deployments", ready_after(10**6))
         with pytest.raises(TimeoutError, match="not ready after"):
-            with vllm_server.generation_server(
+            with generation_server.generation_server(
                 settings().cluster,
                 run_id=RUN_ID,
                 namespace=NS,

@@ -1,5 +1,5 @@
-"""The local training backend's choices before it starts torchrun (components/train/launcher/local.py); torchrun
-training itself: tests/train/trainer/."""
+"""The local training backend's choices before it starts torchrun (components/train/launcher/local_torchrun.py);
+torchrun training itself: tests/train/trainer/."""
 
 import importlib.metadata
 import subprocess
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from components import quick_exit
-from components.train.launcher import local
+from components.train.launcher import local_torchrun
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -18,7 +18,7 @@ def test_a_cpu_only_torch_build_trains_on_cpu_without_the_train_step_importing_t
     if not importlib.metadata.version("torch").endswith("+cpu"):
         pytest.skip("this environment's torch is not a CPU-only build")
     code = (
-        "import sys; from components.train.launcher.local import cuda_available; "
+        "import sys; from components.train.launcher.local_torchrun import cuda_available; "
         "print(cuda_available(), 'torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
@@ -28,11 +28,11 @@ def test_a_cpu_only_torch_build_trains_on_cpu_without_the_train_step_importing_t
 def test_any_other_torch_build_is_asked(monkeypatch):
     import torch
 
-    monkeypatch.setattr(local.importlib.metadata, "version", lambda name: "2.13.0")
+    monkeypatch.setattr(local_torchrun.importlib.metadata, "version", lambda name: "2.13.0")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert local.cuda_available()
+    assert local_torchrun.cuda_available()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert not local.cuda_available()
+    assert not local_torchrun.cuda_available()
 
 
 def test_torchrun_runs_in_a_process_that_skips_the_final_collection(monkeypatch, tmp_path):
@@ -52,8 +52,8 @@ def test_torchrun_runs_in_a_process_that_skips_the_final_collection(monkeypatch,
         def wait(self):
             return 0
 
-    monkeypatch.setattr(local.subprocess, "Popen", Done)
-    local.run_torchrun(str(tmp_path / "train_config.json"), nproc_per_node=2, env={})
+    monkeypatch.setattr(local_torchrun.subprocess, "Popen", Done)
+    local_torchrun.run_torchrun(str(tmp_path / "train_config.json"), nproc_per_node=2, env={})
     ((cmd, kwargs),) = started
     config = str(tmp_path / "train_config.json")
     assert cmd == quick_exit.command(
@@ -75,7 +75,7 @@ def test_a_local_runs_trainer_takes_a_free_metrics_port_itself_when_the_setting_
     # long for another run to take it: the trainer, which binds it, takes another when it is taken
     # (tests/observe/test_trainer_metrics.py; end to end: tests/pipelines/test_local_run_lifetime.py). On a cluster
     # each pod has its own network and a clash is a setting to fix.
-    assert local.metrics_port_here(9410) == 9410 and local.metrics_port_here(0) == 0
+    assert local_torchrun.metrics_port_here(9410) == 9410 and local_torchrun.metrics_port_here(0) == 0
     envs = []
 
     class Done:
@@ -92,6 +92,8 @@ def test_a_local_runs_trainer_takes_a_free_metrics_port_itself_when_the_setting_
         def wait(self):
             return 0
 
-    monkeypatch.setattr(local.subprocess, "Popen", Done)
-    local.run_torchrun(str(tmp_path / "train_config.json"), nproc_per_node=2, env={"TRAINER_METRICS_PORT": "9410"})
+    monkeypatch.setattr(local_torchrun.subprocess, "Popen", Done)
+    local_torchrun.run_torchrun(
+        str(tmp_path / "train_config.json"), nproc_per_node=2, env={"TRAINER_METRICS_PORT": "9410"}
+    )
     assert envs[0]["TRAINER_METRICS_ANY_PORT"] == "1" and envs[0]["TRAINER_METRICS_PORT"] == "9410"

@@ -246,7 +246,7 @@ def test_the_hpz_secondary_partition_is_the_jobs_node_as_the_trainer_sets_it():
     # The shipped zero3_hpz says 8; the trainer rewrites it to the job's GPUs per node (1 on one node:
     # components/train/config.py::hpz_partition). On 2 x 4 GPUs each keeps 2P/4 of secondary weights, not 2P/8:
     # 91.5 GiB per GPU, past 85, which the shipped file's 8 would have called a fit (84.4).
-    from components.estimate.plan import plan
+    from components.estimate.training_plan import plan
     from components.settings import defaults
     from components.train.config import job_zero_config
 

@@ -1,6 +1,6 @@
-"""The plan before a run (components/estimate/plan.py, network.py, plan_text.py): the issue's worked example, what
-each layout moves over which link, bandwidth settings, the prepared dataset's figures, and ``python -m pipelines.run
-... --plan``."""
+"""The plan before a run (components/estimate/training_plan.py, network.py, plan_text.py): the issue's worked example,
+what each layout moves over which link, bandwidth settings, the prepared dataset's figures, and ``python -m
+pipelines.run ... --plan``."""
 
 import json
 import os
@@ -13,7 +13,8 @@ import pytest
 
 from components.estimate.memory import GIB, estimate_gib
 from components.estimate.network import GB, INTER, INTRA, collectives, zero_config
-from components.estimate.plan import (
+from components.estimate.plan_text import read_stats
+from components.estimate.training_plan import (
     alternatives,
     architecture,
     faster_layout,
@@ -21,7 +22,6 @@ from components.estimate.plan import (
     lighter_recompute,
     plan,
 )
-from components.estimate.plan_text import read_stats
 from components.models.shape import load_architecture, model_shape
 from components.settings import Settings
 from components.train.config import job_zero_config, zero3_sizes

@@ -8,8 +8,8 @@ import pytest
 
 from components.estimate.grpo_plan import grpo_plan
 from components.estimate.network import GB, HBM_BYTES_PER_S
-from components.estimate.plan import architecture
 from components.estimate.plan_text import plan_text
+from components.estimate.training_plan import architecture
 from components.models.shape import model_shape
 from pipelines import params as P
 from pipelines.run import main
@@ -132,6 +132,6 @@ def test_a_generation_server_too_small_for_the_model_is_refused_naming_its_gpus(
 
 def test_the_memory_fit_counts_the_weight_syncs_send_bucket_the_trainer_uses():
     from components.estimate.memory import WEIGHT_SYNC_BUCKET_BYTES
-    from components.train.trainer.vllm_server import DEFAULT_BUCKET_BYTES
+    from components.train.trainer.vllm_client import DEFAULT_BUCKET_BYTES
 
     assert WEIGHT_SYNC_BUCKET_BYTES == DEFAULT_BUCKET_BYTES

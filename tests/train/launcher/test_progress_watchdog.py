@@ -263,7 +263,10 @@ def test_the_watchdog_and_the_alert_use_the_one_stall_limit():
     assert inspect.signature(run_training_job).parameters["stall_timeout_seconds"].default == limit
     cli = launcher_cli.settings_of(launcher_cli.make_parser().parse_args(["--run-id", "r"]))
     assert cli.cluster.stall_timeout_seconds == limit
-    assert "stall_timeout_seconds=s.cluster.stall_timeout_seconds" in (ROOT / "components/train/run.py").read_text()
+    assert (
+        "stall_timeout_seconds=s.cluster.stall_timeout_seconds"
+        in (ROOT / "components/train/launcher/run.py").read_text()
+    )
     # The Prometheus rule: the same number of seconds, and its summary says as many minutes.
     (doc,) = [d for d in yaml.safe_load_all((ROOT / "manifests/monitoring/prometheusrule.yaml").read_text()) if d]
     (rule,) = [r for g in doc["spec"]["groups"] for r in g["rules"] if r.get("alert") == "LLMTrainingStalled"]

@@ -125,7 +125,7 @@ def test_zero3_trains_with_the_chunked_loss_to_the_plain_losses_on_two_ranks(tmp
     """Through the entry point the job's pods run (torchrun -m components.train.trainer), ZeRO-3 on 2 gloo ranks:
     the head is gathered for every chunk and every recomputation, and the losses are the plain path's."""
     from components.train.config import deepspeed_config_path
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.trainer import make_workdir, trainer_config
 
     root = make_workdir(tmp_path)
@@ -156,7 +156,7 @@ def test_fsdp2_trains_with_the_chunked_loss_to_the_plain_losses(tmp_path):
     import sys
     from pathlib import Path
 
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.trainer import make_workdir, trainer_config
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))

@@ -21,7 +21,7 @@ import torch
 from safetensors import safe_open
 
 from components.train.config import deepspeed_config_path
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from components.train.trainer.export import export_gathered, merge_adapter
 from tests.helpers.trainer import make_workdir, trainer_config
 

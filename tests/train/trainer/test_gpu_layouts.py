@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.trainer import trainer_config
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -34,7 +34,7 @@ import pytest
 import torch
 
 from components.models.logprobs import server_logprobs
-from components.train.trainer.vllm_server import (
+from components.train.trainer.vllm_client import (
     TOKEN_ENV,
     ServerGeneration,
     VLLMServer,
@@ -285,7 +285,7 @@ print(json.dumps(out))
 def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, tmp_path, monkeypatch):
     from components.settings import TrainSettings
     from components.train.config import build_trainer_config, write_trainer_config
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.trainer import CPU_TEST_SETTINGS
 
     client, log_path = server

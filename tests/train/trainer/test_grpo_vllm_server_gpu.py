@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from components.models.logprobs import server_logprobs
-from components.train.trainer.vllm_server import VLLMServer, WeightSync, engine_dir, server_args, server_env
+from components.train.trainer.vllm_client import VLLMServer, WeightSync, engine_dir, server_args, server_env
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]
 

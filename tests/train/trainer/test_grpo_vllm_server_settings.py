@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from components.settings import defaults
-from components.train.trainer import vllm_server
+from components.train.trainer import vllm_client
 from components.validate.rules import check
 
-ENGINE = Path(vllm_server.engine_dir()) / "kfp_weight_sync.py"
+ENGINE = Path(vllm_client.engine_dir()) / "kfp_weight_sync.py"
 # A grpo run that fits (the reference model's full grpo stage is the memory fit's question, not these rules').
 GRPO = {
     "stages": ["sft", "grpo"],
@@ -38,16 +38,16 @@ def _constant(tree: ast.Module, name: str):
 
 def test_both_sides_name_the_same_engine_and_cut_the_same_buckets():
     tree = _engine_tree()
-    assert _constant(tree, "BACKEND") == vllm_server.BACKEND
-    assert _constant(tree, "STORE_PREFIX") == vllm_server.STORE_PREFIX
-    assert _constant(tree, "TOKEN_ENV") == vllm_server.TOKEN_ENV
-    module, cls = vllm_server.WORKER_EXTENSION.split(".")
+    assert _constant(tree, "BACKEND") == vllm_client.BACKEND
+    assert _constant(tree, "STORE_PREFIX") == vllm_client.STORE_PREFIX
+    assert _constant(tree, "TOKEN_ENV") == vllm_client.TOKEN_ENV
+    module, cls = vllm_client.WORKER_EXTENSION.split(".")
     assert module == ENGINE.stem and any(isinstance(n, ast.ClassDef) and n.name == cls for n in tree.body)
     # The bucket rule is the wire format: the same function on both sides.
     (engine_buckets,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "buckets"]
     (trainer_buckets,) = [
         n
-        for n in ast.parse(Path(vllm_server.__file__).read_text()).body
+        for n in ast.parse(Path(vllm_client.__file__).read_text()).body
         if isinstance(n, ast.FunctionDef) and n.name == "buckets"
     ]
     body = [ast.dump(s) for s in engine_buckets.body[1:]]  # after the docstrings
@@ -55,9 +55,9 @@ def test_both_sides_name_the_same_engine_and_cut_the_same_buckets():
 
 
 def test_buckets_close_once_they_hold_enough_bytes():
-    assert vllm_server.buckets([4, 4, 4, 10, 1], 8) == [(0, 2), (2, 4), (4, 5)]
-    assert vllm_server.buckets([100], 8) == [(0, 1)]
-    assert vllm_server.buckets([], 8) == []
+    assert vllm_client.buckets([4, 4, 4, 10, 1], 8) == [(0, 2), (2, 4), (4, 5)]
+    assert vllm_client.buckets([100], 8) == [(0, 1)]
+    assert vllm_client.buckets([], 8) == []
 
 
 def test_the_engine_module_imports_nothing_of_this_package():
@@ -76,23 +76,23 @@ def test_the_trainer_side_imports_no_vllm():
     import subprocess
     import sys
 
-    code = "import sys, components.train.trainer.vllm_server; print('vllm' in sys.modules)"
+    code = "import sys, components.train.trainer.vllm_client; print('vllm' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 
 
 def test_the_server_command_enables_the_engine_and_vllms_rl_routes():
-    args = vllm_server.server_args("/mnt/models/base", "policy", 8000)
+    args = vllm_client.server_args("/mnt/models/base", "policy", 8000)
     assert args[args.index("--worker-extension-cls") + 1] == "kfp_weight_sync.WeightSyncExtension"
     assert json.loads(args[args.index("--weight-transfer-config") + 1]) == {"backend": "kfp_torch"}
-    env = vllm_server.server_env("/opt/kfp-weight-sync")
+    env = vllm_client.server_env("/opt/kfp-weight-sync")
     assert env == {"VLLM_SERVER_DEV_MODE": "1", "PYTHONPATH": "/opt/kfp-weight-sync"}
-    assert sorted(p.name for p in Path(vllm_server.engine_dir()).glob("*.py")) == ["__init__.py", ENGINE.name]
+    assert sorted(p.name for p in Path(vllm_client.engine_dir()).glob("*.py")) == ["__init__.py", ENGINE.name]
 
 
 def test_the_sync_address_is_loopback_for_a_local_server_else_the_pods_ip(monkeypatch):
-    assert vllm_server.sync_address("http://127.0.0.1:8000") == "127.0.0.1"
+    assert vllm_client.sync_address("http://127.0.0.1:8000") == "127.0.0.1"
     monkeypatch.setenv("POD_IP", "10.1.2.3")
-    assert vllm_server.sync_address("http://grpo-vllm.ns.svc:8000") == "10.1.2.3"
+    assert vllm_client.sync_address("http://grpo-vllm.ns.svc:8000") == "10.1.2.3"
 
 
 def test_vllm_server_needs_a_url_full_weights_and_a_gathering_layout():
@@ -212,8 +212,8 @@ def test_the_pushed_tensors_are_the_checkpoints_a_moe_model_saves(tmp_path):
     model = Qwen3MoeForCausalLM(config)
     model.save_pretrained(tmp_path)
     saved = load_file(str(tmp_path / "model.safetensors"))
-    meta = vllm_server.parameters_metadata(model)
-    tensors = list(vllm_server.full_parameters(model))
+    meta = vllm_client.parameters_metadata(model)
+    tensors = list(vllm_client.full_parameters(model))
     assert [m.name for m in meta] == [name for name, _ in tensors]
     assert sorted(m.name for m in meta) == sorted(saved)
     for m, (name, tensor) in zip(meta, tensors, strict=True):

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from components.train.config import deepspeed_config_path
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.trainer import make_workdir, trainer_config
 
 pytestmark = pytest.mark.slow

@@ -11,7 +11,7 @@ from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM, Qwen3MoeC
 
 from components.models.shape import model_shape
 from components.train.config import deepspeed_config_path
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from components.train.trainer.arguments import SFTConfig
 from components.train.trainer.lora import LORA_TARGETS_DENSE, LORA_TARGETS_MOE, apply_lora, lora_targets
 from tests.helpers.trainer import make_workdir, trainer_config

@@ -77,7 +77,7 @@ def test_compiled_experts_train_under_zero3_and_fsdp2_as_grouped_mm_does_and_exp
     from safetensors.torch import load_file
 
     from components.train.config import deepspeed_config_path
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.repo import ROOT
     from tests.helpers.trainer import trainer_config
 

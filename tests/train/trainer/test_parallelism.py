@@ -89,7 +89,7 @@ def test_zero3_prefetches_whole_layers_of_the_model_where_the_config_says_auto(w
     """transformers fills ZeRO-3's "auto" sizes from the hidden size (0.9 h^2 = 3.8M parameters of prefetch for
     Qwen3-30B-A3B, whose MoE blocks gather 1.2 GB each); the trainer writes one decoder layer's parameters instead
     (components/train/config.py::zero3_sizes), which the memory fit counts. Explicit numbers stay the user's."""
-    from components.models.hub import load_model_config
+    from components.models.resolve import load_model_config
     from components.models.shape import model_shape
     from components.train.trainer.config_file import parse_config
 

@@ -11,7 +11,7 @@ import shutil
 import pytest
 from safetensors.torch import load_file
 
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.trainer import make_workdir, trainer_config
 
 pytestmark = pytest.mark.slow

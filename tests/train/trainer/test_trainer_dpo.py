@@ -21,7 +21,7 @@ import pytest
 from components.models.tiny import build_model, build_tokenizer
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.repo import run_module
 from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
 

@@ -25,7 +25,7 @@ from components.evaluate.curves import training_log
 from components.rewards import answer_reward, format_reward, length_reward, load_reward_function
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.repo import run_module
 from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.hf_cache import add_to_hub_cache, offline_hub_env
 from tests.helpers.trainer import make_workdir, trainer_config
 

@@ -8,7 +8,7 @@ from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
 
 from components.models.batches import pad_collator
 from components.train.config import deepspeed_config_path
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from components.train.trainer.arguments import SFTConfig
 from components.train.trainer.common import load_model
 from tests.helpers.trainer import make_workdir, trainer_config

@@ -4,7 +4,7 @@ previous stage's model) on preference pairs, under real 2-process torchrun.
 Fast: a config's ``stage`` picks TRL's RewardConfig plus the settings, ``max_length`` comes from ``max_seq_length``.
 Slow: on pairs that give the same answer opened two ways (chosen "Sure.", rejected a filler), the reward model's
 pairwise accuracy on held-out pairs (TRL's ``eval_accuracy``, recorded in metrics.json, and recounted over every pair
-with components/evaluate/rewards.py) goes from 0.000 (the randomly initialised body and head) to 1.000 in 80 steps;
+with components/evaluate/reward_gain.py) goes from 0.000 (the randomly initialised body and head) to 1.000 in 80 steps;
 ``final/`` is a sequence classifier that TRL's GRPOTrainer can load as a reward (``AutoModelForSequenceClassification``,
 one label).
 
@@ -20,7 +20,7 @@ import pytest
 
 from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
 
 EVAL_PAIRS = 16
@@ -133,7 +133,7 @@ def test_rm_checkpoints_are_the_sft_checkpoints():
 
 @pytest.mark.slow
 def test_the_reward_model_ranks_held_out_pairs(workdir):
-    from components.evaluate.rewards import reward_model_accuracy
+    from components.evaluate.reward_gain import reward_model_accuracy
 
     run_torchrun(_config(workdir, "full", learning_rate=5e-3, num_train_epochs=8, save_steps=80), nproc_per_node=2)
     out = workdir / "full"

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from components.train.config import deepspeed_config_path
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from components.train.trainer.checkpoints import MARKER
 from tests.helpers.trainer import make_workdir, trainer_config
 

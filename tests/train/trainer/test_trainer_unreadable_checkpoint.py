@@ -8,7 +8,7 @@ import shutil
 import pytest
 
 from components.models.checkpoint_dirs import recorded_sizes, unreadable
-from components.train.launcher.local import run_torchrun
+from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.trainer import make_workdir, trainer_config
 
 pytestmark = pytest.mark.slow

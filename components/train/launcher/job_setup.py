@@ -1,7 +1,7 @@
 """Setting up training from a KFP step, the same for the train step and the hyper-parameter search.
 
 Both write a trainer config beside their output and, on a cluster, render the job that runs it: train_model one
-job per stage (components/train/run.py), search_hyperparameters the job every Katib trial runs
+job per stage (components/train/launcher/run.py), search_hyperparameters the job every Katib trial runs
 (components/hpo/search.py). What they share is here, once:
 
 - paths: the step sees the volumes at ``data_root`` and ``model_root``; the job's pods mount the claims at
@@ -64,7 +64,7 @@ class TrainerMounts:
 def trains_on_cpu(local: bool) -> bool:
     """Whether the trainer runs as CPU processes (gloo, fp32): a local run on a machine without a CUDA GPU. A job's
     pods have theirs."""
-    from components.train.launcher.local import cuda_available
+    from components.train.launcher.local_torchrun import cuda_available
 
     return local and not cuda_available()
 

@@ -8,7 +8,7 @@ from components.settings import Settings, TrainSettings
 from components.stages import STAGE_DATA, STAGE_RESOURCES, STAGES, stage_overrides
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
 from components.validate.rules.fields import field_errors
-from components.validate.rules.rewards import check_reward_settings, reward_warnings
+from components.validate.rules.reward_rules import check_reward_settings, reward_warnings
 
 # A bundled sample of each stage's data, for the message that a stage has none.
 SAMPLES = {

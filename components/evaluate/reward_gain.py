@@ -201,7 +201,7 @@ def reward_gate(scores: dict, min_reward_improvement: float) -> tuple[bool, str]
 
 
 def _cell(text: str) -> str:
-    """Text safe inside one Markdown table cell (as evaluate.py's answers): HTML-escaped, pipes escaped, <br>."""
+    """Text safe inside one Markdown table cell (as base_vs_tuned.py's answers): HTML-escaped, pipes escaped, <br>."""
     return html.escape(text).replace("|", "\\|").replace("\n", "<br>") or "*(empty)*"
 
 

@@ -7,9 +7,9 @@
 The search a Katib Experiment runs on a cluster, on this machine. Each trial writes its trainer config as a Katib
 trial's pods do (``components.hpo.trial.write_trial_config``: the run's config, the trial's values, ``max_steps`` =
 ``trial_steps``, ``save_strategy`` no, ``output_dir`` = ``<trials_dir>/trial-<n>``), runs the trainer on it with
-``components.train.launcher.local.run_torchrun`` and reads its ``eval_loss`` from ``metrics.json``: the objective,
-minimised. Then the trial's ``final/`` export is deleted (trials are for their eval_loss); its config, metrics.json
-and TensorBoard events stay.
+``components.train.launcher.local_torchrun.run_torchrun`` and reads its ``eval_loss`` from ``metrics.json``: the
+objective, minimised. Then the trial's ``final/`` export is deleted (trials are for their eval_loss); its config,
+metrics.json and TensorBoard events stay.
 
 Katib's algorithms here: random (``RandomSampler``), tpe and multivariate-tpe (``TPESampler``, the second with
 ``multivariate=True``, as Katib's Optuna service runs it) and grid (``GridSampler`` over every combination of the
@@ -113,7 +113,7 @@ def _katib_trial(name: str, params: dict, started: str, state: str, message: str
 
 def _run_trial(config: str, trial_dir: Path, nproc_per_node: int) -> tuple[dict, str]:
     """Run one trial's trainer; ``(metrics, "")``, or ``({}, why it failed)``."""
-    from components.train.launcher.local import run_torchrun
+    from components.train.launcher.local_torchrun import run_torchrun
 
     try:
         run_torchrun(config, nproc_per_node)

@@ -28,8 +28,8 @@ from components.evaluate.isolated import run_isolated
 from components.evaluate.judge import judge_gate, judge_metrics, judge_section, load_rubric, run_judge
 from components.evaluate.loading import load_causal_lm
 from components.evaluate.prompts import BUILTIN_PROMPTS, load_prompts
-from components.evaluate.rewards import reward_gate, reward_model_accuracy, reward_scores, rewards_section
-from components.evaluate.stages import preference_scores, stage_metrics, stages_section
+from components.evaluate.reward_gain import reward_gate, reward_model_accuracy, reward_scores, rewards_section
+from components.evaluate.stage_metrics import preference_scores, stage_metrics, stages_section
 from components.evaluate.vllm_scoring import score_with_vllm
 from components.models.batches import label_nll, pad_collator
 from components.models.logprobs import transformers_reference, write_reference
@@ -284,14 +284,14 @@ def evaluate(
         train_dir: the trainer's output folder (checkpoints with its log): the report draws the loss curve.
         stage_dirs: stage -> its output folder, when several stages ran: the report shows each one's metrics.
         preference_path: the dpo stage's prepared pairs: base, ``before_dpo`` and tuned are scored on their eval split
-            (preference accuracy, components/evaluate/stages.py).
+            (preference accuracy, components/evaluate/stage_metrics.py).
         serving_reference: where to write what the served tuned model must reproduce: a few held-out examples'
             per-token log-probabilities and greedy first tokens (components/models/logprobs.py); the deploy step
             compares the server with it.
         grpo: when the grpo stage ran: ``prompts_path`` (its prepared prompts), ``before`` (the model it started
             from), ``rewards``, ``pattern``, ``length_budget``, ``max_new_tokens``, ``temperature``, ``reward_model``,
             ``reward_function``, ``min_reward_improvement``: mean rewards on held-out prompts and the reward gate
-            (components/evaluate/rewards.py).
+            (components/evaluate/reward_gain.py).
         rm: when the rm stage ran: ``model`` (its final folder) and ``pairs_path`` (its prepared pairs): the reward
             model's pairwise accuracy on held-out pairs.
         judge: the judged evaluation, when judge_endpoint names a judge: ``endpoint``, ``model``, ``rubric``,

@@ -12,8 +12,8 @@ from typing import NamedTuple
 from components.paths import pvc_uri, run_dir
 from components.settings import Settings
 from components.stages import hands_on, stage_cluster, stage_folder, stage_train_settings
-from components.train.job_setup import TrainerMounts, cluster_job, record_created, write_config
-from components.train.model_store import CheckpointUploads, upload_model
+from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
+from components.train.launcher.model_store import CheckpointUploads, upload_model
 
 log = logging.getLogger("train_model")
 
@@ -57,7 +57,7 @@ def train_stage(
     server_model = None  # the grpo stage's own vLLM server's model (vllm-server with no URL, on a cluster)
     if not mounts.local:
         from components.kube import current_namespace
-        from components.train.launcher.vllm_server import runs_own_server, stage_server_url
+        from components.train.launcher.generation_server import runs_own_server, stage_server_url
 
         if runs_own_server(stage, train, s.cluster):
             server_model = train.model_name_or_path
@@ -109,7 +109,7 @@ def trainer_env(s: Settings, cfg: dict, *, model_root: str, run_id: str, environ
     """The environment of a local run's trainer: this process's (``environ``), plus what it needs when the user's
     environment does not say otherwise: a local MLflow store (``report_to`` has mlflow), the run id, and the port of
     its live metrics (``metrics_port``; another free one when that is taken here)."""
-    from components.train.launcher import local
+    from components.train.launcher import local_torchrun
 
     env = dict(os.environ if environ is None else environ)
     if "mlflow" in cfg["report_to"]:
@@ -123,18 +123,18 @@ def trainer_env(s: Settings, cfg: dict, *, model_root: str, run_id: str, environ
     env.setdefault("TRAINER_RUN_ID", run_id)  # the metrics' label and the Langfuse record's session
     if s.cluster.metrics_port:
         # The trainer's rank 0 serves its live metrics here while it trains (taken here: another port).
-        env.setdefault("TRAINER_METRICS_PORT", str(local.metrics_port_here(s.cluster.metrics_port)))
+        env.setdefault("TRAINER_METRICS_PORT", str(local_torchrun.metrics_port_here(s.cluster.metrics_port)))
     return env
 
 
 def _train_here(s: Settings, cfg: dict, config_path: str, *, stage: str, model_root: str, run_id: str) -> None:
     """torchrun on this machine, the stage's ``gpus_per_node`` processes, to the end."""
-    from components.train.launcher import local
+    from components.train.launcher import local_torchrun
 
     env = trainer_env(s, cfg, model_root=model_root, run_id=run_id)
     if s.cluster.metrics_port:
         log.info("live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"])
-    local.run_torchrun(config_path, stage_cluster(s, stage).gpus_per_node, env=env)
+    local_torchrun.run_torchrun(config_path, stage_cluster(s, stage).gpus_per_node, env=env)
 
 
 def _train_on_cluster(
@@ -149,7 +149,7 @@ def _train_on_cluster(
 ) -> str:
     """Create the stage's job (or re-attach to it), follow it to the end, re-run it for retriable failures; its
     name. ``server_model``: the grpo stage's own vLLM server runs on it first, until the job ends
-    (components/train/launcher/vllm_server.py)."""
+    (components/train/launcher/generation_server.py)."""
     from contextlib import AbstractContextManager, nullcontext
 
     from components.kube import current_namespace, job_name_for
@@ -176,7 +176,7 @@ def _train_on_cluster(
     )
     server: AbstractContextManager = nullcontext()
     if server_model:
-        from components.train.launcher.vllm_server import generation_server
+        from components.train.launcher.generation_server import generation_server
 
         server = generation_server(
             stage_cluster(s, stage),

@@ -106,8 +106,8 @@ def check_reward_settings(s: Settings) -> list[str | None]:
 def generation_errors(t, s: Settings) -> list[str]:
     """grpo_generation_backend vllm-server: a server to reach, and weights it can take (the grpo stage's settings
     ``t``): full weights (the server loads checkpoint tensors, not adapters), gathered by ZeRO-3 or FSDP2. On a
-    cluster an empty URL is the train step's own server (components/train/launcher/vllm_server.py), which loads the
-    stage's starting model from the models claim; locally the URL is required."""
+    cluster an empty URL is the train step's own server (components/train/launcher/generation_server.py), which loads
+    the stage's starting model from the models claim; locally the URL is required."""
     if t.grpo_generation_backend != "vllm-server":
         return []
     errors = []
