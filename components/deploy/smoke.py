@@ -233,23 +233,6 @@ def describe_latency(latency: dict) -> str:
     )
 
 
-def wait_healthy(url: str, timeout: float, is_alive=lambda: True, interval: float = 0.5) -> None:
-    """Poll ``url`` every ``interval`` seconds until it answers 200; raise TimeoutError after ``timeout`` seconds or
-    when ``is_alive()`` turns false."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not is_alive():
-            raise RuntimeError(f"the server exited before {url} became healthy")
-        try:
-            with urllib.request.urlopen(url, timeout=5) as resp:
-                if resp.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(interval)
-    raise TimeoutError(f"{url} did not become healthy within {timeout:.0f}s")
-
-
 def readable_reply(text: str) -> str:
     """``text`` with each run of U+FFFD replacement characters shown as ``<?>``.
 

@@ -30,8 +30,6 @@ import json
 import logging
 import os
 import re
-import signal
-import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -40,6 +38,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from components.models.serve_command import transformers_serve
+from components.models.server_process import free_port, start_server
 from components.secrets import JUDGE_API_KEY
 
 log = logging.getLogger("evaluate_model")
@@ -541,55 +540,28 @@ def endpoint_problem(
 @contextlib.contextmanager
 def served_base(model_path: str, log_path: str, startup_timeout: float = 180.0) -> Iterator[str]:
     """The run's base model served, for the judging, by the local server the run's deploy step starts: `transformers
-    serve` on a free localhost port, the same command (components/models/serve_command.py; the evaluation step
-    imports nothing of the deploy step's). Yields its OpenAI base URL; stopped on leaving, and when
-    this step's process ends however it ends."""
-    import socket
-
-    from components.observe.process import parent_death_signal
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    serve` on a free localhost port, the same command (components/models/serve_command.py), started, waited for and
+    stopped as the deploy step's is (components/models/server_process.py; the evaluation step imports nothing of the
+    deploy step's). Yields its OpenAI base URL; stopped on leaving, and when this step's process ends however it
+    ends."""
+    port = free_port()
     cmd, env = transformers_serve(model_path, port)
-    with open(log_path, "ab") as out:
-        proc = subprocess.Popen(
-            cmd,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-            env=env,
-            preexec_fn=parent_death_signal(signal.SIGTERM),
-        )
+    server = start_server(cmd, port=port, log_path=log_path, env=env)
     try:
-        deadline = time.monotonic() + startup_timeout
-        while True:
-            if proc.poll() is not None:
-                tail = Path(log_path).read_bytes()[-2000:].decode(errors="replace")
-                raise RuntimeError(
-                    f"judge_endpoint={SERVED_BASE!r}: the local server exited\n--- {log_path} ---\n{tail}"
-                )
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(
-                    f"judge_endpoint={SERVED_BASE!r}: the local server did not answer within {startup_timeout:.0f}s "
-                    f"(see {log_path})"
-                )
-            time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}/v1"
+        try:
+            server.wait_ready(startup_timeout, interval=0.1)
+        except RuntimeError:  # it exited before it answered
+            raise RuntimeError(
+                f"judge_endpoint={SERVED_BASE!r}: the local server exited\n--- {log_path} ---\n{server.log_tail(2000)}"
+            ) from None
+        except TimeoutError:
+            raise RuntimeError(
+                f"judge_endpoint={SERVED_BASE!r}: the local server did not answer within {startup_timeout:.0f}s "
+                f"(see {log_path})"
+            ) from None
+        yield server.endpoint
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        server.stop()
 
 
 def run_judge(config: dict, *, base_model: str, prompts: list[list[dict]], answers: dict[str, list[str]]) -> dict:

@@ -1,6 +1,7 @@
 """`transformers serve` on one localhost port, as every local server of a run starts it: the deploy step's
 (components/deploy/local_server.py) and the evaluation's judge serving the base model (components/evaluate/judge.py).
-One place for its flags and environment; each caller starts, watches and stops its process its own way."""
+One place for its flags and environment; the process is started, waited for and stopped by
+components/models/server_process.py, the same for both."""
 
 from __future__ import annotations
 

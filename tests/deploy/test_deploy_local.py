@@ -13,7 +13,8 @@ import pytest
 
 from components.deploy import local_server, rollout, smoke
 from components.deploy.local_server import serve_locally
-from components.deploy.smoke import chat_completion, readable_reply, wait_healthy
+from components.deploy.smoke import chat_completion, readable_reply
+from components.models.server_process import wait_healthy
 from components.models.tiny import materialize
 from tests.fakes.openai_server import OpenAIServer
 

@@ -1,4 +1,5 @@
-"""How the local deploy backend starts `transformers serve` (the server itself: tests/deploy/test_deploy_local.py)."""
+"""How the local deploy backend starts `transformers serve` (components/models/server_process.py, shared with the
+judge; the server itself: tests/deploy/test_deploy_local.py)."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 
 from components import quick_exit
 from components.deploy import local_server
+from components.models import server_process
 
 
 class _ExitedAtOnce:
@@ -23,7 +25,7 @@ class _ExitedAtOnce:
 def test_the_server_starts_without_asking_pypi_for_updates_and_skips_the_final_collection(tmp_path, monkeypatch):
     started = []
     monkeypatch.setattr(
-        local_server.subprocess, "Popen", lambda cmd, **kw: started.append(_ExitedAtOnce(cmd, **kw)) or started[-1]
+        server_process.subprocess, "Popen", lambda cmd, **kw: started.append(_ExitedAtOnce(cmd, **kw)) or started[-1]
     )
     monkeypatch.delenv("HF_HUB_DISABLE_UPDATE_CHECK", raising=False)
     with pytest.raises(RuntimeError, match="exited before"):

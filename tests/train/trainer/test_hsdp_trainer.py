@@ -165,7 +165,7 @@ def _two_agents(config: str, port: int) -> None:
 def test_a_two_node_hsdp_run_resumes_from_shards_its_replicas_wrote_once(tmp_path):
     """HSDP over 2 "nodes": the replicas of each shard are written once (DCP's planner), and a re-run from the step-2
     checkpoint (the step-4 one removed, as if the job had died after step 2) ends as the uninterrupted run did."""
-    from components.deploy.local_server import free_port
+    from components.models.server_process import free_port
 
     model = netns_bytes.make_moe(tmp_path)
     over = dict(
