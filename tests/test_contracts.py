@@ -8,6 +8,8 @@
   client either.
 - No import circles in ``components`` or ``pipelines``, imports inside functions included: a circle that only
   works because one side imports late is still a circle.
+- No two modules of ``components``, ``pipelines`` or ``benchmarks`` share a file name, but for the conventional ones
+  (``component.py``, ``run.py``, ``__init__.py``, ``__main__.py``).
 """
 
 from __future__ import annotations
@@ -204,3 +206,20 @@ def test_the_circle_finder_sees_a_circle_closed_inside_a_function(tmp_path, monk
     graph = grimp.build_graph("latecircle", cache_dir=None)
     assert _circles(graph, ("latecircle.",)) == [["latecircle.a", "latecircle.b"]]
     assert "latecircle.b -> latecircle.a (line 2)" in _describe(graph, ["latecircle.a", "latecircle.b"])
+
+
+# Module names that say what a module is by the folder it is in: each step's component, its work as a plain function,
+# a package's docstring and entry point.
+REPEATABLE_NAMES = {"__init__.py", "__main__.py", "component.py", "run.py"}
+
+
+def test_no_two_modules_share_a_name_beyond_the_conventional_ones():
+    """A file's name says what it holds (docs/development.md, "Layout"): ``stages.py`` in three folders says nothing
+    of which of them one means."""
+    seen: dict[str, list[str]] = {}
+    for package in ("components", "pipelines", "benchmarks"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name not in REPEATABLE_NAMES:
+                seen.setdefault(path.name, []).append(str(path.relative_to(ROOT)))
+    repeated = {name: paths for name, paths in seen.items() if len(paths) > 1}
+    assert not repeated, repeated
