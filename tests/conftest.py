@@ -31,10 +31,38 @@ ONE_AT_A_TIME = (
 )
 
 
+def _uses_a_module_fixture(item) -> bool:
+    """Whether the test reads a fixture built once per module (a trained model, a started server)."""
+    return any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
+
+
 def pytest_collection_modifyitems(config, items):
+    """ONE_AT_A_TIME's modules share the "machine" group; any other module whose tests read a module-scoped fixture is
+    a group of its own, so one worker builds that fixture once (xdist's plain load split a module's tests between the
+    workers and each built it: the GRPO engine server's module, 100 s of setup, twice)."""
     for item in items:
-        if item.nodeid.split("::")[0] in ONE_AT_A_TIME:
+        module = item.nodeid.split("::")[0]
+        if module in ONE_AT_A_TIME:
             item.add_marker(pytest.mark.xdist_group("machine"))
+        elif _uses_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(module))
+    items.sort(key=_start_order)  # stable: each module's tests stay in their order
+
+
+# The whole local pipeline runs: the longest single tests (2-5 minutes each on 2 busy cores).
+WHOLE_RUNS = ("tests/pipelines/test_local_", "tests/deploy/test_local_lora_variants_run.py")
+
+
+def _start_order(item) -> int:
+    """Longest first, so that the short tests fill the end of a run on both workers (xdist hands out work in this
+    order): the "machine" group (one worker's queue, one test after another), the whole local runs, the rest of the
+    slow tier, then the fast tier."""
+    module = item.nodeid.split("::")[0]
+    if module in ONE_AT_A_TIME:
+        return 0
+    if item.get_closest_marker("slow") is None:
+        return 3
+    return 1 if module.startswith(WHOLE_RUNS) else 2
 
 
 @pytest.fixture(scope="session")

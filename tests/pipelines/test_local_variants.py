@@ -9,7 +9,9 @@ import pytest
 
 from tests.helpers.repo import run_cli
 
-VARIANTS = '[{"learning_rate": 0.006}, {"learning_rate": 0.002, "name": "low-lr"}]'
+# v1 is the laptop recipe (its model is served and answers the smoke test); low-lr stops after 20 steps (issue 38:
+# CI's time): being compared and left unserved needs no more.
+VARIANTS = '[{"learning_rate": 0.006}, {"learning_rate": 0.002, "max_steps": 20, "name": "low-lr"}]'
 
 
 @pytest.mark.slow
