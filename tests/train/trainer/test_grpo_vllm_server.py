@@ -1,6 +1,6 @@
 """The grpo stage generating on a real vLLM server (grpo_generation_backend=vllm-server, issue 30): vLLM's CPU build
 (the pinned release, the serving virtualenv) serves the tiny Qwen3 with this package's weight-sync engine
-(components/models/vllm_worker/kfp_weight_sync.py); the trainer side (components/train/trainer/vllm_server.py)
+(components/models/vllm_worker/kfp_weight_sync.py); the trainer side (components/train/trainer/vllm_client.py)
 imports no vllm.
 
     pytest -m slow tests/train/trainer/test_grpo_vllm_server.py
