@@ -74,10 +74,8 @@ import re
 import shutil
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -86,7 +84,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 # No torch here: the parent stays light; the model is built and the trainer runs in processes of their own.
-from components.models.mfu import PEAK_BF16_FLOPS, model_flops_per_token, recompute_flops_per_token  # noqa: E402
+from bench_processes import (  # noqa: E402  (this folder: sys.path[0] when run as a script)
+    GpuMemory,
+    child_env,
+    error_of,
+    gpu_device,
+    run_logged,
+    stop,
+    versions,
+)
+
+from components.models.mfu import model_flops_per_token, recompute_flops_per_token  # noqa: E402
 from components.models.shape import ModelShape, load_architecture, model_shape  # noqa: E402
 from components.settings import TrainSettings  # noqa: E402
 from components.train.config import build_trainer_config, load_deepspeed_config, write_trainer_config  # noqa: E402
@@ -176,7 +184,6 @@ BASIS_LINE = re.compile(r"MFU basis: ([\d.e+]+) GFLOPs/token")
 ATTENTION_LINE = re.compile(r"attention: (\w+)")  # components/train/trainer/speed.py::attn_implementation's choice
 # DeepSpeed's global timers, one line per optimizer step with wall_clock_breakdown (deepspeed/utils/timer.py)
 TIMER_LINE = re.compile(r"time \(ms\) \| fwd: ([\d.]+) \| bwd: ([\d.]+) \|.*?\| step: ([\d.]+)")
-RUNNING: set[int] = set()  # the child processes running now (stop() kills them)
 
 
 def model_config(tiny: bool, layers: int) -> dict:
@@ -267,146 +274,6 @@ def build_inputs(workdir: Path, configs: dict[str, dict], seq: int, rows: int, g
         "build_seconds": round(built - started, 1),
         "prepare_seconds": round(time.time() - built, 1),
     }
-
-
-class GpuMemory:
-    """The most GPU memory in use (MiB, every process) while it runs, sampled by ``nvidia-smi`` every 200 ms."""
-
-    def __init__(self) -> None:
-        self.peak_mib: float | None = None
-        self._proc: subprocess.Popen | None = None
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> GpuMemory:
-        if shutil.which("nvidia-smi"):
-            cmd = ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits", "-lms", "200"]
-            self._proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            self._thread = threading.Thread(target=self._read, args=(self._proc.stdout,), daemon=True)
-            self._thread.start()
-        return self
-
-    def _read(self, stream: IO[str]) -> None:
-        for line in stream:
-            try:
-                used = float(line.split(",")[0])
-            except ValueError:
-                continue
-            self.peak_mib = used if self.peak_mib is None else max(self.peak_mib, used)
-
-    def __exit__(self, *exc) -> None:
-        if self._proc:
-            self._proc.terminate()
-            self._proc.wait()
-        if self._thread:
-            self._thread.join(timeout=5)
-
-
-def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and every process below it. Not SIGTERM: the trainer answers that by saving a checkpoint
-    (fp32 master weights and Adam's moments), and torchrun starts its ranks in process groups of their own."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        children.setdefault(parent, []).append(int(stat.parent.name))
-    tree, todo = [], [pid]
-    while todo:
-        tree.append(todo.pop())
-        todo += children.get(tree[-1], [])
-    for p in tree:
-        try:
-            os.kill(p, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def run_logged(
-    cmd: list[str], log: Path, timeout: float, env: dict[str, str], until: re.Pattern | None = None
-) -> tuple[int | None, float]:
-    """Run ``cmd`` with its output in ``log``; ``(exit status, or None when it ran out of time, seconds)``. Out of
-    time, it is killed with every process it started (torchrun and its rank). With ``until``, it is also ended
-    (exit status 0) as soon as its output matches: the figures are in by then, and what the trainer does after
-    its last step (one evaluation pass, the export of the whole model) would take a lever's time for nothing."""
-    started = time.monotonic()
-    deadline = started + max(timeout, 1)
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
-        RUNNING.add(proc.pid)
-        code: int | None = None
-        try:
-            while (code := proc.poll()) is None and time.monotonic() < deadline:
-                if until is not None and until.search(log.read_text(errors="replace")):
-                    kill_tree(proc.pid)
-                    proc.wait()
-                    code = 0
-                    break
-                time.sleep(0.5)
-            if code is None:
-                kill_tree(proc.pid)
-                proc.wait()
-        finally:
-            RUNNING.discard(proc.pid)
-    return code, time.monotonic() - started
-
-
-def stop(signum, frame) -> None:
-    """SIGTERM/SIGINT (a ``timeout`` around this script): no trainer left behind holding the GPU."""
-    for pid in list(RUNNING):
-        kill_tree(pid)
-    sys.exit(128 + signum)
-
-
-def child_env(workdir: Path, gpu: bool) -> dict[str, str]:
-    """The trainer's environment: this checkout importable, no network, no metrics port, caches in ``workdir``."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH", "")) if p)
-    env.update(
-        HF_HOME=str(workdir / "hf-home"),
-        HF_HUB_OFFLINE="1",
-        TOKENIZERS_PARALLELISM="false",
-        PYTHONUNBUFFERED="1",
-        OMP_NUM_THREADS=str(8 if gpu else max(1, os.cpu_count() or 1)),
-    )
-    env.pop("TRAINER_METRICS_PORT", None)
-    return env
-
-
-def error_of(text: str, code: int | None) -> str:
-    """One line on why a run failed, from its output."""
-    if code is None:
-        return "stopped: out of time (--lever-timeout or --budget-seconds)"
-    if "out of memory" in text.lower():
-        return "CUDA out of memory"
-    lines = [ln.strip() for ln in text.splitlines() if re.search(r"(Error|Exception)\b", ln) and "Traceback" not in ln]
-    last = lines[-1] if lines else (text.strip().splitlines() or ["no output"])[-1]
-    return f"exit {code}: {last[:300]}"
-
-
-def gpu_device() -> dict | None:
-    """The GPU's name, memory and driver from nvidia-smi, or None where there is none."""
-    if not shutil.which("nvidia-smi"):
-        return None
-    query = ["nvidia-smi", "--query-gpu=name,memory.total,driver_version", "--format=csv,noheader,nounits"]
-    try:
-        first = subprocess.run(query, capture_output=True, text=True, timeout=30, check=True).stdout.splitlines()[0]
-    except (subprocess.SubprocessError, IndexError):
-        return None
-    name, memory, driver = (x.strip() for x in first.split(","))
-    peak = next((flops for key, flops in PEAK_BF16_FLOPS.items() if key in name), None)
-    return {"name": name, "memory_gib": round(float(memory) / 1024, 1), "driver": driver, "peak_bf16_flops": peak}
-
-
-def versions() -> dict[str, str]:
-    """The versions of what the trainer runs on, read without importing them."""
-    out = {"python": sys.version.split()[0]}
-    for name in ("torch", "transformers", "deepspeed", "accelerate", "datasets", "liger-kernel", "flash-attn"):
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "none"
-    return out
 
 
 def why_not(lever: Lever, gpu: bool) -> str | None:
