@@ -26,6 +26,7 @@ from kubernetes import config as k8s_config
 from kubernetes.client.rest import ApiException
 
 from components.names import DNS1035_LABEL, DNS1123_SUBDOMAIN, name_error  # noqa: F401 (kube.name_error: one place)
+from components.settings import NetworkSettings
 
 # Every object a run creates carries the KFP run id under this label (jobs, their pods, Experiments,
 # InferenceServices, Tensorboards): the Katib search finds its trials' pods by it, and users find a run's objects.
@@ -59,17 +60,17 @@ def job_name_for(run_id: str, prefix: str = "sft", max_length: int = MAX_JOB_NAM
     return name
 
 
-def egress_env(cluster) -> dict[str, str]:
-    """The proxy and Hub-mirror variables of the pods the package creates, from the cluster settings
-    (``components.settings.ClusterSettings``): each proxy in both spellings (curl and Go read the lowercase one,
+def egress_env(network: NetworkSettings) -> dict[str, str]:
+    """The proxy and Hub-mirror variables of the pods the package creates, from the network settings
+    (``components.settings.NetworkSettings``): each proxy in both spellings (curl and Go read the lowercase one,
     requests either), ``HF_ENDPOINT`` for the Hub mirror; the settings left empty are left out."""
     env = {}
-    proxies = (("http_proxy", cluster.http_proxy), ("https_proxy", cluster.https_proxy), ("no_proxy", cluster.no_proxy))
+    proxies = (("http_proxy", network.http_proxy), ("https_proxy", network.https_proxy), ("no_proxy", network.no_proxy))
     for name, value in proxies:
         if value:
             env[name.upper()] = env[name] = value
-    if cluster.hf_endpoint:
-        env["HF_ENDPOINT"] = cluster.hf_endpoint
+    if network.hf_endpoint:
+        env["HF_ENDPOINT"] = network.hf_endpoint
     return env
 
 

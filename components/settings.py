@@ -1,6 +1,16 @@
-"""The run's settings: one typed model, grouped by step, the single source of every setting's name, type,
+"""The run's settings: one typed model, grouped by concern, the single source of every setting's name, type,
 default, help text, bounds and allowed values. It declares and nothing more: the checks live in the validate step
 (components/validate/rules/), which reads these declarations.
+
+The groups (``Settings``' fields, each a dataclass of at most about 20 settings): ``train`` (what the trainer
+reads), ``stages``, ``variants``, ``hpo``, ``data``; where and how the training job runs: ``job`` (backend, nodes,
+GPUs, images, placement, the trainer pod's resources), ``scheduling`` (queue, priority, gang scheduling, elastic
+restarts, re-runs, deadlines, cleanup), ``network`` (RDMA, NCCL, proxies, the Hub mirror), ``storage`` (the claims,
+the Hub token, the object store), ``observability`` (tracking, traces, alerts, Tensorboard, metrics, watchdogs),
+``plan`` (the hardware the plan and the memory fit assume); then ``evaluate``, ``deploy`` and ``publish``. A function
+takes the groups it reads (``egress_env(s.network)``, ``gpu_watch_for(s.observability, ...)``); a setting's group
+shows in the settings table's group column, never in its name (``from_flat``, ``flat()``, presets and ``-p`` use
+the flat names).
 
 Everything else derives from it:
 
@@ -22,8 +32,8 @@ Everything else derives from it:
 This module imports nothing but the package version (no ML or Kubernetes library, no other module of the
 package), so ``--help`` stays fast and every module may read it.
 
-To add a setting: add a field to its step's group below (``setting(default, help, ...)``), use it where the
-step reads its settings, and run ``python -m pipelines.compile``.
+To add a setting: add a field to its group below (``setting(default, help, ...)``), use it where a step reads
+its settings, and run ``python -m pipelines.compile``.
 """
 
 from __future__ import annotations
@@ -554,8 +564,8 @@ class DataSettings:
 
 
 @dataclass
-class ClusterSettings:
-    """Where and how the job runs: backend, nodes, volumes, placement, scheduling and restarts."""
+class JobSettings:
+    """The training job's shape, images and pods: backend, nodes, GPUs, placement and resources."""
 
     train_backend: str = setting(
         "pytorchjob",
@@ -564,67 +574,6 @@ class ClusterSettings:
     )
     num_nodes: int = setting(2, "Training nodes: pods in the job (1 Master + num_nodes-1 Workers).", min=1)
     gpus_per_node: int = setting(8, "GPUs (torchrun processes) per training node; CPU processes locally.", min=1)
-    gpu_memory_gib: float = setting(
-        80.0,
-        "Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU is "
-        "requested (80 for H100 80GB).",
-        min=0,
-    )
-    achieved_tflops_per_gpu: float = setting(
-        159.0,
-        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s, recomputation included, the "
-        "optimizer step apart (the plan counts it): 159 is the reference preset's whole model on one H100, "
-        "projected from the trainer at 2 and 4 of Qwen3-30B-A3B's layers in one run, 6,097 tokens/s of compute x "
-        "26.1 GFLOP per token, the embedding lookup at 0 (2026-11-28; benchmarks/results/plan.md).",
-        plain=False,
-        above=0,
-    )
-    intra_node_gb_per_s: float = setting(
-        450.0,
-        "The plan's bandwidth within a node, GB/s per GPU and direction (450: H100 NVLink 4).",
-        plain=False,
-        above=0,
-    )
-    inter_node_gb_per_s: float = setting(
-        50.0,
-        "The plan's bandwidth between nodes, GB/s per GPU and direction: the node's network over its GPUs "
-        "(50: DGX H100, 8 x 400 Gb/s; one 200 Gb/s NIC for 8 GPUs: 3.125).",
-        plain=False,
-        above=0,
-    )
-    rdma_resource: str = setting(
-        "",
-        "Extended resource each training pod requests for its RDMA network, from the cluster's device plugin "
-        "(rdma/ib, rdma/rdma_shared_device_a, nvidia.com/hostdev, vpc.amazonaws.com/efa); empty: NCCL runs over "
-        "TCP on the pod network, and --plan counts tcp_node_gb_per_s between nodes.",
-        plain=False,
-    )
-    rdma_per_pod: int = setting(
-        1,
-        "How many of rdma_resource each training pod requests (a DGX H100 with SR-IOV: 8, one per NIC).",
-        plain=False,
-        min=1,
-    )
-    ipc_lock: bool = setting(
-        False,
-        "Add the IPC_LOCK capability to the trainer container: InfiniBand/RoCE verbs pin the memory they "
-        "register. The Pod Security Standards' baseline and restricted levels forbid it: the namespace must "
-        "enforce privileged.",
-        plain=False,
-    )
-    nccl_env: dict = setting(
-        {},
-        'NCCL variables of the training pods, over NCCL_DEBUG=WARN (e.g. {"NCCL_IB_HCA": "mlx5", '
-        '"NCCL_SOCKET_IFNAME": "eth0"}); keys start with NCCL_.',
-        plain=False,
-    )
-    tcp_node_gb_per_s: float = setting(
-        12.5,
-        "The plan's bandwidth between nodes when no rdma_resource is requested: GB/s per node and direction "
-        "that NCCL's TCP sockets get over the pod network (12.5: one 100 Gb/s NIC at line rate).",
-        plain=False,
-        above=0,
-    )
     trainer_image: str = setting(TRAINER_IMAGE, "Image the training job's pods run.")
     # The grpo stage's generation server (grpo_generation_backend vllm-server with no grpo_vllm_server_url): the
     # train step runs it beside the stage's job (components/train/launcher/generation_server.py, docs/rl.md).
@@ -642,63 +591,13 @@ class ClusterSettings:
         plain=False,
         min=1,
     )
-    data_pvc: str = setting("llm-data", "ReadWriteMany claim for datasets and caches (mounted at /mnt/data).")
-    model_pvc: str = setting("llm-models", "ReadWriteMany claim for checkpoints and final models (/mnt/models).")
-    hf_token_secret: str = setting(
-        "hf-token", "Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent)."
-    )
-    # A company network (docs/cluster.md#behind-a-proxy-or-a-mirror-registry): the pods the package creates (training
-    # job, Katib trials, InferenceService) pull through these Secrets and reach out through the proxy and the mirror.
+    # A private or mirror registry (docs/cluster.md#behind-a-proxy-or-a-mirror-registry): the pods the package creates
+    # (training job, Katib trials, InferenceService) pull through these Secrets.
     image_pull_secrets: list = setting(
         [],
         "Secrets (type kubernetes.io/dockerconfigjson) the training, trial and serving pods pull their images "
         "with, for a private or mirror registry; preflight checks each exists with that type. The pipeline's own steps "
         "pull with their service account's (docs/cluster.md).",
-        plain=False,
-    )
-    http_proxy: str = setting(
-        "", "HTTP_PROXY (and http_proxy) of the training, trial and serving pods, a URL; empty: none.", plain=False
-    )
-    https_proxy: str = setting(
-        "", "HTTPS_PROXY (and https_proxy) of the training, trial and serving pods, a URL; empty: none.", plain=False
-    )
-    no_proxy: str = setting(
-        "",
-        "NO_PROXY (and no_proxy) of the training, trial and serving pods: hosts reached directly, comma-separated "
-        "(e.g. .svc,.cluster.local,10.0.0.0/8); empty: none.",
-        plain=False,
-    )
-    hf_endpoint: str = setting(
-        "",
-        "HF_ENDPOINT of the training, trial and serving pods: a Hugging Face Hub mirror's http(s) URL (e.g. "
-        "https://hf-mirror.example.com); empty: huggingface.co.",
-        plain=False,
-    )
-    # Object storage (docs/cluster.md#object-storage, components/storage/): off while model_store_uri is empty.
-    model_store_uri: str = setting(
-        "",
-        "Bucket folder each trained model is uploaded to after it is written and verified, s3://bucket/prefix or "
-        "gs://bucket/prefix (to <it>/runs/<run id>/<stage>/final/, with a MANIFEST.json of sizes and sha256); "
-        "empty: models stay on the claim only.",
-        plain=False,
-    )
-    model_store_endpoint: str = setting(
-        "",
-        "An S3-compatible server's URL for model_store_uri (MinIO, Ceph RGW; GCS: https://storage.googleapis.com, "
-        "the default for gs://); empty: AWS S3.",
-        plain=False,
-    )
-    model_store_secret: str = setting(
-        "",
-        "Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (GCS: HMAC keys) for model_store_uri, read "
-        "through the Kubernetes API by preflight and the train step; empty: the pod's own credentials (an IAM role "
-        "for its service account; locally the environment).",
-        plain=False,
-    )
-    upload_checkpoints: bool = setting(
-        False,
-        "Also upload each complete checkpoint to model_store_uri (<it>/runs/<run id>/<stage>/checkpoint-<step>/) "
-        "while the job trains.",
         plain=False,
     )
     node_selector: dict = setting(
@@ -736,6 +635,12 @@ class ClusterSettings:
         "ClusterTrainingRuntime the TrainJob runs on (trainjob only; preflight checks the cluster has it).",
         plain=False,
     )
+
+
+@dataclass
+class SchedulingSettings:
+    """How the training job is queued, scheduled, restarted and cleaned up."""
+
     job_cleanup: str = setting(
         "keep",
         "Delete the training job when it ends: keep, on-success or always.",
@@ -760,12 +665,119 @@ class ClusterSettings:
         "from its last complete checkpoint. 0: a failed job fails the step at once.",
         min=0,
     )
+    pending_timeout_seconds: int = setting(
+        900,
+        "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
+        "minutes to add a GPU node).",
+        min=60,
+    )
+
+
+@dataclass
+class NetworkSettings:
+    """The pods' network: RDMA and NCCL for the training job, the proxies and the Hub mirror for every pod the
+    package creates (docs/cluster.md#behind-a-proxy-or-a-mirror-registry)."""
+
+    rdma_resource: str = setting(
+        "",
+        "Extended resource each training pod requests for its RDMA network, from the cluster's device plugin "
+        "(rdma/ib, rdma/rdma_shared_device_a, nvidia.com/hostdev, vpc.amazonaws.com/efa); empty: NCCL runs over "
+        "TCP on the pod network, and --plan counts tcp_node_gb_per_s between nodes.",
+        plain=False,
+    )
+    rdma_per_pod: int = setting(
+        1,
+        "How many of rdma_resource each training pod requests (a DGX H100 with SR-IOV: 8, one per NIC).",
+        plain=False,
+        min=1,
+    )
+    ipc_lock: bool = setting(
+        False,
+        "Add the IPC_LOCK capability to the trainer container: InfiniBand/RoCE verbs pin the memory they "
+        "register. The Pod Security Standards' baseline and restricted levels forbid it: the namespace must "
+        "enforce privileged.",
+        plain=False,
+    )
+    nccl_env: dict = setting(
+        {},
+        'NCCL variables of the training pods, over NCCL_DEBUG=WARN (e.g. {"NCCL_IB_HCA": "mlx5", '
+        '"NCCL_SOCKET_IFNAME": "eth0"}); keys start with NCCL_.',
+        plain=False,
+    )
+    http_proxy: str = setting(
+        "", "HTTP_PROXY (and http_proxy) of the training, trial and serving pods, a URL; empty: none.", plain=False
+    )
+    https_proxy: str = setting(
+        "", "HTTPS_PROXY (and https_proxy) of the training, trial and serving pods, a URL; empty: none.", plain=False
+    )
+    no_proxy: str = setting(
+        "",
+        "NO_PROXY (and no_proxy) of the training, trial and serving pods: hosts reached directly, comma-separated "
+        "(e.g. .svc,.cluster.local,10.0.0.0/8); empty: none.",
+        plain=False,
+    )
+    hf_endpoint: str = setting(
+        "",
+        "HF_ENDPOINT of the training, trial and serving pods: a Hugging Face Hub mirror's http(s) URL (e.g. "
+        "https://hf-mirror.example.com); empty: huggingface.co.",
+        plain=False,
+    )
+
+
+@dataclass
+class StorageSettings:
+    """Where data and models live: the claims, the Hub token and the object store."""
+
+    data_pvc: str = setting("llm-data", "ReadWriteMany claim for datasets and caches (mounted at /mnt/data).")
+    model_pvc: str = setting("llm-models", "ReadWriteMany claim for checkpoints and final models (/mnt/models).")
+    hf_token_secret: str = setting(
+        "hf-token", "Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent)."
+    )
+    # Object storage (docs/cluster.md#object-storage, components/storage/): off while model_store_uri is empty.
+    model_store_uri: str = setting(
+        "",
+        "Bucket folder each trained model is uploaded to after it is written and verified, s3://bucket/prefix or "
+        "gs://bucket/prefix (to <it>/runs/<run id>/<stage>/final/, with a MANIFEST.json of sizes and sha256); "
+        "empty: models stay on the claim only.",
+        plain=False,
+    )
+    model_store_endpoint: str = setting(
+        "",
+        "An S3-compatible server's URL for model_store_uri (MinIO, Ceph RGW; GCS: https://storage.googleapis.com, "
+        "the default for gs://); empty: AWS S3.",
+        plain=False,
+    )
+    model_store_secret: str = setting(
+        "",
+        "Secret with keys AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (GCS: HMAC keys) for model_store_uri, read "
+        "through the Kubernetes API by preflight and the train step; empty: the pod's own credentials (an IAM role "
+        "for its service account; locally the environment).",
+        plain=False,
+    )
+    upload_checkpoints: bool = setting(
+        False,
+        "Also upload each complete checkpoint to model_store_uri (<it>/runs/<run id>/<stage>/checkpoint-<step>/) "
+        "while the job trains.",
+        plain=False,
+    )
+
+
+@dataclass
+class ObservabilitySettings:
+    """Watching a run: experiment tracking, traces, alerts, Tensorboard, metrics and the watchdogs."""
+
     tracking_secret: str = setting(
         "llm-tracking",
         "Secret with the experiment tracker's address and key for the training pods (keys "
         "MLFLOW_TRACKING_URI, MLFLOW_TRACKING_TOKEN or _USERNAME/_PASSWORD, WANDB_API_KEY, "
         "WANDB_BASE_URL; each optional): used when report_to names mlflow or wandb.",
         plain=False,
+    )
+    langfuse_secret: str = setting(
+        "llm-langfuse",
+        "Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer "
+        "records the run in Langfuse and evaluation and deployment trace each generation (an "
+        "optional reference: no Secret, no traces).",
     )
     alert_webhook_secret: str = setting(
         "llm-alerts",
@@ -778,12 +790,6 @@ class ClusterSettings:
         "from the dashboard; without Kubeflow's Tensorboard controller a Deployment and Service running the "
         "trainer image's tensorboard (the train step logs the kubectl port-forward command), deleted when the run "
         "ends.",
-    )
-    pending_timeout_seconds: int = setting(
-        900,
-        "Fail the step when a job's pod stays unschedulable this long (at least 60: an autoscaler needs "
-        "minutes to add a GPU node).",
-        min=60,
     )
     stall_timeout_seconds: int = setting(
         2700,
@@ -823,11 +829,46 @@ class ClusterSettings:
         plain=False,
         min=60,
     )
-    langfuse_secret: str = setting(
-        "llm-langfuse",
-        "Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer "
-        "records the run in Langfuse and evaluation and deployment trace each generation (an "
-        "optional reference: no Secret, no traces).",
+
+
+@dataclass
+class PlanSettings:
+    """The hardware the plan and the memory-fit estimate assume: GPU memory, compute speed and bandwidths."""
+
+    gpu_memory_gib: float = setting(
+        80.0,
+        "Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU is "
+        "requested (80 for H100 80GB).",
+        min=0,
+    )
+    achieved_tflops_per_gpu: float = setting(
+        159.0,
+        "The plan's compute speed: FLOP/s one GPU sustains in training, in TFLOP/s, recomputation included, the "
+        "optimizer step apart (the plan counts it): 159 is the reference preset's whole model on one H100, "
+        "projected from the trainer at 2 and 4 of Qwen3-30B-A3B's layers in one run, 6,097 tokens/s of compute x "
+        "26.1 GFLOP per token, the embedding lookup at 0 (2026-11-28; benchmarks/results/plan.md).",
+        plain=False,
+        above=0,
+    )
+    intra_node_gb_per_s: float = setting(
+        450.0,
+        "The plan's bandwidth within a node, GB/s per GPU and direction (450: H100 NVLink 4).",
+        plain=False,
+        above=0,
+    )
+    inter_node_gb_per_s: float = setting(
+        50.0,
+        "The plan's bandwidth between nodes, GB/s per GPU and direction: the node's network over its GPUs "
+        "(50: DGX H100, 8 x 400 Gb/s; one 200 Gb/s NIC for 8 GPUs: 3.125).",
+        plain=False,
+        above=0,
+    )
+    tcp_node_gb_per_s: float = setting(
+        12.5,
+        "The plan's bandwidth between nodes when no rdma_resource is requested: GB/s per node and direction "
+        "that NCCL's TCP sockets get over the pod network (12.5: one 100 Gb/s NIC at line rate).",
+        plain=False,
+        above=0,
     )
 
 
@@ -1023,14 +1064,19 @@ class PublishSettings:
 
 @dataclass
 class Settings:
-    """Every setting of a run, by step."""
+    """Every setting of a run, by concern."""
 
     train: TrainSettings = field(default_factory=TrainSettings)
     stages: StageSettings = field(default_factory=StageSettings)
     variants: VariantSettings = field(default_factory=VariantSettings)
     hpo: HpoSettings = field(default_factory=HpoSettings)
     data: DataSettings = field(default_factory=DataSettings)
-    cluster: ClusterSettings = field(default_factory=ClusterSettings)
+    job: JobSettings = field(default_factory=JobSettings)
+    scheduling: SchedulingSettings = field(default_factory=SchedulingSettings)
+    network: NetworkSettings = field(default_factory=NetworkSettings)
+    storage: StorageSettings = field(default_factory=StorageSettings)
+    observability: ObservabilitySettings = field(default_factory=ObservabilitySettings)
+    plan: PlanSettings = field(default_factory=PlanSettings)
     evaluate: EvaluateSettings = field(default_factory=EvaluateSettings)
     deploy: DeploySettings = field(default_factory=DeploySettings)
     publish: PublishSettings = field(default_factory=PublishSettings)

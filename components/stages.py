@@ -17,7 +17,16 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from components.settings import ClusterSettings, Settings, TrainSettings, choices
+from components.settings import (
+    JobSettings,
+    NetworkSettings,
+    ObservabilitySettings,
+    SchedulingSettings,
+    Settings,
+    StorageSettings,
+    TrainSettings,
+    choices,
+)
 
 STAGES = choices("stages")  # ("cpt", "sft", "dpo", "rm", "grpo"), declared in the settings model
 # What a stage reads: its data source setting and the format its rows must have (None: the run's dataset_format).
@@ -82,7 +91,7 @@ def stage_data(s: Settings, stage: str) -> tuple[str, str]:
     return s.flat()[source_setting], fmt or s.data.dataset_format
 
 
-# What stage_settings may set beside training settings: the stage's job shape (ClusterSettings' fields, checked
+# What stage_settings may set beside training settings: the stage's job shape (JobSettings' fields, checked
 # by the same declared rules as the run's). The automation guide trains cpt on 4 GPUs and sft/dpo on 2.
 STAGE_RESOURCES = ("num_nodes", "gpus_per_node")
 TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainSettings))
@@ -101,9 +110,17 @@ def stage_resources(s: Settings, stage: str) -> dict:
     return {name: own[name] for name in STAGE_RESOURCES if isinstance(own, dict) and name in own}
 
 
-def stage_cluster(s: Settings, stage: str) -> ClusterSettings:
-    """The cluster settings ``stage``'s job runs with: the run's, with the stage's own nodes and GPUs."""
-    return dataclasses.replace(s.cluster, **stage_resources(s, stage))
+def stage_job(s: Settings, stage: str) -> JobSettings:
+    """The job settings ``stage``'s job runs with: the run's, with the stage's own nodes and GPUs."""
+    return dataclasses.replace(s.job, **stage_resources(s, stage))
+
+
+def job_groups(
+    s: Settings, stage: str
+) -> tuple[JobSettings, SchedulingSettings, NetworkSettings, StorageSettings, ObservabilitySettings]:
+    """The settings groups ``stage``'s training job is built from (``job.training_job_for_run``): its own job
+    settings (``stage_job``), then the run's scheduling, network, storage and observability settings."""
+    return stage_job(s, stage), s.scheduling, s.network, s.storage, s.observability
 
 
 def stage_setting_name(s: Settings, stage: str, name: str) -> str:
@@ -116,7 +133,7 @@ def resource_settings(s: Settings, name: str) -> list[tuple[str, int]]:
     """``(setting, value)`` of ``name`` (``num_nodes``, ``gpus_per_node``): the run's, then each of its stages' that
     sets its own (``stage_settings.<stage>.<name>``), for the rules that hold each of them as they hold the run's."""
     own = [(stage, stage_resources(s, stage)) for stage in dict.fromkeys(s.stages.stages)]
-    return [(name, getattr(s.cluster, name))] + [
+    return [(name, getattr(s.job, name))] + [
         (f"stage_settings.{stage}.{name}", over[name])
         for stage, over in own
         if isinstance(over.get(name), int) and not isinstance(over[name], bool)  # else: the stage rules name it
@@ -125,7 +142,7 @@ def resource_settings(s: Settings, name: str) -> list[tuple[str, int]]:
 
 def stage_gpus(s: Settings, stage: str) -> int:
     """GPUs ``stage``'s job holds: its nodes times its GPUs per node."""
-    c = stage_cluster(s, stage)
+    c = stage_job(s, stage)
     return c.num_nodes * c.gpus_per_node
 
 

@@ -19,7 +19,7 @@ from components.kube import job_name_for
 from components.observe.tensorboard import server_manifests, tensorboard_manifest
 from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import dataset_folder, hands_on, stage_cluster, stage_folder, stage_train_settings
+from components.stages import dataset_folder, hands_on, job_groups, stage_folder, stage_train_settings
 from components.train.config import build_trainer_config
 from components.train.launcher.generation_server import run_server_manifests, runs_own_server, stage_server_url
 from components.train.launcher.job import training_job_for_run
@@ -42,23 +42,25 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         suffix = "" if stage == "sft" else f"-{stage}"
         stage_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder(stage))
         train = stage_train_settings(s, stage, base)
-        if runs_own_server(stage, train, s.cluster):
+        if runs_own_server(stage, train, s.job):
             # The grpo stage's own vLLM server, which the train step runs beside the job; the config names its URL.
-            manifests = run_server_manifests(s.cluster, run_id=RENDER_RUN_ID, namespace=namespace, model_path=base)
+            manifests = run_server_manifests(
+                s.job, s.storage, run_id=RENDER_RUN_ID, namespace=namespace, model_path=base
+            )
             written.append(_write(out_dir / "grpo-vllm-server.yaml", yaml.safe_dump_all(manifests, sort_keys=False)))
-            train = stage_server_url(stage, train, s.cluster, run_id=RENDER_RUN_ID, namespace=namespace)
+            train = stage_server_url(stage, train, s.job, run_id=RENDER_RUN_ID, namespace=namespace)
         cfg = build_trainer_config(
             train,
             stage=stage,
             dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), dataset_folder(stage)),
             output_dir=stage_dir,
-            use_cpu=s.cluster.train_backend == "local",
+            use_cpu=s.job.train_backend == "local",
             model_cache_dir=f"{DATA_MOUNT}/cache",
         )
         written.append(_write(out_dir / f"train_config{suffix}.json", json.dumps(cfg, indent=2, sort_keys=True)))
-        if s.cluster.train_backend != "local":
+        if s.job.train_backend != "local":
             job = training_job_for_run(
-                stage_cluster(s, stage),  # the stage's own nodes and GPUs (stage_settings) over the run's
+                *job_groups(s, stage),  # the stage's own nodes and GPUs (stage_settings) over the run's
                 run_id=RENDER_RUN_ID,
                 namespace=namespace,
                 stage=stage,
@@ -72,15 +74,15 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
         if hands_on(stage):  # rm's model scores the next stage; the next stage trains from rm's own start
             base = os.path.join(stage_dir, "final")
     train_dir = os.path.dirname(base)  # the last stage's: its final model is what is served
-    if s.cluster.train_backend != "local" and s.cluster.tensorboard:
-        board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.cluster.model_pvc, RENDER_RUN_ID)
+    if s.job.train_backend != "local" and s.observability.tensorboard:
+        board = tensorboard_manifest(job_name_for(RENDER_RUN_ID, "tb"), namespace, s.storage.model_pvc, RENDER_RUN_ID)
         written.append(_write(out_dir / "tensorboard.yaml", yaml.safe_dump(board, sort_keys=False)))
         # What the train step creates instead on a cluster without Kubeflow's Tensorboard controller.
         server = yaml.safe_dump_all(
-            server_manifests(board, s.cluster.trainer_image, list(s.cluster.image_pull_secrets)), sort_keys=False
+            server_manifests(board, s.job.trainer_image, list(s.job.image_pull_secrets)), sort_keys=False
         )
         written.append(_write(out_dir / "tensorboard-server.yaml", server))
-    if s.cluster.train_backend != "local" and s.hpo.hpo_trials:
+    if s.job.train_backend != "local" and s.hpo.hpo_trials:
         # The search tunes the sft stage, from the run's base model with the sft data (components/hpo/).
         sft_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder("sft"))
         h = s.hpo
@@ -88,7 +90,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             name=experiment_name_for(RENDER_RUN_ID),
             namespace=namespace,
             training_job=training_job_for_run(
-                stage_cluster(s, "sft"),
+                *job_groups(s, "sft"),
                 run_id=RENDER_RUN_ID,
                 namespace=namespace,
                 stage="sft",
@@ -108,10 +110,12 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     if s.deploy.deploy_backend.startswith("kserve"):
         isvc = inference_service_for_run(
             s.deploy,
-            s.cluster,
+            s.job,
+            s.network,
+            s.storage,
             run_id=RENDER_RUN_ID,
             namespace=namespace,
-            storage_uri=pvc_uri(s.cluster.model_pvc, MODEL_MOUNT, os.path.join(train_dir, "final")),
+            storage_uri=pvc_uri(s.storage.model_pvc, MODEL_MOUNT, os.path.join(train_dir, "final")),
         )
         written.append(_write(out_dir / "inferenceservice.yaml", yaml.safe_dump(isvc, sort_keys=False)))
     if s.deploy.deploy_backend == "kserve-vllm":

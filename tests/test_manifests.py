@@ -222,7 +222,7 @@ def grpo_server_rules() -> set[tuple]:
     from components.train.launcher import generation_server
 
     grpo = {"stages": ["sft", "grpo"], "grpo_generation_backend": "vllm-server"}
-    cluster = Settings.from_flat({**defaults(), **grpo}).cluster
+    s = Settings.from_flat({**defaults(), **grpo})
     model = f"/mnt/models/runs/{RUN_ID}/train/final"
     needed = set()
     with FakeKubeAPI() as api, tempfile.TemporaryDirectory() as root:
@@ -234,16 +234,20 @@ def grpo_server_rules() -> set[tuple]:
 
         api.on_get("deployments", becomes_ready)
         with generation_server.generation_server(
-            cluster,
+            s.job,
+            s.storage,
             run_id=RUN_ID,
             namespace=NS,
             model_path=model,
             model_root=root,
+            pending_timeout_seconds=s.scheduling.pending_timeout_seconds,
             api_client=api.client,
             poll_seconds=0.01,
         ):
             pass
-        manifests = generation_server.run_server_manifests(cluster, run_id=RUN_ID, namespace=NS, model_path=model)
+        manifests = generation_server.run_server_manifests(
+            s.job, s.storage, run_id=RUN_ID, namespace=NS, model_path=model
+        )
         record_objects(root, RUN_ID, GRPO_SERVER_RECORD, manifests)
         remove_recorded(root, RUN_ID, GRPO_SERVER_RECORD, api_client=api.client)  # the exit handler
         needed |= {rule_for(r.method, r.path) for r in api.requests}

@@ -55,7 +55,7 @@ def prepare_dataset(
     s = Settings.from_flat(settings)
     # The Hub mirror and proxies reach this step's own downloads too (the base model, a Hub dataset), not only the
     # pods the package creates; huggingface_hub reads HF_ENDPOINT when it is first imported: before data.run is.
-    os.environ.update(egress_env(s.cluster))
+    os.environ.update(egress_env(s.network))
     from components.data.formats import DataError
     from components.data.run import prepare_stage_dataset, source_env
 
@@ -127,7 +127,7 @@ def prepare_data_shard(item: dict, data_root: str, run_id: str):
     from components.settings import Settings
 
     s = Settings.from_flat(item["settings"])
-    os.environ.update(egress_env(s.cluster))
+    os.environ.update(egress_env(s.network))
     from components.data.formats import DataError
     from components.data.run import prepare_stage_shard, source_env
 

@@ -68,15 +68,15 @@ def source_env(s: Settings, stage: str) -> dict[str, str]:
     source, _ = stage_data(s, stage)
     if not any(storage.is_store_uri(x) for x in _sources(source) + _sources(s.data.eval_source)):
         return {}
-    env = {"AWS_ENDPOINT_URL": s.cluster.model_store_endpoint} if s.cluster.model_store_endpoint else {}
-    if s.cluster.model_store_secret and os.environ.get("KUBERNETES_SERVICE_HOST"):
+    env = {"AWS_ENDPOINT_URL": s.storage.model_store_endpoint} if s.storage.model_store_endpoint else {}
+    if s.storage.model_store_secret and os.environ.get("KUBERNETES_SERVICE_HOST"):
         from kubernetes import client as k8s
 
         from components.kube import current_namespace, load_api_client
 
         core = k8s.CoreV1Api(load_api_client())
         try:
-            env.update(storage.secret_credentials(core, s.cluster.model_store_secret, current_namespace()))
+            env.update(storage.secret_credentials(core, s.storage.model_store_secret, current_namespace()))
         except ValueError as e:  # the Secret missing, unreadable or without a key: one line naming it
             raise DataError(str(e)) from None
     return env
@@ -111,7 +111,7 @@ def stage_request(s: Settings, stage: str, data_root: str) -> dict:
         "near_dedup_threshold": s.data.near_dedup_threshold,
         "num_proc": s.data.num_proc,
         "max_bad_rows": s.data.max_bad_rows,
-        "pvc_mounts": {s.cluster.data_pvc: data_root},
+        "pvc_mounts": {s.storage.data_pvc: data_root},
         "cache_dir": os.path.join(data_root, "cache", "prepared"),
         "names": stage_options(stage),
         "shards": sharded(s, stage),
@@ -150,7 +150,7 @@ def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: st
 
         if problem := grpo_function_error(s):
             raise DataError(problem)
-    data_pvc = s.cluster.data_pvc
+    data_pvc = s.storage.data_pvc
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
     # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
     stats = prepare_once(

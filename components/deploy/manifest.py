@@ -40,6 +40,7 @@ from components.deploy.serving_plan import SCALE_METRICS, lora_args
 from components.kube import DNS1035_LABEL, RUN_ID_LABEL, egress_env
 from components.paths import MODEL_MOUNT, pvc_uri
 from components.security import container_security_context
+from components.settings import DeploySettings, JobSettings, NetworkSettings, StorageSettings
 from components.storage import parse_store_uri
 
 GROUP, VERSION, PLURAL, KIND = "serving.kserve.io", "v1beta1", "inferenceservices", "InferenceService"
@@ -300,35 +301,35 @@ def build_inference_service(spec: InferenceServiceSpec) -> dict:
     }
 
 
-def served_from_store(deploy, cluster, storage_uri: str) -> str:
+def served_from_store(deploy: DeploySettings, storage: StorageSettings, storage_uri: str) -> str:
     """``storage_uri`` (``pvc://<model_pvc>/<path>``), or the train step's uploaded copy of it when the model store
     serves (``model_store_uri`` and ``serving_service_account`` set; components/train/launcher/model_store.py uploads
     each final model to ``<model_store_uri>/<path>``). The URI is ``s3://`` for a ``gs://`` store too: KServe's storage
     initializer reads GCS's XML API with the HMAC keys of the account's Secret (its ``s3-endpoint`` annotation
     ``storage.googleapis.com``)."""
-    claim = f"pvc://{cluster.model_pvc}/"
-    if not (cluster.model_store_uri and deploy.serving_service_account and storage_uri.startswith(claim)):
+    claim = f"pvc://{storage.model_pvc}/"
+    if not (storage.model_store_uri and deploy.serving_service_account and storage_uri.startswith(claim)):
         return storage_uri
-    store = parse_store_uri(cluster.model_store_uri).join(storage_uri.removeprefix(claim))
+    store = parse_store_uri(storage.model_store_uri).join(storage_uri.removeprefix(claim))
     return f"s3://{store.bucket}/{store.prefix}"
 
 
-def store_settings(deploy, cluster) -> dict:
+def store_settings(deploy: DeploySettings, storage: StorageSettings) -> dict:
     """The predictor's ServiceAccount when it serves from the model store (``served_from_store``)."""
-    serving = bool(cluster.model_store_uri and deploy.serving_service_account)
+    serving = bool(storage.model_store_uri and deploy.serving_service_account)
     return {"service_account": deploy.serving_service_account if serving else ""}
 
 
-def _settings(deploy, cluster, run_id: str) -> dict:
-    """The ``InferenceServiceSpec`` fields every service of a run takes from its deploy and cluster settings
+def _settings(deploy: DeploySettings, job: JobSettings, network: NetworkSettings, run_id: str) -> dict:
+    """The ``InferenceServiceSpec`` fields every service of a run takes from its deploy, job and network settings
     (``components.settings``): the runtime and its size, the GPU nodes the job's selector names, the deployment mode
     and replicas, the run's label, the pull secrets and the proxy and Hub-mirror variables."""
     return dict(
         runtime=deploy.deploy_backend,
         gpus=deploy.serving_gpus,
         max_model_len=deploy.max_model_len,
-        node_selector=cluster.node_selector,
-        tolerations=cluster.tolerations,
+        node_selector=job.node_selector,
+        tolerations=job.tolerations,
         labels={RUN_ID_LABEL: run_id},
         deployment_mode=deploy.deployment_mode,
         canary_traffic_percent=deploy.canary_traffic_percent,
@@ -336,22 +337,32 @@ def _settings(deploy, cluster, run_id: str) -> dict:
         max_replicas=deploy.max_replicas,
         scale_metric=deploy.scale_metric,
         scale_target=deploy.scale_target,
-        env=egress_env(cluster),
-        image_pull_secrets=list(cluster.image_pull_secrets),
+        env=egress_env(network),
+        image_pull_secrets=list(job.image_pull_secrets),
     )
 
 
-def inference_service_for_run(deploy, cluster, *, run_id: str, namespace: str, storage_uri: str) -> dict:
-    """The InferenceService of one KFP run from its deploy and cluster settings (``components.settings``; the
-    deploy step and ``--render`` call this): the predictor goes on the GPU nodes the job's selector names, and serves
-    the model store's copy of ``storage_uri`` where the store serves (``served_from_store``)."""
+def inference_service_for_run(
+    deploy: DeploySettings,
+    job: JobSettings,
+    network: NetworkSettings,
+    storage: StorageSettings,
+    *,
+    run_id: str,
+    namespace: str,
+    storage_uri: str,
+) -> dict:
+    """The InferenceService of one KFP run from its deploy, job, network and storage settings
+    (``components.settings``; the deploy step and ``--render`` call this): the predictor goes on the GPU nodes the
+    job's selector names, and serves the model store's copy of ``storage_uri`` where the store serves
+    (``served_from_store``)."""
     spec = InferenceServiceSpec(
         name=deploy.serving_name,
         namespace=namespace,
-        storage_uri=served_from_store(deploy, cluster, storage_uri),
+        storage_uri=served_from_store(deploy, storage, storage_uri),
         served_model_name=deploy.serving_name,
-        **_settings(deploy, cluster, run_id),
-        **store_settings(deploy, cluster),
+        **_settings(deploy, job, network, run_id),
+        **store_settings(deploy, storage),
     )
     return build_inference_service(spec)
 
@@ -383,7 +394,15 @@ def base_storage_uri(server, claim: str, mount: str) -> str:
 
 
 def inference_services_for_servers(
-    servers, deploy, cluster, *, run_id: str, namespace: str, mount: str | None = None
+    servers,
+    deploy: DeploySettings,
+    job: JobSettings,
+    network: NetworkSettings,
+    storage: StorageSettings,
+    *,
+    run_id: str,
+    namespace: str,
+    mount: str | None = None,
 ) -> list[dict]:
     """One InferenceService per server of ``components.deploy.serving_plan.plan_servers``: a full model from its folder
     on the model claim; a LoRA server from its base (``base_storage_uri``) with the claim mounted read-only at
@@ -394,12 +413,12 @@ def inference_services_for_servers(
     for server in servers:
         named = dict(name=server.name, namespace=namespace, served_model_name=server.served_model_name)
         if not server.adapters:
-            storage_uri = served_from_store(deploy, cluster, pvc_uri(cluster.model_pvc, mount, server.model_path))
+            storage_uri = served_from_store(deploy, storage, pvc_uri(storage.model_pvc, mount, server.model_path))
             spec = InferenceServiceSpec(
                 **named,
                 storage_uri=storage_uri,
-                **_settings(deploy, cluster, run_id),
-                **store_settings(deploy, cluster),
+                **_settings(deploy, job, network, run_id),
+                **store_settings(deploy, storage),
             )
             manifests.append(build_inference_service(spec))
             continue
@@ -411,11 +430,11 @@ def inference_services_for_servers(
             raise ValueError(f"LoRA variants {outside}: their adapters are not on the model volume ({mount})")
         spec = InferenceServiceSpec(
             **named,
-            storage_uri=base_storage_uri(server, cluster.model_pvc, mount),
+            storage_uri=base_storage_uri(server, storage.model_pvc, mount),
             lora_modules=modules,
             max_lora_rank=server.max_lora_rank(),
-            adapter_claim=cluster.model_pvc,
-            **_settings(deploy, cluster, run_id),
+            adapter_claim=storage.model_pvc,
+            **_settings(deploy, job, network, run_id),
         )
         manifests.append(build_inference_service(spec))
     return manifests

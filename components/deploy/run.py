@@ -188,7 +188,7 @@ def _serve_on_cluster(
     from components.kube import current_namespace
 
     manifests = inference_services_for_servers(
-        servers, s.deploy, s.cluster, run_id=run_id, namespace=current_namespace()
+        servers, s.deploy, s.job, s.network, s.storage, run_id=run_id, namespace=current_namespace()
     )
     results = rollout.deploy_inference_services(
         manifests,

@@ -52,7 +52,7 @@ def data_prep_text(s: Settings, stats: dict | None = None) -> str:
         f"  data:     {tokens / 1e6:,.0f}M tokens (dataset_tokens_estimate) on {s.data.data_shards} pod(s) x "
         f"{per_pod:g} CPUs (data_shards, data_cpu): {_minutes(own['tokenize'])} tokenizing + "
         f"{_minutes(own['join'])} joining and packing = {_minutes(own['total'])} before training; "
-        f"{tokens * BYTES_PER_TOKEN * 2 / 1e9:,.0f} GB on the data claim ({s.cluster.data_pvc})"
+        f"{tokens * BYTES_PER_TOKEN * 2 / 1e9:,.0f} GB on the data claim ({s.storage.data_pvc})"
     )
     if own["tokenize"] > 15 * 60:
         shards = min(256, max(2, round(own["tokenize"] / (5 * 60) * s.data.data_shards)))

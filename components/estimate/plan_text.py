@@ -52,7 +52,7 @@ def memory_text(values: dict) -> str:
     """What ``--render`` prints after the manifests: each training stage's GPUs, how the grpo stage generates, and its
     memory per GPU by the fit validate_inputs applies; "" for a local run."""
     s = Settings.from_flat(values)
-    if s.cluster.train_backend == "local":
+    if s.job.train_backend == "local":
         return ""
     try:
         config = architecture(s.train.model_name_or_path)
@@ -80,7 +80,7 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
     from components.stages import stage_resources
 
     s = Settings.from_flat(values)
-    if s.cluster.train_backend == "local":
+    if s.job.train_backend == "local":
         return (
             "plan: this run trains on this machine's CPUs (train_backend=local); the plan is for GPU jobs: "
             "pass a cluster preset, e.g. --preset qwen3-30b-a3b-full --plan"

@@ -35,7 +35,8 @@ def search_hyperparameters(
         dataset: prepare_dataset's sft output (its metadata ``path`` is the prepared folder, ``packing`` its
             row layout).
         settings: every setting, as validate_inputs resolved them (components/settings.py): the hpo settings
-            shape the search, the train settings each trial, the cluster settings its jobs.
+            shape the search, the train settings each trial, the job, scheduling, network, storage and
+            observability settings its jobs.
         data_root: where the data volume is mounted in this step.
         model_root: where the model volume is mounted in this step (the trials' folders are deleted from it).
         run_id: the KFP run id; names the Experiment and scopes the trials' folder.

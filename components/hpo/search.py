@@ -13,7 +13,7 @@ from typing import NamedTuple
 from components.hpo import katib
 from components.hpo.space import check_hpo_settings
 from components.settings import Settings
-from components.stages import stage_cluster, stage_train_settings
+from components.stages import job_groups, stage_job, stage_train_settings
 from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
 
 log = logging.getLogger("search_hyperparameters")
@@ -54,7 +54,7 @@ def search_sft_settings(
     errors = check_hpo_settings(s)
     if errors:
         raise ValueError("\n".join(errors))
-    mounts = TrainerMounts.for_backend(data_root, model_root, s.cluster.train_backend)
+    mounts = TrainerMounts.for_backend(data_root, model_root, s.job.train_backend)
     log.info(
         "search: %s over %s, %d trials of %d steps (%d at once), objective %s; %s",
         hpo.hpo_algorithm,
@@ -63,7 +63,7 @@ def search_sft_settings(
         hpo.hpo_trial_steps,
         1 if mounts.local else hpo.hpo_parallel_trials,
         katib.OBJECTIVE,
-        "local torchrun" if mounts.local else s.cluster.train_backend,
+        "local torchrun" if mounts.local else s.job.train_backend,
     )
 
     # The run's sft training as the trials start from it, written next to the trials' folders; from the run's base
@@ -101,10 +101,10 @@ def search_timeout_seconds(s: Settings) -> float | None:
     """How long a cluster search may take: every trial's job carries ``active_deadline_seconds``, and the search is
     at most ceil(hpo_trials / hpo_parallel_trials) rounds of trials, each also allowed ``pending_timeout_seconds``
     to start. None (no limit) without a deadline."""
-    if not s.cluster.active_deadline_seconds:
+    if not s.scheduling.active_deadline_seconds:
         return None
     rounds = math.ceil(s.hpo.hpo_trials / s.hpo.hpo_parallel_trials)
-    return rounds * (s.cluster.active_deadline_seconds + s.cluster.pending_timeout_seconds)
+    return rounds * (s.scheduling.active_deadline_seconds + s.scheduling.pending_timeout_seconds)
 
 
 def _search_here(
@@ -130,7 +130,7 @@ def _search_here(
         seed=s.train.seed,
         trial_steps=hpo.hpo_trial_steps,
         max_failed_trials=hpo.hpo_max_failed_trials,
-        nproc_per_node=stage_cluster(s, "sft").gpus_per_node,
+        nproc_per_node=stage_job(s, "sft").gpus_per_node,
     )
 
 
@@ -152,7 +152,7 @@ def _search_on_cluster(
     namespace = current_namespace()
     # Katib creates the trials' jobs as the template says: rendered for the installed Trainer (a TrainJob).
     job = cluster_job(  # the sft stage's nodes and GPUs (stage_settings.sft) over the run's
-        stage_cluster(s, "sft"), run_id=run_id, namespace=namespace, config_path=base_config, stage="sft", mounts=mounts
+        *job_groups(s, "sft"), run_id=run_id, namespace=namespace, config_path=base_config, stage="sft", mounts=mounts
     )
     manifest = katib.experiment_manifest(
         name=name,
@@ -172,6 +172,6 @@ def _search_on_cluster(
         manifest,
         trials_dir=trials_dir,
         timeout_seconds=search_timeout_seconds(s),
-        pending_timeout_seconds=s.cluster.pending_timeout_seconds,
+        pending_timeout_seconds=s.scheduling.pending_timeout_seconds,
         on_created=record_created(trials_dir, log),
     )

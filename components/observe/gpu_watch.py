@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Callable
 
 from components.observe.alerts import HEADER_LIMIT, _cut, _escape, post_alert
+from components.settings import ObservabilitySettings
 
 log = logging.getLogger("gpu_watch")
 
@@ -161,16 +162,16 @@ class GpuWatch:
             )
 
 
-def gpu_watch_for(cluster, namespace: str, job: str) -> GpuWatch | None:
-    """The watch the run's cluster settings ask for (``prometheus_url``, ``gpu_util_threshold``,
+def gpu_watch_for(observability: ObservabilitySettings, namespace: str, job: str) -> GpuWatch | None:
+    """The watch the run's observability settings ask for (``prometheus_url``, ``gpu_util_threshold``,
     ``gpu_util_window_seconds``), or None when ``prometheus_url`` is empty."""
-    if not cluster.prometheus_url:
+    if not observability.prometheus_url:
         return None
     return GpuWatch(
-        cluster.prometheus_url,
+        observability.prometheus_url,
         namespace,
         job,
-        threshold=cluster.gpu_util_threshold,
-        window_seconds=cluster.gpu_util_window_seconds,
-        query_seconds=min(60.0, cluster.gpu_util_window_seconds / 4),
+        threshold=observability.gpu_util_threshold,
+        window_seconds=observability.gpu_util_window_seconds,
+        query_seconds=min(60.0, observability.gpu_util_window_seconds / 4),
     )

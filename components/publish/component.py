@@ -49,8 +49,10 @@ def publish_model(
         hub_token = read_secret(s.publish.hub_token_secret, (HF_TOKEN_KEY,), "hub_token_secret", required=True).get(
             HF_TOKEN_KEY, ""
         )
-    if {"mlflow", "wandb"} & set(s.train.report_to) and s.cluster.tracking_secret:
-        os.environ.update(read_secret(s.cluster.tracking_secret, TRACKING_KEYS, "tracking_secret", required=False))
+    if {"mlflow", "wandb"} & set(s.train.report_to) and s.observability.tracking_secret:
+        os.environ.update(
+            read_secret(s.observability.tracking_secret, TRACKING_KEYS, "tracking_secret", required=False)
+        )
     done = publish(
         s,
         run_id=run_id,

@@ -37,7 +37,8 @@ def train_model(
         base_model_path: the model this stage starts from: the run's model_name_or_path (base_model) or the
             previous stage's final folder (its ``model_path``), as this step sees it.
         settings: every setting, as validate_inputs resolved them (components/settings.py): the train settings,
-            with the stage's own (stage_settings), go into the trainer config; the cluster settings shape the job.
+            with the stage's own (stage_settings), go into the trainer config; the job, scheduling, network,
+            storage and observability settings shape the job.
         stage: ``cpt``, ``sft`` or ``dpo`` (components/stages.py).
         tuned: the settings a hyper-parameter search chose (search_hyperparameters; {} when none ran): the sft
             stage trains with them.

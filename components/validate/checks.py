@@ -37,13 +37,13 @@ def validate(arguments: dict):
 
     if problem := endpoint_problem(s.evaluate.judge_endpoint, s.evaluate.judge_model):
         raise ValueError(f"invalid settings: {problem}")
-    if s.cluster.train_backend == "local" and s.cluster.model_store_uri:
+    if s.job.train_backend == "local" and s.storage.model_store_uri:
         # The object store (model_store_uri) takes this process's credentials: asked now, not after training.
         from components.validate.preflight import store_problem
 
-        if problem := store_problem(s):
+        if problem := store_problem(s.storage):
             raise ValueError(f"invalid settings: {problem}")
-    if s.cluster.train_backend != "local":
+    if s.job.train_backend != "local":
         from components.estimate.plan_text import plan_text
 
         try:  # the figures python -m pipelines.run --plan prints: seconds per step, tokens/s, bottleneck, GPU-hours

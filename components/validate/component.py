@@ -47,11 +47,7 @@ def validate_inputs(
     train_backend: str,
     num_nodes: int,
     gpus_per_node: int,
-    gpu_memory_gib: float,
     trainer_image: str,
-    data_pvc: str,
-    model_pvc: str,
-    hf_token_secret: str,
     node_selector: dict,
     tolerations: list,
     affinity: dict,
@@ -63,10 +59,14 @@ def validate_inputs(
     min_nodes: int,
     max_restarts: int,
     job_restarts: int,
+    pending_timeout_seconds: int,
+    data_pvc: str,
+    model_pvc: str,
+    hf_token_secret: str,
+    langfuse_secret: str,
     alert_webhook_secret: str,
     tensorboard: bool,
-    pending_timeout_seconds: int,
-    langfuse_secret: str,
+    gpu_memory_gib: float,
     eval_gpus: int,
     eval_max_samples: int,
     min_loss_improvement: float,
@@ -155,12 +155,7 @@ def validate_inputs(
         train_backend: pytorchjob (Training Operator v1), trainjob (Trainer v2) or local (torchrun on this machine).
         num_nodes: Training nodes: pods in the job (1 Master + num_nodes-1 Workers).
         gpus_per_node: GPUs (torchrun processes) per training node; CPU processes locally.
-        gpu_memory_gib: Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU
-            is requested (80 for H100 80GB).
         trainer_image: Image the training job's pods run.
-        data_pvc: ReadWriteMany claim for datasets and caches (mounted at /mnt/data).
-        model_pvc: ReadWriteMany claim for checkpoints and final models (/mnt/models).
-        hf_token_secret: Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent).
         node_selector: Node labels of the GPU pods (training, evaluation, serving).
         tolerations: Tolerations of the GPU pods (a JSON list).
         affinity: Affinity of the training pods (a JSON object; {} for none).
@@ -175,17 +170,22 @@ def validate_inputs(
         max_restarts: Elastic restarts before the job fails (with min_nodes).
         job_restarts: Re-runs of a job that failed for a retriable cause (eviction, preemption, lost node, NCCL); it
             resumes from its last complete checkpoint. 0: a failed job fails the step at once.
+        pending_timeout_seconds: Fail the step when a job's pod stays unschedulable this long (at least 60: an
+            autoscaler needs minutes to add a GPU node).
+        data_pvc: ReadWriteMany claim for datasets and caches (mounted at /mnt/data).
+        model_pvc: ReadWriteMany claim for checkpoints and final models (/mnt/models).
+        hf_token_secret: Secret with key HF_TOKEN for gated models; referenced, never read (it may be absent).
+        langfuse_secret: Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer
+            records the run in Langfuse and evaluation and deployment trace each generation (an optional reference:
+            no Secret, no traces).
         alert_webhook_secret: Secret whose key ALERT_WEBHOOK_URL is a Slack-compatible incoming webhook: the run's
             outcome is posted there when it ends (an optional reference: no Secret, no alert).
         tensorboard: Show the run's training curves (pvc://<model_pvc>/runs/<run id>/...): a Kubeflow Tensorboard,
             opened from the dashboard; without Kubeflow's Tensorboard controller a Deployment and Service running
             the trainer image's tensorboard (the train step logs the kubectl port-forward command), deleted when the
             run ends.
-        pending_timeout_seconds: Fail the step when a job's pod stays unschedulable this long (at least 60: an
-            autoscaler needs minutes to add a GPU node).
-        langfuse_secret: Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and LANGFUSE_HOST: the trainer
-            records the run in Langfuse and evaluation and deployment trace each generation (an optional reference:
-            no Secret, no traces).
+        gpu_memory_gib: Memory per GPU, for the memory-fit estimate that fails a job that cannot fit before any GPU
+            is requested (80 for H100 80GB).
         eval_gpus: GPUs of the evaluation pod.
         eval_max_samples: Score at most this many held-out rows and examples per lm-eval task (0 = all); bounds the
             step's time.
@@ -227,16 +227,16 @@ def validate_inputs(
             hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
             cpt_chunk_overlap, near_dedup_threshold, filter_min_chars, filter_max_chars,
             filter_max_duplicate_line_fraction, filter_max_top_ngram_fraction, filter_min_script_fraction,
-            filter_scripts, max_bad_rows, dataset_tokens_estimate, achieved_tflops_per_gpu, intra_node_gb_per_s,
-            inter_node_gb_per_s, rdma_resource, rdma_per_pod, ipc_lock, nccl_env, tcp_node_gb_per_s,
-            grpo_vllm_image, grpo_vllm_server_gpus, image_pull_secrets, http_proxy, https_proxy, no_proxy,
-            hf_endpoint, model_store_uri, model_store_endpoint, model_store_secret, upload_checkpoints,
-            trainer_cpu_request, trainer_cpu_limit, trainer_memory_request, trainer_memory_limit, trainer_shm_size,
-            trainjob_runtime, tracking_secret, stall_timeout_seconds, metrics_port, prometheus_url,
-            gpu_util_threshold, gpu_util_window_seconds, min_reward_improvement, judge_model, judge_rubric,
-            judge_max_tokens, min_judge_score, min_judge_win_rate, min_judged_fraction, serving_service_account,
-            scale_metric, scale_target, model_registry_url, model_registry_model_name, hub_repo_id,
-            hub_token_secret, hub_private, hub_endpoint. python -m pipelines.run --help describes each.
+            filter_scripts, max_bad_rows, dataset_tokens_estimate, grpo_vllm_image, grpo_vllm_server_gpus,
+            image_pull_secrets, trainer_cpu_request, trainer_cpu_limit, trainer_memory_request,
+            trainer_memory_limit, trainer_shm_size, trainjob_runtime, rdma_resource, rdma_per_pod, ipc_lock,
+            nccl_env, http_proxy, https_proxy, no_proxy, hf_endpoint, model_store_uri, model_store_endpoint,
+            model_store_secret, upload_checkpoints, tracking_secret, stall_timeout_seconds, metrics_port,
+            prometheus_url, gpu_util_threshold, gpu_util_window_seconds, achieved_tflops_per_gpu,
+            intra_node_gb_per_s, inter_node_gb_per_s, tcp_node_gb_per_s, min_reward_improvement, judge_model,
+            judge_rubric, judge_max_tokens, min_judge_score, min_judge_win_rate, min_judged_fraction,
+            serving_service_account, scale_metric, scale_target, model_registry_url, model_registry_model_name,
+            hub_repo_id, hub_token_secret, hub_private, hub_endpoint. python -m pipelines.run --help describes each.
 
     Returns:
         settings: every setting by name, resolved (defaults filled in, advanced_settings merged) and checked.

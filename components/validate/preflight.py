@@ -36,7 +36,7 @@ from kubernetes.client.rest import ApiException
 
 from components.kube import call_api, current_namespace, load_api_client
 from components.observe import tensorboard
-from components.settings import Settings
+from components.settings import JobSettings, SchedulingSettings, Settings
 from components.stages import stage_train_settings
 from components.validate.preflight_access import (
     DEPLOYER_ACCESS,
@@ -173,13 +173,13 @@ def _trainer_problem(api_client, active_deadline_seconds: int, labels) -> str | 
     return trainjob.unsupported_deadline(active_deadline_seconds) if active_deadline_seconds else None
 
 
-def _runtime_problem(api_client, c) -> str | None:
+def _runtime_problem(api_client, job: JobSettings, scheduling: SchedulingSettings) -> str | None:
     """The problem with ``trainjob_runtime``: no ClusterTrainingRuntime by that name, or (``gang_scheduling``) one
     without a ``podGroupPolicy``. The TrainJob cannot ask for gang scheduling itself: in Trainer v2 it is the
     runtime's. Runtimes are cluster-scoped: an account that may not list them gets a warning, not a failure."""
     from components.train.launcher import trainjob
 
-    field = f"trainjob_runtime={c.trainjob_runtime!r}"
+    field = f"trainjob_runtime={job.trainjob_runtime!r}"
     try:
         runtimes = trainjob.cluster_runtimes(api_client)
     except ApiException as exc:
@@ -192,7 +192,7 @@ def _runtime_problem(api_client, c) -> str | None:
         )
         log.warning("%s: %s: neither the runtime nor its gang scheduling is checked", field, why)
         return None
-    runtime = runtimes.get(c.trainjob_runtime)
+    runtime = runtimes.get(job.trainjob_runtime)
     if runtime is None:
         return (
             f"{field}: this cluster has no ClusterTrainingRuntime of that name (it has: "
@@ -201,9 +201,9 @@ def _runtime_problem(api_client, c) -> str | None:
         )
     plugin = trainjob.runtime_gang_plugin(runtime)
     log.info("%s: gang scheduling %s", field, f"by {plugin}" if plugin else "none (no spec.podGroupPolicy)")
-    if c.gang_scheduling and not plugin:
+    if scheduling.gang_scheduling and not plugin:
         return (
-            f"gang_scheduling=true with train_backend=trainjob: the ClusterTrainingRuntime {c.trainjob_runtime} has "
+            f"gang_scheduling=true with train_backend=trainjob: the ClusterTrainingRuntime {job.trainjob_runtime} has "
             "no spec.podGroupPolicy, and Trainer v2 gang-schedules only through the runtime's; add "
             f"podGroupPolicy (coscheduling or volcano) to it, name a runtime that has one in trainjob_runtime, use "
             "Kueue (queue_name), or set gang_scheduling=false"
@@ -244,15 +244,14 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         not returned.
     """
     s = Settings.from_flat(params)
-    c = s.cluster
-    train, deploy = c.train_backend, s.deploy.deploy_backend
+    train, deploy = s.job.train_backend, s.deploy.deploy_backend
     if train == "local" and deploy == "local":
-        return [p for p in [store_problem(s)] if p]
+        return [p for p in [store_problem(s.storage)] if p]
     api_client = api_client or load_api_client()
     namespace = namespace or current_namespace()
     custom, core = k8s.CustomObjectsApi(api_client), k8s.CoreV1Api(api_client)
     authz = k8s.AuthorizationV1Api(api_client)
-    problems: list = [store_problem(s, core if train in TRAIN_APIS else None, namespace)]
+    problems: list = [store_problem(s.storage, core if train in TRAIN_APIS else None, namespace)]
     wanted: list = []
     read: dict = {}
 
@@ -265,10 +264,12 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         missing = _missing_api(custom, *TRAIN_APIS[train])
         problems.append(missing)
         if train == "trainjob" and missing is None:
-            problems.append(_trainer_problem(api_client, c.active_deadline_seconds, labels))
-            problems.append(_runtime_problem(api_client, c))
+            problems.append(_trainer_problem(api_client, s.scheduling.active_deadline_seconds, labels))
+            problems.append(_runtime_problem(api_client, s.job, s.scheduling))
         wanted += LAUNCHER_ACCESS[train] + POD_ACCESS
-        if c.tensorboard:  # the Tensorboard where Kubeflow's controller serves it, else a Deployment and Service
+        if (
+            s.observability.tensorboard
+        ):  # the Tensorboard where Kubeflow's controller serves it, else a Deployment and Service
             if tensorboard.served(api_client):
                 wanted += TENSORBOARD_ACCESS
             else:
@@ -276,7 +277,7 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         if "grpo" in s.stages.stages:
             from components.train.launcher.generation_server import runs_own_server
 
-            if runs_own_server("grpo", stage_train_settings(s, "grpo", s.train.model_name_or_path), c):
+            if runs_own_server("grpo", stage_train_settings(s, "grpo", s.train.model_name_or_path), s.job):
                 wanted += GRPO_SERVER_ACCESS
         if s.hpo.hpo_trials:
             problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))
@@ -285,9 +286,9 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
     if deploy.startswith("kserve"):
         problems.append(_missing_api(custom, *SERVING_API))
         wanted += DEPLOYER_ACCESS + [("list", "", "pods", "")]  # it waits on the predictor's pods
-    problems.append(_claim_problem(core, namespace, "data_pvc", c.data_pvc))
-    problems.append(_claim_problem(core, namespace, "model_pvc", c.model_pvc))
-    problems += [pull_secret_problem(core, namespace, str(name)) for name in dict.fromkeys(c.image_pull_secrets)]
+    problems.append(_claim_problem(core, namespace, "data_pvc", s.storage.data_pvc))
+    problems.append(_claim_problem(core, namespace, "model_pvc", s.storage.model_pvc))
+    problems += [pull_secret_problem(core, namespace, str(name)) for name in dict.fromkeys(s.job.image_pull_secrets)]
     if train in TRAIN_APIS:
         problems += pod_secret_problems(core, namespace, s)
     problems += access_problems(authz, namespace, list(dict.fromkeys(wanted)))
@@ -296,8 +297,8 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
             problems += variant_gpu_problems(core, params)
         else:  # each stage's job: its own nodes and GPUs (stage_settings) over the run's
             problems += training_gpu_problems(core, s)
-        if c.rdma_resource:
-            problems.append(rdma_node_problem(core, c))
-        if c.ipc_lock:
+        if s.network.rdma_resource:
+            problems.append(rdma_node_problem(core, s.job, s.network))
+        if s.network.ipc_lock:
             problems.append(_ipc_lock_problem(labels(), namespace))
     return [p for p in problems if p]

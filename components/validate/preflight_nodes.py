@@ -10,8 +10,8 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from components.kube import call_api
-from components.settings import Settings
-from components.stages import stage_cluster, stage_setting_name
+from components.settings import JobSettings, NetworkSettings, Settings
+from components.stages import stage_job, stage_setting_name
 from components.variants import variant_names, variant_values
 
 # One logger for the whole preflight, whichever of its modules warns: what a logging configuration names.
@@ -93,7 +93,7 @@ def _job_shapes(s: Settings) -> list[tuple[int, int, tuple[str, str]]]:
     them)``, each stage with its own nodes and GPUs (``stage_settings``) over the run's."""
     shapes: dict = {}
     for stage in s.stages.stages or ["sft"]:
-        c = stage_cluster(s, stage)
+        c = stage_job(s, stage)
         names = (stage_setting_name(s, stage, "num_nodes"), stage_setting_name(s, stage, "gpus_per_node"))
         shapes.setdefault((c.num_nodes, c.gpus_per_node, names), None)
     return list(shapes)
@@ -101,20 +101,23 @@ def _job_shapes(s: Settings) -> list[tuple[int, int, tuple[str, str]]]:
 
 def training_gpu_problems(core: k8s.CoreV1Api, s: Settings) -> list[str | None]:
     """Each training job's nodes (``_job_shapes``) against the GPU nodes the job may use."""
-    c = s.cluster
-    return [_gpu_node_problem(core, c.node_selector, c.tolerations, m, g, names) for m, g, names in _job_shapes(s)]
+    return [
+        _gpu_node_problem(core, s.job.node_selector, s.job.tolerations, m, g, names) for m, g, names in _job_shapes(s)
+    ]
 
 
-def rdma_node_problem(core: k8s.CoreV1Api, c) -> str | None:
+def rdma_node_problem(core: k8s.CoreV1Api, job: JobSettings, network: NetworkSettings) -> str | None:
     """Whether ``num_nodes`` of the GPU nodes the job may use offer ``rdma_per_pod`` of ``rdma_resource``: a pod
     requesting a resource no node advertises stays Pending for ever."""
-    gpu_nodes = _usable_nodes(core, c.node_selector, c.tolerations, c.gpus_per_node)
-    found = _usable_nodes(core, c.node_selector, c.tolerations, c.gpus_per_node, {c.rdma_resource: c.rdma_per_pod})
-    if gpu_nodes is None or found is None or len(found[0]) >= c.num_nodes or len(gpu_nodes[0]) < c.num_nodes:
+    gpu_nodes = _usable_nodes(core, job.node_selector, job.tolerations, job.gpus_per_node)
+    found = _usable_nodes(
+        core, job.node_selector, job.tolerations, job.gpus_per_node, {network.rdma_resource: network.rdma_per_pod}
+    )
+    if gpu_nodes is None or found is None or len(found[0]) >= job.num_nodes or len(gpu_nodes[0]) < job.num_nodes:
         return None  # Nodes unreadable (warned), or too few GPU nodes at all (that problem is named on its own)
     return (
-        f"rdma_resource={c.rdma_resource} x rdma_per_pod={c.rdma_per_pod}: only {len(found[0])} of the "
-        f"{len(gpu_nodes[0])} GPU nodes the job may use offer it (allocatable), and num_nodes={c.num_nodes}; "
+        f"rdma_resource={network.rdma_resource} x rdma_per_pod={network.rdma_per_pod}: only {len(found[0])} of the "
+        f"{len(gpu_nodes[0])} GPU nodes the job may use offer it (allocatable), and num_nodes={job.num_nodes}; "
         "install the cluster's RDMA device plugin, correct the name (kubectl get nodes -o "
         "jsonpath='{.items[*].status.allocatable}'), or leave rdma_resource empty to run NCCL over TCP"
     )
@@ -130,7 +133,7 @@ def variant_gpu_problems(core: k8s.CoreV1Api, params: dict) -> list[str | None]:
     sizes = []
     for i, name in enumerate(names):
         own = Settings.from_flat(variant_values(params, i))
-        c, shapes = own.cluster, _job_shapes(own)
+        c, shapes = own.job, _job_shapes(own)
         problems += [p and f"variants[{i}] ({name!r}): {p}" for p in training_gpu_problems(core, own)]
         found = _usable_nodes(core, c.node_selector, c.tolerations, min(g for _, g, _ in shapes))
         if found is None:

@@ -13,7 +13,7 @@ from kubernetes.client.rest import ApiException
 
 from components.kube import call_api
 from components.secrets import HF_TOKEN_KEY, JUDGE_API_KEY, LANGFUSE_KEYS, WEBHOOK_SECRET_KEY
-from components.settings import Settings
+from components.settings import Settings, StorageSettings
 
 # One logger for the whole preflight, whichever of its modules warns: what a logging configuration names.
 log = logging.getLogger("components.validate.preflight")
@@ -22,13 +22,12 @@ log = logging.getLogger("components.validate.preflight")
 def pod_secret_problems(core: k8s.CoreV1Api, namespace: str, s: Settings) -> list[str | None]:
     """The Secrets the steps' and the jobs' pods read, each reference optional: the Hugging Face token, the alert
     webhook, Langfuse's keys, the judge's API key (with a ``judge_endpoint``) and the trackers' keys (``report_to``)."""
-    c = s.cluster
     problems = [
         secret_problem(
             core,
             namespace,
             "hf_token_secret",
-            c.hf_token_secret,
+            s.storage.hf_token_secret,
             HF_TOKEN_KEY,
             "fine for public models, gated ones will fail to download",
         ),
@@ -36,11 +35,11 @@ def pod_secret_problems(core: k8s.CoreV1Api, namespace: str, s: Settings) -> lis
             core,
             namespace,
             "alert_webhook_secret",
-            c.alert_webhook_secret,
+            s.observability.alert_webhook_secret,
             WEBHOOK_SECRET_KEY,
             "runs end without an alert",
         ),
-        langfuse_problem(core, namespace, c.langfuse_secret),
+        langfuse_problem(core, namespace, s.observability.langfuse_secret),
     ]
     if s.evaluate.judge_endpoint:  # the judged evaluation's key (checks.py asked whether the judge answers)
         problems.append(
@@ -53,7 +52,7 @@ def pod_secret_problems(core: k8s.CoreV1Api, namespace: str, s: Settings) -> lis
                 "the judge is asked without a key (fine for an in-cluster judge)",
             )
         )
-    problems.append(tracking_problem(core, namespace, c.tracking_secret, s.train.report_to))
+    problems.append(tracking_problem(core, namespace, s.observability.tracking_secret, s.train.report_to))
     return problems
 
 
@@ -188,27 +187,26 @@ def langfuse_problem(core: k8s.CoreV1Api, namespace: str, name: str) -> str | No
     return None
 
 
-def store_problem(s: Settings, core: k8s.CoreV1Api | None = None, namespace: str = "") -> str | None:
+def store_problem(store: StorageSettings, core: k8s.CoreV1Api | None = None, namespace: str = "") -> str | None:
     """The problem with ``model_store_uri`` and its credentials, or None (also None when no store is set): the
     bucket URI must parse, ``model_store_secret`` (read through ``core`` on a cluster) must hold the store's keys, and
     the store must take them (a HEAD on the bucket). Locally, or with no Secret named, the credentials are this
     process's own (environment variables, ``~/.aws``, the pod's role). Checked before any GPU is requested."""
     from components import storage
 
-    c = s.cluster
-    if not c.model_store_uri:
+    if not store.model_store_uri:
         return None
     try:
-        uri = storage.parse_store_uri(c.model_store_uri)
+        uri = storage.parse_store_uri(store.model_store_uri)
     except ValueError as exc:
         return str(exc)
     credentials, who = None, "model_store_secret is empty, and the credentials of this process"
-    if c.model_store_secret and core is not None:
+    if store.model_store_secret and core is not None:
         try:
-            credentials = storage.secret_credentials(core, c.model_store_secret, namespace)
+            credentials = storage.secret_credentials(core, store.model_store_secret, namespace)
         except ValueError as exc:
             return str(exc)
-        who = f"model_store_secret={c.model_store_secret!r}"
-    elif c.model_store_secret:
-        who = f"model_store_secret={c.model_store_secret!r} is for a cluster; locally the environment's keys"
-    return storage.access_problem(uri, c.model_store_endpoint, credentials, who=who)
+        who = f"model_store_secret={store.model_store_secret!r}"
+    elif store.model_store_secret:
+        who = f"model_store_secret={store.model_store_secret!r} is for a cluster; locally the environment's keys"
+    return storage.access_problem(uri, store.model_store_endpoint, credentials, who=who)

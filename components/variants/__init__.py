@@ -23,8 +23,10 @@ import dataclasses
 import re
 
 from components.settings import (
-    ClusterSettings,
     DataSettings,
+    JobSettings,
+    PlanSettings,
+    SchedulingSettings,
     Settings,
     StageSettings,
     TrainSettings,
@@ -42,20 +44,9 @@ NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 # The held-out split every variant is scored on is drawn with the run's seed (components/data/prepare.py).
 _RUN_TRAINING = {"seed"}
 _VARIANT_DATA = {"dataset_source", "dataset_format", "column_mapping", "over_length", "packing"}
-_VARIANT_CLUSTER = {
-    "num_nodes",
-    "gpus_per_node",
-    "gpu_memory_gib",
-    "trainer_image",
-    "node_selector",
-    "tolerations",
-    "affinity",
-    "queue_name",
-    "priority_class",
-    "min_nodes",
-    "max_restarts",
-    "achieved_tflops_per_gpu",
-}
+_VARIANT_JOB = {"num_nodes", "gpus_per_node", "trainer_image", "node_selector", "tolerations", "affinity"}
+_VARIANT_SCHEDULING = {"queue_name", "priority_class", "min_nodes", "max_restarts"}
+_VARIANT_PLAN = {"gpu_memory_gib", "achieved_tflops_per_gpu"}
 
 
 def _names(group: type) -> set[str]:
@@ -67,7 +58,9 @@ VARIABLE = frozenset(
     (_names(TrainSettings) - _RUN_TRAINING)
     | (_names(StageSettings) - {"stages"})
     | (_names(DataSettings) & _VARIANT_DATA)
-    | (_names(ClusterSettings) & _VARIANT_CLUSTER)
+    | (_names(JobSettings) & _VARIANT_JOB)
+    | (_names(SchedulingSettings) & _VARIANT_SCHEDULING)
+    | (_names(PlanSettings) & _VARIANT_PLAN)
 )
 
 
@@ -124,5 +117,5 @@ def gpus(values: dict) -> int:
     from components.stages import stage_gpus
 
     s = Settings.from_flat(values)
-    run = s.cluster.num_nodes * s.cluster.gpus_per_node
+    run = s.job.num_nodes * s.job.gpus_per_node
     return max((stage_gpus(s, stage) for stage in s.stages.stages), default=run)

@@ -349,18 +349,22 @@ def test_startup_probe_only_where_the_runtime_has_none():
     assert RUNTIMES["kserve-vllm"].has_startup_probe and not RUNTIMES["kserve-huggingface"].has_startup_probe
 
 
-def test_inference_service_for_run_reads_the_deploy_and_cluster_settings():
+def test_inference_service_for_run_reads_the_deploy_job_network_and_storage_settings():
     from components.deploy.manifest import inference_service_for_run
-    from components.settings import ClusterSettings, DeploySettings
+    from components.settings import DeploySettings, Settings
 
     deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, serving_gpus=8, max_model_len=4096)
-    cluster = ClusterSettings(node_selector={"pool": "gpu"}, tolerations=[])
-    standard = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    s = Settings.from_flat({"node_selector": {"pool": "gpu"}, "tolerations": []})
+    standard = inference_service_for_run(
+        deploy, s.job, s.network, s.storage, run_id="r1", namespace=NS, storage_uri=STORAGE
+    )
     assert standard["metadata"]["annotations"]["serving.kserve.io/deploymentMode"] == "Standard"
     assert standard["metadata"]["labels"] == {"pipelines.kubeflow.org/run-id": "r1"}
     assert standard["spec"]["predictor"]["nodeSelector"] == {"pool": "gpu"}
     deploy.deployment_mode, deploy.canary_traffic_percent = "Knative", 25
-    canary = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    canary = inference_service_for_run(
+        deploy, s.job, s.network, s.storage, run_id="r1", namespace=NS, storage_uri=STORAGE
+    )
     assert canary["spec"]["predictor"]["canaryTrafficPercent"] == 25
     assert crd_errors(canary, CRD) == []
 
@@ -460,16 +464,20 @@ def test_sigterm_during_the_rollout_restores_the_previous_spec():
 @pytest.mark.parametrize("mode", ["Standard", "Knative"])
 def test_the_predictor_pulls_with_the_secrets_and_goes_out_through_the_proxy_and_mirror(mode):
     from components.deploy.manifest import inference_service_for_run
-    from components.settings import ClusterSettings, DeploySettings
+    from components.settings import DeploySettings, Settings
 
     deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=NAME, deployment_mode=mode)
-    cluster = ClusterSettings(
-        image_pull_secrets=["registry-mirror"],
-        http_proxy="http://proxy.corp.example:3128",
-        no_proxy=".svc,.cluster.local",
-        hf_endpoint="https://hf-mirror.corp.example",
+    s = Settings.from_flat(
+        {
+            "image_pull_secrets": ["registry-mirror"],
+            "http_proxy": "http://proxy.corp.example:3128",
+            "no_proxy": ".svc,.cluster.local",
+            "hf_endpoint": "https://hf-mirror.corp.example",
+        }
     )
-    manifest = inference_service_for_run(deploy, cluster, run_id="r1", namespace=NS, storage_uri=STORAGE)
+    manifest = inference_service_for_run(
+        deploy, s.job, s.network, s.storage, run_id="r1", namespace=NS, storage_uri=STORAGE
+    )
     assert crd_errors(manifest, CRD) == []
     predictor = manifest["spec"]["predictor"]
     assert predictor["imagePullSecrets"] == [{"name": "registry-mirror"}]
@@ -481,6 +489,9 @@ def test_the_predictor_pulls_with_the_secrets_and_goes_out_through_the_proxy_and
         {"name": "no_proxy", "value": ".svc,.cluster.local"},
         {"name": "HF_ENDPOINT", "value": "https://hf-mirror.corp.example"},
     ]
-    default = inference_service_for_run(deploy, ClusterSettings(), run_id="r1", namespace=NS, storage_uri=STORAGE)
+    d = Settings()
+    default = inference_service_for_run(
+        deploy, d.job, d.network, d.storage, run_id="r1", namespace=NS, storage_uri=STORAGE
+    )
     assert "imagePullSecrets" not in default["spec"]["predictor"]
     assert default["spec"]["predictor"]["model"]["env"] == [{"name": "HOME", "value": "/tmp"}]

@@ -6,12 +6,18 @@ from __future__ import annotations
 import pytest
 
 from components.deploy.manifest import inference_service_for_run
-from components.settings import ClusterSettings, DeploySettings
+from components.settings import DeploySettings, Settings
 from tests.helpers.crd_schema import crd_errors
 from tests.helpers.inference_service import CRD, NS, STORAGE, isvc
 
 # KServe's annotation for the autoscaler of a Standard-mode service (an HPA by default there).
 AUTOSCALER_CLASS_ANNOTATION = "serving.kserve.io/autoscalerClass"
+
+
+def _groups(**settings):
+    """The job, network and storage settings the InferenceService reads."""
+    s = Settings.from_flat(settings)
+    return s.job, s.network, s.storage
 
 
 def test_standard_mode_scales_one_to_ten_replicas_with_an_hpa_and_matches_the_crd():
@@ -39,16 +45,14 @@ def test_the_deploy_settings_reach_the_rendered_service():
         deploy_backend="kserve-vllm", serving_gpus=4, max_replicas=10, scale_metric="memory", scale_target=80
     )
     manifest = inference_service_for_run(
-        deploy, ClusterSettings(node_selector={}, tolerations=[]), run_id="r1", namespace=NS, storage_uri=STORAGE
+        deploy, *_groups(node_selector={}, tolerations=[]), run_id="r1", namespace=NS, storage_uri=STORAGE
     )
     predictor = manifest["spec"]["predictor"]
     assert (predictor["minReplicas"], predictor["maxReplicas"]) == (1, 10)
     assert (predictor["scaleMetric"], predictor["scaleTarget"]) == ("memory", 80)
     assert crd_errors(manifest, CRD) == []
     # the defaults: one replica, KServe's default metric and target, no autoscaler class named
-    plain = inference_service_for_run(
-        DeploySettings(), ClusterSettings(), run_id="r1", namespace=NS, storage_uri=STORAGE
-    )
+    plain = inference_service_for_run(DeploySettings(), *_groups(), run_id="r1", namespace=NS, storage_uri=STORAGE)
     assert (plain["spec"]["predictor"]["minReplicas"], plain["spec"]["predictor"]["maxReplicas"]) == (1, 1)
     assert "scaleMetric" not in plain["spec"]["predictor"] and "scaleTarget" not in plain["spec"]["predictor"]
     assert crd_errors(plain, CRD) == []

@@ -25,7 +25,7 @@ from components.deploy.serving_plan import plan_servers
 from components.deploy.serving_runtime import serving_runtime_manifest
 from components.models.logprobs import LOGPROB_TOLERANCE
 from components.models.tiny import materialize
-from components.settings import ClusterSettings, DeploySettings
+from components.settings import DeploySettings, Settings
 from tests.fakes import serving_image
 from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.serving import READY_TIMEOUT_SECONDS, build_adapter, rehearsal_unavailable
@@ -61,8 +61,9 @@ def test_one_inference_service_serves_two_adapters_of_one_base_on_the_real_engin
         path.chmod(path.stat().st_mode | (0o555 if path.is_dir() else 0o444))
     servers = plan_servers(serve, SERVING)
     deploy = DeploySettings(deploy_backend="kserve-vllm", serving_name=SERVING, serving_gpus=1, max_model_len=2048)
+    s = Settings.from_flat({"model_pvc": CLAIM})
     (manifest,) = inference_services_for_servers(
-        servers, deploy, ClusterSettings(model_pvc=CLAIM), run_id="r1", namespace=NAMESPACE, mount=str(claim)
+        servers, deploy, s.job, s.network, s.storage, run_id="r1", namespace=NAMESPACE, mount=str(claim)
     )
     runtime = serving_runtime_manifest(NAMESPACE)
     container = serving_image.predictor_container(runtime, manifest)

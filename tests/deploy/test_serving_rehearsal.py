@@ -171,7 +171,13 @@ def test_the_deploy_step_serves_the_evaluated_export_on_the_real_engine(variant,
     s = Settings()
     deploy = replace(s.deploy, serving_name=f"rehearsal-{variant}", serving_gpus=1, max_model_len=2048)
     manifest = inference_service_for_run(
-        deploy, s.cluster, run_id=RUN_ID, namespace=NAMESPACE, storage_uri=pvc_uri(CLAIM, str(claim), str(final))
+        deploy,
+        s.job,
+        s.network,
+        s.storage,
+        run_id=RUN_ID,
+        namespace=NAMESPACE,
+        storage_uri=pvc_uri(CLAIM, str(claim), str(final)),
     )
     runtime = serving_runtime_manifest(NAMESPACE)
     assert runtime["spec"]["containers"][0]["image"] == serving_image.IMAGE  # the release the venv is the CPU build of

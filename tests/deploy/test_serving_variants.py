@@ -15,7 +15,7 @@ from components import kube
 from components.deploy.manifest import ADAPTER_MOUNT, inference_services_for_servers, served_names
 from components.deploy.rollout import deploy_inference_services
 from components.deploy.serving_plan import LORA_RANKS, lora_rank_limit, plan_servers
-from components.settings import ClusterSettings, DeploySettings, defaults
+from components.settings import DeploySettings, Settings, defaults
 from components.validate.rules import check
 from components.variants.compare import compare
 from tests.fakes.k8s_api import FakeKubeAPI
@@ -84,10 +84,17 @@ def full(mount: Path, variant: str) -> dict:
     }
 
 
+def _groups(s: Settings) -> tuple:
+    """The job, network and storage settings the InferenceServices read."""
+    return s.job, s.network, s.storage
+
+
 def manifests(servers, mount: Path, backend: str = "kserve-vllm") -> list[dict]:
     deploy = DeploySettings(deploy_backend=backend, serving_name=SERVING, serving_gpus=1, max_model_len=4096)
-    cluster = ClusterSettings(model_pvc=CLAIM, node_selector={"pool": "gpu"}, tolerations=[])
-    return inference_services_for_servers(servers, deploy, cluster, run_id="r1", namespace=NS, mount=str(mount))
+    s = Settings.from_flat({"model_pvc": CLAIM, "node_selector": {"pool": "gpu"}, "tolerations": []})
+    return inference_services_for_servers(
+        servers, deploy, s.job, s.network, s.storage, run_id="r1", namespace=NS, mount=str(mount)
+    )
 
 
 # -- what is served ----------------------------------------------------------------------------------------------
@@ -220,7 +227,7 @@ def test_adapters_of_different_bases_get_a_server_each_and_a_hub_base_is_downloa
     (m,) = inference_services_for_servers(
         moved,
         DeploySettings(serving_name=SERVING, serving_gpus=1),
-        ClusterSettings(model_pvc=CLAIM),
+        *_groups(Settings.from_flat({"model_pvc": CLAIM})),
         run_id="r",
         namespace=NS,
         mount=str(claim_root),

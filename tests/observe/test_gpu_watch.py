@@ -14,7 +14,7 @@ from components import kube
 from components.kube import job_name_for
 from components.observe import alerts
 from components.observe.gpu_watch import GpuWatch, gpu_watch_for, query_prometheus, utilisation_query
-from components.settings import ClusterSettings
+from components.settings import ObservabilitySettings
 from components.train.launcher.job import run_training_job
 from components.train.launcher.pytorchjob import build_pytorchjob
 from components.train.launcher.spec import TrainingJobSpec
@@ -163,9 +163,11 @@ def test_pod_names_become_a_regex_prometheus_accepts_and_matches_exactly(prometh
 
 
 def test_the_settings_make_the_watch_and_an_empty_url_makes_none():
-    assert gpu_watch_for(ClusterSettings(), NS, NAME) is None
+    assert gpu_watch_for(ObservabilitySettings(), NS, NAME) is None
     watch = gpu_watch_for(
-        ClusterSettings(prometheus_url="http://prom:9090", gpu_util_threshold=30, gpu_util_window_seconds=120), NS, NAME
+        ObservabilitySettings(prometheus_url="http://prom:9090", gpu_util_threshold=30, gpu_util_window_seconds=120),
+        NS,
+        NAME,
     )
     assert watch is not None and (watch.url, watch.threshold, watch.window, watch.every) == (
         "http://prom:9090",

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from components.settings import ClusterSettings, Settings
+from components.settings import Settings
 from components.validate.rules.cluster import check_cluster_settings
 
 
-def errors(**cluster) -> list[str]:
-    return [e for e in check_cluster_settings(Settings(cluster=ClusterSettings(**cluster))) if e]
+def errors(**settings) -> list[str]:
+    return [e for e in check_cluster_settings(Settings.from_flat(settings)) if e]
 
 
 @pytest.mark.parametrize("port", [23456, 29400, 29500])

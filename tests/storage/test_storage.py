@@ -206,9 +206,9 @@ def test_the_train_step_uploads_a_whole_final_model_and_complete_checkpoints(s3_
     weights = _safetensors(b"\x01" * 64)
     (final / "model.safetensors").write_bytes(weights[:-8])  # cut short: not uploaded
     with pytest.raises(RuntimeError, match="model.safetensors"):
-        model_store.upload_model(s, str(final), model_root=str(model_root), local=True)
+        model_store.upload_model(s.storage, str(final), model_root=str(model_root), local=True)
     (final / "model.safetensors").write_bytes(weights)
-    uri = model_store.upload_model(s, str(final), model_root=str(model_root), local=True)
+    uri = model_store.upload_model(s.storage, str(final), model_root=str(model_root), local=True)
     assert uri == f"s3://{BUCKET}/team/runs/r2/sft/final"
     s3 = s3_server.client()
     assert s3.get_object(Bucket=BUCKET, Key="team/runs/r2/sft/final/model.safetensors")["Body"].read() == weights
@@ -219,7 +219,9 @@ def test_the_train_step_uploads_a_whole_final_model_and_complete_checkpoints(s3_
         (checkpoint / "trainer_state.json").write_text("{}")
         if marked:
             (checkpoint / "COMPLETE").write_text(f"step {step}\n")
-    with model_store.CheckpointUploads(s, str(out_dir), model_root=str(model_root), local=True, poll=3600) as uploads:
+    with model_store.CheckpointUploads(
+        s.storage, str(out_dir), model_root=str(model_root), local=True, poll=3600
+    ) as uploads:
         pass
     assert list(uploads.sent.values()) == [f"s3://{BUCKET}/team/runs/r2/sft/checkpoint-2"]
     assert storage.read_manifest(f"s3://{BUCKET}/team/runs/r2/sft/checkpoint-2", client=s3) is not None
@@ -236,7 +238,13 @@ def test_serving_from_the_store_renders_an_s3_storage_uri_the_crd_accepts():
         }
     )
     isvc = inference_service_for_run(
-        s.deploy, s.cluster, run_id="r3", namespace=NS, storage_uri="pvc://llm-models/runs/r3/sft/final"
+        s.deploy,
+        s.job,
+        s.network,
+        s.storage,
+        run_id="r3",
+        namespace=NS,
+        storage_uri="pvc://llm-models/runs/r3/sft/final",
     )
     predictor = isvc["spec"]["predictor"]
     assert predictor["model"]["storageUri"] == "s3://team-models/llm/runs/r3/sft/final"
@@ -245,7 +253,13 @@ def test_serving_from_the_store_renders_an_s3_storage_uri_the_crd_accepts():
     # Without a serving account the claim still serves, as before.
     plain = Settings.from_flat({**P.resolve("qwen3-30b-a3b-full"), "model_store_uri": "s3://team-models"})
     isvc = inference_service_for_run(
-        plain.deploy, plain.cluster, run_id="r3", namespace=NS, storage_uri="pvc://llm-models/runs/r3/sft/final"
+        plain.deploy,
+        plain.job,
+        plain.network,
+        plain.storage,
+        run_id="r3",
+        namespace=NS,
+        storage_uri="pvc://llm-models/runs/r3/sft/final",
     )
     assert isvc["spec"]["predictor"]["model"]["storageUri"] == "pvc://llm-models/runs/r3/sft/final"
     assert "serviceAccountName" not in isvc["spec"]["predictor"]

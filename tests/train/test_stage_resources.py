@@ -12,7 +12,7 @@ import yaml
 from components.estimate.plan_text import plan_text
 from components.estimate.training_plan import architecture, plan
 from components.settings import Settings
-from components.stages import stage_cluster, stage_overrides, stage_train_settings
+from components.stages import job_groups, stage_job, stage_overrides, stage_train_settings
 from components.train.launcher.job import training_job_for_run
 from components.validate.preflight import preflight
 from components.validate.rules import check
@@ -62,7 +62,7 @@ def test_each_stage_job_has_its_own_pods_gpus_and_torchrun_processes(backend):
     s = Settings.from_flat(lora(train_backend=backend, stage_settings=GUIDE))
     jobs = {
         stage: training_job_for_run(
-            stage_cluster(s, stage),
+            *job_groups(s, stage),
             run_id=RUN_ID,
             namespace=NS,
             config_path="/mnt/models/runs/r1/train/c.json",
@@ -121,7 +121,7 @@ def test_a_local_stage_runs_its_own_number_of_processes(monkeypatch, tmp_path):
     cfg = {"report_to": []}
     for stage in ("cpt", "sft"):
         run._train_here(s, cfg, "c.json", stage=stage, model_root=str(tmp_path), run_id="r")
-    assert started == [s.cluster.gpus_per_node, 1]
+    assert started == [s.job.gpus_per_node, 1]
 
 
 # -- validation: the run's rules, naming the stage's setting ------------------------------------------------------
@@ -259,6 +259,6 @@ def test_preflight_checks_each_stage_job_once():
 def test_kfp_doubles_come_back_as_whole_numbers_for_the_job():
     # KFP carries settings as a protobuf Struct: the stage's 4 arrives as 4.0; the pods and torchrun need "4".
     s = Settings.from_flat(lora(stage_settings={"cpt": {"num_nodes": 1.0, "gpus_per_node": 4.0}}))
-    c = stage_cluster(s, "cpt")
+    c = stage_job(s, "cpt")
     assert (c.num_nodes, c.gpus_per_node) == (1, 4) and isinstance(c.gpus_per_node, int)
     assert check(lora(stage_settings={"cpt": {"num_nodes": 1.0, "gpus_per_node": 4.0}})) == []

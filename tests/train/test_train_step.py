@@ -118,7 +118,7 @@ def test_a_local_stage_trains_here_with_the_steps_paths_and_reports_its_final_mo
     out = models / "runs" / RUN_ID / "train"
     assert trained.model_uri == trained.model_path == str(out / "final") and trained.job_name == ""
     assert trained.metadata == {
-        "pvc": s.cluster.model_pvc,
+        "pvc": s.storage.model_pvc,
         "path": str(out / "final"),
         "uri": str(out / "final"),
         "stage": "sft",

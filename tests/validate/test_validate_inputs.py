@@ -99,7 +99,7 @@ def test_restart_and_pending_limits_are_checked(override, message):
 def test_restart_and_pending_limits_reach_the_launcher():
     # The train step hands them to run_training_job from its settings; defaults: 2 re-runs, 15 minutes unschedulable.
     params = P.resolve("qwen3-30b-a3b-full", overrides=["job_restarts=5", "pending_timeout_seconds=1800"])
-    cluster = Settings.from_flat(params).cluster
-    assert (cluster.job_restarts, cluster.pending_timeout_seconds) == (5, 1800)
+    scheduling = Settings.from_flat(params).scheduling
+    assert (scheduling.job_restarts, scheduling.pending_timeout_seconds) == (5, 1800)
     defaults = P.resolve("qwen3-30b-a3b-full", overrides=[])
     assert (defaults["job_restarts"], defaults["pending_timeout_seconds"]) == (2, 900)

@@ -26,7 +26,7 @@ from components.kube import current_namespace, job_name_for
 from components.paths import MODEL_MOUNT, run_dir
 from components.settings import Settings
 from components.settings_input import SettingsInputError, parse_override, read_params_file, resolve_layers
-from components.stages import STAGES, stage_cluster, stage_folder
+from components.stages import STAGES, job_groups, stage_folder
 from components.train.launcher.job import check_limits, run_training_job, trainer_network, training_job_for_run
 from components.train.launcher.trainjob import TRAINER_VERSIONS, installed_trainer_version
 
@@ -75,8 +75,8 @@ def main(argv: list[str] | None = None) -> None:
         s = settings_of(args)
         if args.stage not in s.stages.stages:
             raise ValueError(f"--stage {args.stage}: the run's stages are {list(s.stages.stages)} (the setting stages)")
-        cluster = stage_cluster(s, args.stage)
-        if cluster.train_backend == "local":
+        groups = job_groups(s, args.stage)
+        if s.job.train_backend == "local":
             raise ValueError(
                 "train_backend=local trains on this machine, with no job to launch: python -m pipelines.run; "
                 "set train_backend=pytorchjob or trainjob"
@@ -86,10 +86,10 @@ def main(argv: list[str] | None = None) -> None:
             run_dir(MODEL_MOUNT, args.run_id), stage_folder(args.stage), "train_config.json"
         )
         version = args.trainer_version
-        if version is None and cluster.train_backend == "trainjob" and not args.dry_run:
+        if version is None and s.job.train_backend == "trainjob" and not args.dry_run:
             version = installed_trainer_version()
         manifest = training_job_for_run(
-            cluster,
+            *groups,
             run_id=args.run_id,
             namespace=namespace,
             config_path=config_path,
@@ -105,15 +105,15 @@ def main(argv: list[str] | None = None) -> None:
     from components.observe.gpu_watch import gpu_watch_for
 
     limits: dict[str, Any] = dict(
-        cleanup=cluster.job_cleanup,
-        job_restarts=cluster.job_restarts,
-        pending_timeout_seconds=cluster.pending_timeout_seconds,
-        stall_timeout_seconds=cluster.stall_timeout_seconds,
+        cleanup=s.scheduling.job_cleanup,
+        job_restarts=s.scheduling.job_restarts,
+        pending_timeout_seconds=s.scheduling.pending_timeout_seconds,
+        stall_timeout_seconds=s.observability.stall_timeout_seconds,
     )
     try:
         check_limits(**limits)
         with trainer_network(manifest, model_root=None):  # as the train step does: the job's NetworkPolicy first
-            watch = gpu_watch_for(cluster, namespace, job_name_for(args.run_id, args.stage))
+            watch = gpu_watch_for(s.observability, namespace, job_name_for(args.run_id, args.stage))
             result = run_training_job(manifest, **limits, watch=watch)
     except ValueError as exc:  # a bad limit, refused before anything was created
         print(f"error: {exc}", file=sys.stderr)

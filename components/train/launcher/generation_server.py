@@ -2,7 +2,7 @@
 server from the serving image with this package's weight-sync engine, beside the training job.
 
     server_manifests(name, namespace, image, model_path, model_pvc, gpus) -> [ConfigMap, Deployment, Service]
-    run_server_manifests(cluster, run_id=..., namespace=..., model_path=...) -> [NetworkPolicy, ConfigMap, ...]
+    run_server_manifests(job, storage, run_id=..., namespace=..., model_path=...) -> [NetworkPolicy, ConfigMap, ...]
 
 - a ConfigMap carrying the engine module (components/models/vllm_worker/kfp_weight_sync.py: the serving image has
   vLLM, not this package), mounted at ``ENGINE_DIR`` and named by the server's ``PYTHONPATH``;
@@ -44,7 +44,7 @@ from components.models.vllm_worker import (
 )
 from components.paths import MODEL_MOUNT
 from components.security import container_security_context, pod_security_context
-from components.settings import ClusterSettings, TrainSettings
+from components.settings import JobSettings, StorageSettings, TrainSettings
 
 log = logging.getLogger("grpo_vllm_server")
 
@@ -213,24 +213,24 @@ def weight_sync_secret(run_id: str, namespace: str, owner: dict) -> dict:
     }
 
 
-def runs_own_server(stage: str, train: TrainSettings, cluster: ClusterSettings) -> bool:
+def runs_own_server(stage: str, train: TrainSettings, job: JobSettings) -> bool:
     """Whether the train step runs ``stage``'s generation server itself: a grpo stage generating on a vLLM server
     whose URL is not given, on a cluster (locally the URL stays required: validate_inputs says so)."""
     return (
         stage == "grpo"
         and train.grpo_generation_backend == "vllm-server"
         and not train.grpo_vllm_server_url.strip()
-        and cluster.train_backend != "local"
+        and job.train_backend != "local"
     )
 
 
 def stage_server_url(
-    stage: str, train: TrainSettings, cluster: ClusterSettings, *, run_id: str, namespace: str
+    stage: str, train: TrainSettings, job: JobSettings, *, run_id: str, namespace: str
 ) -> TrainSettings:
     """``train`` with ``grpo_vllm_server_url`` set to the run's own server's Service where the train step runs one
     (``runs_own_server``); else ``train`` unchanged. The same run id and namespace give the same URL (a retried
     step, ``--render``)."""
-    if not runs_own_server(stage, train, cluster):
+    if not runs_own_server(stage, train, job):
         return train
     return dataclasses.replace(train, grpo_vllm_server_url=service_url(server_name(run_id), namespace))
 
@@ -259,11 +259,13 @@ def network_policy(name: str, namespace: str, server: dict, clients: dict, label
     }
 
 
-def run_server_manifests(cluster: ClusterSettings, *, run_id: str, namespace: str, model_path: str) -> list[dict]:
+def run_server_manifests(
+    job: JobSettings, storage: StorageSettings, *, run_id: str, namespace: str, model_path: str
+) -> list[dict]:
     """The NetworkPolicy, ConfigMap, Deployment and Service of run ``run_id``'s server on the stage's starting model
-    ``model_path`` (as the trainer sees it, on the models claim), from the cluster settings. The NetworkPolicy comes
-    first (created before the server's pod exists, deleted after it is gone): only the pods labelled with this run's
-    id (the training job's) reach the server."""
+    ``model_path`` (as the trainer sees it, on the models claim), from the job and storage settings. The
+    NetworkPolicy comes first (created before the server's pod exists, deleted after it is gone): only the pods
+    labelled with this run's id (the training job's) reach the server."""
     if not model_path.startswith(MODEL_MOUNT + "/"):
         raise ValueError(
             f"grpo_generation_backend vllm-server with no grpo_vllm_server_url: the train step's vLLM server reads "
@@ -276,13 +278,13 @@ def run_server_manifests(cluster: ClusterSettings, *, run_id: str, namespace: st
     return [policy] + server_manifests(
         name,
         namespace,
-        cluster.grpo_vllm_image,
+        job.grpo_vllm_image,
         model_path,
-        cluster.model_pvc,
-        cluster.grpo_vllm_server_gpus,
-        node_selector=dict(cluster.node_selector),
-        tolerations=list(cluster.tolerations),
-        image_pull_secrets=list(cluster.image_pull_secrets),
+        storage.model_pvc,
+        job.grpo_vllm_server_gpus,
+        node_selector=dict(job.node_selector),
+        tolerations=list(job.tolerations),
+        image_pull_secrets=list(job.image_pull_secrets),
         labels={RUN_ID_LABEL: run_id},
         token_secret=weight_sync_secret_name(run_id),
     )
@@ -290,12 +292,14 @@ def run_server_manifests(cluster: ClusterSettings, *, run_id: str, namespace: st
 
 @contextmanager
 def generation_server(
-    cluster: ClusterSettings,
+    job: JobSettings,
+    storage: StorageSettings,
     *,
     run_id: str,
     namespace: str,
     model_path: str,
     model_root: str,
+    pending_timeout_seconds: float,
     api_client=None,
     poll_seconds: float | None = None,
     ready_timeout_seconds: float | None = None,
@@ -315,7 +319,7 @@ def generation_server(
     from components.observe.run_objects import GRPO_SERVER_RECORD, delete_object, forget_objects, record_objects
 
     api_client = api_client or load_api_client()
-    manifests = run_server_manifests(cluster, run_id=run_id, namespace=namespace, model_path=model_path)
+    manifests = run_server_manifests(job, storage, run_id=run_id, namespace=namespace, model_path=model_path)
     name = server_name(run_id)
     record_objects(model_root, run_id, GRPO_SERVER_RECORD, manifests)
     core, apps = k8s.CoreV1Api(api_client), k8s.AppsV1Api(api_client)
@@ -348,15 +352,15 @@ def generation_server(
             "grpo generation server %s/%s: %s on %d GPU(s) serving %s; waiting until it is ready",
             namespace,
             name,
-            cluster.grpo_vllm_image,
-            cluster.grpo_vllm_server_gpus,
+            job.grpo_vllm_image,
+            job.grpo_vllm_server_gpus,
             model_path,
         )
         _wait_ready(
             api_client,
             namespace,
             name,
-            pending_timeout_seconds=cluster.pending_timeout_seconds,
+            pending_timeout_seconds=pending_timeout_seconds,
             poll_seconds=POLL_SECONDS if poll_seconds is None else poll_seconds,
             ready_timeout_seconds=READY_TIMEOUT_SECONDS if ready_timeout_seconds is None else ready_timeout_seconds,
         )

@@ -47,7 +47,13 @@ from components.kube import (
     true_condition,
     unstartable_pod_reason,
 )
-from components.settings import ClusterSettings
+from components.settings import (
+    JobSettings,
+    NetworkSettings,
+    ObservabilitySettings,
+    SchedulingSettings,
+    StorageSettings,
+)
 from components.train.launcher.spec import TRAINER_V2_2, TrainingJobSpec, trainjob_runtime_conflicts
 
 CLEANUP_POLICIES = ("keep", "on-success", "always")
@@ -82,7 +88,7 @@ def run_training_job(
     pending_timeout_seconds: float = 900.0,
     cleanup: str = "keep",
     job_restarts: int = 2,
-    stall_timeout_seconds: float = ClusterSettings.stall_timeout_seconds,
+    stall_timeout_seconds: float = ObservabilitySettings.stall_timeout_seconds,
     on_created=None,
     api_client=None,
     watch=None,
@@ -294,65 +300,84 @@ class _JobFollower:
         raise RuntimeError(stall_report(self.what, stall, tails, used, self.job_restarts))
 
 
-def trainjob_conflicts(cluster) -> list[str]:
-    """One error per setting of ``spec.TRAINJOB_RUNTIME_SETTINGS`` set with ``train_backend=trainjob`` (validate_inputs
-    lists them; ``build_trainjob`` refuses them rather than drop them)."""
-    return trainjob_runtime_conflicts(cluster) if cluster.train_backend == "trainjob" else []
+def trainjob_conflicts(job: JobSettings, scheduling: SchedulingSettings) -> list[str]:
+    """One error per setting of ``spec.TRAINJOB_RUNTIME_SETTINGS`` (scheduling settings) set with
+    ``train_backend=trainjob`` (validate_inputs lists them; ``build_trainjob`` refuses them rather than drop them)."""
+    return trainjob_runtime_conflicts(scheduling) if job.train_backend == "trainjob" else []
 
 
 def training_job_spec(
-    cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft", trainer_version: str | None = None
+    job: JobSettings,
+    scheduling: SchedulingSettings,
+    network: NetworkSettings,
+    storage: StorageSettings,
+    observability: ObservabilitySettings,
+    *,
+    run_id: str,
+    namespace: str,
+    config_path: str,
+    stage: str = "sft",
+    trainer_version: str | None = None,
 ) -> TrainingJobSpec:
-    """The training job of one run's stage from its cluster settings (``components.settings.ClusterSettings``, the
-    stage's own nodes and GPUs over the run's: ``stages.stage_cluster``): named ``<stage>-<run id>`` (each stage of a
-    run is its own job) and labelled by the run id.
+    """The training job of one run's stage from its job, scheduling, network, storage and observability settings
+    (``components.settings``; the job's the stage's own nodes and GPUs over the run's: ``stages.job_groups``): named
+    ``<stage>-<run id>`` (each stage of a run is its own job) and labelled by the run id.
 
     Pipeline parameters cannot be None, so 0 and {} mean "not set" in the settings. ``trainer_version`` is the
     Trainer release a TrainJob is rendered for (``trainjob.TRAINER_VERSIONS``): on a cluster the caller reads it
     once with ``trainjob.installed_trainer_version()``; None renders for v2.2 and later (``--render``).
     """
-    c = cluster
     return TrainingJobSpec(
         name=job_name_for(run_id, stage),
         namespace=namespace,
         labels={RUN_ID_LABEL: run_id},
-        num_nodes=c.num_nodes,
-        gpus_per_node=c.gpus_per_node,
-        queue_name=c.queue_name,
-        active_deadline_seconds=c.active_deadline_seconds or None,
-        image=c.trainer_image,
+        num_nodes=job.num_nodes,
+        gpus_per_node=job.gpus_per_node,
+        queue_name=scheduling.queue_name,
+        active_deadline_seconds=scheduling.active_deadline_seconds or None,
+        image=job.trainer_image,
         config_path=config_path,
-        data_pvc=c.data_pvc,
-        model_pvc=c.model_pvc,
-        shm_size=c.trainer_shm_size,
-        cpu=c.trainer_cpu_request,
-        memory=c.trainer_memory_request,
-        cpu_limit=c.trainer_cpu_limit,
-        memory_limit=c.trainer_memory_limit,
-        rdma_resource=c.rdma_resource,
-        rdma_per_pod=c.rdma_per_pod,
-        ipc_lock=c.ipc_lock,
-        node_selector=c.node_selector,
-        tolerations=c.tolerations,
-        affinity=c.affinity or None,
-        image_pull_secrets=list(c.image_pull_secrets) or None,
-        hf_token_secret=c.hf_token_secret,
-        tracking_secret=c.tracking_secret,
-        langfuse_secret=c.langfuse_secret,
-        nccl_env=dict(c.nccl_env) or None,
-        egress_env=egress_env(c) or None,
-        metrics_port=c.metrics_port,
-        gang_scheduling=c.gang_scheduling,
-        priority_class=c.priority_class,
-        min_nodes=c.min_nodes or None,
-        max_restarts=c.max_restarts,
-        runtime=c.trainjob_runtime,
+        data_pvc=storage.data_pvc,
+        model_pvc=storage.model_pvc,
+        shm_size=job.trainer_shm_size,
+        cpu=job.trainer_cpu_request,
+        memory=job.trainer_memory_request,
+        cpu_limit=job.trainer_cpu_limit,
+        memory_limit=job.trainer_memory_limit,
+        rdma_resource=network.rdma_resource,
+        rdma_per_pod=network.rdma_per_pod,
+        ipc_lock=network.ipc_lock,
+        node_selector=job.node_selector,
+        tolerations=job.tolerations,
+        affinity=job.affinity or None,
+        image_pull_secrets=list(job.image_pull_secrets) or None,
+        hf_token_secret=storage.hf_token_secret,
+        tracking_secret=observability.tracking_secret,
+        langfuse_secret=observability.langfuse_secret,
+        nccl_env=dict(network.nccl_env) or None,
+        egress_env=egress_env(network) or None,
+        metrics_port=observability.metrics_port,
+        gang_scheduling=scheduling.gang_scheduling,
+        priority_class=scheduling.priority_class,
+        min_nodes=scheduling.min_nodes or None,
+        max_restarts=scheduling.max_restarts,
+        runtime=job.trainjob_runtime,
         trainer_version=trainer_version or TRAINER_V2_2,
     )
 
 
 def training_job_for_run(
-    cluster, *, run_id: str, namespace: str, config_path: str, stage: str = "sft", trainer_version: str | None = None
+    job: JobSettings,
+    scheduling: SchedulingSettings,
+    network: NetworkSettings,
+    storage: StorageSettings,
+    observability: ObservabilitySettings,
+    *,
+    run_id: str,
+    namespace: str,
+    config_path: str,
+    stage: str = "sft",
+    trainer_version: str | None = None,
 ) -> dict:
     """The PyTorchJob or TrainJob (``train_backend``) of one run's stage, of ``training_job_spec`` (the train step,
     the launcher's command line and ``--render`` call this, so what is rendered is what runs).
@@ -364,17 +389,21 @@ def training_job_for_run(
     from components.train.launcher.trainjob import build_trainjob
 
     spec = training_job_spec(
-        cluster,
+        job,
+        scheduling,
+        network,
+        storage,
+        observability,
         run_id=run_id,
         namespace=namespace,
         config_path=config_path,
         stage=stage,
         trainer_version=trainer_version,
     )
-    job = build_trainjob(spec) if cluster.train_backend == "trainjob" else build_pytorchjob(spec)
+    manifest = build_trainjob(spec) if job.train_backend == "trainjob" else build_pytorchjob(spec)
     if stage == "grpo":
-        _add_weight_sync_token(job, run_id)
-    return job
+        _add_weight_sync_token(manifest, run_id)
+    return manifest
 
 
 def _add_weight_sync_token(job: dict, run_id: str) -> None:

@@ -24,7 +24,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from components.paths import DATA_CACHE, DATA_MOUNT, MODEL_MOUNT
-from components.settings import ClusterSettings, TrainSettings
+from components.settings import (
+    JobSettings,
+    NetworkSettings,
+    ObservabilitySettings,
+    SchedulingSettings,
+    StorageSettings,
+    TrainSettings,
+)
 
 
 @dataclass(frozen=True)
@@ -102,19 +109,33 @@ def cluster_trainer_version(train_backend: str) -> str | None:
 
 
 def cluster_job(
-    cluster: ClusterSettings, *, run_id: str, namespace: str, config_path: str, stage: str, mounts: TrainerMounts
+    job: JobSettings,
+    scheduling: SchedulingSettings,
+    network: NetworkSettings,
+    storage: StorageSettings,
+    observability: ObservabilitySettings,
+    *,
+    run_id: str,
+    namespace: str,
+    config_path: str,
+    stage: str,
+    mounts: TrainerMounts,
 ) -> dict:
     """The PyTorchJob or TrainJob (``train_backend``) that trains with the config at ``config_path`` (as this step
     sees it), rendered for the cluster's Trainer release."""
     from components.train.launcher.job import training_job_for_run
 
     return training_job_for_run(
-        cluster,
+        job,
+        scheduling,
+        network,
+        storage,
+        observability,
         run_id=run_id,
         namespace=namespace,
         config_path=mounts.for_trainer(config_path),
         stage=stage,
-        trainer_version=cluster_trainer_version(cluster.train_backend),
+        trainer_version=cluster_trainer_version(job.train_backend),
     )
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from components import storage
 from components.models.checkpoint_dirs import _checkpoints, is_complete, unreadable
-from components.settings import Settings
+from components.settings import StorageSettings
 
 log = logging.getLogger("train_model")
 
@@ -37,17 +37,17 @@ def store_uri_of(model_store_uri: str, model_root: str, path: str) -> storage.St
     return storage.parse_store_uri(model_store_uri).join(relative)
 
 
-def store_credentials(s: Settings, *, local: bool) -> dict | None:
+def store_credentials(store: StorageSettings, *, local: bool) -> dict | None:
     """``model_store_secret``'s keys, read through the Kubernetes API on a cluster; None (boto3's chain: the
     environment, the pod's role) locally or with no Secret named."""
-    if local or not s.cluster.model_store_secret:
+    if local or not store.model_store_secret:
         return None
     from kubernetes import client as k8s
 
     from components.kube import current_namespace, load_api_client
 
     core = k8s.CoreV1Api(load_api_client())
-    return storage.secret_credentials(core, s.cluster.model_store_secret, current_namespace())
+    return storage.secret_credentials(core, store.model_store_secret, current_namespace())
 
 
 def verify_model_folder(folder: str) -> None:
@@ -61,13 +61,13 @@ def verify_model_folder(folder: str) -> None:
         raise RuntimeError(f"{folder} is not a whole model, not uploaded: {problem}")
 
 
-def upload_model(s: Settings, final_dir: str, *, model_root: str, local: bool) -> str:
+def upload_model(store: StorageSettings, final_dir: str, *, model_root: str, local: bool) -> str:
     """Verify ``final_dir`` and upload it (resuming an earlier attempt's upload); its store URI."""
     verify_model_folder(final_dir)
-    dest = store_uri_of(s.cluster.model_store_uri, model_root, final_dir)
+    dest = store_uri_of(store.model_store_uri, model_root, final_dir)
     log.info("uploading the model to %s", dest)
     storage.upload_folder(
-        dest, final_dir, endpoint=s.cluster.model_store_endpoint, credentials=store_credentials(s, local=local)
+        dest, final_dir, endpoint=store.model_store_endpoint, credentials=store_credentials(store, local=local)
     )
     return str(dest)
 
@@ -78,10 +78,16 @@ class CheckpointUploads:
     model's upload is what the step answers for."""
 
     def __init__(
-        self, s: Settings, out_dir: str, *, model_root: str, local: bool, poll: float = CHECKPOINT_POLL_SECONDS
+        self,
+        store: StorageSettings,
+        out_dir: str,
+        *,
+        model_root: str,
+        local: bool,
+        poll: float = CHECKPOINT_POLL_SECONDS,
     ):
-        self.s, self.out_dir, self.model_root, self.local, self.poll = s, out_dir, model_root, local, poll
-        self.on = bool(s.cluster.model_store_uri and s.cluster.upload_checkpoints)
+        self.store, self.out_dir, self.model_root, self.local, self.poll = store, out_dir, model_root, local, poll
+        self.on = bool(store.model_store_uri and store.upload_checkpoints)
         self.sent: dict[str, str] = {}  # checkpoint folder -> its store URI
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -90,13 +96,13 @@ class CheckpointUploads:
         for _, path in _checkpoints(self.out_dir):
             if str(path) in self.sent or not is_complete(path) or unreadable(path):
                 continue
-            dest = store_uri_of(self.s.cluster.model_store_uri, self.model_root, str(path))
+            dest = store_uri_of(self.store.model_store_uri, self.model_root, str(path))
             try:
                 storage.upload_folder(
                     dest,
                     str(path),
-                    endpoint=self.s.cluster.model_store_endpoint,
-                    credentials=store_credentials(self.s, local=self.local),
+                    endpoint=self.store.model_store_endpoint,
+                    credentials=store_credentials(self.store, local=self.local),
                 )
             except Exception as exc:  # pruned while it was sent, the store unreachable for a while: the next pass
                 log.warning("checkpoint %s not uploaded (yet): %s", path.name, exc)

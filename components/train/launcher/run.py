@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from components.paths import pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import hands_on, stage_cluster, stage_folder, stage_train_settings
+from components.stages import hands_on, job_groups, stage_folder, stage_job, stage_train_settings
 from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
 from components.train.launcher.model_store import CheckpointUploads, upload_model
 
@@ -51,7 +51,7 @@ def train_stage(
     A stage that is not hands-on (``rm``: its model scores a later grpo stage) hands ``base_model_path`` on as the
     next stage's model (components/stages.py).
     """
-    mounts = TrainerMounts.for_backend(data_root, model_root, s.cluster.train_backend)
+    mounts = TrainerMounts.for_backend(data_root, model_root, s.job.train_backend)
     out_dir = os.path.join(run_dir(model_root, run_id), stage_folder(stage))
     train = stage_train_settings(s, stage, mounts.for_trainer(base_model_path), tuned)
     server_model = None  # the grpo stage's own vLLM server's model (vllm-server with no URL, on a cluster)
@@ -59,9 +59,9 @@ def train_stage(
         from components.kube import current_namespace
         from components.train.launcher.generation_server import runs_own_server, stage_server_url
 
-        if runs_own_server(stage, train, s.cluster):
+        if runs_own_server(stage, train, s.job):
             server_model = train.model_name_or_path
-            train = stage_server_url(stage, train, s.cluster, run_id=run_id, namespace=current_namespace())
+            train = stage_server_url(stage, train, s.job, run_id=run_id, namespace=current_namespace())
     cfg, config_path = write_config(
         train,
         stage=stage,
@@ -71,7 +71,7 @@ def train_stage(
         mounts=mounts,
     )
     # upload_checkpoints: each complete checkpoint goes to the object store while the job trains (model_store.py).
-    with CheckpointUploads(s, out_dir, model_root=model_root, local=mounts.local):
+    with CheckpointUploads(s.storage, out_dir, model_root=model_root, local=mounts.local):
         if mounts.local:
             job_name = ""
             _train_here(s, cfg, config_path, stage=stage, model_root=model_root, run_id=run_id)
@@ -81,11 +81,11 @@ def train_stage(
             )
 
     final_dir = os.path.join(out_dir, "final")
-    uri = final_dir if mounts.local else pvc_uri(s.cluster.model_pvc, model_root, final_dir)
+    uri = final_dir if mounts.local else pvc_uri(s.storage.model_pvc, model_root, final_dir)
     with open(os.path.join(out_dir, "metrics.json")) as f:
         metrics = json.load(f)
     metadata = {
-        "pvc": s.cluster.model_pvc,
+        "pvc": s.storage.model_pvc,
         "path": final_dir,
         "uri": uri,
         "stage": stage,
@@ -94,10 +94,10 @@ def train_stage(
         "job_name": job_name,
         **metrics,
     }
-    if s.cluster.model_store_uri and hands_on(stage):
+    if s.storage.model_store_uri and hands_on(stage):
         # The final model, verified, then uploaded from this pod (it mounts the claim; the GPUs are released):
         # model_store.py says why here. Its URI goes into the artifact's metadata.
-        metadata["store_uri"] = upload_model(s, final_dir, model_root=model_root, local=mounts.local)
+        metadata["store_uri"] = upload_model(s.storage, final_dir, model_root=model_root, local=mounts.local)
     if not hands_on(stage):
         # The rm stage's model scores the policy (a later grpo stage reads it from its folder); the next stage
         # trains from the model this one started from (components/stages.py).
@@ -121,9 +121,9 @@ def trainer_env(s: Settings, cfg: dict, *, model_root: str, run_id: str, environ
         # database server, and `mlflow ui` reads the folder.
         env.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
     env.setdefault("TRAINER_RUN_ID", run_id)  # the metrics' label and the Langfuse record's session
-    if s.cluster.metrics_port:
+    if s.observability.metrics_port:
         # The trainer's rank 0 serves its live metrics here while it trains (taken here: another port).
-        env.setdefault("TRAINER_METRICS_PORT", str(local_torchrun.metrics_port_here(s.cluster.metrics_port)))
+        env.setdefault("TRAINER_METRICS_PORT", str(local_torchrun.metrics_port_here(s.observability.metrics_port)))
     return env
 
 
@@ -132,9 +132,9 @@ def _train_here(s: Settings, cfg: dict, config_path: str, *, stage: str, model_r
     from components.train.launcher import local_torchrun
 
     env = trainer_env(s, cfg, model_root=model_root, run_id=run_id)
-    if s.cluster.metrics_port:
+    if s.observability.metrics_port:
         log.info("live metrics while training runs: http://localhost:%s/metrics", env["TRAINER_METRICS_PORT"])
-    local_torchrun.run_torchrun(config_path, stage_cluster(s, stage).gpus_per_node, env=env)
+    local_torchrun.run_torchrun(config_path, stage_job(s, stage).gpus_per_node, env=env)
 
 
 def _train_on_cluster(
@@ -157,17 +157,17 @@ def _train_on_cluster(
     from components.train.launcher import job
 
     job_name = job_name_for(run_id, stage)
-    if s.cluster.tensorboard:
+    if s.observability.tensorboard:
         # After the config is written: the run's folder, the Tensorboard's subPath mount, exists now.
         from components.observe.tensorboard import ensure_tensorboard, tensorboard_manifest
 
         ensure_tensorboard(
-            tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(), s.cluster.model_pvc, run_id),
-            image=s.cluster.trainer_image,  # without Kubeflow's controller, its pod runs the trainer's tensorboard
-            image_pull_secrets=list(s.cluster.image_pull_secrets),
+            tensorboard_manifest(job_name_for(run_id, "tb"), current_namespace(), s.storage.model_pvc, run_id),
+            image=s.job.trainer_image,  # without Kubeflow's controller, its pod runs the trainer's tensorboard
+            image_pull_secrets=list(s.job.image_pull_secrets),
         )
     manifest = cluster_job(  # the stage's own nodes and GPUs (stage_settings) over the run's
-        stage_cluster(s, stage),
+        *job_groups(s, stage),
         run_id=run_id,
         namespace=current_namespace(),
         config_path=config_path,
@@ -179,21 +179,23 @@ def _train_on_cluster(
         from components.train.launcher.generation_server import generation_server
 
         server = generation_server(
-            stage_cluster(s, stage),
+            stage_job(s, stage),
+            s.storage,
             run_id=run_id,
             namespace=current_namespace(),
             model_path=server_model,
             model_root=mounts.model_root,
+            pending_timeout_seconds=s.scheduling.pending_timeout_seconds,
         )
     # Both deleted when the job ends, succeeded or failed; the job's NetworkPolicy exists before its pods.
     with server, job.trainer_network(manifest, model_root=mounts.model_root):
         job.run_training_job(
             manifest,
-            cleanup=s.cluster.job_cleanup,
+            cleanup=s.scheduling.job_cleanup,
             on_created=record_created(out_dir, log),
-            job_restarts=s.cluster.job_restarts,
-            pending_timeout_seconds=s.cluster.pending_timeout_seconds,
-            stall_timeout_seconds=s.cluster.stall_timeout_seconds,
-            watch=gpu_watch_for(s.cluster, current_namespace(), job_name),
+            job_restarts=s.scheduling.job_restarts,
+            pending_timeout_seconds=s.scheduling.pending_timeout_seconds,
+            stall_timeout_seconds=s.observability.stall_timeout_seconds,
+            watch=gpu_watch_for(s.observability, current_namespace(), job_name),
         )
     return job_name

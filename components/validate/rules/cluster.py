@@ -56,13 +56,12 @@ def trainer_pod_errors(s: Settings) -> list[str | None]:
     """The trainer pod's CPU, memory and ``/dev/shm``: quantities the API server takes, requests within limits,
     ``/dev/shm`` within the memory limit (it is memory-backed), and a memory limit that holds a checkpoint's
     ``CHECKPOINT_HOST_BYTES_PER_RANK`` for each of the pod's ranks."""
-    c = s.cluster
     fields = {
-        "trainer_cpu_request": (c.trainer_cpu_request, "16"),
-        "trainer_cpu_limit": (c.trainer_cpu_limit, "16"),
-        "trainer_memory_request": (c.trainer_memory_request, "96Gi"),
-        "trainer_memory_limit": (c.trainer_memory_limit, "128Gi"),
-        "trainer_shm_size": (c.trainer_shm_size, "64Gi"),
+        "trainer_cpu_request": (s.job.trainer_cpu_request, "16"),
+        "trainer_cpu_limit": (s.job.trainer_cpu_limit, "16"),
+        "trainer_memory_request": (s.job.trainer_memory_request, "96Gi"),
+        "trainer_memory_limit": (s.job.trainer_memory_limit, "128Gi"),
+        "trainer_shm_size": (s.job.trainer_shm_size, "64Gi"),
     }
     parsed = {name: quantity(value) for name, (value, _) in fields.items()}
     errors: list[str | None] = [
@@ -83,13 +82,13 @@ def trainer_pod_errors(s: Settings) -> list[str | None]:
     memory_limit = fields["trainer_memory_limit"][0]
     if values["trainer_shm_size"] > values["trainer_memory_limit"]:
         errors.append(
-            f"trainer_shm_size={c.trainer_shm_size} is above trainer_memory_limit={memory_limit}: /dev/shm is "
+            f"trainer_shm_size={s.job.trainer_shm_size} is above trainer_memory_limit={memory_limit}: /dev/shm is "
             "memory-backed and what is written there counts toward the limit; lower trainer_shm_size"
         )
     # The pod of the most ranks: the run's gpus_per_node, or a stage's own (stage_settings) above it.
     gpus_name, gpus = max(resource_settings(s, "gpus_per_node"), key=lambda named: named[1])
     budget = CHECKPOINT_HOST_BYTES_PER_RANK * gpus
-    if c.train_backend != "local" and values["trainer_memory_limit"] < budget:
+    if s.job.train_backend != "local" and values["trainer_memory_limit"] < budget:
         gib = -(-budget // 1024**3)
         errors.append(
             f"trainer_memory_limit={memory_limit} is below the ~{budget / 1e9:.0f} GB ({gib:.0f}Gi) a trainer pod of "
@@ -102,18 +101,19 @@ def trainer_pod_errors(s: Settings) -> list[str | None]:
 
 def check_network_settings(s: Settings) -> list[str | None]:
     """The training pods' network: an RDMA resource name the API server accepts, NCCL variables only."""
-    c = s.cluster
     errors: list[str | None] = []
-    if c.rdma_resource:
-        prefix = c.rdma_resource.partition("/")[0]
-        if not EXTENDED_RESOURCE.match(c.rdma_resource) or len(prefix) > 253:
+    if s.network.rdma_resource:
+        prefix = s.network.rdma_resource.partition("/")[0]
+        if not EXTENDED_RESOURCE.match(s.network.rdma_resource) or len(prefix) > 253:
             errors.append(
-                f"rdma_resource={c.rdma_resource!r} is not an extended resource name (<domain>/<name>, as the "
+                f"rdma_resource={s.network.rdma_resource!r} is not an extended resource name (<domain>/<name>, as the "
                 "device plugin advertises it in kubectl get node -o jsonpath='{.status.allocatable}'), e.g. rdma/ib"
             )
-        elif c.rdma_resource in ("nvidia.com/gpu", "cpu", "memory"):
-            errors.append(f"rdma_resource={c.rdma_resource!r} is not a network device; e.g. rdma/ib, or leave it empty")
-    for key, value in (c.nccl_env or {}).items():
+        elif s.network.rdma_resource in ("nvidia.com/gpu", "cpu", "memory"):
+            errors.append(
+                f"rdma_resource={s.network.rdma_resource!r} is not a network device; e.g. rdma/ib, or leave it empty"
+            )
+    for key, value in (s.network.nccl_env or {}).items():
         if not NCCL_VARIABLE.match(str(key)):
             errors.append(f"nccl_env key {key!r} is not an NCCL variable (NCCL_ and capitals), e.g. NCCL_IB_HCA")
         elif not isinstance(value, (str, int, float, bool)):
@@ -124,11 +124,11 @@ def check_network_settings(s: Settings) -> list[str | None]:
 def network_warnings(s: Settings) -> list[str]:
     """What runs, but not over RDMA: verbs without IPC_LOCK. (No RDMA resource at all is no warning: the plan that
     validate_inputs logs names the TCP transport and its speed.)"""
-    c = s.cluster
     out = []
-    if c.rdma_resource and not c.ipc_lock and "efa" not in c.rdma_resource:
+    net = s.network
+    if net.rdma_resource and not net.ipc_lock and "efa" not in net.rdma_resource:
         out.append(
-            f"rdma_resource={c.rdma_resource} without ipc_lock: InfiniBand/RoCE verbs pin the memory they register, "
+            f"rdma_resource={net.rdma_resource} without ipc_lock: InfiniBand/RoCE verbs pin the memory they register, "
             "and without IPC_LOCK (or an unlimited memlock limit from the runtime) NCCL's IB transport fails to "
             "register it and falls back to TCP; set ipc_lock=true"
         )
@@ -139,11 +139,10 @@ def placement_errors(s: Settings) -> list[str | None]:
     """The GPU pods' image and placement as the API server and the scheduler take them: the trainer image in the
     image reference grammar, node selector and toleration keys and values by the label rules, and (on a cluster)
     no pod asking for more GPUs than a node of the selected product holds."""
-    c = s.cluster
-    errors = [image_error("trainer_image", c.trainer_image)]
-    for key, value in c.node_selector.items():
+    errors = [image_error("trainer_image", s.job.trainer_image)]
+    for key, value in s.job.node_selector.items():
         errors.append(label_key_error("node_selector", key) or label_value_error("node_selector", key, value))
-    for i, tol in enumerate(c.tolerations):
+    for i, tol in enumerate(s.job.tolerations):
         field = f"tolerations[{i}]"
         if not isinstance(tol, dict):
             errors.append(f'{field}={tol!r} is not an object, e.g. {{"key": "nvidia.com/gpu", "operator": "Exists"}}')
@@ -159,7 +158,7 @@ def placement_errors(s: Settings) -> list[str | None]:
             errors.append(f"{field}: operator Exists takes no value (it is {tol['value']!r}); use Equal")
         elif tol.get("value", "") and (problem := label_value_error(field, tol.get("key"), tol["value"])):
             errors.append(problem)
-    if c.train_backend != "local":
+    if s.job.train_backend != "local":
         errors += gpus_per_node_errors(s)
     return errors
 
@@ -167,7 +166,7 @@ def placement_errors(s: Settings) -> list[str | None]:
 def gpus_per_node_errors(s: Settings) -> list[str | None]:
     """The GPU pods (training, evaluation, serving) that ask for more GPUs than a node of the product the node
     selector names holds (``GPUS_PER_NODE``): such a pod stays Pending."""
-    product = s.cluster.node_selector.get(GPU_PRODUCT)
+    product = s.job.node_selector.get(GPU_PRODUCT)
     limit = next(((n, what) for pattern, n, what in GPUS_PER_NODE if pattern.search(str(product))), None)
     if product is None or limit is None:
         return []
@@ -197,15 +196,14 @@ def _http_url(value: str) -> bool:
 def egress_errors(s: Settings) -> list[str | None]:
     """The pods' pull Secrets (Kubernetes names), proxies and Hub mirror (URLs); whether the Secrets exist and hold
     registry credentials is preflight's to check."""
-    c = s.cluster
     errors: list[str | None] = [
         name_error("image_pull_secrets", str(name), DNS1123_SUBDOMAIN, 253, "Secret name")
-        for name in c.image_pull_secrets
+        for name in s.job.image_pull_secrets
     ]
     for name, value, example in (
-        ("http_proxy", c.http_proxy, "http://proxy.example.com:3128"),
-        ("https_proxy", c.https_proxy, "http://proxy.example.com:3128"),
-        ("hf_endpoint", c.hf_endpoint, "https://hf-mirror.example.com"),
+        ("http_proxy", s.network.http_proxy, "http://proxy.example.com:3128"),
+        ("https_proxy", s.network.https_proxy, "http://proxy.example.com:3128"),
+        ("hf_endpoint", s.network.hf_endpoint, "https://hf-mirror.example.com"),
     ):
         if value and not _http_url(value):
             errors.append(f"{name}={value!r} is not an http(s) URL; e.g. {example!r}, or leave it empty")
@@ -217,7 +215,7 @@ def store_errors(s: Settings) -> list[str | None]:
     takes the Secret's keys is preflight's to check (components/validate/preflight.py: store_problem)."""
     from components.storage import is_store_uri, parse_store_uri
 
-    c = s.cluster
+    store = s.storage
     errors: list[str | None] = []
     if is_store_uri(s.train.model_name_or_path):
         errors.append(
@@ -225,27 +223,27 @@ def store_errors(s: Settings) -> list[str | None]:
             "the uploaded model on the model volume first (python -m components.storage download URI "
             "/mnt/models/base/NAME, resumable and checked against its MANIFEST.json) and name that folder"
         )
-    if c.model_store_uri:
+    if store.model_store_uri:
         try:
-            parse_store_uri(c.model_store_uri)
+            parse_store_uri(store.model_store_uri)
         except ValueError as exc:
             errors.append(str(exc))
     else:
         for name, value in (
-            ("upload_checkpoints", c.upload_checkpoints),
-            ("model_store_endpoint", c.model_store_endpoint),
-            ("model_store_secret", c.model_store_secret),
+            ("upload_checkpoints", store.upload_checkpoints),
+            ("model_store_endpoint", store.model_store_endpoint),
+            ("model_store_secret", store.model_store_secret),
             ("serving_service_account", s.deploy.serving_service_account),
         ):
             if value:
                 errors.append(f"{name} is set but model_store_uri is empty: name the bucket, e.g. 's3://my-bucket/llm'")
-    if c.model_store_endpoint and not _http_url(c.model_store_endpoint):
+    if store.model_store_endpoint and not _http_url(store.model_store_endpoint):
         errors.append(
-            f"model_store_endpoint={c.model_store_endpoint!r} is not an http(s) URL; e.g. 'http://minio.storage:9000', "
-            "or leave it empty for AWS S3"
+            f"model_store_endpoint={store.model_store_endpoint!r} is not an http(s) URL; e.g. "
+            "'http://minio.storage:9000', or leave it empty for AWS S3"
         )
-    if c.model_store_secret:
-        errors.append(name_error("model_store_secret", c.model_store_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if store.model_store_secret:
+        errors.append(name_error("model_store_secret", store.model_store_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     if s.deploy.serving_service_account:
         errors.append(
             name_error(
@@ -262,70 +260,72 @@ def store_errors(s: Settings) -> list[str | None]:
 def check_cluster_settings(s: Settings) -> list[str | None]:
     """Claim, Secret, queue and priority-class names; scheduling options that go together; backend limits; the GPU
     pods' image and placement."""
-    c = s.cluster
+    job, sched, store, obs = s.job, s.scheduling, s.storage, s.observability
     errors = [
-        name_error("data_pvc", c.data_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
-        name_error("model_pvc", c.model_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
+        name_error("data_pvc", store.data_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
+        name_error("model_pvc", store.model_pvc, DNS1123_SUBDOMAIN, 253, "claim name"),
         *check_network_settings(s),
         *placement_errors(s),
         *trainer_pod_errors(s),
     ]
-    if c.hf_token_secret:
-        errors.append(name_error("hf_token_secret", c.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if store.hf_token_secret:
+        errors.append(name_error("hf_token_secret", store.hf_token_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     else:
         # Pods get an optional secretKeyRef: a missing Secret is fine, an empty name is rejected by Kubernetes.
         errors.append(
             "hf_token_secret is empty; name a Secret with key HF_TOKEN (it may be absent: the reference "
             "is optional), e.g. 'hf-token'"
         )
-    if c.tracking_secret:
-        errors.append(name_error("tracking_secret", c.tracking_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
-    if c.alert_webhook_secret:
-        errors.append(name_error("alert_webhook_secret", c.alert_webhook_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if obs.tracking_secret:
+        errors.append(name_error("tracking_secret", obs.tracking_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if obs.alert_webhook_secret:
+        errors.append(
+            name_error("alert_webhook_secret", obs.alert_webhook_secret, DNS1123_SUBDOMAIN, 253, "Secret name")
+        )
     else:
         errors.append(
             "alert_webhook_secret is empty; name a Secret with key ALERT_WEBHOOK_URL (it may be absent: "
             "the reference is optional), e.g. 'llm-alerts'"
         )
-    if c.langfuse_secret:
-        errors.append(name_error("langfuse_secret", c.langfuse_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
+    if obs.langfuse_secret:
+        errors.append(name_error("langfuse_secret", obs.langfuse_secret, DNS1123_SUBDOMAIN, 253, "Secret name"))
     else:
         errors.append(
             "langfuse_secret is empty; name a Secret with keys LANGFUSE_PUBLIC_KEY, LANGFUSE_SECRET_KEY and "
             "LANGFUSE_HOST (it may be absent: the references are optional), e.g. 'llm-langfuse'"
         )
-    if c.metrics_port in RENDEZVOUS_PORTS:
+    if obs.metrics_port in RENDEZVOUS_PORTS:
         errors.append(
-            f"metrics_port={c.metrics_port} is a port the training pods' rendezvous uses "
-            f"({RENDEZVOUS_PORTS[c.metrics_port]}); use another, e.g. 9410, or 0 for no metrics"
+            f"metrics_port={obs.metrics_port} is a port the training pods' rendezvous uses "
+            f"({RENDEZVOUS_PORTS[obs.metrics_port]}); use another, e.g. 9410, or 0 for no metrics"
         )
-    if c.prometheus_url:
-        parts = urlsplit(c.prometheus_url)
+    if obs.prometheus_url:
+        parts = urlsplit(obs.prometheus_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             errors.append(
-                f"prometheus_url={c.prometheus_url!r} is not an http(s) URL; name Prometheus's address, "
+                f"prometheus_url={obs.prometheus_url!r} is not an http(s) URL; name Prometheus's address, "
                 "e.g. http://prometheus-operated.monitoring:9090, or leave it empty"
             )
     errors += egress_errors(s)
     errors += store_errors(s)
-    if c.queue_name:
-        errors.append(name_error("queue_name", c.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
-    if c.priority_class:
-        errors.append(name_error("priority_class", c.priority_class, DNS1123_SUBDOMAIN, 253, "PriorityClass name"))
-    if c.queue_name and c.gang_scheduling:
+    if sched.queue_name:
+        errors.append(name_error("queue_name", sched.queue_name, DNS1123_SUBDOMAIN, 253, "LocalQueue name"))
+    if sched.priority_class:
+        errors.append(name_error("priority_class", sched.priority_class, DNS1123_SUBDOMAIN, 253, "PriorityClass name"))
+    if sched.queue_name and sched.gang_scheduling:
         errors.append("queue_name and gang_scheduling both set: Kueue admits the job as a whole already; use one")
     for nodes_name, nodes in resource_settings(s, "num_nodes"):  # the run's, and each stage's own
-        if c.min_nodes > nodes:
-            errors.append(f"min_nodes={c.min_nodes} is more than {nodes_name}={nodes}; use 0 for a fixed-size job")
-        if c.train_backend == "local" and nodes != 1:
+        if sched.min_nodes > nodes:
+            errors.append(f"min_nodes={sched.min_nodes} is more than {nodes_name}={nodes}; use 0 for a fixed-size job")
+        if job.train_backend == "local" and nodes != 1:
             errors.append(
                 f"{nodes_name}={nodes} with train_backend=local: a local run has one node; set {nodes_name}=1"
             )
-    if c.train_backend == "trainjob":
+    if job.train_backend == "trainjob":
         errors.append(
-            name_error("trainjob_runtime", c.trainjob_runtime, DNS1123_SUBDOMAIN, 253, "ClusterTrainingRuntime name")
+            name_error("trainjob_runtime", job.trainjob_runtime, DNS1123_SUBDOMAIN, 253, "ClusterTrainingRuntime name")
         )
         from components.train.launcher.job import trainjob_conflicts  # the builder's own rule
 
-        errors += trainjob_conflicts(c)
+        errors += trainjob_conflicts(job, sched)
     return errors

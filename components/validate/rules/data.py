@@ -39,7 +39,7 @@ def check_data_settings(s: Settings) -> list[str | None]:
             "chunk length: each chunk repeats that many tokens of the one before it as context); lower it, e.g. to "
             f"{s.train.max_seq_length // 8}, or 0"
         )
-    return errors + _claim_errors(s) + _source_errors(s, local=s.cluster.train_backend == "local")
+    return errors + _claim_errors(s) + _source_errors(s, local=s.job.train_backend == "local")
 
 
 def _stage_sources(s: Settings) -> dict[str, str]:
@@ -57,7 +57,7 @@ def _sources(value: str) -> list[str]:
 
 def _claim_errors(s: Settings) -> list[str | None]:
     """pvc:// sources on the data claim: the only claim the data step mounts."""
-    values, claim = s.flat(), s.cluster.data_pvc
+    values, claim = s.flat(), s.storage.data_pvc
     return [
         f"{setting}={values[setting]!r}: {source!r} is on claim {source[6:].partition('/')[0]!r}, but the data step "
         f"mounts only data_pvc={claim!r}; put the data on it, or set data_pvc to that claim"

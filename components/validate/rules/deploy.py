@@ -17,7 +17,7 @@ def check_deploy_settings(s: Settings) -> list[str | None]:
             f"max_model_len={d.max_model_len} is shorter than max_seq_length={s.train.max_seq_length}; "
             "serve at least the length the model was trained on"
         )
-    if s.cluster.train_backend != "local" and d.deploy_backend == "local":
+    if s.job.train_backend != "local" and d.deploy_backend == "local":
         errors.append(
             "deploy_backend=local needs train_backend=local (the model is on the cluster's volume); use kserve-vllm"
         )

@@ -20,7 +20,7 @@ def check_evaluate_settings(s: Settings) -> list[str | None]:
         errors.append(f'lm_eval_tasks={tasks!r} must be a list of task names, e.g. ["hellaswag"]')
     elif tasks:
         errors.append(_lm_eval_tasks(s))
-    if s.cluster.train_backend == "local":
+    if s.job.train_backend == "local":
         # The evaluation runs on this machine: read the prompts now, not after training. (On a cluster the file is on
         # a volume this step does not mount; the data step looks for it there.)
         from components.evaluate.prompts import load_prompts
@@ -42,7 +42,7 @@ def _lm_eval_tasks(s: Settings) -> str | None:
 
     if harness.installed():
         return harness.unknown_tasks_problem(s.evaluate.lm_eval_tasks)
-    if s.cluster.train_backend == "local":
+    if s.job.train_backend == "local":
         return (
             f"lm_eval_tasks={s.evaluate.lm_eval_tasks!r}: lm-evaluation-harness is not installed on this machine, and "
             f"the local run's evaluation needs it: pip install '{harness.LM_EVAL_PIN}' (or the package's eval extra), "
@@ -60,7 +60,7 @@ def _judge(s: Settings) -> list[str | None]:
     from components.names import DNS1035_LABEL
 
     e = s.evaluate
-    endpoint, local = e.judge_endpoint, s.cluster.train_backend == "local"
+    endpoint, local = e.judge_endpoint, s.job.train_backend == "local"
     errors: list[str | None] = []
     gates = [
         f"{name}={value:g}"
@@ -120,5 +120,5 @@ def _eval_gpus(s: Settings) -> str | None:
     return (
         f"eval_gpus=0 scores {model} ({params / 1e9:.1f}B parameters) on the evaluation pod's CPUs, which takes days "
         f"for a model this size; give the pod GPUs for its bf16 weights ({2 * params / 1024**3:.0f} GiB), "
-        f"e.g. eval_gpus={s.cluster.gpus_per_node}"
+        f"e.g. eval_gpus={s.job.gpus_per_node}"
     )

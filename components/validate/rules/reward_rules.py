@@ -22,7 +22,7 @@ def _function_error(spec: str, s: Settings) -> str | None:
     does not mount: then the trainer imports it first thing, before any model loads."""
     target = spec.rpartition(":")[0]
     on_volume = target.startswith((DATA_MOUNT + "/", MODEL_MOUNT + "/"))
-    if on_volume and s.cluster.train_backend != "local" and not os.path.exists(target):
+    if on_volume and s.job.train_backend != "local" and not os.path.exists(target):
         return None
     return check_reward_function(spec)
 
@@ -112,7 +112,7 @@ def generation_errors(t, s: Settings) -> list[str]:
         return []
     errors = []
     url = t.grpo_vllm_server_url.strip()
-    if not url and s.cluster.train_backend == "local":
+    if not url and s.job.train_backend == "local":
         errors.append(
             "grpo_generation_backend vllm-server needs grpo_vllm_server_url with train_backend local (on a cluster "
             "the train step runs the server): the http://host:port of a vLLM server from the serving image started "

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from components.estimate.memory import StageFit, check_memory_fit, pod_memory_limit_gib
 from components.settings import Settings
-from components.stages import stage_cluster, stage_overrides, stage_resources, stage_setting_name
+from components.stages import stage_job, stage_overrides, stage_resources, stage_setting_name
 from components.train.config import (
     DEEPSPEED_CONFIGS,
     EARLY_STOPPING_STAGES,
@@ -36,7 +36,7 @@ def check_train_settings(s: Settings) -> list[str | None]:
         errors.append("num_train_epochs and max_steps are both <= 0; set num_train_epochs > 0 or max_steps > 0")
     for tracker, package in (("mlflow", "mlflow-skinny"), ("wandb", "wandb")):
         # On a cluster the trainer image has both (tests/test_images.py); a laptop has what its user installed.
-        local = s.cluster.train_backend == "local"
+        local = s.job.train_backend == "local"
         if tracker in t.report_to and local and importlib.util.find_spec(tracker) is None:
             errors.append(
                 f"report_to names {tracker} and this machine has no {tracker}: pip install {package} (or take "
@@ -72,7 +72,7 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     """``parallelism`` hsdp/hsdp_ep (transformers' FSDP2, components/train/trainer/parallelism.py): with no DeepSpeed
     config, full fine-tuning, the sft/cpt stages, experts that divide over a node (hsdp_ep), and a final export whose
     one layer and one shard fit rank 0's pod (components/estimate/network.py's ``hsdp_export_host_gib``)."""
-    t, c = s.train, s.cluster
+    t = s.train
     if t.parallelism == "deepspeed":
         return []
     name = f"parallelism={t.parallelism}"
@@ -93,7 +93,7 @@ def parallelism_errors(s: Settings) -> list[str | None]:
     from components.models.shape import load_architecture, model_shape
 
     config = load_architecture(t.model_name_or_path)
-    if config is None or c.train_backend == "local":
+    if config is None or s.job.train_backend == "local":
         return []
     if config.get("tie_word_embeddings"):
         return [
@@ -103,18 +103,18 @@ def parallelism_errors(s: Settings) -> list[str | None]:
         ]
     shape = model_shape(config)
     for stage in s.stages.stages:  # each stage's GPUs per node: its own (stage_settings) or the run's
-        g, g_name = stage_cluster(s, stage).gpus_per_node, stage_setting_name(s, stage, "gpus_per_node")
+        g, g_name = stage_job(s, stage).gpus_per_node, stage_setting_name(s, stage, "gpus_per_node")
         if t.parallelism == "hsdp_ep" and not (shape.is_moe and shape.experts % g == 0):
             return [
                 f"{name} spreads a MoE model's experts over a node's GPUs: {t.model_name_or_path} has "
                 f"{shape.experts} experts and {g_name}={g}; use parallelism=hsdp"
             ]
-        host, pod = hsdp_export_host_gib(shape, g), pod_memory_limit_gib(c.trainer_memory_limit)
+        host, pod = hsdp_export_host_gib(shape, g), pod_memory_limit_gib(s.job.trainer_memory_limit)
         if host > pod:
             return [
                 f"{name}: the final export holds one layer and one 5 GiB shard on rank 0's host, {host:.0f} GiB "
                 f"with the pod's processes, over the pod's {pod:g} GiB (trainer_memory_limit="
-                f"{c.trainer_memory_limit}): use parallelism=deepspeed or raise trainer_memory_limit"
+                f"{s.job.trainer_memory_limit}): use parallelism=deepspeed or raise trainer_memory_limit"
             ]
     return []
 
@@ -122,12 +122,12 @@ def parallelism_errors(s: Settings) -> list[str | None]:
 def memory_errors(s: Settings) -> list[str]:
     """The stages whose job would not fit in GPU memory (components/estimate/memory.py), each with its own
     settings; none for a local run. Ask on settings known to be valid: an estimate over bad inputs is noise."""
-    if s.cluster.train_backend == "local":
+    if s.job.train_backend == "local":
         return []
     errors = []
     for stage in s.stages.stages:
         t = dataclasses.replace(s.train, **stage_overrides(s, stage))
-        c = stage_cluster(s, stage)  # the stage's own nodes and GPUs (stage_settings) over the run's
+        c = stage_job(s, stage)  # the stage's own nodes and GPUs (stage_settings) over the run's
         if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
         if stage == "grpo" and t.grpo_generation_backend == "vllm-server" and t.parallelism == "deepspeed":
@@ -160,13 +160,13 @@ def memory_errors(s: Settings) -> list[str]:
                 every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,
                 chunked_loss=t.chunked_cross_entropy and stage in ("cpt", "sft"),
             )
-            if est["total"] > s.cluster.gpu_memory_gib:
+            if est["total"] > s.plan.gpu_memory_gib:
                 errors.append(
                     f"parallelism={t.parallelism} keeps a copy of the model states per node, sharded over "
                     f"its {g} GPUs{own_gpus}: it needs about "
                     f"{est['total']:.1f} GiB per GPU ({est['model_states']:.1f} "
                     f"model states + {est['activations']:.1f} activations + {est['overhead']:.0f} overhead) "
-                    f"but a GPU has {s.cluster.gpu_memory_gib:g} GiB; use parallelism=deepspeed (ZeRO-3 "
+                    f"but a GPU has {s.plan.gpu_memory_gib:g} GiB; use parallelism=deepspeed (ZeRO-3 "
                     "shards over every GPU) or a smaller per_device_train_batch_size"
                 )
             continue
@@ -191,10 +191,10 @@ def memory_errors(s: Settings) -> list[str]:
             c.gpus_per_node,
             t.max_seq_length,
             t.per_device_train_batch_size * (2 if stage in ("dpo", "rm") else 1),
-            gpu_memory_gib=s.cluster.gpu_memory_gib,
+            gpu_memory_gib=s.plan.gpu_memory_gib,
             lora_r=t.lora_r,
             lora_target_modules=t.lora_target_modules,
-            pod_memory_gib=pod_memory_limit_gib(s.cluster.trainer_memory_limit),
+            pod_memory_gib=pod_memory_limit_gib(s.job.trainer_memory_limit),
             stage_fit=StageFit(
                 grpo=grpo,
                 every_n_layers=t.recompute_every_n_layers if t.activation_checkpointing else 0,

@@ -9,6 +9,7 @@ import pytest
 
 from components.hpo import katib
 from components.settings import Settings, defaults
+from components.stages import job_groups
 from components.train.launcher.job import training_job_for_run
 from components.train.launcher.trainjob import TRAINER_V2_1, TRAINER_V2_2
 from tests.helpers.crd_schema import crd_errors
@@ -39,9 +40,9 @@ PULL_SECRETS = [{"name": "registry-mirror"}, {"name": "team-registry"}]
 
 
 def _job(backend: str, trainer_version: str | None, **settings) -> dict:
-    cluster = Settings.from_flat({**defaults(), "train_backend": backend, **settings}).cluster
+    s = Settings.from_flat({**defaults(), "train_backend": backend, **settings})
     return training_job_for_run(
-        cluster,
+        *job_groups(s, "sft"),
         run_id=RUN_ID,
         namespace="team-llm",
         config_path="/mnt/models/runs/r1/train/c.json",

@@ -20,6 +20,7 @@ from components.kube import RUN_ID_LABEL
 from components.observe.component import notify_run
 from components.observe.run_objects import GRPO_SERVER_RECORD, record_objects
 from components.settings import Settings, defaults
+from components.stages import job_groups
 from components.train.launcher import generation_server
 from components.train.launcher import job as launch
 from components.train.launcher.generation_server import (
@@ -68,6 +69,18 @@ def settings(**over) -> Settings:
     return Settings.from_flat({**defaults(), **GRPO, **over})
 
 
+def server_groups(**over) -> tuple:
+    """The job and storage settings the server's manifests are made from."""
+    s = settings(**over)
+    return s.job, s.storage
+
+
+def server_args(**over) -> dict:
+    """What the train step hands ``generation_server`` from the run's settings."""
+    s = settings(**over)
+    return {"job": s.job, "storage": s.storage, "pending_timeout_seconds": s.scheduling.pending_timeout_seconds}
+
+
 def ready_after(gets: int):
     """The Deployment controller's side: the server's replica is ready after ``gets`` reads of the Deployment."""
     seen = {"n": 0}
@@ -90,7 +103,7 @@ def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
     the pods labelled with this run's id (the training job's pods are); every other pod of the cluster is refused
     where the CNI enforces NetworkPolicy. The pod requests CPU and memory (Burstable, not the first evicted)."""
     policy, _, deployment, service = run_server_manifests(
-        settings(grpo_vllm_server_gpus=2).cluster, run_id=RUN_ID, namespace=NS, model_path=MODEL
+        *server_groups(grpo_vllm_server_gpus=2), run_id=RUN_ID, namespace=NS, model_path=MODEL
     )
     assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["name"] == NAME
     assert _round_trip(policy, "V1NetworkPolicy") == policy
@@ -103,7 +116,11 @@ def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
     assert rule["ports"] == [{"protocol": "TCP", "port": generation_server.PORT}]
     # The training job's pods carry the label the policy admits.
     job = launch.training_job_for_run(
-        settings().cluster, stage="grpo", run_id=RUN_ID, namespace=NS, config_path="/mnt/models/runs/r1/train/c.json"
+        *job_groups(settings(), "grpo"),
+        stage="grpo",
+        run_id=RUN_ID,
+        namespace=NS,
+        config_path="/mnt/models/runs/r1/train/c.json",
     )
     for replica in job["spec"]["pytorchReplicaSpecs"].values():
         assert replica["template"]["metadata"]["labels"][RUN_ID_LABEL] == RUN_ID
@@ -114,7 +131,7 @@ def test_only_this_runs_pods_reach_the_server_and_it_requests_cpu_and_memory():
 
 def test_the_server_is_named_labelled_and_placed_from_the_cluster_settings():
     _, config_map, deployment, service = run_server_manifests(
-        settings().cluster, run_id=RUN_ID, namespace=NS, model_path=MODEL
+        *server_groups(), run_id=RUN_ID, namespace=NS, model_path=MODEL
     )
     assert NAME == kube.job_name_for(RUN_ID, "gen") and kube.DNS1035_LABEL.match(NAME)
     for obj in (config_map, deployment, service):
@@ -128,16 +145,16 @@ def test_the_server_is_named_labelled_and_placed_from_the_cluster_settings():
     assert pod["nodeSelector"] == GRPO["node_selector"] and pod["tolerations"] == GRPO["tolerations"]
     assert pod["volumes"][1]["persistentVolumeClaim"] == {"claimName": "llm-models", "readOnly": True}
     with pytest.raises(ValueError, match="grpo_vllm_server_url"):
-        run_server_manifests(settings().cluster, run_id=RUN_ID, namespace=NS, model_path="Qwen/Qwen3-0.6B")
+        run_server_manifests(*server_groups(), run_id=RUN_ID, namespace=NS, model_path="Qwen/Qwen3-0.6B")
 
 
 def test_it_runs_while_the_block_runs_and_is_deleted_after(tmp_path):
-    manifests = run_server_manifests(settings().cluster, run_id=RUN_ID, namespace=NS, model_path=MODEL)
+    manifests = run_server_manifests(*server_groups(), run_id=RUN_ID, namespace=NS, model_path=MODEL)
     record = tmp_path / "runs" / RUN_ID / GRPO_SERVER_RECORD
     with FakeKubeAPI() as api:
         api.on_get("deployments", ready_after(3))
         with generation_server.generation_server(
-            settings().cluster,
+            **server_args(),
             run_id=RUN_ID,
             namespace=NS,
             model_path=MODEL,
@@ -187,7 +204,7 @@ def test_a_failed_stage_deletes_it_too(tmp_path):
         api.on_get("deployments", ready_after(1))
         with pytest.raises(RuntimeError, match="the job failed"):
             with generation_server.generation_server(
-                settings().cluster,
+                **server_args(),
                 run_id=RUN_ID,
                 namespace=NS,
                 model_path=MODEL,
@@ -214,7 +231,7 @@ def test_a_server_that_cannot_start_fails_with_the_pods_reason_and_is_deleted(tm
         )
         with pytest.raises(RuntimeError, match=f"server {NS}/{NAME} cannot start: .*ImagePullBackOff"):
             with generation_server.generation_server(
-                settings().cluster,
+                **server_args(),
                 run_id=RUN_ID,
                 namespace=NS,
                 model_path=MODEL,
@@ -227,7 +244,7 @@ def test_a_server_that_cannot_start_fails_with_the_pods_reason_and_is_deleted(tm
         api.on_get("deployments", ready_after(10**6))
         with pytest.raises(TimeoutError, match="not ready after"):
             with generation_server.generation_server(
-                settings().cluster,
+                **server_args(),
                 run_id=RUN_ID,
                 namespace=NS,
                 model_path=MODEL,
@@ -240,7 +257,7 @@ def test_a_server_that_cannot_start_fails_with_the_pods_reason_and_is_deleted(tm
 
 
 def test_the_exit_handler_deletes_what_a_killed_step_left(tmp_path, monkeypatch):
-    manifests = run_server_manifests(settings().cluster, run_id=RUN_ID, namespace=NS, model_path=MODEL)
+    manifests = run_server_manifests(*server_groups(), run_id=RUN_ID, namespace=NS, model_path=MODEL)
     with FakeKubeAPI() as api:
         monkeypatch.setattr("components.observe.run_objects.load_api_client", lambda: api.client)
         monkeypatch.setattr("components.observe.tensorboard.load_api_client", lambda: api.client)
@@ -358,7 +375,7 @@ def test_render_writes_the_servers_manifests_and_the_config_names_its_url(tmp_pa
     assert _round_trip(docs[3], "V1Service") == docs[3]
     sft_final = f"/mnt/models/runs/{RENDER_RUN_ID}/train/final"
     assert docs == run_server_manifests(
-        settings().cluster, run_id=RENDER_RUN_ID, namespace="team-a", model_path=sft_final
+        *server_groups(), run_id=RENDER_RUN_ID, namespace="team-a", model_path=sft_final
     )
     cfg = json.loads((tmp_path / "train_config-grpo.json").read_text())
     assert cfg["grpo_vllm_server_url"] == f"http://{job_name_for(RENDER_RUN_ID, 'gen')}.team-a.svc:8000"
@@ -389,14 +406,18 @@ def test_preflight_reviews_what_the_server_needs_only_when_the_step_runs_one():
 def test_the_grpo_stages_pods_send_the_runs_token_and_other_stages_have_none(backend):
     """The grpo job's trainer reads the run's token from its server's Secret (optional: a server the user started has
     none, and then none is sent); no other stage's pods reference it."""
-    cluster = settings(train_backend=backend).cluster
+    s = settings(train_backend=backend)
     ref = {"name": weight_sync_secret_name(RUN_ID), "key": "token", "optional": True}
     for stage, expected in (
         ("grpo", [{"name": "KFP_WEIGHT_SYNC_TOKEN", "valueFrom": {"secretKeyRef": ref}}]),
         ("sft", []),
     ):
         job = launch.training_job_for_run(
-            cluster, run_id=RUN_ID, namespace=NS, config_path=f"/mnt/models/runs/{RUN_ID}/{stage}/c.json", stage=stage
+            *job_groups(s, stage),
+            run_id=RUN_ID,
+            namespace=NS,
+            config_path=f"/mnt/models/runs/{RUN_ID}/{stage}/c.json",
+            stage=stage,
         )
         spec = job["spec"]
         envs = (

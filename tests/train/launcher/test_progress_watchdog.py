@@ -17,7 +17,7 @@ from components import kube
 from components.jobs import progress as progress_module
 from components.jobs.progress import Progress, ProgressWatch, parse_progress, stalled
 from components.kube import job_name_for
-from components.settings import ClusterSettings
+from components.settings import ObservabilitySettings
 from components.train.launcher import __main__ as launcher_cli
 from components.train.launcher.job import RESTARTS_ANNOTATION, run_training_job
 from components.train.launcher.pods import metrics_annotations
@@ -257,14 +257,14 @@ def test_the_trainers_exposition_is_read_by_the_watchdog(trainer):
 
 
 def test_the_watchdog_and_the_alert_use_the_one_stall_limit():
-    limit = ClusterSettings().stall_timeout_seconds
+    limit = ObservabilitySettings().stall_timeout_seconds
     assert limit == 45 * 60
     # The launcher's default, the CLI's and the train step's: the setting.
     assert inspect.signature(run_training_job).parameters["stall_timeout_seconds"].default == limit
     cli = launcher_cli.settings_of(launcher_cli.make_parser().parse_args(["--run-id", "r"]))
-    assert cli.cluster.stall_timeout_seconds == limit
+    assert cli.observability.stall_timeout_seconds == limit
     assert (
-        "stall_timeout_seconds=s.cluster.stall_timeout_seconds"
+        "stall_timeout_seconds=s.observability.stall_timeout_seconds"
         in (ROOT / "components/train/launcher/run.py").read_text()
     )
     # The Prometheus rule: the same number of seconds, and its summary says as many minutes.

@@ -7,6 +7,7 @@ import pytest
 
 from components.paths import MODEL_MOUNT
 from components.settings import Settings, defaults
+from components.stages import job_groups
 from components.train.launcher.job import training_job_for_run
 from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import TRAINER_V2_1, TRAINER_V2_2, trainjob_for_run
@@ -90,7 +91,7 @@ def test_by_default_nothing_changes_requests_equal_limits(version):
 
 
 def test_the_settings_defaults_are_todays_pod():
-    c = Settings.from_flat(defaults()).cluster
+    c = Settings.from_flat(defaults()).job
     assert (c.trainer_cpu_request, c.trainer_cpu_limit) == ("16", "16")
     assert (c.trainer_memory_request, c.trainer_memory_limit, c.trainer_shm_size) == ("128Gi", "128Gi", "64Gi")
     assert c.trainjob_runtime == "torch-distributed"
@@ -109,7 +110,7 @@ def test_the_run_renders_the_pod_settings(backend):
         }
     )
     job = training_job_for_run(
-        settings.cluster, run_id=RUN_ID, namespace="team-llm", config_path=RUN_ARGS["config_path"]
+        *job_groups(settings, "sft"), run_id=RUN_ID, namespace="team-llm", config_path=RUN_ARGS["config_path"]
     )
     if backend == "pytorchjob":
         (pod, *_) = pytorchjob_pods(job)

@@ -24,6 +24,7 @@ import yaml
 from components import kube
 from components.paths import MODEL_MOUNT
 from components.settings import Settings
+from components.stages import job_groups
 from components.train.launcher.job import training_job_for_run
 from components.train.launcher.pytorchjob import pytorchjob_for_run
 from components.train.launcher.trainjob import (
@@ -223,16 +224,16 @@ def test_an_unknown_release_is_a_value_error():
 
 
 def test_the_train_step_renders_for_the_version_it_read():
-    cluster = Settings.from_flat({"train_backend": "trainjob"}).cluster
+    groups = job_groups(Settings.from_flat({"train_backend": "trainjob"}), "sft")
     job = training_job_for_run(
-        cluster,
+        *groups,
         run_id=RUN_ID,
         namespace=NS,
         config_path="/mnt/models/runs/r1/train/c.json",
         trainer_version=TRAINER_V2_1,
     )
     assert crd_errors(job, CRDS[TRAINER_V2_1]) == []
-    default = training_job_for_run(cluster, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/runs/r1/train/c.json")
+    default = training_job_for_run(*groups, run_id=RUN_ID, namespace=NS, config_path="/mnt/models/runs/r1/train/c.json")
     assert crd_errors(default, CRDS[TRAINER_V2_2]) == []  # --render, with no cluster to ask
 
 
