@@ -88,7 +88,7 @@ sys.path.insert(0, str(ROOT))
 # No torch here: the parent stays light; the model is built and the trainer runs in processes of their own.
 from components.models.mfu import PEAK_BF16_FLOPS, model_flops_per_token, recompute_flops_per_token  # noqa: E402
 from components.models.shape import ModelShape, load_architecture, model_shape  # noqa: E402
-from components.settings import TrainSettings  # noqa: E402
+from components.settings import PreferenceSettings, TrainSettings  # noqa: E402
 from components.train.config import build_trainer_config, load_deepspeed_config, write_trainer_config  # noqa: E402
 
 REFERENCE_MODEL = "Qwen/Qwen3-30B-A3B"
@@ -411,7 +411,7 @@ def versions() -> dict[str, str]:
 
 def why_not(lever: Lever, gpu: bool) -> str | None:
     """Why ``lever`` cannot run here (skipped, not failed), or None."""
-    settings = {f.name for f in dataclasses.fields(TrainSettings)}
+    settings = {f.name for group in (TrainSettings, PreferenceSettings) for f in dataclasses.fields(group)}
     missing = sorted(set(lever.settings) - settings)
     if missing:
         return f"the trainer has no setting {', '.join(missing)}"
@@ -445,6 +445,7 @@ def lever_config(lever: Lever, layers: int, inputs: dict, args, workdir: Path, g
     )
     cfg = build_trainer_config(
         train,
+        PreferenceSettings(),
         dataset_path=inputs["data_dir"],
         output_dir=str(workdir / "runs" / name),
         use_cpu=not gpu,
