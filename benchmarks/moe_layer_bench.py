@@ -96,7 +96,7 @@ from bench_processes import (  # noqa: E402  (this folder: sys.path[0] when run 
 
 from components.models.mfu import model_flops_per_token, recompute_flops_per_token  # noqa: E402
 from components.models.shape import ModelShape, load_architecture, model_shape  # noqa: E402
-from components.settings import TrainSettings  # noqa: E402
+from components.settings import PreferenceSettings, TrainSettings  # noqa: E402
 from components.train.config import build_trainer_config, load_deepspeed_config, write_trainer_config  # noqa: E402
 
 REFERENCE_MODEL = "Qwen/Qwen3-30B-A3B"
@@ -278,7 +278,7 @@ def build_inputs(workdir: Path, configs: dict[str, dict], seq: int, rows: int, g
 
 def why_not(lever: Lever, gpu: bool) -> str | None:
     """Why ``lever`` cannot run here (skipped, not failed), or None."""
-    settings = {f.name for f in dataclasses.fields(TrainSettings)}
+    settings = {f.name for group in (TrainSettings, PreferenceSettings) for f in dataclasses.fields(group)}
     missing = sorted(set(lever.settings) - settings)
     if missing:
         return f"the trainer has no setting {', '.join(missing)}"
@@ -312,6 +312,7 @@ def lever_config(lever: Lever, layers: int, inputs: dict, args, workdir: Path, g
     )
     cfg = build_trainer_config(
         train,
+        PreferenceSettings(),
         dataset_path=inputs["data_dir"],
         output_dir=str(workdir / "runs" / name),
         use_cpu=not gpu,

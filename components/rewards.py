@@ -29,7 +29,6 @@ and evaluation scores held-out answers with the same functions.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import hashlib
 import importlib
@@ -42,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from components.settings import Settings
-from components.stages import stage_overrides
+from components.stages import stage_preference
 
 BUILTIN_REWARDS = ("answer", "format", "length")
 # Every name grpo_rewards may use: the built-ins, the reward model and the user's function.
@@ -226,8 +225,8 @@ def check_reward_function(spec: str) -> str | None:
 def grpo_function_error(s: Settings) -> str | None:
     """The grpo stage's user reward function imported here (the grpo data step, which mounts the data volume): the
     error naming grpo_reward_function, or None (also when the stage uses no function)."""
-    t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
-    rewards = t.grpo_rewards if isinstance(t.grpo_rewards, dict) else {}
-    if not rewards.get("function") or not t.grpo_reward_function.strip():
+    p = stage_preference(s, "grpo")
+    rewards = p.grpo_rewards if isinstance(p.grpo_rewards, dict) else {}
+    if not rewards.get("function") or not p.grpo_reward_function.strip():
         return None
-    return check_reward_function(t.grpo_reward_function.strip())
+    return check_reward_function(p.grpo_reward_function.strip())

@@ -2,8 +2,9 @@
 default, help text, bounds and allowed values. It declares and nothing more: the checks live in the validate step
 (components/validate/rules/), which reads these declarations.
 
-The groups (``Settings``' fields, each a dataclass of at most about 20 settings): ``train`` (what the trainer
-reads), ``stages``, ``variants``, ``hpo``, ``data``; where and how the training job runs: ``job`` (backend, nodes,
+The groups (``Settings``' fields, each a dataclass of about 20 settings at most; ``train`` still holds 34):
+``train`` and ``preference`` (the dpo and grpo stages' settings: what the trainer reads), ``stages``, ``variants``,
+``hpo``, ``data``; where and how the training job runs: ``job`` (backend, nodes,
 GPUs, images, placement, the trainer pod's resources), ``scheduling`` (queue, priority, gang scheduling, elastic
 restarts, re-runs, deadlines, cleanup), ``network`` (RDMA, NCCL, proxies, the Hub mirror), ``storage`` (the claims,
 the Hub token, the object store), ``observability`` (tracking, traces, alerts, Tensorboard, metrics, watchdogs),
@@ -22,9 +23,9 @@ Everything else derives from it:
   rules between settings) and returns the resolved settings, the ``settings`` input of every later step, which
   reads them through this model (``Settings.from_flat(settings).train.method``);
 - ``python -m pipelines.run --help``, ``-p NAME=VALUE``, ``--params FILE`` and the presets (any setting by name);
-- the trainer: ``build_trainer_config`` writes every ``TrainSettings`` field into the trainer config, and
-  ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus ``SFTSettings``'s fields,
-  written out there again and held to these by a test;
+- the trainer: ``build_trainer_config`` writes every ``TrainSettings`` and ``PreferenceSettings`` field into the
+  trainer config, and ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus
+  ``SFTSettings``' and ``PreferenceSettings``' fields, written out there again and held to these by a test;
 - the code that implements a choice reads its values here (``choices("method")``), or a test holds its own tuple
   to them where that code must not depend on this model;
 - the settings table in docs/settings.md (``python -m pipelines.compile`` checks it is current).
@@ -130,86 +131,6 @@ class SFTSettings:
         "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
         plain=False,
         min=0,
-    )
-    dpo_beta: float = setting(
-        0.1,
-        "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
-        plain=False,
-        above=0,
-    )
-    # The grpo stage (components/train/trainer/grpo.py, rewards.py): training settings like dpo_beta, so that they
-    # reach the trainer config and stage_settings may set them.
-    grpo_rewards: dict = setting(
-        {"answer": 1.0, "format": 0.5},
-        "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format (the "
-        "reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward model: "
-        "grpo_reward_model) and function (grpo_reward_function).",
-        plain=False,
-    )
-    grpo_answer_pattern: str = setting(
-        r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?",
-        "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer and "
-        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.",
-        plain=False,
-    )
-    grpo_length_budget: int = setting(
-        256,
-        "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).",
-        plain=False,
-        min=1,
-    )
-    grpo_reward_model: str = setting(
-        "",
-        "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a "
-        "mounted volume (a sequence classifier with one label).",
-        plain=False,
-    )
-    grpo_reward_function: str = setting(
-        "",
-        "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
-        "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive "
-        "as keywords).",
-        plain=False,
-    )
-    grpo_num_generations: int = setting(
-        8,
-        "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
-        "per_device_train_batch_size x gradient_accumulation_steps x GPUs.",
-        plain=False,
-        min=2,
-    )
-    grpo_max_completion_length: int = setting(
-        512, "grpo stage: length limit of each sampled completion, in tokens.", plain=False, min=1
-    )
-    grpo_beta: float = setting(
-        0.04,
-        "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
-        "reference model.",
-        plain=False,
-        min=0,
-    )
-    grpo_temperature: float = setting(1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
-    grpo_generation_backend: str = setting(
-        "transformers",
-        "grpo stage: where completions are sampled: transformers (generate inside the training processes) or "
-        "vllm-server (a vLLM server from the serving image whose weights the trainer replaces every "
-        "grpo_weight_sync_steps optimizer steps; method full).",
-        plain=False,
-        choices=("transformers", "vllm-server"),
-    )
-    grpo_vllm_server_url: str = setting(
-        "",
-        "grpo stage, grpo_generation_backend vllm-server: the server's URL (http://host:port), a vLLM server "
-        "started with this package's weight-sync engine (docs/rl.md); empty on a cluster: the train step runs one "
-        "beside the stage's job (grpo_vllm_image, grpo_vllm_server_gpus) and deletes it after the stage.",
-        plain=False,
-    )
-    grpo_weight_sync_steps: int = setting(
-        1,
-        "grpo stage, grpo_generation_backend vllm-server: push the trainer's weights to the server every this many "
-        "optimizer steps (1: on-policy; more: cheaper syncs, completions from older weights).",
-        plain=False,
-        min=1,
     )
     parallelism: str = setting(
         "deepspeed",
@@ -352,6 +273,92 @@ class TrainSettings(SFTSettings):
         plain=False,
         choices=("tensorboard", "mlflow", "wandb"),
     )  # transformers' integrations the images install
+
+
+@dataclass
+class PreferenceSettings:
+    """The preference and reinforcement stages (dpo, grpo): SFTConfig's fields like SFTSettings', written into the
+    trainer config with the train group's, and settable per stage in ``stage_settings``."""
+
+    dpo_beta: float = setting(
+        0.1,
+        "dpo stage: DPO's beta, how far the tuned model may move from the reference (higher: closer to it).",
+        plain=False,
+        above=0,
+    )
+    # The grpo stage (components/train/trainer/grpo.py, rewards.py).
+    grpo_rewards: dict = setting(
+        {"answer": 1.0, "format": 0.5},
+        "grpo stage: reward source -> weight, summed: answer (the answer matches the prompt's reference), format (the "
+        "reply has grpo_answer_pattern), length (at most grpo_length_budget tokens), model (a reward model: "
+        "grpo_reward_model) and function (grpo_reward_function).",
+        plain=False,
+    )
+    grpo_answer_pattern: str = setting(
+        r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?",
+        "grpo stage: the required answer format, a Python regex whose first group is the answer (the answer and "
+        "format rewards); the default reads an 'Answer:' or '정답은' line and the number after it.",
+        plain=False,
+    )
+    grpo_length_budget: int = setting(
+        256,
+        "grpo stage: the length reward's budget in completion tokens (1 up to it, 0 from twice as many).",
+        plain=False,
+        min=1,
+    )
+    grpo_reward_model: str = setting(
+        "",
+        "grpo stage: the model reward's scorer: empty for the run's rm stage, else a Hub id or a folder on a "
+        "mounted volume (a sequence classifier with one label).",
+        plain=False,
+    )
+    grpo_reward_function: str = setting(
+        "",
+        "grpo stage: the function reward, FILE.py:NAME on a mounted volume or package.module:NAME, called as "
+        "NAME(prompts, completions, **kwargs) -> one float per completion (dataset columns such as answer arrive "
+        "as keywords).",
+        plain=False,
+    )
+    grpo_num_generations: int = setting(
+        8,
+        "grpo stage: completions sampled per prompt (the group whose rewards are compared); must divide "
+        "per_device_train_batch_size x gradient_accumulation_steps x GPUs.",
+        plain=False,
+        min=2,
+    )
+    grpo_max_completion_length: int = setting(
+        512, "grpo stage: length limit of each sampled completion, in tokens.", plain=False, min=1
+    )
+    grpo_beta: float = setting(
+        0.04,
+        "grpo stage: weight of the KL penalty to the reference model (the stage's starting point); 0 keeps no "
+        "reference model.",
+        plain=False,
+        min=0,
+    )
+    grpo_temperature: float = setting(1.0, "grpo stage: sampling temperature of the completions.", plain=False, above=0)
+    grpo_generation_backend: str = setting(
+        "transformers",
+        "grpo stage: where completions are sampled: transformers (generate inside the training processes) or "
+        "vllm-server (a vLLM server from the serving image whose weights the trainer replaces every "
+        "grpo_weight_sync_steps optimizer steps; method full).",
+        plain=False,
+        choices=("transformers", "vllm-server"),
+    )
+    grpo_vllm_server_url: str = setting(
+        "",
+        "grpo stage, grpo_generation_backend vllm-server: the server's URL (http://host:port), a vLLM server "
+        "started with this package's weight-sync engine (docs/rl.md); empty on a cluster: the train step runs one "
+        "beside the stage's job (grpo_vllm_image, grpo_vllm_server_gpus) and deletes it after the stage.",
+        plain=False,
+    )
+    grpo_weight_sync_steps: int = setting(
+        1,
+        "grpo stage, grpo_generation_backend vllm-server: push the trainer's weights to the server every this many "
+        "optimizer steps (1: on-policy; more: cheaper syncs, completions from older weights).",
+        plain=False,
+        min=1,
+    )
 
 
 @dataclass
@@ -1067,6 +1074,7 @@ class Settings:
     """Every setting of a run, by concern."""
 
     train: TrainSettings = field(default_factory=TrainSettings)
+    preference: PreferenceSettings = field(default_factory=PreferenceSettings)
     stages: StageSettings = field(default_factory=StageSettings)
     variants: VariantSettings = field(default_factory=VariantSettings)
     hpo: HpoSettings = field(default_factory=HpoSettings)

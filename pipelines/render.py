@@ -19,7 +19,14 @@ from components.kube import job_name_for
 from components.observe.tensorboard import server_manifests, tensorboard_manifest
 from components.paths import DATA_MOUNT, MODEL_MOUNT, pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import dataset_folder, hands_on, job_groups, stage_folder, stage_train_settings
+from components.stages import (
+    dataset_folder,
+    hands_on,
+    job_groups,
+    stage_folder,
+    stage_preference,
+    stage_train_settings,
+)
 from components.train.config import build_trainer_config
 from components.train.launcher.generation_server import run_server_manifests, runs_own_server, stage_server_url
 from components.train.launcher.job import training_job_for_run
@@ -41,16 +48,17 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     for stage in s.stages.stages:  # each stage's trainer config and job: sft's keep the plain file names
         suffix = "" if stage == "sft" else f"-{stage}"
         stage_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder(stage))
-        train = stage_train_settings(s, stage, base)
-        if runs_own_server(stage, train, s.job):
+        train, preference = stage_train_settings(s, stage, base), stage_preference(s, stage)
+        if runs_own_server(stage, preference, s.job):
             # The grpo stage's own vLLM server, which the train step runs beside the job; the config names its URL.
             manifests = run_server_manifests(
                 s.job, s.storage, run_id=RENDER_RUN_ID, namespace=namespace, model_path=base
             )
             written.append(_write(out_dir / "grpo-vllm-server.yaml", yaml.safe_dump_all(manifests, sort_keys=False)))
-            train = stage_server_url(stage, train, s.job, run_id=RENDER_RUN_ID, namespace=namespace)
+            preference = stage_server_url(stage, preference, s.job, run_id=RENDER_RUN_ID, namespace=namespace)
         cfg = build_trainer_config(
             train,
+            preference,
             stage=stage,
             dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), dataset_folder(stage)),
             output_dir=stage_dir,

@@ -10,7 +10,7 @@ import os
 from components.models.logprobs import reference_path
 from components.paths import evaluation_path
 from components.settings import Settings
-from components.stages import dataset_folder, stage_folder, stage_overrides, started_from
+from components.stages import dataset_folder, stage_folder, stage_preference, started_from
 
 
 def stage_checks(s: Settings, *, base: str, model_path: str, dataset_path: str) -> dict:
@@ -27,21 +27,20 @@ def stage_checks(s: Settings, *, base: str, model_path: str, dataset_path: str) 
     data_dir = os.path.dirname(dataset_path)
     # The model each stage started from (rm's model is not the next stage's: stages.py).
     started = started_from(stages, stage_dirs.__getitem__)
-    t, e = s.train, s.evaluate
+    e = s.evaluate
     grpo = None
     if "grpo" in stages:
-        over = stage_overrides(s, "grpo")
+        p = stage_preference(s, "grpo")  # the grpo stage's own settings (stage_settings) over the run's
         grpo = {
             "prompts_path": os.path.join(data_dir, dataset_folder("grpo")),
             "before": started.get("grpo") or base,
-            "rewards": over.get("grpo_rewards", t.grpo_rewards),
-            "pattern": over.get("grpo_answer_pattern", t.grpo_answer_pattern),
-            "length_budget": over.get("grpo_length_budget", t.grpo_length_budget),
-            "max_new_tokens": over.get("grpo_max_completion_length", t.grpo_max_completion_length),
-            "temperature": over.get("grpo_temperature", t.grpo_temperature),
-            "reward_model": over.get("grpo_reward_model", t.grpo_reward_model)
-            or os.path.join(stage_dirs.get("rm", ""), "final"),
-            "reward_function": over.get("grpo_reward_function", t.grpo_reward_function),
+            "rewards": p.grpo_rewards,
+            "pattern": p.grpo_answer_pattern,
+            "length_budget": p.grpo_length_budget,
+            "max_new_tokens": p.grpo_max_completion_length,
+            "temperature": p.grpo_temperature,
+            "reward_model": p.grpo_reward_model or os.path.join(stage_dirs.get("rm", ""), "final"),
+            "reward_function": p.grpo_reward_function,
             "min_reward_improvement": e.min_reward_improvement,
         }
     rm = (

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from components.hpo import katib
 from components.hpo.space import check_hpo_settings
 from components.settings import Settings
-from components.stages import job_groups, stage_job, stage_train_settings
+from components.stages import job_groups, stage_job, stage_preference, stage_train_settings
 from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
 
 log = logging.getLogger("search_hyperparameters")
@@ -71,6 +71,7 @@ def search_sft_settings(
     trials_dir = katib.trials_dir_for(run_id, root=model_root)
     _, base_config = write_config(
         stage_train_settings(s, "sft", s.train.model_name_or_path),
+        stage_preference(s, "sft"),
         stage="sft",
         dataset_path=dataset_path,
         packing=packing,

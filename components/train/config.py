@@ -13,7 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
-from components.settings import TrainSettings, choices
+from components.settings import PreferenceSettings, TrainSettings, choices
 
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
 METHODS = choices("method")
@@ -216,6 +216,7 @@ def check_combination(cfg: dict) -> list[str]:
 
 def build_trainer_config(
     train: TrainSettings,
+    preference: PreferenceSettings,
     *,
     dataset_path: str,
     output_dir: str,
@@ -224,9 +225,10 @@ def build_trainer_config(
     packing: bool = True,
     stage: str = "sft",
 ) -> dict:
-    """The config dict the pipeline writes for the trainer: every setting of ``train``
-    (``components.settings.TrainSettings``) under its own name, three renamed (below), plus the run's paths and the
-    policy the package fixes (not settings: they are what makes the job correct, not a matter of taste).
+    """The config dict the pipeline writes for the trainer: every setting of ``train`` and ``preference``
+    (``components.settings.TrainSettings``, ``PreferenceSettings``) under its own name, three renamed (below), plus the
+    run's paths and the policy the package fixes (not settings: they are what makes the job correct, not a matter of
+    taste).
 
     ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
     ``use_cpu``: torchrun on a laptop (gloo, fp32) instead of GPUs (nccl, bf16).
@@ -235,7 +237,7 @@ def build_trainer_config(
     # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (common.py
     # sets the folder); MLflow and W&B read their address and key from the environment
     # (components/train/launcher/pods.py).
-    cfg = dataclasses.asdict(train)
+    cfg = {**dataclasses.asdict(train), **dataclasses.asdict(preference)}
     # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
     # this runs in the launcher's image and the trainer image installs the package somewhere else.
     deepspeed = cfg.pop("deepspeed_config")

@@ -217,13 +217,13 @@ def validate_inputs(
         min_replicas: KServe: fewest predictor replicas (0: scale to zero, Knative only).
         max_replicas: KServe: most predictor replicas the autoscaler may run (at least min_replicas).
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
-            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, dpo_beta, grpo_rewards,
+            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, parallelism, liger_kernels,
+            moe_experts_implementation, attn_implementation, chunked_cross_entropy, early_stopping_patience,
+            early_stopping_min_delta, lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing,
+            recompute_every_n_layers, eval_steps, logging_steps, report_to, dpo_beta, grpo_rewards,
             grpo_answer_pattern, grpo_length_budget, grpo_reward_model, grpo_reward_function, grpo_num_generations,
             grpo_max_completion_length, grpo_beta, grpo_temperature, grpo_generation_backend, grpo_vllm_server_url,
-            grpo_weight_sync_steps, parallelism, liger_kernels, moe_experts_implementation, attn_implementation,
-            chunked_cross_entropy, early_stopping_patience, early_stopping_min_delta, lr_scheduler_type,
-            weight_decay, max_grad_norm, activation_checkpointing, recompute_every_n_layers, eval_steps,
-            logging_steps, report_to, grpo_column_mapping, stage_settings, variants_parallel, deploy_variants,
+            grpo_weight_sync_steps, grpo_column_mapping, stage_settings, variants_parallel, deploy_variants,
             hpo_search_space, hpo_parallel_trials, hpo_max_failed_trials, hpo_algorithm, hpo_trial_steps,
             cpt_chunk_overlap, near_dedup_threshold, filter_min_chars, filter_max_chars,
             filter_max_duplicate_line_fraction, filter_max_top_ngram_fraction, filter_min_script_fraction,

@@ -26,6 +26,7 @@ from components.settings import (
     DataSettings,
     JobSettings,
     PlanSettings,
+    PreferenceSettings,
     SchedulingSettings,
     Settings,
     StageSettings,
@@ -56,6 +57,7 @@ def _names(group: type) -> set[str]:
 # What a variant may override, by name.
 VARIABLE = frozenset(
     (_names(TrainSettings) - _RUN_TRAINING)
+    | _names(PreferenceSettings)
     | (_names(StageSettings) - {"stages"})
     | (_names(DataSettings) & _VARIANT_DATA)
     | (_names(JobSettings) & _VARIANT_JOB)

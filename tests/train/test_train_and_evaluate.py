@@ -9,11 +9,10 @@ import pytest
 from components.data.prepare import PrepareOptions, prepare
 from components.evaluate.base_vs_tuned import EvalOptions, evaluate, gate, heldout_loss
 from components.models.tiny import build_model, build_tokenizer
-from components.settings import TrainSettings
 from components.train.config import build_trainer_config, deepspeed_config_path, write_trainer_config
 from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.repo import run_module
-from tests.helpers.trainer import CPU_TEST_SETTINGS
+from tests.helpers.trainer import CPU_TEST_SETTINGS, trainer_settings
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +42,7 @@ def workdir(tmp_path_factory):
 
 def _config(workdir, **over):
     cfg = build_trainer_config(
-        TrainSettings(
+        *trainer_settings(
             model_name_or_path=str(workdir / "base"),
             method="full",
             max_seq_length=128,

@@ -44,7 +44,7 @@ from components.models.vllm_worker import (
 )
 from components.paths import MODEL_MOUNT
 from components.security import container_security_context, pod_security_context
-from components.settings import JobSettings, StorageSettings, TrainSettings
+from components.settings import JobSettings, PreferenceSettings, StorageSettings
 
 log = logging.getLogger("grpo_vllm_server")
 
@@ -213,26 +213,26 @@ def weight_sync_secret(run_id: str, namespace: str, owner: dict) -> dict:
     }
 
 
-def runs_own_server(stage: str, train: TrainSettings, job: JobSettings) -> bool:
+def runs_own_server(stage: str, preference: PreferenceSettings, job: JobSettings) -> bool:
     """Whether the train step runs ``stage``'s generation server itself: a grpo stage generating on a vLLM server
     whose URL is not given, on a cluster (locally the URL stays required: validate_inputs says so)."""
     return (
         stage == "grpo"
-        and train.grpo_generation_backend == "vllm-server"
-        and not train.grpo_vllm_server_url.strip()
+        and preference.grpo_generation_backend == "vllm-server"
+        and not preference.grpo_vllm_server_url.strip()
         and job.train_backend != "local"
     )
 
 
 def stage_server_url(
-    stage: str, train: TrainSettings, job: JobSettings, *, run_id: str, namespace: str
-) -> TrainSettings:
-    """``train`` with ``grpo_vllm_server_url`` set to the run's own server's Service where the train step runs one
-    (``runs_own_server``); else ``train`` unchanged. The same run id and namespace give the same URL (a retried
+    stage: str, preference: PreferenceSettings, job: JobSettings, *, run_id: str, namespace: str
+) -> PreferenceSettings:
+    """``preference`` with ``grpo_vllm_server_url`` set to the run's own server's Service where the train step runs one
+    (``runs_own_server``); else ``preference`` unchanged. The same run id and namespace give the same URL (a retried
     step, ``--render``)."""
-    if not runs_own_server(stage, train, job):
-        return train
-    return dataclasses.replace(train, grpo_vllm_server_url=service_url(server_name(run_id), namespace))
+    if not runs_own_server(stage, preference, job):
+        return preference
+    return dataclasses.replace(preference, grpo_vllm_server_url=service_url(server_name(run_id), namespace))
 
 
 def network_policy(name: str, namespace: str, server: dict, clients: dict, labels: dict | None = None) -> dict:

@@ -28,6 +28,7 @@ from components.settings import (
     JobSettings,
     NetworkSettings,
     ObservabilitySettings,
+    PreferenceSettings,
     SchedulingSettings,
     StorageSettings,
     TrainSettings,
@@ -77,15 +78,23 @@ def trains_on_cpu(local: bool) -> bool:
 
 
 def write_config(
-    train: TrainSettings, *, stage: str, dataset_path: str, packing: bool, out_dir: str, mounts: TrainerMounts
+    train: TrainSettings,
+    preference: PreferenceSettings,
+    *,
+    stage: str,
+    dataset_path: str,
+    packing: bool,
+    out_dir: str,
+    mounts: TrainerMounts,
 ) -> tuple[dict, str]:
-    """The trainer config of ``train`` for ``stage`` on the prepared dataset at ``dataset_path`` (``packing``: its
-    rows are packed), writing to ``out_dir``, with every path as the trainer sees it; written to
+    """The trainer config of ``train`` and ``preference`` for ``stage`` on the prepared dataset at ``dataset_path``
+    (``packing``: its rows are packed), writing to ``out_dir``, with every path as the trainer sees it; written to
     ``<out_dir>/train_config.json``. Returns the config and that file's path as this step sees it."""
     from components.train import config
 
     cfg = config.build_trainer_config(
         train,
+        preference,
         stage=stage,
         dataset_path=mounts.for_trainer(dataset_path),
         output_dir=mounts.for_trainer(out_dir),

@@ -1,12 +1,13 @@
 """The trainer's config classes: Hugging Face ``TrainingArguments`` (or TRL's ``DPOConfig``) plus the trainer's own
 settings; unknown keys are an error.
 
-The fields the trainer adds (method, LoRA, MoE router loss, DPO's beta, ...) are ``SFTSettings`` of the settings
-model (components/settings.py), where a preset, ``-p`` and the pipeline set them. They are written out here again,
-with their types, defaults and help, as plain dataclass fields: ``HfArgumentParser`` hands a field's metadata to
-argparse, which knows nothing of the model's other metadata (bounds, choices, plain), and a reader sees the whole
-class at once. Duplication accepted, consistency enforced: a test fails when the two differ in a name, a type, a
-default or a help text (TRL keeps its configs beside ``TrainingArguments`` the same way).
+The fields the trainer adds (method, LoRA, MoE router loss, DPO's beta, ...) are ``SFTSettings`` and
+``PreferenceSettings`` of the settings model (components/settings.py), where a preset, ``-p`` and the pipeline set
+them. They are written out here again, with their types, defaults and help, as plain dataclass fields:
+``HfArgumentParser`` hands a field's metadata to argparse, which knows nothing of the model's other metadata (bounds,
+choices, plain), and a reader sees the whole class at once. Duplication accepted, consistency enforced: a test fails
+when the two differ in a name, a type, a default or a help text (TRL keeps its configs beside ``TrainingArguments``
+the same way).
 
 A config file's ``stage`` picks the class (``config_file.config_class``): ``SFTConfig`` for ``sft`` and ``cpt``
 (continued pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig``,
@@ -90,6 +91,82 @@ class SFTConfig(TrainingArguments):
             "help": ("MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")
         },
     )
+    parallelism: str = field(
+        default="deepspeed",
+        metadata={
+            "help": (
+                "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 "
+                "over every "
+                "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated "
+                "across "
+                "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models)."
+            )
+        },
+    )
+
+    liger_kernels: bool = field(
+        default=False,
+        metadata={
+            "help": (
+                "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPUs with liger-kernel, as the trainer image ha"
+                "s; a logged no-op elsewhere), and its fused linear cross-entropy where the output head is not ZeRO-3"
+                "-partitioned and chunked_cross_entropy is off. A MoE model's experts follow "
+                "moe_experts_implementation."
+            )
+        },
+    )
+    moe_experts_implementation: str = field(
+        default="grouped_mm",
+        metadata={
+            "help": (
+                "MoE models: how transformers runs the experts: grouped_mm (its grouped GEMMs, the default), "
+                "grouped_mm_compiled (the same function under torch.compile, regionally: the routing, SwiGLU, "
+                "weighting and scatter fused by Inductor; compiles once per rank at the first step), batched_mm or "
+                "eager (one expert at a time), or liger (Liger's fused MoE Triton kernels, GPUs with liger-kernel). "
+                "The weights, checkpoints and export are the same for all."
+            )
+        },
+    )
+    attn_implementation: str = field(
+        default="auto",
+        metadata={
+            "help": (
+                "How transformers runs attention: auto (flash_attention_2 where flash-attn imports, else sdpa), "
+                "flash_attention_2, varlen_attn (PyTorch's own variable-length flash kernel, PyTorch 2.10+ on a GPU: "
+                "each packed document alone, for images without flash-attn; not yet measured on a GPU), sdpa "
+                "(packed rows under a block-causal mask: the whole row's square computed) or eager."
+            )
+        },
+    )
+    chunked_cross_entropy: bool = field(
+        default=True,
+        metadata={
+            "help": (
+                "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "
+                "(tokens x vocabulary) logits (4 x 4096 tokens of Qwen3: 10 GB in fp32): larger micro-batches fit. "
+                "Plain PyTorch, under ZeRO-3 and FSDP2 alike."
+            )
+        },
+    )
+    early_stopping_patience: int = field(
+        default=0,
+        metadata={
+            "help": (
+                "cpt and sft stages: stop once the held-out loss per label token has not improved for this many "
+                "evaluations (every eval_steps) and keep the best checkpoint as the stage's model; 0 trains to the end."
+            )
+        },
+    )
+    early_stopping_min_delta: float = field(
+        default=0.0,
+        metadata={
+            "help": (
+                "With early_stopping_patience: how much the held-out loss must fall below the best so far to count as "
+                "an improvement."
+            )
+        },
+    )
+    # PreferenceSettings (components/settings.py), field by field.
     dpo_beta: float = field(
         default=0.1,
         metadata={
@@ -197,81 +274,6 @@ class SFTConfig(TrainingArguments):
             "help": (
                 "grpo stage, grpo_generation_backend vllm-server: push the trainer's weights to the server every this "
                 "many optimizer steps (1: on-policy; more: cheaper syncs, completions from older weights)."
-            )
-        },
-    )
-    parallelism: str = field(
-        default="deepspeed",
-        metadata={
-            "help": (
-                "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: ZeRO-3 "
-                "over every "
-                "GPU by default), hsdp (transformers' FSDP2 DistributedConfig: sharded within a node, replicated "
-                "across "
-                "nodes; deepspeed_config none) or hsdp_ep (hsdp plus expert parallelism within a node, MoE models)."
-            )
-        },
-    )
-
-    liger_kernels: bool = field(
-        default=False,
-        metadata={
-            "help": (
-                "Liger's Triton kernels for RMSNorm, SwiGLU and RoPE (GPUs with liger-kernel, as the trainer image ha"
-                "s; a logged no-op elsewhere), and its fused linear cross-entropy where the output head is not ZeRO-3"
-                "-partitioned and chunked_cross_entropy is off. A MoE model's experts follow "
-                "moe_experts_implementation."
-            )
-        },
-    )
-    moe_experts_implementation: str = field(
-        default="grouped_mm",
-        metadata={
-            "help": (
-                "MoE models: how transformers runs the experts: grouped_mm (its grouped GEMMs, the default), "
-                "grouped_mm_compiled (the same function under torch.compile, regionally: the routing, SwiGLU, "
-                "weighting and scatter fused by Inductor; compiles once per rank at the first step), batched_mm or "
-                "eager (one expert at a time), or liger (Liger's fused MoE Triton kernels, GPUs with liger-kernel). "
-                "The weights, checkpoints and export are the same for all."
-            )
-        },
-    )
-    attn_implementation: str = field(
-        default="auto",
-        metadata={
-            "help": (
-                "How transformers runs attention: auto (flash_attention_2 where flash-attn imports, else sdpa), "
-                "flash_attention_2, varlen_attn (PyTorch's own variable-length flash kernel, PyTorch 2.10+ on a GPU: "
-                "each packed document alone, for images without flash-attn; not yet measured on a GPU), sdpa "
-                "(packed rows under a block-causal mask: the whole row's square computed) or eager."
-            )
-        },
-    )
-    chunked_cross_entropy: bool = field(
-        default=True,
-        metadata={
-            "help": (
-                "cpt and sft stages: compute the loss from the output head 1,024 tokens at a time, never the whole "
-                "(tokens x vocabulary) logits (4 x 4096 tokens of Qwen3: 10 GB in fp32): larger micro-batches fit. "
-                "Plain PyTorch, under ZeRO-3 and FSDP2 alike."
-            )
-        },
-    )
-    early_stopping_patience: int = field(
-        default=0,
-        metadata={
-            "help": (
-                "cpt and sft stages: stop once the held-out loss per label token has not improved for this many "
-                "evaluations (every eval_steps) and keep the best checkpoint as the stage's model; 0 trains to the end."
-            )
-        },
-    )
-    early_stopping_min_delta: float = field(
-        default=0.0,
-        metadata={
-            "help": (
-                "With early_stopping_patience: how much the held-out loss must fall below the best so far to count as "
-                "an improvement."
             )
         },
     )

@@ -4,15 +4,14 @@ completions that fit the batch. Each is checked with the grpo stage's own settin
 
 from __future__ import annotations
 
-import dataclasses
 import difflib
 import os
 import re
 
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.rewards import REWARD_SOURCES, check_reward_function, grpo_function_error  # noqa: F401 (the grpo rules)
-from components.settings import Settings
-from components.stages import hands_on, stage_gpus, stage_overrides
+from components.settings import PreferenceSettings, Settings, TrainSettings
+from components.stages import hands_on, stage_gpus, stage_overrides, stage_preference, stage_train
 
 EXAMPLE = '{"answer": 1.0, "format": 0.5}'
 
@@ -37,7 +36,7 @@ def check_reward_settings(s: Settings) -> list[str | None]:
         ]
     if "grpo" not in stages:
         return []
-    t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
+    t, p = stage_train(s, "grpo"), stage_preference(s, "grpo")  # the grpo stage's own (stage_settings) over the run's
     errors: list[str | None] = []
     for key, column in s.stages.grpo_column_mapping.items():
         if key not in ("prompt", "answer") or not isinstance(column, str) or not column:
@@ -45,7 +44,7 @@ def check_reward_settings(s: Settings) -> list[str | None]:
                 f"grpo_column_mapping: {key!r} -> {column!r}: map prompt or answer to your column's name, "
                 'e.g. {"prompt": "question"}'
             )
-    rewards = t.grpo_rewards
+    rewards = p.grpo_rewards
     if not isinstance(rewards, dict):
         return [f"grpo_rewards must map reward names to weights, e.g. {EXAMPLE}"]
     for name, weight in rewards.items():
@@ -66,7 +65,7 @@ def check_reward_settings(s: Settings) -> list[str | None]:
             f"stages includes 'grpo' but grpo_rewards gives no reward a non-zero weight; set at least one, e.g. "
             f"{EXAMPLE} (built-in: answer, format, length; or model, function)"
         ]
-    if "model" in used and not t.grpo_reward_model.strip():
+    if "model" in used and not p.grpo_reward_model.strip():
         if "rm" not in stages or stages.index("rm") > stages.index("grpo"):
             errors.append(
                 'grpo_rewards uses model but there is no reward model: add "rm" before "grpo" in stages '
@@ -74,44 +73,45 @@ def check_reward_settings(s: Settings) -> list[str | None]:
                 "folder"
             )
     if "function" in used:
-        if not t.grpo_reward_function.strip():
+        if not p.grpo_reward_function.strip():
             errors.append(
                 "grpo_rewards uses function but grpo_reward_function is empty; set it to FILE.py:NAME (a "
                 "file on a mounted volume) or package.module:NAME"
             )
         else:
-            errors.append(_function_error(t.grpo_reward_function.strip(), s))
+            errors.append(_function_error(p.grpo_reward_function.strip(), s))
     if {"answer", "format"} & set(used):
         try:
-            re.compile(t.grpo_answer_pattern)
+            re.compile(p.grpo_answer_pattern)
         except re.error as exc:
             errors.append(
-                f"grpo_answer_pattern {t.grpo_answer_pattern!r} is not a valid regular expression ({exc}); "
+                f"grpo_answer_pattern {p.grpo_answer_pattern!r} is not a valid regular expression ({exc}); "
                 "write a Python regex whose first group is the answer, e.g. 'Answer:\\s*(-?\\d+)'"
             )
     gpus = stage_gpus(s, "grpo")  # the grpo stage's job: its own nodes and GPUs (stage_settings.grpo) or the run's
     per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * gpus
-    if per_step % t.grpo_num_generations:
+    if per_step % p.grpo_num_generations:
         # TRL's GRPOConfig: the generation batch (micro-batch x accumulation x processes) holds whole groups.
         errors.append(
-            f"grpo_num_generations={t.grpo_num_generations} must divide the completions of one optimizer "
+            f"grpo_num_generations={p.grpo_num_generations} must divide the completions of one optimizer "
             f"step, per_device_train_batch_size x gradient_accumulation_steps x GPUs = "
             f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps} x {gpus} = {per_step}; "
             "change grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
         )
-    errors.extend(generation_errors(t, s))
+    errors.extend(generation_errors(t, p, s))
     return errors
 
 
-def generation_errors(t, s: Settings) -> list[str]:
-    """grpo_generation_backend vllm-server: a server to reach, and weights it can take (the grpo stage's settings
-    ``t``): full weights (the server loads checkpoint tensors, not adapters), gathered by ZeRO-3 or FSDP2. On a
-    cluster an empty URL is the train step's own server (components/train/launcher/generation_server.py), which loads
-    the stage's starting model from the models claim; locally the URL is required."""
-    if t.grpo_generation_backend != "vllm-server":
+def generation_errors(t: TrainSettings, p: PreferenceSettings, s: Settings) -> list[str]:
+    """grpo_generation_backend vllm-server: a server to reach, and weights it can take (the grpo stage's train and
+    preference settings ``t``, ``p``): full weights (the server loads checkpoint tensors, not adapters), gathered by
+    ZeRO-3 or FSDP2. On a cluster an empty URL is the train step's own server
+    (components/train/launcher/generation_server.py), which loads the stage's starting model from the models claim;
+    locally the URL is required."""
+    if p.grpo_generation_backend != "vllm-server":
         return []
     errors = []
-    url = t.grpo_vllm_server_url.strip()
+    url = p.grpo_vllm_server_url.strip()
     if not url and s.job.train_backend == "local":
         errors.append(
             "grpo_generation_backend vllm-server needs grpo_vllm_server_url with train_backend local (on a cluster "
@@ -157,9 +157,9 @@ def reward_warnings(s: Settings) -> list[str]:
             "stages runs rm but no grpo after it: the reward model is trained and reported, and nothing scores with it"
         )
     if "grpo" in stages:
-        t = dataclasses.replace(s.train, **stage_overrides(s, "grpo"))
-        rewards = t.grpo_rewards if isinstance(t.grpo_rewards, dict) else {}
-        if t.grpo_reward_function.strip() and not rewards.get("function"):
+        p = stage_preference(s, "grpo")
+        rewards = p.grpo_rewards if isinstance(p.grpo_rewards, dict) else {}
+        if p.grpo_reward_function.strip() and not rewards.get("function"):
             warnings.append("grpo_reward_function is set but grpo_rewards gives function no weight: it is not used")
         if "rm" in stages and stages.index("rm") < stages.index("grpo") and not rewards.get("model"):
             warnings.append(

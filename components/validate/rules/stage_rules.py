@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from components.settings import Settings, TrainSettings
-from components.stages import STAGE_DATA, STAGE_RESOURCES, STAGES, stage_overrides
+from components.settings import PreferenceSettings, Settings, TrainSettings
+from components.stages import STAGE_DATA, STAGE_RESOURCES, STAGES, stage_overrides, stage_train
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
 from components.validate.rules.fields import field_errors
 from components.validate.rules.reward_rules import check_reward_settings, reward_warnings
@@ -29,6 +29,7 @@ WHAT = {
 # the stage's job shape (num_nodes, gpus_per_node: components/stages.py).
 STAGE_SETTABLE = (
     *(f.name for f in dataclasses.fields(TrainSettings) if f.name != "model_name_or_path"),
+    *(f.name for f in dataclasses.fields(PreferenceSettings)),
     *STAGE_RESOURCES,
 )
 
@@ -73,7 +74,7 @@ def check_stage_settings(s: Settings) -> list[str | None]:
             over = stage_overrides(s, stage)
             if not {"method", "deepspeed_config"} & set(over):
                 continue  # the run's own method and DeepSpeed config: the training rules name them
-            t = dataclasses.replace(s.train, **over)
+            t = stage_train(s, stage)
             if t.deepspeed_config in DEEPSPEED_CONFIGS and (e := check_method_deepspeed(t.method, t.deepspeed_config)):
                 errors.append(f"stage {stage}: {e}")
     return errors

@@ -3,13 +3,18 @@ each stage's job fits in GPU memory."""
 
 from __future__ import annotations
 
-import dataclasses
 import importlib.util
 from pathlib import Path
 
 from components.estimate.memory import StageFit, check_memory_fit, pod_memory_limit_gib
 from components.settings import Settings
-from components.stages import stage_job, stage_overrides, stage_resources, stage_setting_name
+from components.stages import (
+    stage_job,
+    stage_preference,
+    stage_resources,
+    stage_setting_name,
+    stage_train,
+)
 from components.train.config import (
     DEEPSPEED_CONFIGS,
     EARLY_STOPPING_STAGES,
@@ -55,7 +60,7 @@ def early_stopping_errors(s: Settings) -> list[str]:
     for stage in s.stages.stages:
         if stage not in EARLY_STOPPING_STAGES:
             continue
-        t = dataclasses.replace(s.train, **stage_overrides(s, stage))
+        t = stage_train(s, stage)
         problem = check_early_stopping(t.early_stopping_patience, t.eval_steps, t.save_steps, t.max_steps)
         if not problem and t.early_stopping_patience > 0 and t.parallelism != "deepspeed":
             from components.models.shape import load_architecture
@@ -126,11 +131,11 @@ def memory_errors(s: Settings) -> list[str]:
         return []
     errors = []
     for stage in s.stages.stages:
-        t = dataclasses.replace(s.train, **stage_overrides(s, stage))
+        t, p = stage_train(s, stage), stage_preference(s, stage)  # the stage's own (stage_settings) over the run's
         c = stage_job(s, stage)  # the stage's own nodes and GPUs (stage_settings) over the run's
         if t.deepspeed_config not in DEEPSPEED_CONFIGS and not Path(t.deepspeed_config).is_file():
             continue  # a user's JSON on a volume this step does not mount: its layout is unknown here
-        if stage == "grpo" and t.grpo_generation_backend == "vllm-server" and t.parallelism == "deepspeed":
+        if stage == "grpo" and p.grpo_generation_backend == "vllm-server" and t.parallelism == "deepspeed":
             # The generation server the train step runs on GPUs of its own must hold the model too (grpo_plan.py).
             from components.estimate.grpo_plan import grpo_plan
             from components.estimate.training_plan import architecture
@@ -174,11 +179,11 @@ def memory_errors(s: Settings) -> list[str]:
         # holds a reference model and its generations too (vLLM colocate on a cluster: memory.py).
         grpo = (
             {
-                "beta": t.grpo_beta,
+                "beta": p.grpo_beta,
                 "completions": t.per_device_train_batch_size * t.gradient_accumulation_steps,
                 "sequence_tokens": t.max_seq_length,
                 "colocate": True,
-                "server": t.grpo_generation_backend == "vllm-server",
+                "server": p.grpo_generation_backend == "vllm-server",
             }
             if stage == "grpo"
             else None

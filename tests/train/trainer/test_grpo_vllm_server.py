@@ -283,14 +283,13 @@ print(json.dumps(out))
 
 
 def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, tmp_path, monkeypatch):
-    from components.settings import TrainSettings
     from components.train.config import build_trainer_config, write_trainer_config
     from components.train.launcher.local_torchrun import run_torchrun
-    from tests.helpers.trainer import CPU_TEST_SETTINGS
+    from tests.helpers.trainer import CPU_TEST_SETTINGS, trainer_settings
 
     client, log_path = server
     root, base = workdir
-    settings = TrainSettings(
+    settings = trainer_settings(
         model_name_or_path=base,
         method="full",
         max_seq_length=128,
@@ -313,7 +312,7 @@ def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, 
         **CPU_TEST_SETTINGS,
     )
     cfg = build_trainer_config(
-        settings,
+        *settings,
         dataset_path=str(root / "data"),
         output_dir=str(tmp_path / "out"),
         use_cpu=True,

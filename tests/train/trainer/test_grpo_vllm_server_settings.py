@@ -144,12 +144,12 @@ def workdir(tmp_path_factory):
 
 
 def _parse(workdir, **over):
-    from components.settings import TrainSettings
     from components.train.config import build_trainer_config, write_trainer_config
     from components.train.trainer.config_file import parse_config
+    from tests.helpers.trainer import trainer_settings
 
     root, base = workdir
-    settings = TrainSettings(
+    settings = trainer_settings(
         model_name_or_path=base,
         per_device_train_batch_size=8,
         deepspeed_config="none",
@@ -157,7 +157,7 @@ def _parse(workdir, **over):
         **over,
     )
     cfg = build_trainer_config(
-        settings,
+        *settings,
         dataset_path=str(root / "data"),
         output_dir=str(root / "out"),
         use_cpu=True,

@@ -8,7 +8,6 @@ from types import SimpleNamespace
 
 from transformers import TrainerControl, TrainerState
 
-from components.settings import TrainSettings
 from components.train.config import build_trainer_config, check_combination, write_trainer_config
 from components.train.trainer.checkpoints import (
     MARKER,
@@ -17,7 +16,7 @@ from components.train.trainer.checkpoints import (
     prune_checkpoints,
 )
 from tests.helpers.repo import run_module
-from tests.helpers.trainer import CPU_TEST_SETTINGS
+from tests.helpers.trainer import CPU_TEST_SETTINGS, trainer_settings
 
 
 def _ckpt(root, step, complete=True):
@@ -71,7 +70,7 @@ def test_sigterm_asks_for_a_checkpoint_and_a_stop_at_the_next_step_end():
 
 def _config(tmp_path, **over):
     cfg = build_trainer_config(
-        TrainSettings(
+        *trainer_settings(
             model_name_or_path="builtin:tiny-qwen3",
             method="full",
             max_seq_length=128,

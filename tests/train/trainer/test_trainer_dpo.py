@@ -19,11 +19,10 @@ import shutil
 import pytest
 
 from components.models.tiny import build_model, build_tokenizer
-from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
 from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.repo import run_module
-from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
+from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS, setting_names, trainer_settings
 
 EVAL_PAIRS = 16
 
@@ -78,9 +77,9 @@ def _config(root, name: str, dataset: str = "prefs", **over) -> str:
         deepspeed_config="none",
         **CPU_TEST_SETTINGS,
     )
-    extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}  # not settings
+    extra = {k: over.pop(k) for k in list(over) if k not in setting_names()}  # not settings
     cfg = build_trainer_config(
-        TrainSettings(**{**settings, **over}),
+        *trainer_settings(**{**settings, **over}),
         dataset_path=str(root / dataset),
         output_dir=str(root / name),
         use_cpu=True,

@@ -23,11 +23,10 @@ import pytest
 
 from components.evaluate.curves import training_log
 from components.rewards import answer_reward, format_reward, length_reward, load_reward_function
-from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
 from components.train.launcher.local_torchrun import run_torchrun
 from tests.helpers.repo import run_module
-from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
+from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS, setting_names, trainer_settings
 
 PATTERN = r"(?:Answer:|정답은)\s*\$?(-?\d[\d,]*(?:\.\d+)?)?"
 # The user's reward, as a file on a volume: the share of the completion's characters that are letters of the prompt's
@@ -86,9 +85,9 @@ def _config(root, name: str, **over) -> str:
         grpo_beta=0.04,
         **CPU_TEST_SETTINGS,
     )
-    extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}
+    extra = {k: over.pop(k) for k in list(over) if k not in setting_names()}
     cfg = build_trainer_config(
-        TrainSettings(**{**settings, **over}),
+        *trainer_settings(**{**settings, **over}),
         dataset_path=str(root / "data"),
         output_dir=str(root / name),
         use_cpu=True,

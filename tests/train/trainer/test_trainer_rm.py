@@ -18,10 +18,9 @@ import random
 
 import pytest
 
-from components.settings import TrainSettings
 from components.train.config import build_trainer_config, write_trainer_config
 from components.train.launcher.local_torchrun import run_torchrun
-from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS
+from tests.helpers.trainer import CPU_TEST_SETTINGS, WORDS, setting_names, trainer_settings
 
 EVAL_PAIRS = 16
 
@@ -79,9 +78,9 @@ def _config(root, name: str, **over) -> str:
         deepspeed_config="none",
         **CPU_TEST_SETTINGS,
     )
-    extra = {k: over.pop(k) for k in list(over) if k not in TrainSettings.__dataclass_fields__}
+    extra = {k: over.pop(k) for k in list(over) if k not in setting_names()}
     cfg = build_trainer_config(
-        TrainSettings(**{**settings, **over}),
+        *trainer_settings(**{**settings, **over}),
         dataset_path=str(root / "prefs"),
         output_dir=str(root / name),
         use_cpu=True,
