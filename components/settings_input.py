@@ -1,5 +1,5 @@
 """Settings as people write them: a YAML file of ``name: value`` and ``-p name=value`` overrides, typed and checked
-against the settings model (components/settings.py: the single source of names, types and defaults).
+against the settings model (components/settings/: the single source of names, types and defaults).
 
     resolve_layers([yaml_mapping, ..., overrides]) -> every setting by name   # later layers win
 

@@ -1,4 +1,4 @@
-"""What ``python -m pipelines.compile`` derives from the settings model (components/settings.py), besides the
+"""What ``python -m pipelines.compile`` derives from the settings model (components/settings/), besides the
 compiled YAML: the source of the ``validate_inputs`` component and the settings table in docs/settings.md.
 
 A lightweight KFP component is its function's source text, so the component that receives the pipeline's
@@ -14,13 +14,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 VALIDATE_COMPONENT = ROOT / "components" / "validate" / "component.py"
 SETTINGS_DOC = ROOT / "docs" / "settings.md"
-TABLE_BEGIN = "<!-- settings table: written by python -m pipelines.compile from components/settings.py -->"
+TABLE_BEGIN = "<!-- settings table: written by python -m pipelines.compile from components/settings/ -->"
 TABLE_END = "<!-- end of settings table -->"
 
 _HEADER = '''\
 """validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested.
 
-Written by ``python -m pipelines.compile`` from the settings model (components/settings.py): edit the model, not
+Written by ``python -m pipelines.compile`` from the settings model (components/settings/): edit the model, not
 this file. Its inputs are the pipeline's parameters (the plain settings and ``advanced_settings``); its output is
 every setting, resolved and checked: the ``settings`` input of every later step.
 """

@@ -8,7 +8,7 @@ kfp.local, the volumes replaced by workspace folders (kfp.local ignores platform
 
 On the cluster an exit handler (notify_run) posts the run's outcome to the webhook in ``alert_webhook_secret``;
 the compiled pipeline then has no outputs of its own (KFP allows none from inside an exit handler): the tasks'
-outputs are in the UI. The parameters are the settings model's (components/settings.py): each plain setting, then
+outputs are in the UI. The parameters are the settings model's (components/settings/): each plain setting, then
 ``advanced_settings`` for the rest; their defaults are the ``qwen3-30b-a3b-full`` preset, the seeds' reference job.
 validate_inputs turns them into the resolved ``settings`` every later step reads.
 """

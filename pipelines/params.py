@@ -1,6 +1,6 @@
 """A run's settings from presets, ``--params FILE`` and ``-p key=value`` overrides, typed and checked.
 
-The settings model (components/settings.py) is the single source of names, types and defaults; any setting can
+The settings model (components/settings/) is the single source of names, types and defaults; any setting can
 be set by name, whether the pipeline has it as a parameter of its own or inside ``advanced_settings``
 (``components.settings.split_arguments`` makes the pipeline's arguments). Reading files and ``-p`` is
 components/settings_input.py's (the launcher's command line reads settings there too). A preset is a YAML file of

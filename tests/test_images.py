@@ -51,7 +51,7 @@ def test_compiled_pipeline_uses_the_versioned_images():
     assert version.TRAINER_IMAGE in text  # the trainer_image parameter's default
 
 
-# What each report_to choice (components/settings.py) needs installed: transformers' integration imports these.
+# What each report_to choice (components/settings/) needs installed: transformers' integration imports these.
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "mlflow": "mlflow-skinny", "wandb": "wandb"}
 
 

@@ -27,7 +27,7 @@ def prepare_dataset(
     copy that training and evaluation load (``components.models.resolve.resolve_model``; both reuse it by fingerprint).
 
     Args:
-        settings: every setting, as validate_inputs resolved them (components/settings.py): the data settings
+        settings: every setting, as validate_inputs resolved them (components/settings/): the data settings
             (dataset_source, dataset_format, column_mapping, eval_source, over_length, packing, num_proc,
             eval_size), and model_name_or_path (tokenizer and chat template), max_seq_length, seed, data_pvc.
         stage: the training stage whose data this is (components/stages.py): ``sft`` reads dataset_source

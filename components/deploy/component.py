@@ -43,7 +43,7 @@ def deploy_model(
 
     Args:
         model_path: the served (best) variant's final folder (train_model's ``model_path``), on the model volume.
-        settings: every setting of it, as validate_inputs resolved them (components/settings.py): the deploy
+        settings: every setting of it, as validate_inputs resolved them (components/settings/): the deploy
             settings and the GPU pods' node_selector and tolerations.
         run_id: the KFP run id, recorded as a label.
         serve: compare_variants' ``serve``: what to serve, each ``{"variant", "model_path", "settings",

@@ -240,7 +240,7 @@ def gate(
 
 @dataclass(frozen=True)
 class EvalOptions:
-    """What ``evaluate`` scores and the deploy gate's rules (components/settings.py's evaluate settings).
+    """What ``evaluate`` scores and the deploy gate's rules (components/settings/'s evaluate settings).
 
     Attributes:
         max_samples: at most this many held-out rows, and examples per lm-eval task (0 = all).

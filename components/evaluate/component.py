@@ -27,7 +27,7 @@ def evaluate_model(
     Args:
         dataset: prepare_dataset's output; its ``eval`` split is scored (assistant tokens only).
         model_path: the last stage's final folder (train_model's ``model_path``): the tuned model.
-        settings: every setting, as validate_inputs resolved them (components/settings.py): the evaluate
+        settings: every setting, as validate_inputs resolved them (components/settings/): the evaluate
             settings (the gate's thresholds, prompts, answer length, lm-eval tasks) and model_name_or_path,
             the base model the run started from.
         data_root: where the data volume is mounted (built-in models are cached there).

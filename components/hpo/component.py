@@ -34,7 +34,7 @@ def search_hyperparameters(
     Args:
         dataset: prepare_dataset's sft output (its metadata ``path`` is the prepared folder, ``packing`` its
             row layout).
-        settings: every setting, as validate_inputs resolved them (components/settings.py): the hpo settings
+        settings: every setting, as validate_inputs resolved them (components/settings/): the hpo settings
             shape the search, the train settings each trial, the job, scheduling, network, storage and
             observability settings its jobs.
         data_root: where the data volume is mounted in this step.

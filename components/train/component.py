@@ -36,7 +36,7 @@ def train_model(
         dataset: prepare_dataset's output for this stage (its metadata names the folder on the data volume).
         base_model_path: the model this stage starts from: the run's model_name_or_path (base_model) or the
             previous stage's final folder (its ``model_path``), as this step sees it.
-        settings: every setting, as validate_inputs resolved them (components/settings.py): the train settings,
+        settings: every setting, as validate_inputs resolved them (components/settings/): the train settings,
             with the stage's own (stage_settings), go into the trainer config; the job, scheduling, network,
             storage and observability settings shape the job.
         stage: ``cpt``, ``sft`` or ``dpo`` (components/stages.py).

@@ -1,6 +1,6 @@
 """validate_inputs: the pipeline's first task. Fails the run with one clear message before any GPU is requested.
 
-Written by ``python -m pipelines.compile`` from the settings model (components/settings.py): edit the model, not
+Written by ``python -m pipelines.compile`` from the settings model (components/settings/): edit the model, not
 this file. Its inputs are the pipeline's parameters (the plain settings and ``advanced_settings``); its output is
 every setting, resolved and checked: the ``settings`` input of every later step.
 """

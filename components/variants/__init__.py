@@ -1,6 +1,6 @@
 """Variants: several models trained in one run, each the run's settings with its own overrides.
 
-``variants`` (components/settings.py) is a list of JSON objects, each a set of setting overrides and an optional
+``variants`` (components/settings/) is a list of JSON objects, each a set of setting overrides and an optional
 ``name``. Each variant runs the whole stage chain (its data, each stage's job, its checkpoints and final model) in
 its own run folder ``runs/<run id>-<name>`` and jobs named after it; evaluation scores every variant and the base
 models on the run's own held-out split, and the gate picks what is served (``deploy_variants``).

@@ -56,7 +56,7 @@ def mount(*args: str) -> None:
     subprocess.run(["mount", *args], check=True)
 
 
-# What the rehearsal sets; every other setting is the pipeline's default (components/settings.py).
+# What the rehearsal sets; every other setting is the pipeline's default (components/settings/).
 REHEARSAL_PARAMETERS = dict(
     model_name_or_path=MODEL_ID,
     method="full",

@@ -2,7 +2,7 @@
 settings; unknown keys are an error.
 
 The fields the trainer adds (method, LoRA, MoE router loss, DPO's beta, ...) are ``SFTSettings`` and
-``PreferenceSettings`` of the settings model (components/settings.py), where a preset, ``-p`` and the pipeline set
+``PreferenceSettings`` of the settings model (components/settings/), where a preset, ``-p`` and the pipeline set
 them. They are written out here again, with their types, defaults and help, as plain dataclass fields:
 ``HfArgumentParser`` hands a field's metadata to argparse, which knows nothing of the model's other metadata (bounds,
 choices, plain), and a reader sees the whole class at once. Duplication accepted, consistency enforced: a test fails
@@ -29,7 +29,7 @@ class SFTConfig(TrainingArguments):
     ``SFTSettings`` and what the train step fills in for each run. Trainer pickles it into each checkpoint
     (training_args.bin): it stays importable as ``components.train.trainer.arguments.SFTConfig``."""
 
-    # SFTSettings (components/settings.py), field by field.
+    # SFTSettings (components/settings/), field by field.
     model_name_or_path: str = field(
         default="Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
         metadata={
@@ -166,7 +166,7 @@ class SFTConfig(TrainingArguments):
             )
         },
     )
-    # PreferenceSettings (components/settings.py), field by field.
+    # PreferenceSettings (components/settings/), field by field.
     dpo_beta: float = field(
         default=0.1,
         metadata={

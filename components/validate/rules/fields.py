@@ -1,4 +1,4 @@
-"""The checks each setting declares in the settings model (components/settings.py): its type, its bounds and its
+"""The checks each setting declares in the settings model (components/settings/): its type, its bounds and its
 allowed values, one message per setting that breaks them, naming the setting and what it may be."""
 
 from __future__ import annotations
