@@ -157,7 +157,7 @@ def test_recomputation_is_the_layers_forward_again_counted_apart():
     assert off.recompute_flops_per_micro_step == 0 and on.recompute_flops_per_micro_step > 0
     assert on.flops_per_micro_step == pytest.approx(off.flops_per_micro_step + on.recompute_flops_per_micro_step)
     assert 1.29 < on.compute_s / off.compute_s < 4 / 3
-    # The default: the reference preset's whole model measured on one H100, recomputation included (components/settings/).
+    # The default: the reference preset's whole model measured on one H100, recomputation included (PlanSettings).
     assert on.achieved_tflops == 159.0 and _plan(FULL, achieved_tflops_per_gpu=318.0).compute_s == pytest.approx(
         on.compute_s / 2
     )
