@@ -54,5 +54,6 @@ def test_the_tiny_run_measures_each_variant_and_skips_liger_without_a_gpu(tmp_pa
     for name, experts in (("grouped_mm", 8), ("ep8-share", 16)):
         r = results[name]
         assert r["status"] == "ok" and r["experts"] == experts and r["tokens_per_s"] > 0, r
-        assert r["tokens_per_s_48_layers"] == round(r["tokens_per_s"] * r["layers"] / 48)
+        # Both figures are rounded from the same unrounded rate, so they agree to within one token/s.
+        assert abs(r["tokens_per_s_48_layers"] - r["tokens_per_s"] * r["layers"] / 48) <= 1, r
     assert "| grouped_mm | 8 |" in out.stdout
