@@ -9,6 +9,7 @@ from tests.fakes.k8s_api import FakeKubeAPI
 from tests.helpers.cluster import GPU_TAINT, H100
 from tests.helpers.repo import REFERENCE
 from tests.helpers.s3_server import s3_server as start_s3_server
+from tests.helpers.worker_groups import group_and_order
 
 
 def pytest_configure(config):
@@ -18,51 +19,10 @@ def pytest_configure(config):
         raise pytest.UsageError(f"no reference specs at {REFERENCE} (REFERENCE_DIR: a folder like tests/reference)")
 
 
-# With pytest-xdist (`python -m pytest -n 2`; CI runs them one at a time), tests run on two workers at once. These
-# modules hold the machine for themselves in ways a test beside them would disturb, so they share one xdist group
-# (`--dist loadgroup` in pyproject.toml: one worker runs them, one after another): they make and count network
-# namespaces and veth pairs (`ip netns list` before and after), run the real vLLM engine in a pod's namespace, and
-# measure the bytes crossing a link.
-ONE_AT_A_TIME = (
-    "tests/train/launcher/test_rehearsal.py",
-    "tests/deploy/test_serving_rehearsal.py",
-    "tests/deploy/test_lora_serving_rehearsal.py",
-    "tests/train/trainer/test_cross_pod_bytes.py",
-)
-
-
-def _uses_a_module_fixture(item) -> bool:
-    """Whether the test reads a fixture built once per module (a trained model, a started server)."""
-    return any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values())
-
-
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups off the marks
 def pytest_collection_modifyitems(config, items):
-    """ONE_AT_A_TIME's modules share the "machine" group; any other module whose tests read a module-scoped fixture is
-    a group of its own, so one worker builds that fixture once (xdist's plain load split a module's tests between the
-    workers and each built it: the GRPO engine server's module, 100 s of setup, twice)."""
-    for item in items:
-        module = item.nodeid.split("::")[0]
-        if module in ONE_AT_A_TIME:
-            item.add_marker(pytest.mark.xdist_group("machine"))
-        elif _uses_a_module_fixture(item):
-            item.add_marker(pytest.mark.xdist_group(module))
-    items.sort(key=_start_order)  # stable: each module's tests stay in their order
-
-
-# The whole local pipeline runs: the longest single tests (2-5 minutes each on 2 busy cores).
-WHOLE_RUNS = ("tests/pipelines/test_local_", "tests/deploy/test_local_lora_variants_run.py")
-
-
-def _start_order(item) -> int:
-    """Longest first, so that the short tests fill the end of a run on both workers (xdist hands out work in this
-    order): the "machine" group (one worker's queue, one test after another), the whole local runs, the rest of the
-    slow tier, then the fast tier."""
-    module = item.nodeid.split("::")[0]
-    if module in ONE_AT_A_TIME:
-        return 0
-    if item.get_closest_marker("slow") is None:
-        return 3
-    return 1 if module.startswith(WHOLE_RUNS) else 2
+    """Which tests share a worker under ``-n 2``, and in what order they start (tests/helpers/worker_groups.py)."""
+    group_and_order(items)
 
 
 @pytest.fixture(scope="session")

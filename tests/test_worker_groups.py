@@ -1,0 +1,60 @@
+"""Under ``python -m pytest -n 2`` (README, .ci/run) a module's module-scoped fixture is built once, by one worker,
+and the one-at-a-time modules run on one worker (tests/helpers/worker_groups.py): real pytest-xdist on a small
+project. With pytest 9.2 the grouping silently stopped (pytest-dev/pytest-xdist#1386): the GRPO engine server's
+2-minute fixture was built on both workers in CI."""
+
+import os
+import subprocess
+import sys
+
+from tests.helpers.repo import ROOT
+
+CONFTEST = """
+import pytest
+from tests.helpers.worker_groups import group_and_order
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    group_and_order(items, one_at_a_time=("test_netns_a.py", "test_netns_b.py"))
+"""
+
+# Each test records the worker it ran on; the module fixture records each build.
+MODULE = """
+import os, time, pytest
+
+def _record(what):
+    with open({log!r}, "a") as f:
+        f.write(f"{{what}} {{os.environ['PYTEST_XDIST_WORKER']}}\\n")
+
+@pytest.fixture(scope="module")
+def server():
+    _record("build")
+
+@pytest.mark.parametrize("i", range(6))
+def test_it(i, {fixture}):
+    time.sleep(0.05)
+    _record(__name__)
+"""
+
+
+def test_a_module_fixture_is_built_once_and_the_one_at_a_time_modules_share_a_worker(tmp_path):
+    log = tmp_path / "log"
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_server.py").write_text(MODULE.format(log=str(log), fixture="server"))
+    for name in ("test_netns_a", "test_netns_b", "test_plain"):
+        (tmp_path / f"{name}.py").write_text(MODULE.format(log=str(log), fixture="tmp_path"))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = [line.split() for line in log.read_text().splitlines()]
+    assert [w for what, w in lines if what == "build"] in (["gw0"], ["gw1"]), "the module fixture was built twice"
+    workers = {what: {w for m, w in lines if m == what} for what in ("test_server", "test_netns_a")}
+    assert len(workers["test_server"]) == 1
+    assert {w for m, w in lines if m.startswith("test_netns")} == workers["test_netns_a"], "one-at-a-time split"
+    assert len(workers["test_netns_a"]) == 1
