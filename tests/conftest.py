@@ -1,6 +1,8 @@
 """Fixtures for every test. Shared helpers live in tests/helpers/ and fake servers in tests/fakes/: test
 modules import from there, never from one another (nor from this file)."""
 
+import os
+
 import pytest
 import yaml
 
@@ -10,6 +12,12 @@ from tests.helpers.cluster import GPU_TAINT, H100
 from tests.helpers.repo import REFERENCE
 from tests.helpers.s3_server import s3_server as start_s3_server
 from tests.helpers.worker_groups import group_and_order
+
+# Every vLLM CPU engine a test starts (the local deploy step, the GRPO server, the judge) skips Inductor, as vLLM's
+# own CPU CI does (VLLM_CPU_CI_ENV, vllm/platforms/cpu.py): each start compiled for 40-80 s on two busy cores, and no
+# test measures the CPU engine's speed. `python -m pipelines.run` outside the tests keeps vLLM's default (the
+# README's serving figures); the rehearsal's pods get it from tests/fakes/serving_image.py's CPU_ENV.
+os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
 
 
 def pytest_configure(config):

@@ -33,8 +33,8 @@ InferenceService the deploy step created and the ServingRuntime of manifests/ser
 
 Where it differs from a GPU node, deliberately: the image is the CPU build of the same vLLM release; the
 InferenceService is rendered with 1 GPU, so ``--tensor-parallel-size=1``; ``VLLM_CPU_KVCACHE_SPACE=1`` (GiB) is
-added to the environment (the GPU image sizes its KV cache from the GPU's memory instead); resources are not
-enforced.
+added to the environment (the GPU image sizes its KV cache from the GPU's memory instead), and ``VLLM_CPU_CI_ENV=1``
+(no Inductor compile at start, as vLLM's own CPU CI runs); resources are not enforced.
 
 Run as a script (``python -I -S tests/fakes/serving_image.py pod-init SPEC`` / ``relay PID PORT``) it is the pod's
 first process and the relay: standard library only at module level.
@@ -62,9 +62,11 @@ SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # Where the serving venv appears inside a pod (under /mnt, the pod's private root: nothing is created on the host).
 POD_VENV = "/mnt/serving-venv"
 MODEL_MOUNT = "/mnt/models"  # where KServe mounts storageUri
-# The CPU stand-in's one addition to the pod's environment: the KV cache's size in GiB (vLLM's CPU default is a
-# share of the machine's memory, which several rehearsals on one machine would overcommit).
-CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1"}
+# The CPU stand-in's additions to the pod's environment: the KV cache's size in GiB (vLLM's CPU default is a share of
+# the machine's memory, which several rehearsals on one machine would overcommit), and vLLM's own switch for its CPU
+# CI (vllm/platforms/cpu.py: Dynamo with the eager backend instead of Inductor, which compiled for 40-80 s at each
+# engine start here; the GPU image compiles with CUDA's Inductor and CUDA graphs, which no CPU run exercises anyway).
+CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1"}
 CLONE_NEWNET = 0x40000000
 POD_LABEL = "serving.kserve.io/inferenceservice"
 
