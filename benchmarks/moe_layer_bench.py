@@ -43,7 +43,7 @@ optimizer-step time (its ``wall_clock_breakdown`` timers) are each linear in the
 job the optimizer's share is divided by the GPUs that share it (16 under ZeRO-3, 2 for the EP-8 share).
 
 A lever that cannot run here is reported as skipped, with the reason: a setting the trainer does not have
-(``TrainSettings``), Liger without a GPU or without liger_kernel.
+(``trainer_fields``), Liger without a GPU or without liger_kernel.
 
 Read from the trainer: tokens/s = the mean of its progress lines' ``tokens/s/device`` over the steps after
 ``--warmup``; its logged MFU, and its own FLOPs/token ("MFU basis"), as cross-checks. Counted here as the plan and
@@ -96,7 +96,7 @@ from bench_processes import (  # noqa: E402  (this folder: sys.path[0] when run 
 
 from components.models.mfu import model_flops_per_token, recompute_flops_per_token  # noqa: E402
 from components.models.shape import ModelShape, load_architecture, model_shape  # noqa: E402
-from components.settings import PreferenceSettings, TrainSettings  # noqa: E402
+from components.settings import Settings, trainer_fields  # noqa: E402
 from components.train.config import build_trainer_config, load_deepspeed_config, write_trainer_config  # noqa: E402
 
 REFERENCE_MODEL = "Qwen/Qwen3-30B-A3B"
@@ -142,7 +142,7 @@ EP_SHARE = {"num_experts": 16}  # one GPU's experts under expert parallelism 8: 
 class Lever:
     name: str
     what: str
-    settings: dict[str, Any]  # TrainSettings fields over PRESET
+    settings: dict[str, Any]  # trainer settings over PRESET
     model: dict[str, Any] = dataclasses.field(default_factory=dict)  # config.json fields over the reference model's
     optimizer_shards: int = REFERENCE_GPUS  # GPUs that share one optimizer step's work in the reference layout
 
@@ -278,8 +278,7 @@ def build_inputs(workdir: Path, configs: dict[str, dict], seq: int, rows: int, g
 
 def why_not(lever: Lever, gpu: bool) -> str | None:
     """Why ``lever`` cannot run here (skipped, not failed), or None."""
-    settings = {f.name for group in (TrainSettings, PreferenceSettings) for f in dataclasses.fields(group)}
-    missing = sorted(set(lever.settings) - settings)
+    missing = sorted(set(lever.settings) - set(trainer_fields()))
     if missing:
         return f"the trainer has no setting {', '.join(missing)}"
     if lever.settings.get("attn_implementation") == "varlen_attn" and not gpu:
@@ -297,22 +296,25 @@ def lever_config(lever: Lever, layers: int, inputs: dict, args, workdir: Path, g
     dict). Its DeepSpeed config is the shipped one with ``wall_clock_breakdown`` on: DeepSpeed then prints each
     optimizer step's forward, backward and step times, which the whole-model projection splits on."""
     name = f"{lever.name}-{layers}L"
-    train = TrainSettings(
-        model_name_or_path=inputs["models"][model_key(lever, layers)],
-        method="full",
-        max_seq_length=args.seq,
-        learning_rate=1e-5,
-        max_steps=args.steps,
-        warmup_ratio=0.0,
-        seed=0,
-        save_steps=10**6,  # no checkpoint inside the run
-        logging_steps=1,  # a progress line (tokens/s, MFU) per optimizer step
-        report_to=[],
-        **{**PRESET, **lever.settings},
+    trainer = (
+        Settings()
+        .trainer()
+        .replace(
+            model_name_or_path=inputs["models"][model_key(lever, layers)],
+            method="full",
+            max_seq_length=args.seq,
+            learning_rate=1e-5,
+            max_steps=args.steps,
+            warmup_ratio=0.0,
+            seed=0,
+            save_steps=10**6,  # no checkpoint inside the run
+            logging_steps=1,  # a progress line (tokens/s, MFU) per optimizer step
+            report_to=[],
+            **{**PRESET, **lever.settings},
+        )
     )
     cfg = build_trainer_config(
-        train,
-        PreferenceSettings(),
+        trainer,
         dataset_path=inputs["data_dir"],
         output_dir=str(workdir / "runs" / name),
         use_cpu=not gpu,

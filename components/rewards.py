@@ -41,7 +41,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from components.settings import Settings
-from components.stages import stage_preference
+from components.stages import stage_trainer
 
 BUILTIN_REWARDS = ("answer", "format", "length")
 # Every name grpo_rewards may use: the built-ins, the reward model and the user's function.
@@ -225,7 +225,7 @@ def check_reward_function(spec: str) -> str | None:
 def grpo_function_error(s: Settings) -> str | None:
     """The grpo stage's user reward function imported here (the grpo data step, which mounts the data volume): the
     error naming grpo_reward_function, or None (also when the stage uses no function)."""
-    p = stage_preference(s, "grpo")
+    p = stage_trainer(s, "grpo").preference
     rewards = p.grpo_rewards if isinstance(p.grpo_rewards, dict) else {}
     if not rewards.get("function") or not p.grpo_reward_function.strip():
         return None

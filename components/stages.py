@@ -21,12 +21,12 @@ from components.settings import (
     JobSettings,
     NetworkSettings,
     ObservabilitySettings,
-    PreferenceSettings,
     SchedulingSettings,
     Settings,
     StorageSettings,
-    TrainSettings,
+    TrainerSettings,
     choices,
+    trainer_fields,
 )
 
 STAGES = choices("stages")  # ("cpt", "sft", "dpo", "rm", "grpo"), declared in the settings model
@@ -95,30 +95,21 @@ def stage_data(s: Settings, stage: str) -> tuple[str, str]:
 # What stage_settings may set beside training settings: the stage's job shape (JobSettings' fields, checked
 # by the same declared rules as the run's). The automation guide trains cpt on 4 GPUs and sft/dpo on 2.
 STAGE_RESOURCES = ("num_nodes", "gpus_per_node")
-# The settings the trainer config is written from (``write_config``): the train and preference groups.
-TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainSettings))
-PREFERENCE_FIELDS = frozenset(f.name for f in dataclasses.fields(PreferenceSettings))
-TRAINER_FIELDS = TRAIN_FIELDS | PREFERENCE_FIELDS
+# The settings the trainer config is written from (``build_trainer_config``): the model, compute, train and
+# preference groups.
+TRAINER_FIELDS = frozenset(trainer_fields())
 
 
 def stage_overrides(s: Settings, stage: str) -> dict:
-    """The training settings (train and preference groups) the stage changes: the stage's defaults, then the run's
-    ``stage_settings`` (its nodes and GPUs aside: ``stage_resources``; a name that is neither, validate_inputs
-    names)."""
+    """The trainer settings the stage changes: the stage's defaults, then the run's ``stage_settings`` (its nodes and
+    GPUs aside: ``stage_resources``; a name that is neither, validate_inputs names)."""
     over = {**STAGE_DEFAULTS.get(stage, {}), **s.stages.stage_settings.get(stage, {})}
     return {name: value for name, value in over.items() if name in TRAINER_FIELDS}
 
 
-def stage_train(s: Settings, stage: str) -> TrainSettings:
-    """The run's train settings with ``stage``'s own (``stage_overrides``) over them."""
-    over = stage_overrides(s, stage)
-    return dataclasses.replace(s.train, **{name: over[name] for name in over if name in TRAIN_FIELDS})
-
-
-def stage_preference(s: Settings, stage: str) -> PreferenceSettings:
-    """The run's preference settings with ``stage``'s own (``stage_overrides``) over them."""
-    over = stage_overrides(s, stage)
-    return dataclasses.replace(s.preference, **{name: over[name] for name in over if name in PREFERENCE_FIELDS})
+def stage_trainer(s: Settings, stage: str) -> TrainerSettings:
+    """The run's trainer settings with ``stage``'s own (``stage_overrides``) over them."""
+    return s.trainer().replace(**stage_overrides(s, stage))
 
 
 def stage_resources(s: Settings, stage: str) -> dict:
@@ -163,8 +154,9 @@ def stage_gpus(s: Settings, stage: str) -> int:
     return c.num_nodes * c.gpus_per_node
 
 
-def stage_train_settings(s: Settings, stage: str, base_model: str, tuned: dict | None = None) -> TrainSettings:
-    """The run's training settings for ``stage``, starting from ``base_model``; ``tuned`` (what a hyper-parameter
-    search chose, components/hpo/) applies to the sft stage, the one its trials train, over everything else."""
+def stage_train_settings(s: Settings, stage: str, base_model: str, tuned: dict | None = None) -> TrainerSettings:
+    """The trainer settings ``stage``'s job runs with, starting from ``base_model``; ``tuned`` (what a
+    hyper-parameter search chose, components/hpo/) applies to the sft stage, the one its trials train, over
+    everything else."""
     over = (tuned or {}) if stage == "sft" else {}
-    return dataclasses.replace(stage_train(s, stage), **over, model_name_or_path=base_model)
+    return stage_trainer(s, stage).replace(**over, model_name_or_path=base_model)

@@ -6,6 +6,7 @@ steps call at run time, with a placeholder run id (on the cluster it is the KFP 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -24,7 +25,6 @@ from components.stages import (
     hands_on,
     job_groups,
     stage_folder,
-    stage_preference,
     stage_train_settings,
 )
 from components.train.config import build_trainer_config
@@ -44,21 +44,21 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
     written.append(_write(out_dir / "params.yaml", yaml.safe_dump(params, sort_keys=True, allow_unicode=True)))
 
     s = Settings.from_flat(params)
-    base = s.train.model_name_or_path
+    base = s.model.model_name_or_path
     for stage in s.stages.stages:  # each stage's trainer config and job: sft's keep the plain file names
         suffix = "" if stage == "sft" else f"-{stage}"
         stage_dir = os.path.join(run_dir(MODEL_MOUNT, RENDER_RUN_ID), stage_folder(stage))
-        train, preference = stage_train_settings(s, stage, base), stage_preference(s, stage)
-        if runs_own_server(stage, preference, s.job):
+        trainer = stage_train_settings(s, stage, base)
+        if runs_own_server(stage, trainer.preference, s.job):
             # The grpo stage's own vLLM server, which the train step runs beside the job; the config names its URL.
             manifests = run_server_manifests(
                 s.job, s.storage, run_id=RENDER_RUN_ID, namespace=namespace, model_path=base
             )
             written.append(_write(out_dir / "grpo-vllm-server.yaml", yaml.safe_dump_all(manifests, sort_keys=False)))
-            preference = stage_server_url(stage, preference, s.job, run_id=RENDER_RUN_ID, namespace=namespace)
+            preference = stage_server_url(stage, trainer.preference, s.job, run_id=RENDER_RUN_ID, namespace=namespace)
+            trainer = dataclasses.replace(trainer, preference=preference)
         cfg = build_trainer_config(
-            train,
-            preference,
+            trainer,
             stage=stage,
             dataset_path=os.path.join(run_dir(DATA_MOUNT, RENDER_RUN_ID), dataset_folder(stage)),
             output_dir=stage_dir,
@@ -111,7 +111,7 @@ def render(params: dict, out_dir: Path, namespace: str = "default") -> list[Path
             max_failed_trials=h.hpo_max_failed_trials,
             algorithm=h.hpo_algorithm,
             trial_steps=h.hpo_trial_steps,
-            method=s.train.method,
+            method=s.model.method,
             seed=s.train.seed,
         )
         written.append(_write(out_dir / "experiment.yaml", yaml.safe_dump(experiment, sort_keys=False)))

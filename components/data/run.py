@@ -127,7 +127,7 @@ def prepare_stage_shard(s: Settings, *, stage: str, shard: int, data_root: str, 
 
     request = stage_request(s, stage, data_root)
     source = request.pop("source")
-    tokenizer = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
+    tokenizer = resolve_model(s.model.model_name_or_path, os.path.join(data_root, "cache"))
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))  # the join's, which reads the shard
     return prepare(source, tokenizer, out_dir, PrepareOptions(**request, only_shard=shard))
 
@@ -154,7 +154,7 @@ def prepare_stage_dataset(s: Settings, *, stage: str, data_root: str, run_id: st
     out_dir = os.path.join(run_dir(data_root, run_id), dataset_folder(stage))
     # Once per run and stage: the sft stage's slot asks for the data the run's data step prepared (once.py).
     stats = prepare_once(
-        out_dir, s.train.model_name_or_path, os.path.join(data_root, "cache"), **stage_request(s, stage, data_root)
+        out_dir, s.model.model_name_or_path, os.path.join(data_root, "cache"), **stage_request(s, stage, data_root)
     )
     metadata = {
         "pvc": data_pvc,

@@ -55,12 +55,12 @@ def memory_text(values: dict) -> str:
     if s.job.train_backend == "local":
         return ""
     try:
-        config = architecture(s.train.model_name_or_path)
+        config = architecture(s.model.model_name_or_path)
     except ValueError as e:
         return f"memory per GPU: not estimated ({e})"
     lines = []
     for stage in s.stages.stages:
-        if stage == "grpo" and s.train.parallelism == "deepspeed":
+        if stage == "grpo" and s.compute.parallelism == "deepspeed":
             rl = grpo_plan(s, config)
             p, memory, fits, how = rl.train, rl.memory_gib, rl.memory_error is None, f", generation: {rl.backend}"
         else:
@@ -85,7 +85,7 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
             "plan: this run trains on this machine's CPUs (train_backend=local); the plan is for GPU jobs: "
             "pass a cluster preset, e.g. --preset qwen3-30b-a3b-full --plan"
         )
-    config = architecture(s.train.model_name_or_path)
+    config = architecture(s.model.model_name_or_path)
     stats = read_stats(stats_path) if stats_path else None
     text = format_plan(plan(s, config, stats)) + "\n" + data_prep_text(s, stats)
     better = faster_layout(s, config, stats)
@@ -108,7 +108,7 @@ def plan_text(values: dict, stats_path: str | None = None) -> str:
             f"(x{p.tokens_per_s_per_gpu / own.tokens_per_s_per_gpu:.2f}), {p.memory_gib['total']:.1f} GiB per GPU "
             f"of {p.gpu_memory_gib:g}"
         )
-    if "grpo" in s.stages.stages and s.train.parallelism == "deepspeed":
+    if "grpo" in s.stages.stages and s.compute.parallelism == "deepspeed":
         text += "\n" + format_grpo_plan(grpo_plan(s, config))
     if len(s.stages.stages) > 1 or any(stage_resources(s, stage) for stage in s.stages.stages):
         text += "\n" + format_stage_plans(s, config, stats)
@@ -126,7 +126,7 @@ def format_stage_plans(s: Settings, config: dict, stats: dict | None = None) -> 
     lines = ["stages: each its own job, on its own nodes and GPUs (stage_settings.<stage>.num_nodes, .gpus_per_node)"]
     total = 0.0
     for stage in s.stages.stages:
-        if stage == "grpo" and s.train.parallelism == "deepspeed":
+        if stage == "grpo" and s.compute.parallelism == "deepspeed":
             rl = grpo_plan(s, config)
             p, memory, fits, wall, hours = rl.train, rl.memory_gib, rl.memory_error is None, rl.wall_s, rl.gpu_hours
             per = " per 1,000 prompts" if rl.per_thousand else ""

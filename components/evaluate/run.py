@@ -10,7 +10,7 @@ import os
 from components.models.logprobs import reference_path
 from components.paths import evaluation_path
 from components.settings import Settings
-from components.stages import dataset_folder, stage_folder, stage_preference, started_from
+from components.stages import dataset_folder, stage_folder, stage_trainer, started_from
 
 
 def stage_checks(s: Settings, *, base: str, model_path: str, dataset_path: str) -> dict:
@@ -30,7 +30,7 @@ def stage_checks(s: Settings, *, base: str, model_path: str, dataset_path: str) 
     e = s.evaluate
     grpo = None
     if "grpo" in stages:
-        p = stage_preference(s, "grpo")  # the grpo stage's own settings (stage_settings) over the run's
+        p = stage_trainer(s, "grpo").preference  # the grpo stage's own settings (stage_settings) over the run's
         grpo = {
             "prompts_path": os.path.join(data_dir, dataset_folder("grpo")),
             "before": started.get("grpo") or base,
@@ -93,7 +93,7 @@ def evaluate_tuned_model(s: Settings, *, model_path: str, dataset_path: str, dat
     from components.models.resolve import resolve_model
 
     e = s.evaluate
-    base = resolve_model(s.train.model_name_or_path, os.path.join(data_root, "cache"))
+    base = resolve_model(s.model.model_name_or_path, os.path.join(data_root, "cache"))
     result = evaluate(
         base,
         model_path,

@@ -13,7 +13,7 @@ from typing import NamedTuple
 from components.hpo import katib
 from components.hpo.space import check_hpo_settings
 from components.settings import Settings
-from components.stages import job_groups, stage_job, stage_preference, stage_train_settings
+from components.stages import job_groups, stage_job, stage_train_settings
 from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
 
 log = logging.getLogger("search_hyperparameters")
@@ -70,8 +70,7 @@ def search_sft_settings(
     # model, also when a cpt stage comes first: the search runs before the stages train.
     trials_dir = katib.trials_dir_for(run_id, root=model_root)
     _, base_config = write_config(
-        stage_train_settings(s, "sft", s.train.model_name_or_path),
-        stage_preference(s, "sft"),
+        stage_train_settings(s, "sft", s.model.model_name_or_path),
         stage="sft",
         dataset_path=dataset_path,
         packing=packing,
@@ -166,7 +165,7 @@ def _search_on_cluster(
         max_failed_trials=hpo.hpo_max_failed_trials,
         algorithm=hpo.hpo_algorithm,
         trial_steps=hpo.hpo_trial_steps,
-        method=s.train.method,
+        method=s.model.method,
         seed=s.train.seed,
     )
     return follow.run_experiment(

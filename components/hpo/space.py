@@ -246,7 +246,7 @@ def check_hpo_settings(s: Settings) -> list[str]:
         parallel_trials=h.hpo_parallel_trials,
         max_failed_trials=h.hpo_max_failed_trials,
         algorithm=algorithm,
-        method=s.train.method,
+        method=s.model.method,
     )
     if "sft" not in s.stages.stages:
         errors.append(

@@ -70,7 +70,7 @@ def publish(
     token hub_token_secret holds; the tracker's address and key are the environment's (MLFLOW_*, WANDB_*)."""
     floats = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     stage, done = s.stages.stages[-1], []
-    base = s.train.model_name_or_path
+    base = s.model.model_name_or_path
     if s.publish.model_registry_url:
         from components.publish.model_registry import register_model
 

@@ -2,8 +2,10 @@
 default, help text, bounds and allowed values. It declares and nothing more: the checks live in the validate step
 (components/validate/rules/), which reads these declarations.
 
-The groups (``Settings``' fields, each a dataclass of about 20 settings at most; ``train`` still holds 34):
-``train`` and ``preference`` (the dpo and grpo stages' settings: what the trainer reads), ``stages``, ``variants``,
+The groups (``Settings``' fields, each a dataclass of about 20 settings at most): what the trainer reads, bundled per
+stage as ``TrainerSettings``: ``model`` (the base model, full or adapters, the adapters' shape), ``compute`` (the
+parallelism, DeepSpeed, recomputation, the kernels), ``train`` (batches, optimizer, schedule, checkpoints, early
+stopping, logging) and ``preference`` (the dpo, rm and grpo stages' own); then ``stages``, ``variants``,
 ``hpo``, ``data``; where and how the training job runs: ``job`` (backend, nodes,
 GPUs, images, placement, the trainer pod's resources), ``scheduling`` (queue, priority, gang scheduling, elastic
 restarts, re-runs, deadlines, cleanup), ``network`` (RDMA, NCCL, proxies, the Hub mirror), ``storage`` (the claims,
@@ -21,17 +23,17 @@ Everything else derives from it:
 - ``validate_inputs`` (generated from this model by ``python -m pipelines.compile``): it takes the plain
   parameters and ``advanced_settings``, checks everything (types, bounds and choices as declared here, then the
   rules between settings) and returns the resolved settings, the ``settings`` input of every later step, which
-  reads them through this model (``Settings.from_flat(settings).train.method``);
+  reads them through this model (``Settings.from_flat(settings).model.method``);
 - ``python -m pipelines.run --help``, ``-p NAME=VALUE``, ``--params FILE`` and the presets (any setting by name);
-- the trainer: ``build_trainer_config`` writes every ``TrainSettings`` and ``PreferenceSettings`` field into the
-  trainer config, and ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus
-  ``SFTSettings``' and ``PreferenceSettings``' fields, written out there again and held to these by a test;
+- the trainer: ``build_trainer_config`` writes every field of a stage's ``TrainerSettings`` into the trainer config,
+  and ``SFTConfig`` (components/train/trainer/arguments.py) is ``TrainingArguments`` plus the trainer settings that
+  ``TrainingArguments`` lacks, written out there again and held to these by a test;
 - the code that implements a choice reads its values here (``choices("method")``), or a test holds its own tuple
   to them where that code must not depend on this model;
 - the settings table in docs/settings.md (``python -m pipelines.compile`` checks it is current).
 
-The groups live in modules by concern (``training_settings``: train, preference, stages, variants, hpo;
-``data_settings``; ``job_settings``: job, scheduling, network, storage, observability, plan; ``step_settings``:
+The groups live in modules by concern (``training_settings``: model, compute, train, preference, stages, variants,
+hpo; ``data_settings``; ``job_settings``: job, scheduling, network, storage, observability, plan; ``step_settings``:
 evaluate, deploy, publish; ``declare``: ``setting()``); this module puts them together (``Settings``) and answers
 by name (``specs()``, ``defaults()``, the pipeline arguments). Import everything from here. The package imports
 nothing but the package version (no ML or Kubernetes library, no other module of the package), so ``--help``
@@ -60,33 +62,40 @@ from components.settings.job_settings import (
 )
 from components.settings.step_settings import DeploySettings, EvaluateSettings, PublishSettings
 from components.settings.training_settings import (
+    TRAINER_GROUPS,
+    ComputeSettings,
     HpoSettings,
+    ModelSettings,
     PreferenceSettings,
-    SFTSettings,
     StageSettings,
+    TrainerSettings,
     TrainSettings,
     VariantSettings,
+    trainer_fields,
 )
 
 __all__ = [
     "ADVANCED",
+    "TRAINER_GROUPS",
+    "ComputeSettings",
     "DataSettings",
     "DeploySettings",
     "EvaluateSettings",
     "HpoSettings",
     "JobSettings",
+    "ModelSettings",
     "NetworkSettings",
     "ObservabilitySettings",
     "PlanSettings",
     "PreferenceSettings",
     "PublishSettings",
-    "SFTSettings",
     "SchedulingSettings",
     "Settings",
     "Spec",
     "StageSettings",
     "StorageSettings",
     "TrainSettings",
+    "TrainerSettings",
     "VariantSettings",
     "choices",
     "defaults",
@@ -94,6 +103,7 @@ __all__ = [
     "setting",
     "specs",
     "split_arguments",
+    "trainer_fields",
     "whole_numbers",
 ]
 
@@ -102,6 +112,8 @@ __all__ = [
 class Settings:
     """Every setting of a run, by concern."""
 
+    model: ModelSettings = field(default_factory=ModelSettings)
+    compute: ComputeSettings = field(default_factory=ComputeSettings)
     train: TrainSettings = field(default_factory=TrainSettings)
     preference: PreferenceSettings = field(default_factory=PreferenceSettings)
     stages: StageSettings = field(default_factory=StageSettings)
@@ -133,6 +145,10 @@ class Settings:
             names = {f.name for f in dataclasses.fields(factory)}
             groups[group.name] = factory(**{k: v for k, v in values.items() if k in names})
         return cls(**groups)
+
+    def trainer(self) -> TrainerSettings:
+        """The run's trainer settings (model, compute, train, preference), before any stage's own."""
+        return TrainerSettings(self.model, self.compute, self.train, self.preference)
 
     def flat(self) -> dict:
         """Every setting by name."""

@@ -1,15 +1,17 @@
-"""The training settings: the trainer's (train, preference), the stages', the variants' and the search's."""
+"""The training settings: the trainer's (model, compute, train, preference, bundled per stage as ``TrainerSettings``),
+the stages', the variants' and the search's."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from components.settings.declare import setting
 
 
 @dataclass
-class SFTSettings:
-    """What the trainer adds to ``TrainingArguments`` (SFTConfig's own fields)."""
+class ModelSettings:
+    """The model a run tunes and how: every weight (full) or adapters (lora, qlora), and the adapters' shape."""
 
     model_name_or_path: str = setting(
         "Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
@@ -20,11 +22,6 @@ class SFTSettings:
         "full",
         "Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).",
         choices=("full", "lora", "qlora"),
-    )
-    max_seq_length: int = setting(
-        4096,
-        "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.",
-        min=64,
     )
     lora_r: int = setting(16, "LoRA rank: higher learns more and costs more memory.", plain=False, min=1)
     lora_alpha: int = setting(
@@ -50,12 +47,14 @@ class SFTSettings:
         "the adapter alone always goes to adapter/.",
         plain=False,
     )
-    router_aux_loss_coef: float = setting(
-        0.001,
-        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
-        plain=False,
-        min=0,
-    )
+
+
+@dataclass
+class ComputeSettings:
+    """How the trainer lays out its compute: the parallelism, DeepSpeed's config, activation recomputation and
+    the kernels (attention, MoE experts, Liger, the chunked loss). None changes what is learned, only its speed and
+    memory (moe_experts_implementation and attn_implementation within numerical tolerance)."""
+
     parallelism: str = setting(
         "deepspeed",
         "How the training job spreads the model over its GPUs: deepspeed (deepspeed_config decides: "
@@ -64,6 +63,26 @@ class SFTSettings:
         "within a node, MoE models).",
         plain=False,
         choices=("deepspeed", "hsdp", "hsdp_ep"),
+    )
+    deepspeed_config: str = setting(
+        "zero3",
+        "DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped configs), "
+        "none (plain DDP) or a .json path on a "
+        "mounted volume.",
+        # The shipped configs are components/train/deepspeed/<name>.json (a test holds the folder to these names).
+        choices=("zero2", "zero3", "zero3_hpz", "zero3_offload", "none"),
+        path_suffix=".json",
+    )
+    activation_checkpointing: bool = setting(
+        True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False
+    )
+    recompute_every_n_layers: int = setting(
+        1,
+        "With activation_checkpointing: recompute every n-th decoder layer only (transformers' every_n_layers); "
+        "the others keep their activations: 1/n of the recomputation for more memory. The memory fit and "
+        "--plan count it.",
+        plain=False,
+        min=1,
     )
     liger_kernels: bool = setting(
         False,
@@ -99,27 +118,26 @@ class SFTSettings:
         "Plain PyTorch, under ZeRO-3 and FSDP2 alike.",
         plain=False,
     )
-    early_stopping_patience: int = setting(
-        0,
-        "cpt and sft stages: stop once the held-out loss per label token has not improved for this many "
-        "evaluations (every eval_steps) and keep the best checkpoint as the stage's model; 0 trains to the end.",
-        plain=False,
-        min=0,
-    )
-    early_stopping_min_delta: float = setting(
-        0.0,
-        "With early_stopping_patience: how much the held-out loss must fall below the best so far to count as "
-        "an improvement.",
-        plain=False,
-        min=0,
-    )
 
 
 @dataclass
-class TrainSettings(SFTSettings):
-    """The training step: SFTSettings plus TrainingArguments' own fields, written under the same names (two are
-    renamed by build_trainer_config: deepspeed_config -> deepspeed, warmup_ratio -> warmup_steps)."""
+class TrainSettings:
+    """The training loop: rows and batches, the optimizer and its schedule, checkpoints, evaluation and early
+    stopping, logging. ``TrainingArguments``' own fields keep their names here (three are renamed by
+    build_trainer_config: deepspeed_config -> deepspeed, warmup_ratio -> warmup_steps, recompute_every_n_layers ->
+    activation_checkpointing_kwargs)."""
 
+    max_seq_length: int = setting(
+        4096,
+        "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it.",
+        min=64,
+    )
+    router_aux_loss_coef: float = setting(
+        0.001,
+        "MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.",
+        plain=False,
+        min=0,
+    )
     per_device_train_batch_size: int = setting(
         4,
         "Rows per GPU per forward pass (the micro-batch). The reference job's 4 x 4096 tokens: each expert's grouped "
@@ -155,26 +173,6 @@ class TrainSettings(SFTSettings):
     weight_decay: float = setting(0.0, "AdamW weight decay.", plain=False, min=0)
     max_grad_norm: float = setting(1.0, "Gradient clipping norm (0 turns clipping off).", plain=False, min=0)
     seed: int = setting(42, "Seed of the train/eval split and of training.")
-    deepspeed_config: str = setting(
-        "zero3",
-        "DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped configs), "
-        "none (plain DDP) or a .json path on a "
-        "mounted volume.",
-        # The shipped configs are components/train/deepspeed/<name>.json (a test holds the folder to these names).
-        choices=("zero2", "zero3", "zero3_hpz", "zero3_offload", "none"),
-        path_suffix=".json",
-    )
-    activation_checkpointing: bool = setting(
-        True, "Recompute activations in the backward pass: less memory for about 30% more compute.", plain=False
-    )
-    recompute_every_n_layers: int = setting(
-        1,
-        "With activation_checkpointing: recompute every n-th decoder layer only (transformers' every_n_layers); "
-        "the others keep their activations: 1/n of the recomputation for more memory. The memory fit and "
-        "--plan count it.",
-        plain=False,
-        min=1,
-    )
     save_steps: int = setting(
         200, "Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).", min=1
     )
@@ -183,6 +181,20 @@ class TrainSettings(SFTSettings):
         0,
         "With early_stopping_patience: evaluate on the held-out split every this many optimizer steps (0: every "
         "save_steps; save_steps must be a multiple). Each new best is checkpointed, so that it can be kept.",
+        plain=False,
+        min=0,
+    )
+    early_stopping_patience: int = setting(
+        0,
+        "cpt and sft stages: stop once the held-out loss per label token has not improved for this many "
+        "evaluations (every eval_steps) and keep the best checkpoint as the stage's model; 0 trains to the end.",
+        plain=False,
+        min=0,
+    )
+    early_stopping_min_delta: float = setting(
+        0.0,
+        "With early_stopping_patience: how much the held-out loss must fall below the best so far to count as "
+        "an improvement.",
         plain=False,
         min=0,
     )
@@ -201,8 +213,8 @@ class TrainSettings(SFTSettings):
 
 @dataclass
 class PreferenceSettings:
-    """The preference and reinforcement stages (dpo, grpo): SFTConfig's fields like SFTSettings', written into the
-    trainer config with the train group's, and settable per stage in ``stage_settings``."""
+    """The preference and reinforcement stages (dpo, rm, grpo): SFTConfig's fields like the other trainer groups',
+    written into the trainer config with theirs, and settable per stage in ``stage_settings``."""
 
     dpo_beta: float = setting(
         0.1,
@@ -283,6 +295,47 @@ class PreferenceSettings:
         plain=False,
         min=1,
     )
+
+
+@dataclass(frozen=True)
+class TrainerSettings:
+    """What one stage's trainer runs with: the model, compute, train and preference groups, with the stage's own
+    settings and a search's choices over the run's (components/stages.py: ``stage_trainer``). build_trainer_config
+    writes every field of the four into the trainer config."""
+
+    model: ModelSettings
+    compute: ComputeSettings
+    train: TrainSettings
+    preference: PreferenceSettings
+
+    def flat(self) -> dict:
+        """Every setting of the four groups, by name."""
+        return {
+            name: value
+            for group in dataclasses.fields(self)
+            for name, value in dataclasses.asdict(getattr(self, group.name)).items()
+        }
+
+    def replace(self, **values) -> TrainerSettings:
+        """A copy with ``values`` (setting name -> value) in whichever group holds each; a ValueError names a
+        setting none of them holds."""
+        unknown = sorted(set(values) - set(trainer_fields()))
+        if unknown:
+            raise ValueError(f"not trainer settings: {unknown}")
+        groups = {}
+        for group in dataclasses.fields(self):
+            current = getattr(self, group.name)
+            own = {f.name for f in dataclasses.fields(current)}
+            groups[group.name] = dataclasses.replace(current, **{k: v for k, v in values.items() if k in own})
+        return TrainerSettings(**groups)
+
+
+TRAINER_GROUPS = (ModelSettings, ComputeSettings, TrainSettings, PreferenceSettings)
+
+
+def trainer_fields() -> tuple[str, ...]:
+    """The settings the trainer config is written from, in the model's order: the four groups' fields."""
+    return tuple(f.name for group in TRAINER_GROUPS for f in dataclasses.fields(group))
 
 
 @dataclass

@@ -93,7 +93,7 @@ def base_model(settings: dict) -> str:
     from components.settings import Settings
 
     freeze_heap_at_exit()
-    return Settings.from_flat(settings).train.model_name_or_path
+    return Settings.from_flat(settings).model.model_name_or_path
 
 
 @dsl.component(base_image=COMPONENTS_IMAGE, install_kfp_package=False)

@@ -9,11 +9,10 @@ loading torch.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from pathlib import Path
 
-from components.settings import PreferenceSettings, TrainSettings, choices
+from components.settings import TrainerSettings, choices
 
 DEEPSPEED_DIR = Path(__file__).with_name("deepspeed")
 METHODS = choices("method")
@@ -215,8 +214,7 @@ def check_combination(cfg: dict) -> list[str]:
 
 
 def build_trainer_config(
-    train: TrainSettings,
-    preference: PreferenceSettings,
+    trainer: TrainerSettings,
     *,
     dataset_path: str,
     output_dir: str,
@@ -225,10 +223,10 @@ def build_trainer_config(
     packing: bool = True,
     stage: str = "sft",
 ) -> dict:
-    """The config dict the pipeline writes for the trainer: every setting of ``train`` and ``preference``
-    (``components.settings.TrainSettings``, ``PreferenceSettings``) under its own name, three renamed (below), plus the
-    run's paths and the policy the package fixes (not settings: they are what makes the job correct, not a matter of
-    taste).
+    """The config dict the pipeline writes for the trainer: every setting of ``trainer`` (a stage's
+    ``components.settings.TrainerSettings``: the model, compute, train and preference groups) under its own name,
+    three renamed (below), plus the run's paths and the policy the package fixes (not settings: they are what makes
+    the job correct, not a matter of taste).
 
     ``packing``: whether prepare_dataset packed the rows (its artifact's metadata says); it picks the sampler.
     ``use_cpu``: torchrun on a laptop (gloo, fp32) instead of GPUs (nccl, bf16).
@@ -237,7 +235,7 @@ def build_trainer_config(
     # report_to is a setting: TensorBoard event files go to <output_dir>/tensorboard on the model volume (common.py
     # sets the folder); MLflow and W&B read their address and key from the environment
     # (components/train/launcher/pods.py).
-    cfg = {**dataclasses.asdict(train), **dataclasses.asdict(preference)}
+    cfg = trainer.flat()
     # The setting's name (or the user's JSON on a volume), never the path deepspeed_config_path finds here:
     # this runs in the launcher's image and the trainer image installs the package somewhere else.
     deepspeed = cfg.pop("deepspeed_config")
@@ -253,7 +251,7 @@ def build_trainer_config(
             "dataset_path": dataset_path,
             "output_dir": output_dir,
             "model_cache_dir": model_cache_dir,
-            "per_device_eval_batch_size": train.per_device_train_batch_size,
+            "per_device_eval_batch_size": trainer.train.per_device_train_batch_size,
             "save_strategy": "steps",
             "include_num_input_tokens_seen": "non_padding",
             "remove_unused_columns": False,

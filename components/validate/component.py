@@ -16,6 +16,7 @@ from components.version import COMPONENTS_IMAGE
 def validate_inputs(
     model_name_or_path: str,
     method: str,
+    deepspeed_config: str,
     max_seq_length: int,
     per_device_train_batch_size: int,
     gradient_accumulation_steps: int,
@@ -24,7 +25,6 @@ def validate_inputs(
     max_steps: int,
     warmup_ratio: float,
     seed: int,
-    deepspeed_config: str,
     save_steps: int,
     save_total_limit: int,
     stages: list,
@@ -102,6 +102,8 @@ def validate_inputs(
         model_name_or_path: Base model: a Hugging Face Hub id, a folder on a mounted volume, or builtin:tiny-qwen3
             (built offline). An FP8 checkpoint is dequantised once into a bf16 copy that every step loads.
         method: Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).
+        deepspeed_config: DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped
+            configs), none (plain DDP) or a .json path on a mounted volume.
         max_seq_length: Tokens per training row; longer examples are dropped or truncated (over_length). Memory
             grows with it.
         per_device_train_batch_size: Rows per GPU per forward pass (the micro-batch). The reference job's 4 x 4096
@@ -113,8 +115,6 @@ def validate_inputs(
         max_steps: Stop after this many optimizer steps; -1 runs every epoch.
         warmup_ratio: Fraction of the steps spent in linear warm-up.
         seed: Seed of the train/eval split and of training.
-        deepspeed_config: DeepSpeed: zero3, zero3_hpz (ZeRO++: gathers within a node), zero2, zero3_offload (shipped
-            configs), none (plain DDP) or a .json path on a mounted volume.
         save_steps: Checkpoint every this many optimizer steps (a restarted job resumes from the last complete one).
         save_total_limit: Complete checkpoints kept on the model volume.
         stages: Training stages, in order, from cpt (continued pretraining on raw text), sft (supervised fine-
@@ -217,10 +217,10 @@ def validate_inputs(
         min_replicas: KServe: fewest predictor replicas (0: scale to zero, Knative only).
         max_replicas: KServe: most predictor replicas the autoscaler may run (at least min_replicas).
         advanced_settings: Any other setting by name, as a JSON object, e.g. {"lora_r": 32}: lora_r, lora_alpha,
-            lora_dropout, lora_target_modules, merge_lora, router_aux_loss_coef, parallelism, liger_kernels,
-            moe_experts_implementation, attn_implementation, chunked_cross_entropy, early_stopping_patience,
-            early_stopping_min_delta, lr_scheduler_type, weight_decay, max_grad_norm, activation_checkpointing,
-            recompute_every_n_layers, eval_steps, logging_steps, report_to, dpo_beta, grpo_rewards,
+            lora_dropout, lora_target_modules, merge_lora, parallelism, activation_checkpointing,
+            recompute_every_n_layers, liger_kernels, moe_experts_implementation, attn_implementation,
+            chunked_cross_entropy, router_aux_loss_coef, lr_scheduler_type, weight_decay, max_grad_norm, eval_steps,
+            early_stopping_patience, early_stopping_min_delta, logging_steps, report_to, dpo_beta, grpo_rewards,
             grpo_answer_pattern, grpo_length_budget, grpo_reward_model, grpo_reward_function, grpo_num_generations,
             grpo_max_completion_length, grpo_beta, grpo_temperature, grpo_generation_backend, grpo_vllm_server_url,
             grpo_weight_sync_steps, grpo_column_mapping, stage_settings, variants_parallel, deploy_variants,

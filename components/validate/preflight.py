@@ -37,7 +37,7 @@ from kubernetes.client.rest import ApiException
 from components.kube import call_api, current_namespace, load_api_client
 from components.observe import tensorboard
 from components.settings import JobSettings, SchedulingSettings, Settings
-from components.stages import stage_preference
+from components.stages import stage_trainer
 from components.validate.preflight_access import (
     DEPLOYER_ACCESS,
     GRPO_SERVER_ACCESS,
@@ -277,7 +277,7 @@ def preflight(params: dict, api_client=None, namespace: str | None = None) -> li
         if "grpo" in s.stages.stages:
             from components.train.launcher.generation_server import runs_own_server
 
-            if runs_own_server("grpo", stage_preference(s, "grpo"), s.job):
+            if runs_own_server("grpo", stage_trainer(s, "grpo").preference, s.job):
                 wanted += GRPO_SERVER_ACCESS
         if s.hpo.hpo_trials:
             problems.append(_missing_api(custom, "kubeflow.org", "v1beta1", "experiments", "Katib"))

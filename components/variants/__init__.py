@@ -26,12 +26,11 @@ from components.settings import (
     DataSettings,
     JobSettings,
     PlanSettings,
-    PreferenceSettings,
     SchedulingSettings,
     Settings,
     StageSettings,
-    TrainSettings,
     choices,
+    trainer_fields,
     whole_numbers,
 )
 
@@ -56,8 +55,7 @@ def _names(group: type) -> set[str]:
 
 # What a variant may override, by name.
 VARIABLE = frozenset(
-    (_names(TrainSettings) - _RUN_TRAINING)
-    | _names(PreferenceSettings)
+    (set(trainer_fields()) - _RUN_TRAINING)
     | (_names(StageSettings) - {"stages"})
     | (_names(DataSettings) & _VARIANT_DATA)
     | (_names(JobSettings) & _VARIANT_JOB)

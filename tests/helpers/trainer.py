@@ -1,13 +1,12 @@
 """A tiny Qwen3 base model and a packed dataset in the prepared-dataset contract, for the trainer tests."""
 
-import dataclasses
 import json
 import random
 from pathlib import Path
 from typing import Any
 
 from components.models.tiny import build_model, build_tokenizer
-from components.settings import PreferenceSettings, TrainSettings
+from components.settings import Settings, TrainerSettings, trainer_fields
 from components.train.config import build_trainer_config, write_trainer_config
 
 WORDS = ["apple", "river", "cloud", "stone", "music", "green", "paper", "light"]
@@ -60,24 +59,20 @@ def make_workdir(root: Path, rows: int = 96, max_seq_length: int = 128) -> Path:
 CPU_TEST_SETTINGS: dict[str, Any] = dict(logging_steps=5, activation_checkpointing=False)
 
 
-def trainer_settings(**settings) -> tuple[TrainSettings, PreferenceSettings]:
-    """The train and preference settings ``build_trainer_config`` takes, from settings by name (defaults else)."""
-    preference = {f.name for f in dataclasses.fields(PreferenceSettings)}
-    return (
-        TrainSettings(**{k: v for k, v in settings.items() if k not in preference}),
-        PreferenceSettings(**{k: v for k, v in settings.items() if k in preference}),
-    )
+def trainer_settings(**settings) -> TrainerSettings:
+    """The trainer settings ``build_trainer_config`` takes, from settings by name (defaults else)."""
+    return Settings().trainer().replace(**settings)
 
 
 def setting_names() -> set[str]:
-    """Every setting the trainer config is written from (the train and preference groups)."""
-    return {f.name for group in (TrainSettings, PreferenceSettings) for f in dataclasses.fields(group)}
+    """Every setting the trainer config is written from (the model, compute, train and preference groups)."""
+    return set(trainer_fields())
 
 
 def trainer_config(root: Path, name: str, **over) -> str:
     """Write a CPU trainer config for ``root``'s model and data (output in ``root/<name>``); return its path."""
     cfg = build_trainer_config(
-        *trainer_settings(
+        trainer_settings(
             model_name_or_path=str(root / "base"),
             method="full",
             max_seq_length=128,

@@ -70,7 +70,7 @@ def test_the_trials_start_from_the_config_the_sft_stage_trains_with(tmp_path, mo
     with pytest.raises(_Stop):
         search_sft_settings(settings(**over), dataset_path=dataset, **where)
     s = settings(**over)
-    train_stage(s, stage="sft", base_model_path=s.train.model_name_or_path, tuned={}, dataset_path=dataset, **where)
+    train_stage(s, stage="sft", base_model_path=s.model.model_name_or_path, tuned={}, dataset_path=dataset, **where)
 
     hpo, sft = configs["hpo"], configs["sft"]
     assert hpo.pop("output_dir") == str(models / "runs" / RUN_ID / "hpo")

@@ -356,11 +356,15 @@ def test_every_problem_is_reported_at_once():
 
 
 def test_searchable_settings_are_settings_and_trainer_fields_of_the_same_type():
-    from components.settings import TrainSettings
+    from components.settings import TrainerSettings
     from components.train.trainer.arguments import SFTConfig
 
     # By setting name and type: the best trial's parameters go straight into the final run's settings.
-    settings = typing.get_type_hints(TrainSettings)
+    settings = {
+        name: kind
+        for group in typing.get_type_hints(TrainerSettings).values()
+        for name, kind in typing.get_type_hints(group).items()
+    }
     assert {n: settings.get(n) for n in katib.SEARCHABLE} == katib.SEARCHABLE
 
     hints = typing.get_type_hints(SFTConfig)

@@ -82,7 +82,7 @@ def test_each_stage_job_has_its_own_pods_gpus_and_torchrun_processes(backend):
         assert [j["spec"]["trainer"]["numProcPerNode"] for j in jobs.values()] == [4, 2]
     # The trainer's settings never see the job's shape: it reads its world size from torchrun.
     assert "num_nodes" not in stage_overrides(s, "cpt")
-    assert stage_train_settings(s, "cpt", "base").model_name_or_path == "base"
+    assert stage_train_settings(s, "cpt", "base").model.model_name_or_path == "base"
 
 
 def test_render_writes_each_stage_job_and_the_search_trials_on_the_sft_stage_gpus(tmp_path):
@@ -197,7 +197,7 @@ def test_the_grpo_batch_holds_whole_groups_over_the_grpo_stage_gpus():
 def test_the_plan_lists_each_stage_with_its_own_gpus_and_gpu_hours():
     values = lora(stage_settings=GUIDE)
     s = Settings.from_flat(values)
-    config = architecture(s.train.model_name_or_path)
+    config = architecture(s.model.model_name_or_path)
     cpt, sft = plan(s, config, stage="cpt"), plan(s, config, stage="sft")
     assert (cpt.num_nodes, cpt.gpus_per_node, sft.num_nodes, sft.gpus_per_node) == (1, 4, 2, 2)
     assert cpt.gpu_hours == pytest.approx(cpt.wall_s * 4 / 3600)

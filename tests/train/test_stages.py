@@ -60,8 +60,8 @@ def test_the_cli_prints_the_warning_and_refuses_a_stage_without_data(tmp_path):
 def test_each_stage_gets_its_defaults_then_the_runs_overrides_and_the_previous_model():
     s = Settings.from_flat({**defaults(), **ALL, "stage_settings": {"dpo": {"method": "lora"}}})
     dpo = stage_train_settings(s, "dpo", "/mnt/models/runs/r/train/final")
-    assert (dpo.learning_rate, dpo.num_train_epochs, dpo.method) == (1e-6, 1.0, "lora")
-    assert dpo.model_name_or_path == "/mnt/models/runs/r/train/final"
+    assert (dpo.train.learning_rate, dpo.train.num_train_epochs, dpo.model.method) == (1e-6, 1.0, "lora")
+    assert dpo.model.model_name_or_path == "/mnt/models/runs/r/train/final"
     assert stage_overrides(s, "sft") == {}
 
 

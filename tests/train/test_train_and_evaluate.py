@@ -42,7 +42,7 @@ def workdir(tmp_path_factory):
 
 def _config(workdir, **over):
     cfg = build_trainer_config(
-        *trainer_settings(
+        trainer_settings(
             model_name_or_path=str(workdir / "base"),
             method="full",
             max_seq_length=128,

@@ -123,7 +123,7 @@ def test_a_local_stage_trains_here_with_the_steps_paths_and_reports_its_final_mo
         "uri": str(out / "final"),
         "stage": "sft",
         "base_model": "builtin:tiny-qwen3",
-        "method": s.train.method,
+        "method": s.model.method,
         "job_name": "",
         **METRICS,
     }

@@ -138,7 +138,7 @@ def test_the_settings_model_is_a_leaf():
 def test_whole_floats_from_kfp_become_ints_again():
     # A dict parameter travels as a protobuf Struct: every number is a double.
     s = Settings.from_flat({"num_nodes": 2.0, "lora_r": 8.0, "learning_rate": 1.0})
-    assert (s.job.num_nodes, s.train.lora_r, s.train.learning_rate) == (2, 8, 1.0)
+    assert (s.job.num_nodes, s.model.lora_r, s.train.learning_rate) == (2, 8, 1.0)
     assert isinstance(s.job.num_nodes, int)
     # Also the training settings a stage changes: stage_settings holds settings by name.
     s = Settings.from_flat({"stage_settings": {"dpo": {"lora_r": 8.0, "learning_rate": 1.0}}})

@@ -56,8 +56,8 @@ def test_a_stages_integer_settings_survive_kfps_doubles():
     assert settings["stage_settings"] == {"sft": {"lora_r": 8, "learning_rate": 1e-4}}
     assert isinstance(settings["stage_settings"]["sft"]["lora_r"], int)
     # And a later step, which reads them through the model, trains with an int.
-    train = stage_train_settings(Settings.from_flat(settings), "sft", "base")
-    assert train.lora_r == 8 and isinstance(train.lora_r, int)
+    model = stage_train_settings(Settings.from_flat(settings), "sft", "base").model
+    assert model.lora_r == 8 and isinstance(model.lora_r, int)
 
 
 def test_missing_claim_and_too_few_gpu_nodes_fail_before_any_job(cluster):

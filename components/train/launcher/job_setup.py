@@ -28,10 +28,9 @@ from components.settings import (
     JobSettings,
     NetworkSettings,
     ObservabilitySettings,
-    PreferenceSettings,
     SchedulingSettings,
     StorageSettings,
-    TrainSettings,
+    TrainerSettings,
 )
 
 
@@ -78,8 +77,7 @@ def trains_on_cpu(local: bool) -> bool:
 
 
 def write_config(
-    train: TrainSettings,
-    preference: PreferenceSettings,
+    trainer: TrainerSettings,
     *,
     stage: str,
     dataset_path: str,
@@ -87,14 +85,13 @@ def write_config(
     out_dir: str,
     mounts: TrainerMounts,
 ) -> tuple[dict, str]:
-    """The trainer config of ``train`` and ``preference`` for ``stage`` on the prepared dataset at ``dataset_path``
-    (``packing``: its rows are packed), writing to ``out_dir``, with every path as the trainer sees it; written to
-    ``<out_dir>/train_config.json``. Returns the config and that file's path as this step sees it."""
+    """The trainer config of ``trainer`` (the stage's settings) for ``stage`` on the prepared dataset at
+    ``dataset_path`` (``packing``: its rows are packed), writing to ``out_dir``, with every path as the trainer sees
+    it; written to ``<out_dir>/train_config.json``. Returns the config and that file's path as this step sees it."""
     from components.train import config
 
     cfg = config.build_trainer_config(
-        train,
-        preference,
+        trainer,
         stage=stage,
         dataset_path=mounts.for_trainer(dataset_path),
         output_dir=mounts.for_trainer(out_dir),

@@ -4,6 +4,7 @@ creates and follows) and say where the model is."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -11,7 +12,7 @@ from typing import NamedTuple
 
 from components.paths import pvc_uri, run_dir
 from components.settings import Settings
-from components.stages import hands_on, job_groups, stage_folder, stage_job, stage_preference, stage_train_settings
+from components.stages import hands_on, job_groups, stage_folder, stage_job, stage_train_settings
 from components.train.launcher.job_setup import TrainerMounts, cluster_job, record_created, write_config
 from components.train.launcher.model_store import CheckpointUploads, upload_model
 
@@ -53,19 +54,20 @@ def train_stage(
     """
     mounts = TrainerMounts.for_backend(data_root, model_root, s.job.train_backend)
     out_dir = os.path.join(run_dir(model_root, run_id), stage_folder(stage))
-    train = stage_train_settings(s, stage, mounts.for_trainer(base_model_path), tuned)
-    preference = stage_preference(s, stage)
+    trainer = stage_train_settings(s, stage, mounts.for_trainer(base_model_path), tuned)
     server_model = None  # the grpo stage's own vLLM server's model (vllm-server with no URL, on a cluster)
     if not mounts.local:
         from components.kube import current_namespace
         from components.train.launcher.generation_server import runs_own_server, stage_server_url
 
-        if runs_own_server(stage, preference, s.job):
-            server_model = train.model_name_or_path
-            preference = stage_server_url(stage, preference, s.job, run_id=run_id, namespace=current_namespace())
+        if runs_own_server(stage, trainer.preference, s.job):
+            server_model = trainer.model.model_name_or_path
+            preference = stage_server_url(
+                stage, trainer.preference, s.job, run_id=run_id, namespace=current_namespace()
+            )
+            trainer = dataclasses.replace(trainer, preference=preference)
     cfg, config_path = write_config(
-        train,
-        preference,
+        trainer,
         stage=stage,
         dataset_path=dataset_path,
         packing=packing,

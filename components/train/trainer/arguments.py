@@ -1,13 +1,13 @@
 """The trainer's config classes: Hugging Face ``TrainingArguments`` (or TRL's ``DPOConfig``) plus the trainer's own
 settings; unknown keys are an error.
 
-The fields the trainer adds (method, LoRA, MoE router loss, DPO's beta, ...) are ``SFTSettings`` and
-``PreferenceSettings`` of the settings model (components/settings/), where a preset, ``-p`` and the pipeline set
-them. They are written out here again, with their types, defaults and help, as plain dataclass fields:
-``HfArgumentParser`` hands a field's metadata to argparse, which knows nothing of the model's other metadata (bounds,
-choices, plain), and a reader sees the whole class at once. Duplication accepted, consistency enforced: a test fails
-when the two differ in a name, a type, a default or a help text (TRL keeps its configs beside ``TrainingArguments``
-the same way).
+The fields the trainer adds (method, LoRA, MoE router loss, DPO's beta, ...) are the trainer settings of the
+settings model that ``TrainingArguments`` lacks (components/settings/: the model, compute, train and preference
+groups), where a preset, ``-p`` and the pipeline set them. They are written out here again, with their types,
+defaults and help, as plain dataclass fields: ``HfArgumentParser`` hands a field's metadata to argparse, which knows
+nothing of the model's other metadata (bounds, choices, plain), and a reader sees the whole class at once.
+Duplication accepted, consistency enforced: a test fails when the two differ in a name, a type, a default or a help
+text (TRL keeps its configs beside ``TrainingArguments`` the same way).
 
 A config file's ``stage`` picks the class (``config_file.config_class``): ``SFTConfig`` for ``sft`` and ``cpt``
 (continued pretraining is the same causal-LM loss on rows whose every token is a label), ``DPOStageConfig``,
@@ -26,10 +26,10 @@ from components.stages import STAGES
 @dataclass
 class SFTConfig(TrainingArguments):
     """``TrainingArguments`` for supervised fine-tuning (and continued pretraining) on a prepared dataset, plus
-    ``SFTSettings`` and what the train step fills in for each run. Trainer pickles it into each checkpoint
+    the trainer settings it lacks and what the train step fills in for each run. Trainer pickles it into each checkpoint
     (training_args.bin): it stays importable as ``components.train.trainer.arguments.SFTConfig``."""
 
-    # SFTSettings (components/settings/), field by field.
+    # The model, compute and train groups' fields that TrainingArguments lacks (components/settings/), field by field.
     model_name_or_path: str = field(
         default="Qwen/Qwen3-30B-A3B-Thinking-2507-FP8",
         metadata={
@@ -43,14 +43,6 @@ class SFTConfig(TrainingArguments):
     method: str = field(
         default="full",
         metadata={"help": ("Fine-tuning method: full (every weight, DeepSpeed), lora or qlora (PEFT adapters).")},
-    )
-    max_seq_length: int = field(
-        default=4096,
-        metadata={
-            "help": (
-                "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it."
-            )
-        },
     )
     lora_r: int = field(default=16, metadata={"help": "LoRA rank: higher learns more and costs more memory."})
     lora_alpha: int = field(
@@ -83,12 +75,6 @@ class SFTConfig(TrainingArguments):
                 "lora/qlora: write the base merged with the adapter (bf16) to final/ so vLLM serves a plain model; "
                 "the adapter alone always goes to adapter/."
             )
-        },
-    )
-    router_aux_loss_coef: float = field(
-        default=0.001,
-        metadata={
-            "help": ("MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")
         },
     )
     parallelism: str = field(
@@ -146,6 +132,20 @@ class SFTConfig(TrainingArguments):
                 "(tokens x vocabulary) logits (4 x 4096 tokens of Qwen3: 10 GB in fp32): larger micro-batches fit. "
                 "Plain PyTorch, under ZeRO-3 and FSDP2 alike."
             )
+        },
+    )
+    max_seq_length: int = field(
+        default=4096,
+        metadata={
+            "help": (
+                "Tokens per training row; longer examples are dropped or truncated (over_length). Memory grows with it."
+            )
+        },
+    )
+    router_aux_loss_coef: float = field(
+        default=0.001,
+        metadata={
+            "help": ("MoE models: weight of the router load-balancing loss added to the LM loss; 0 turns it off.")
         },
     )
     early_stopping_patience: int = field(

@@ -217,9 +217,9 @@ def store_errors(s: Settings) -> list[str | None]:
 
     store = s.storage
     errors: list[str | None] = []
-    if is_store_uri(s.train.model_name_or_path):
+    if is_store_uri(s.model.model_name_or_path):
         errors.append(
-            f"model_name_or_path={s.train.model_name_or_path!r}: the steps do not read object storage themselves; put "
+            f"model_name_or_path={s.model.model_name_or_path!r}: the steps do not read object storage themselves; put "
             "the uploaded model on the model volume first (python -m components.storage download URI "
             "/mnt/models/base/NAME, resumable and checked against its MANIFEST.json) and name that folder"
         )

@@ -80,7 +80,7 @@ def _tensor_parallel(s: Settings) -> list[str | None]:
     attention heads (``tensor_parallel_sizes``), when the model's config.json is known here."""
     from components.models.shape import load_architecture
 
-    d, model = s.deploy, s.train.model_name_or_path
+    d, model = s.deploy, s.model.model_name_or_path
     if not d.deploy_backend.startswith("kserve") or d.serving_gpus < 1:
         return []
     config = load_architecture(model)
@@ -105,18 +105,18 @@ def _adapter_serving(s: Settings) -> list[str | None]:
     """A LoRA adapter served unmerged (method lora/qlora, merge_lora=false): vLLM's own server, a rank it loads."""
     from components.deploy.serving_plan import LORA_RANKS
 
-    if s.train.method not in ("lora", "qlora") or s.train.merge_lora:
+    if s.model.method not in ("lora", "qlora") or s.model.merge_lora:
         return []
     errors: list[str | None] = []
     if s.deploy.deploy_backend == "kserve-huggingface":
         errors.append(
-            f"method={s.train.method} with merge_lora=false serves the adapter with vLLM's LoRA modules "
+            f"method={s.model.method} with merge_lora=false serves the adapter with vLLM's LoRA modules "
             "(--enable-lora --lora-modules), which deploy_backend=kserve-huggingface does not pass on: use "
             "deploy_backend=kserve-vllm, or merge_lora=true"
         )
-    if s.train.lora_r > LORA_RANKS[-1]:
+    if s.model.lora_r > LORA_RANKS[-1]:
         errors.append(
-            f"lora_r={s.train.lora_r} with merge_lora=false: vLLM loads adapters of rank <= "
+            f"lora_r={s.model.lora_r} with merge_lora=false: vLLM loads adapters of rank <= "
             f"{LORA_RANKS[-1]} (its largest --max-lora-rank); set lora_r <= {LORA_RANKS[-1]} or "
             "merge_lora=true"
         )

@@ -110,7 +110,7 @@ def _eval_gpus(s: Settings) -> str | None:
 
     if s.evaluate.eval_gpus > 0:
         return None
-    model = s.train.model_name_or_path
+    model = s.model.model_name_or_path
     config = load_architecture(model)
     if config is None:
         return None

@@ -10,8 +10,8 @@ import re
 
 from components.paths import DATA_MOUNT, MODEL_MOUNT
 from components.rewards import REWARD_SOURCES, check_reward_function, grpo_function_error  # noqa: F401 (the grpo rules)
-from components.settings import PreferenceSettings, Settings, TrainSettings
-from components.stages import hands_on, stage_gpus, stage_overrides, stage_preference, stage_train
+from components.settings import Settings, TrainerSettings
+from components.stages import hands_on, stage_gpus, stage_overrides, stage_trainer
 
 EXAMPLE = '{"answer": 1.0, "format": 0.5}'
 
@@ -29,14 +29,15 @@ def _function_error(spec: str, s: Settings) -> str | None:
 def check_reward_settings(s: Settings) -> list[str | None]:
     """The rm stage's method; the grpo stage's rewards and generation settings (nothing when grpo does not run)."""
     stages = s.stages.stages
-    if "rm" in stages and (method := stage_overrides(s, "rm").get("method", s.train.method)) != "full":
+    if "rm" in stages and (method := stage_overrides(s, "rm").get("method", s.model.method)) != "full":
         return [
             f"stage rm: method {method!r}: the reward model trains its new head and the whole model (method full); "
             "remove method from stage_settings.rm"
         ]
     if "grpo" not in stages:
         return []
-    t, p = stage_train(s, "grpo"), stage_preference(s, "grpo")  # the grpo stage's own (stage_settings) over the run's
+    grpo = stage_trainer(s, "grpo")  # the grpo stage's own (stage_settings) over the run's
+    p = grpo.preference
     errors: list[str | None] = []
     for key, column in s.stages.grpo_column_mapping.items():
         if key not in ("prompt", "answer") or not isinstance(column, str) or not column:
@@ -89,6 +90,7 @@ def check_reward_settings(s: Settings) -> list[str | None]:
                 "write a Python regex whose first group is the answer, e.g. 'Answer:\\s*(-?\\d+)'"
             )
     gpus = stage_gpus(s, "grpo")  # the grpo stage's job: its own nodes and GPUs (stage_settings.grpo) or the run's
+    t = grpo.train
     per_step = t.per_device_train_batch_size * t.gradient_accumulation_steps * gpus
     if per_step % p.grpo_num_generations:
         # TRL's GRPOConfig: the generation batch (micro-batch x accumulation x processes) holds whole groups.
@@ -98,16 +100,17 @@ def check_reward_settings(s: Settings) -> list[str | None]:
             f"{t.per_device_train_batch_size} x {t.gradient_accumulation_steps} x {gpus} = {per_step}; "
             "change grpo_num_generations or the batch (stage_settings.grpo can set the grpo stage's own)"
         )
-    errors.extend(generation_errors(t, p, s))
+    errors.extend(generation_errors(grpo, s))
     return errors
 
 
-def generation_errors(t: TrainSettings, p: PreferenceSettings, s: Settings) -> list[str]:
-    """grpo_generation_backend vllm-server: a server to reach, and weights it can take (the grpo stage's train and
-    preference settings ``t``, ``p``): full weights (the server loads checkpoint tensors, not adapters), gathered by
+def generation_errors(grpo: TrainerSettings, s: Settings) -> list[str]:
+    """grpo_generation_backend vllm-server: a server to reach, and weights it can take (``grpo``: the grpo stage's
+    trainer settings): full weights (the server loads checkpoint tensors, not adapters), gathered by
     ZeRO-3 or FSDP2. On a cluster an empty URL is the train step's own server
     (components/train/launcher/generation_server.py), which loads the stage's starting model from the models claim;
     locally the URL is required."""
+    p = grpo.preference
     if p.grpo_generation_backend != "vllm-server":
         return []
     errors = []
@@ -121,7 +124,7 @@ def generation_errors(t: TrainSettings, p: PreferenceSettings, s: Settings) -> l
     elif not url:
         stages = list(s.stages.stages)
         trained_before = [st for st in stages[: stages.index("grpo")] if hands_on(st)]
-        start = t.model_name_or_path
+        start = grpo.model.model_name_or_path
         if not trained_before and not start.startswith(MODEL_MOUNT + "/"):
             errors.append(
                 "grpo_generation_backend vllm-server with no grpo_vllm_server_url: the train step's vLLM server "
@@ -131,12 +134,13 @@ def generation_errors(t: TrainSettings, p: PreferenceSettings, s: Settings) -> l
             )
     elif not re.match(r"^https?://[^/\s]+(/v1)?/?$", url):
         errors.append(f"grpo_vllm_server_url {url!r}: write the server's root, http://host:port")
-    if t.method != "full":
+    if grpo.model.method != "full":
         errors.append(
-            f"grpo_generation_backend vllm-server pushes full weights to the server; method is {t.method!r}: use "
-            "method full for the grpo stage (stage_settings.grpo) or grpo_generation_backend transformers"
+            "grpo_generation_backend vllm-server pushes full weights to the server; method is "
+            f"{grpo.model.method!r}: use method full for the grpo stage (stage_settings.grpo) or "
+            "grpo_generation_backend transformers"
         )
-    if t.parallelism == "hsdp_ep":
+    if grpo.compute.parallelism == "hsdp_ep":
         errors.append(
             "grpo_generation_backend vllm-server gathers each weight whole, which parallelism hsdp_ep's expert shards "
             "do not support yet: use parallelism deepspeed or hsdp, or grpo_generation_backend transformers"
@@ -157,7 +161,7 @@ def reward_warnings(s: Settings) -> list[str]:
             "stages runs rm but no grpo after it: the reward model is trained and reported, and nothing scores with it"
         )
     if "grpo" in stages:
-        p = stage_preference(s, "grpo")
+        p = stage_trainer(s, "grpo").preference
         rewards = p.grpo_rewards if isinstance(p.grpo_rewards, dict) else {}
         if p.grpo_reward_function.strip() and not rewards.get("function"):
             warnings.append("grpo_reward_function is set but grpo_rewards gives function no weight: it is not used")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from components.settings import PreferenceSettings, Settings, TrainSettings
-from components.stages import STAGE_DATA, STAGE_RESOURCES, STAGES, stage_overrides, stage_train
+from components.settings import Settings, trainer_fields
+from components.stages import STAGE_DATA, STAGE_RESOURCES, STAGES, stage_overrides, stage_trainer
 from components.train.config import DEEPSPEED_CONFIGS, check_method_deepspeed
 from components.validate.rules.fields import field_errors
 from components.validate.rules.reward_rules import check_reward_settings, reward_warnings
@@ -27,11 +25,7 @@ WHAT = {
 
 # What stage_settings may change: every training setting but the model, which comes from the previous stage, and
 # the stage's job shape (num_nodes, gpus_per_node: components/stages.py).
-STAGE_SETTABLE = (
-    *(f.name for f in dataclasses.fields(TrainSettings) if f.name != "model_name_or_path"),
-    *(f.name for f in dataclasses.fields(PreferenceSettings)),
-    *STAGE_RESOURCES,
-)
+STAGE_SETTABLE = (*(name for name in trainer_fields() if name != "model_name_or_path"), *STAGE_RESOURCES)
 
 
 def check_stage_settings(s: Settings) -> list[str | None]:
@@ -74,8 +68,9 @@ def check_stage_settings(s: Settings) -> list[str | None]:
             over = stage_overrides(s, stage)
             if not {"method", "deepspeed_config"} & set(over):
                 continue  # the run's own method and DeepSpeed config: the training rules name them
-            t = stage_train(s, stage)
-            if t.deepspeed_config in DEEPSPEED_CONFIGS and (e := check_method_deepspeed(t.method, t.deepspeed_config)):
+            trainer = stage_trainer(s, stage)
+            ds = trainer.compute.deepspeed_config
+            if ds in DEEPSPEED_CONFIGS and (e := check_method_deepspeed(trainer.model.method, ds)):
                 errors.append(f"stage {stage}: {e}")
     return errors
 

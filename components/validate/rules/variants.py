@@ -65,12 +65,12 @@ def check_variant_settings(s: Settings) -> list[str]:
                 )
     for i, (variant, name) in enumerate(zip(variants, names, strict=True)):
         model = overrides(variant).get("model_name_or_path")
-        if model is not None and model != s.train.model_name_or_path:
+        if model is not None and model != s.model.model_name_or_path:
             # Issue 40: the comparison scores every variant on the run's held-out split, tokenized once with the
             # run's model's tokenizer (pipelines/llm_finetune.py: evaluate_model gets the run's data step's dataset),
             # and ranks them by loss per token: another tokenizer's ids would be scored wrongly, silently.
             errors.append(
-                f"{_label(i, name)}: model_name_or_path={model!r} is not the run's ({s.train.model_name_or_path!r}): "
+                f"{_label(i, name)}: model_name_or_path={model!r} is not the run's ({s.model.model_name_or_path!r}): "
                 "every variant is scored on the run's held-out split, tokenized with the run's model's tokenizer, "
                 "and compared by loss per token, which another model's tokenizer would make wrong; compare base "
                 "models in separate runs (one per model), and vary training settings within a run"

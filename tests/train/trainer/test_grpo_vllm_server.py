@@ -312,7 +312,7 @@ def test_the_grpo_stage_generates_on_the_server_under_torchrun(server, workdir, 
         **CPU_TEST_SETTINGS,
     )
     cfg = build_trainer_config(
-        *settings,
+        settings,
         dataset_path=str(root / "data"),
         output_dir=str(tmp_path / "out"),
         use_cpu=True,

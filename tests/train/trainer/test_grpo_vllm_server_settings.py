@@ -157,7 +157,7 @@ def _parse(workdir, **over):
         **over,
     )
     cfg = build_trainer_config(
-        *settings,
+        settings,
         dataset_path=str(root / "data"),
         output_dir=str(root / "out"),
         use_cpu=True,

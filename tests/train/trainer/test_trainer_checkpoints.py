@@ -70,7 +70,7 @@ def test_sigterm_asks_for_a_checkpoint_and_a_stop_at_the_next_step_end():
 
 def _config(tmp_path, **over):
     cfg = build_trainer_config(
-        *trainer_settings(
+        trainer_settings(
             model_name_or_path="builtin:tiny-qwen3",
             method="full",
             max_seq_length=128,

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from components.paths import DATA_MOUNT, MODEL_MOUNT
-from components.settings import PreferenceSettings, TrainSettings
+from components.settings import TRAINER_GROUPS, trainer_fields
 from components.train.config import DEEPSPEED_DIR, build_trainer_config, deepspeed_config_path
 from tests.helpers.repo import run_module
 from tests.helpers.trainer import make_workdir, trainer_settings
@@ -32,15 +32,13 @@ _CLUSTER_PATHS = dict(
 
 
 def _cluster_config(deepspeed_config="zero3", packing=True, **settings):
-    train, preference = trainer_settings(
-        model_name_or_path="Qwen/Qwen3-30B-A3B", deepspeed_config=deepspeed_config, **settings
-    )
-    return build_trainer_config(train, preference, **_CLUSTER_PATHS, packing=packing)
+    trainer = trainer_settings(model_name_or_path="Qwen/Qwen3-30B-A3B", deepspeed_config=deepspeed_config, **settings)
+    return build_trainer_config(trainer, **_CLUSTER_PATHS, packing=packing)
 
 
 def test_every_training_setting_reaches_the_trainer_config_under_its_name():
-    """One place per setting: a TrainSettings or PreferenceSettings field is a trainer config key (three renamed)
-    that SFTConfig takes."""
+    """One place per setting: every trainer setting (the model, compute, train and preference groups) is a trainer
+    config key (three renamed) that SFTConfig takes."""
     import dataclasses
 
     from components.train.trainer.arguments import SFTConfig
@@ -57,9 +55,7 @@ def test_every_training_setting_reaches_the_trainer_config_under_its_name():
         "warmup_ratio": "warmup_steps",
         "recompute_every_n_layers": "activation_checkpointing_kwargs",
     }
-    names = {
-        renamed.get(f.name, f.name) for group in (TrainSettings, PreferenceSettings) for f in dataclasses.fields(group)
-    }
+    names = {renamed.get(name, name) for name in trainer_fields()}
     assert names <= set(cfg)
     assert set(cfg) <= {f.name for f in dataclasses.fields(SFTConfig)}  # the trainer takes every key
 
@@ -95,15 +91,23 @@ def _own_fields(cls, base=None) -> dict:
 
 
 def test_sft_config_writes_out_the_settings_model_field_for_field():
-    """SFTConfig repeats SFTSettings and PreferenceSettings as plain fields: duplication accepted, consistency
-    enforced (TRL's rule)."""
+    """SFTConfig repeats the trainer settings that TrainingArguments lacks as plain fields, in the settings model's
+    order: duplication accepted, consistency enforced (TRL's rule)."""
+    import dataclasses
+
     from transformers import TrainingArguments
 
-    from components.settings import SFTSettings
     from components.train.trainer.arguments import RUN_FIELDS, SFTConfig
 
     own = _own_fields(SFTConfig, TrainingArguments)
-    settings = {**_own_fields(SFTSettings), **_own_fields(PreferenceSettings)}
+    arguments = {f.name for f in dataclasses.fields(TrainingArguments)}
+    renamed = {"deepspeed_config", "warmup_ratio", "recompute_every_n_layers"}  # build_trainer_config renames these
+    settings = {
+        name: field
+        for group in TRAINER_GROUPS
+        for name, field in _own_fields(group).items()
+        if name not in arguments and name not in renamed
+    }
     assert list(own) == [*settings, *RUN_FIELDS]  # the same names, in the model's order, then the run's paths
     for name, (kind, default, help) in settings.items():
         assert own[name] == (kind, default, help), name

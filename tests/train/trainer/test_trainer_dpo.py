@@ -79,7 +79,7 @@ def _config(root, name: str, dataset: str = "prefs", **over) -> str:
     )
     extra = {k: over.pop(k) for k in list(over) if k not in setting_names()}  # not settings
     cfg = build_trainer_config(
-        *trainer_settings(**{**settings, **over}),
+        trainer_settings(**{**settings, **over}),
         dataset_path=str(root / dataset),
         output_dir=str(root / name),
         use_cpu=True,

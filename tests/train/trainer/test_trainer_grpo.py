@@ -87,7 +87,7 @@ def _config(root, name: str, **over) -> str:
     )
     extra = {k: over.pop(k) for k in list(over) if k not in setting_names()}
     cfg = build_trainer_config(
-        *trainer_settings(**{**settings, **over}),
+        trainer_settings(**{**settings, **over}),
         dataset_path=str(root / "data"),
         output_dir=str(root / name),
         use_cpu=True,
