@@ -51,7 +51,7 @@ import typing
 from dataclasses import dataclass, field
 
 from components.settings.data_settings import DataSettings
-from components.settings.declare import ADVANCED, setting
+from components.settings.declare import ADVANCED, flat_groups, setting
 from components.settings.job_settings import (
     JobSettings,
     NetworkSettings,
@@ -152,11 +152,7 @@ class Settings:
 
     def flat(self) -> dict:
         """Every setting by name."""
-        return {
-            name: value
-            for group in dataclasses.fields(self)
-            for name, value in dataclasses.asdict(getattr(self, group.name)).items()
-        }
+        return flat_groups(self)
 
 
 @dataclass(frozen=True)

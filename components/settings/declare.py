@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import field
 
@@ -40,3 +41,13 @@ def setting(
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def flat_groups(groups: typing.Any) -> dict:
+    """Every setting of ``groups`` (a dataclass whose fields are settings groups: ``Settings``, ``TrainerSettings``),
+    by name."""
+    return {
+        name: value
+        for group in dataclasses.fields(groups)
+        for name, value in dataclasses.asdict(getattr(groups, group.name)).items()
+    }

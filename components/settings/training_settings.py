@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from components.settings.declare import setting
+from components.settings.declare import flat_groups, setting
 
 
 @dataclass
@@ -310,11 +310,7 @@ class TrainerSettings:
 
     def flat(self) -> dict:
         """Every setting of the four groups, by name."""
-        return {
-            name: value
-            for group in dataclasses.fields(self)
-            for name, value in dataclasses.asdict(getattr(self, group.name)).items()
-        }
+        return flat_groups(self)
 
     def replace(self, **values) -> TrainerSettings:
         """A copy with ``values`` (setting name -> value) in whichever group holds each; a ValueError names a

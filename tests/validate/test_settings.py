@@ -152,3 +152,20 @@ def test_the_derived_files_are_current():
 
     stale = [str(path) for path, text in derived_files().items() if path.read_text() != text]
     assert stale == [], f"run python -m pipelines.compile: {stale} differ from the settings model"
+
+
+def test_trainer_settings_take_changes_by_setting_name_and_refuse_a_name_they_do_not_hold():
+    """A stage's or a search's changes reach the group that holds each setting; a setting outside the four trainer
+    groups is one error naming it (stage_settings' own names are checked earlier, by validate_inputs)."""
+    trainer = Settings().trainer().replace(lora_r=8, parallelism="hsdp", learning_rate=1e-4, dpo_beta=0.2)
+    assert (trainer.model.lora_r, trainer.compute.parallelism) == (8, "hsdp")
+    assert (trainer.train.learning_rate, trainer.preference.dpo_beta) == (1e-4, 0.2)
+    assert trainer.flat() == {
+        **Settings().trainer().flat(),
+        "lora_r": 8,
+        "parallelism": "hsdp",
+        "learning_rate": 1e-4,
+        "dpo_beta": 0.2,
+    }
+    with pytest.raises(ValueError, match=r"not trainer settings: \['num_nodes'\]"):
+        trainer.replace(num_nodes=2)
