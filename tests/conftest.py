@@ -18,6 +18,14 @@ from tests.helpers.worker_groups import group_and_order
 # test measures the CPU engine's speed. `python -m pipelines.run` outside the tests keeps vLLM's default (the
 # README's serving figures); the rehearsal's pods get it from tests/fakes/serving_image.py's CPU_ENV.
 os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
+# Under `-n N` the workers share the machine's cores: each worker's processes (torch in the test itself, a local run's
+# steps, an engine) get their share of OpenMP threads rather than one per core each. OpenMP's threads spin at a
+# parallel region's barrier, so N workers x all cores threads on all cores burn the time a descheduled thread is
+# waited for. torchrun's ranks already divide the cores (components/train/launcher/local_torchrun.py). Set before
+# torch is imported: the OpenMP runtime reads it when it loads.
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:
+    _share = (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _share)))
 
 
 def pytest_configure(config):

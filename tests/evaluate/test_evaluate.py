@@ -120,8 +120,17 @@ def test_untrained_base_scores_about_uniform_and_tuned_beats_it(tiny):
     assert stats["eval"]["rows"] == 16
     assert result["passed"] and "required >= 20.0%" in result["reason"]
     assert len(result["answers"]["base"]) == len(result["answers"]["tuned"]) == 3
-    # The tuned model learned the pattern; the random base did not.
-    assert sum("apple" in a for a in result["answers"]["tuned"][:1]) == 1, result["answers"]
+
+    # The tuned model learned the pattern (a word of the data twice, then "Done."; which word it copies right after
+    # 60 steps depends on the CPU's float rounding: apple on one machine, cloud on an AMD EPYC) and answers at least one
+    # prompt exactly; the random base did neither.
+    def learned(answer: str) -> bool:
+        return re.fullmatch(r"(\w+) \1\. Done\.", answer.strip()) is not None and answer.split()[0] in WORDS
+
+    answers = result["answers"]
+    assert all(map(learned, answers["tuned"])) and not any(map(learned, answers["base"])), answers
+    exact = [f"{w} {w}. Done." for w in WORDS[:3]]
+    assert any(a.strip() == e for a, e in zip(answers["tuned"], exact, strict=True)), answers
     report = result["report"]
     assert report.startswith("# Evaluation") and "**PASSED**" in report
     assert "| # | prompt | base | tuned |" in report and "| 1 | Repeat apple twice. |" in report
