@@ -227,7 +227,9 @@ def test_kfp_local_task_records_become_one_line_per_step(capsys):
 
 @pytest.mark.slow
 def test_three_stages_run_locally_and_preference_tuning_moves_the_preference(tmp_path):
-    """cpt -> sft -> dpo on the bundled samples, for real, under five minutes on a 2-core laptop."""
+    """cpt -> sft -> dpo on the bundled samples, for real. sft runs 2 of the laptop recipe's 6 epochs (issue 38: CI's
+    time; each stage starting from the one before and dpo moving the preference need no more); the README's
+    three-stage figure is the whole recipe's, measured as it says."""
     summary_path = tmp_path / "summary.json"
     result = run_cli(
         "pipelines.run",
@@ -237,6 +239,8 @@ def test_three_stages_run_locally_and_preference_tuning_moves_the_preference(tmp
         str(summary_path),
         "-p",
         'stages=["cpt","sft","dpo"]',
+        "-p",
+        "num_train_epochs=2",  # sft's; cpt and dpo have their own in the preset's stage_settings
         timeout=900,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
