@@ -228,7 +228,7 @@ def test_kfp_local_task_records_become_one_line_per_step(capsys):
 @pytest.mark.slow
 def test_three_stages_run_locally_and_preference_tuning_moves_the_preference(tmp_path):
     """cpt -> sft -> dpo on the bundled samples, for real. sft runs 2 of the laptop recipe's 6 epochs (issue 38: CI's
-    time; each stage starting from the one before and dpo moving the preference need no more); the README's
+    time; each stage starting from the one before and dpo moving the preference need no more); docs/training.md's
     three-stage figure is the whole recipe's, measured as it says."""
     summary_path = tmp_path / "summary.json"
     result = run_cli(
