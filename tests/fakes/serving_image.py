@@ -37,7 +37,8 @@ added to the environment (the GPU image sizes its KV cache from the GPU's memory
 (no Inductor compile at start, as vLLM's own CPU CI runs); resources are not enforced.
 
 Run as a script (``python -I -S tests/fakes/serving_image.py pod-init SPEC`` / ``relay PID PORT``) it is the pod's
-first process and the relay: standard library only at module level.
+first process and the relay: standard library only at module level. ``python3 tests/fakes/serving_image.py venv``
+builds the image (what ``.ci/run`` does while it lints, so that no rehearsal test waits for it).
 """
 
 from __future__ import annotations
@@ -440,3 +441,5 @@ if __name__ == "__main__":
         os.execv(sys.executable, [sys.executable, "-I", "-S", str(CONTAINER), sys.argv[2]])
     elif sys.argv[1] == "relay":
         relay(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "venv":  # .ci/run builds the image beside its lint and type checks
+        print(json.dumps(ensure_venv(), indent=2))

@@ -30,13 +30,13 @@ RANK_SCRIPT = textwrap.dedent("""
     from components.models.resolve import BASE_MODEL_RECORD, resolve_model_for_run
     from components.train.trainer.arguments import SFTConfig
     from components.train.config import deepspeed_config_path
-    from components.train.trainer.common import load_model
+    from components.train.trainer.common import init_deepspeed_comm, load_model
 
     how, repo, cache_root, out = sys.argv[1:5]
     rank = int(os.environ["RANK"])
     cfg = SFTConfig(output_dir=os.path.join(out, "trainer"), use_cpu=True, bf16=True, report_to=[],
                     deepspeed=deepspeed_config_path("zero3"))
-    deepspeed.init_distributed(dist_backend="gloo")  # as sft.main does on CPU
+    init_deepspeed_comm("gloo")  # as start_run does on CPU
     if how == "resolved":
         path = resolve_model_for_run(repo, cache_root, os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
         model = load_model(cfg, path)

@@ -12,10 +12,9 @@ regular (non-editable) install into the image's site-packages. Here:
   not make that folder a site directory, so the ``.pth`` files in it (among them the editable install's
   finder, ``__editable__*.pth``) are never processed: the dev install stays invisible;
 - ``bin/torchrun`` is the console script pip writes when it installs torch, pointing at the image's python;
-- DeepSpeed's ops are built once, as the Dockerfile pre-builds its GPU ops: on CPU the trainer loads the
-  shared-memory allreduce op (``deepspeed_shm_comm``), which DeepSpeed otherwise JIT-compiles in every pod
-  (minutes on two cores). The image's ``TORCH_EXTENSIONS_DIR`` is the development environment's torch
-  extension folder (the dependencies are the same), so an op the CPU trainer tests built is reused.
+- the image's ``TORCH_EXTENSIONS_DIR`` is the development environment's torch extension folder (the dependencies
+  are the same). The CPU trainer builds no DeepSpeed op: it leaves out the shared-memory allreduce op, which only
+  DeepSpeed's inference layers use (components/train/trainer/common.py ``init_deepspeed_comm``).
 
 ``TrainerImage.deps`` lists the dependency folders the pods must still see where the cluster hides the
 repository (a venv inside the repository: tests/rehearsal/cluster.py binds them back).
@@ -90,8 +89,7 @@ def _dev_site_packages() -> tuple[str, ...]:
 
 
 def build(repo: Path, dest: Path) -> TrainerImage:
-    """Build the image from ``repo`` into ``dest`` (a new folder): 15-30 s, plus a few minutes the first time
-    on a machine where DeepSpeed's CPU op was never built."""
+    """Build the image from ``repo`` into ``dest`` (a new folder): 15-30 s."""
     src, wheels, venv = dest / "src", dest / "wheels", dest / "venv"
     src.mkdir(parents=True)
     for name in COPIED:
@@ -126,7 +124,6 @@ def check(image: TrainerImage, cwd: Path) -> None:
     probe = (
         "import json, components, components.train.trainer.__main__, deepspeed, peft, tensorboard; "
         "from importlib.metadata import distribution as d; "
-        "from deepspeed.comm.torch import build_shm_op; build_shm_op(); "
         "print(json.dumps([components.__file__, str(d('kubeflow-llm-post-training')._path)]))"
     )
     env = {**image.env(), "HOME": str(cwd)}

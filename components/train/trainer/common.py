@@ -167,11 +167,27 @@ def start_run(cfg) -> str:
     if cfg.deepspeed and cfg.use_cpu:
         # On CUDA accelerate starts deepspeed.comm; on CPU it only starts torch.distributed (gloo), and
         # DeepSpeed would then see a world of one. Wrap the existing process group.
-        # Lazy: DeepSpeed is imported only where a run uses it (the laptop install has none).
-        import deepspeed
-
-        deepspeed.init_distributed(dist_backend=cfg.ddp_backend)
+        init_deepspeed_comm(cfg.ddp_backend)
     return model_path
+
+
+def init_deepspeed_comm(backend: str) -> None:
+    """Start ``deepspeed.comm`` over torch.distributed (on CPU), without DeepSpeed's shared-memory allreduce op.
+
+    On the CPU accelerator ``deepspeed.init_distributed`` JIT-builds and loads ``deepspeed_shm_comm``
+    (deepspeed/comm/torch.py ``build_shm_op``), which only DeepSpeed's inference tensor-parallel layers use
+    (``inference_all_reduce``); training's collectives are torch.distributed's. Loading it holds torch's
+    ``FileBaton`` (a ``lock`` file in the extensions folder, waited on without a timeout) for a build of tens of
+    seconds, or a ninja check after: a rank killed meanwhile (a cancelled local run) left a lock that made every
+    later run on the machine wait forever. ``build_shm_op`` skips an op that ``__compatible_ops__`` (the dict
+    deepspeed.ops probes once per process and keeps) marks incompatible.
+    """
+    # Lazy: DeepSpeed is imported only where a run uses it (the laptop install has none).
+    import deepspeed
+    import deepspeed.ops
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+    deepspeed.init_distributed(dist_backend=backend)
 
 
 def checkpoint_callbacks(cfg):
