@@ -13,11 +13,11 @@ import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
 from components.models.server_process import free_port
+from tests.helpers.repo import ROOT
 
 pytestmark = pytest.mark.slow  # a fresh process importing DeepSpeed: ~8 s
 
@@ -51,7 +51,7 @@ def test_a_stale_extension_lock_left_by_a_killed_rank_does_not_stop_the_next_run
     }
     # Before the fix this waited on the lock forever; 120 s is many times what it takes on 2 busy cores (~5 s).
     proc = subprocess.run(
-        [sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=120, cwd=Path.cwd()
+        [sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "world 1 [1.0, 1.0]" in proc.stdout
