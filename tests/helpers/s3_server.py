@@ -12,7 +12,6 @@ killed on exit, or by the kernel when the test process ends (``components/parent
 from __future__ import annotations
 
 import json
-import os
 import select
 import signal
 import subprocess
@@ -93,7 +92,6 @@ def s3_server():
                 stdout=subprocess.PIPE,
                 stderr=log_file,
                 text=True,
-                env={**os.environ, "PYTHONPATH": str(ROOT)},
                 preexec_fn=parent_death.preexec(signal.SIGKILL),
             )
         try:
