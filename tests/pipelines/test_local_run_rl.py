@@ -13,9 +13,10 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.helpers.load import wall_time_bound
-from tests.helpers.repo import run_cli
+from tests.helpers.repo import ROOT, run_cli
 
 # Measured on the 2-core development machine (README, "Reinforcement learning"): held-out mean reward (greedy answers to
 # the 48 held-out prompts, answer 1.0 + format 0.5) before grpo -> tuned. The bound is well below the measured gain.
@@ -47,12 +48,31 @@ def _answer_and_format(report: str) -> dict[str, float]:
     return out
 
 
+GRPO_STEPS = 40
+
+
+def _shorter_rm_and_grpo() -> str:
+    """The preset's rm and grpo stage settings with rm's 2 epochs cut to 1 (its held-out accuracy: 0.94, the bound
+    0.8) and grpo's 60 steps to ``GRPO_STEPS`` (issue 38, CI's time; measured 2026-11-29: the answer and format
+    rewards' held-out part 0.065 -> 0.479 after 40 steps, 0.487 after 60)."""
+    stages = yaml.safe_load((ROOT / "pipelines/presets/local-tiny.yaml").read_text())["stage_settings"]
+    stages["rm"]["num_train_epochs"] = 1.0
+    stages["grpo"]["max_steps"] = GRPO_STEPS
+    return "stage_settings=" + json.dumps({stage: stages[stage] for stage in ("rm", "grpo")})
+
+
 @pytest.mark.slow
 def test_sft_then_a_reward_model_then_grpo_raises_the_held_out_reward_in_under_ten_minutes(tmp_path):
     """Both recipes of docs/rl.md in one run (two runs before; issue 38, CI's time): sft -> grpo scored by the answer
     and format rewards, with the reward model trained beside it (rm, a side branch) adding its score. What the
-    sft -> grpo run asserted holds for the answer and format rewards' part of the reward."""
-    s, out = _run(tmp_path, 'stages=["sft","rm","grpo"]', 'grpo_rewards={"answer": 1.0, "format": 0.5, "model": 0.1}')
+    sft -> grpo run asserted holds for the answer and format rewards' part of the reward. rm and grpo train less
+    than the preset's recipe (``_shorter_rm_and_grpo``); the README's figures are the whole recipe's."""
+    s, out = _run(
+        tmp_path,
+        'stages=["sft","rm","grpo"]',
+        'grpo_rewards={"answer": 1.0, "format": 0.5, "model": 0.1}',
+        _shorter_rm_and_grpo(),
+    )
     assert s["status"] == "succeeded" and s["wall_seconds"] < wall_time_bound(600), s["wall_seconds"]
     m = s["metrics"]
     assert m["reward_model_accuracy"] >= 0.8, m  # held-out pairs of builtin:preference
@@ -65,18 +85,17 @@ def test_sft_then_a_reward_model_then_grpo_raises_the_held_out_reward_in_under_t
     assert rule_based["before grpo"] >= rule_based["base"] - 0.1, rule_based
     models = tmp_path / "ws" / "models" / "runs" / s["run_id"]
     grpo = json.loads((models / "grpo" / "metrics.json").read_text())
-    assert grpo["stage"] == "grpo" and grpo["global_step"] == 60 and grpo["last_reward"] > grpo["first_reward"], grpo
+    assert grpo["stage"] == "grpo" and grpo["global_step"] == GRPO_STEPS, grpo
+    assert grpo["last_reward"] > grpo["first_reward"], grpo
     assert grpo["reward_sources"] == ["answer", "format", "model"]
     # rm is a side branch: grpo trained the sft stage's model and scored it with rm's
     record = json.loads((models / "grpo" / "base_model.json").read_text())
     assert str(models / "train" / "final") in json.dumps(record)
     assert json.loads((models / "rm" / "metrics.json").read_text())["eval_accuracy"] >= 0.8
-    assert s["model_uri"].endswith("/grpo/final") and "sft.grpo: step 60/60 | reward " in out
+    assert s["model_uri"].endswith("/grpo/final") and f"sft.grpo: step {GRPO_STEPS}/{GRPO_STEPS} | reward " in out
 
 
 def test_render_writes_the_rm_and_grpo_stages_and_grpo_trains_the_policy_not_the_reward_model(tmp_path):
-    import yaml
-
     result = run_cli(
         "pipelines.run",
         "--preset",

@@ -2,6 +2,7 @@
 and a local run with MLflow writes a real file store."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -72,8 +73,11 @@ def test_a_local_run_with_mlflow_writes_its_metrics_to_a_file_store(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_run_with_wandb_offline_logs_its_metrics_and_the_final_models_reference(tmp_path):
+def test_a_run_with_wandb_offline_logs_its_metrics_and_the_final_models_reference(tmp_path, capfd):
+    """... and, reporting to W&B only, no rank imports MLflow (components/train/trainer/unused_trackers.py), which
+    DeepSpeed would import whenever it is installed: Python's own import profile of every process says so."""
     pytest.importorskip("wandb")
+    pytest.importorskip("mlflow")  # installed, as in the trainer image
     from components.train.launcher.local_torchrun import run_torchrun
     from tests.helpers.trainer import make_workdir, trainer_config
 
@@ -82,8 +86,14 @@ def test_a_run_with_wandb_offline_logs_its_metrics_and_the_final_models_referenc
     run_torchrun(
         trainer_config(root, "wandb", report_to=["wandb"], max_steps=4, save_steps=4, logging_steps=1),
         nproc_per_node=2,
-        env=env,
+        env={**env, "PYTHONPROFILEIMPORTTIME": "1"},
     )
+    profile = "".join(capfd.readouterr())
+    imported = set(re.findall(r"^import time: +\d+ \| +\d+ \| +([\w.]+)$", profile, re.M))
+    assert "deepspeed" in imported and "wandb" in imported, sorted(imported)[:50]  # the profile covers the ranks
+    # An import of the absent mark fails in microseconds and still gets its line ("mlflow"); a real one loads its
+    # submodules (mlflow.entities, mlflow.tracking, ...: over 300 of them).
+    assert not {name for name in imported if name.startswith("mlflow.")}
     # W&B's offline run file (its records, protobuf; 0.31 ships no reader in Python): the losses, the summary key
     # and the model artifact's file:// reference are in it.
     (run,) = list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))

@@ -14,8 +14,10 @@ from __future__ import annotations
 # ruff: noqa: E402  (the parent-death request comes before the imports below: they load torch, which takes seconds)
 import os
 import signal
+import sys
 
 from components import parent_death
+from components.train.trainer.unused_trackers import hide_unreported_trackers
 
 # torchrun starts every worker in a session of its own (torch's elastic SubprocessHandler: start_new_session=True),
 # so a signal to the agent's process group never reaches the ranks: killed that way (a cancelled local run,
@@ -25,11 +27,12 @@ from components import parent_death
 # every process anyway; this is for the agent that dies alone. Asked before anything else, so no window is left.
 if __name__ == "__main__":
     parent_death.request(signal.SIGKILL, os.getppid())
+    # Before the imports below too: three of them would import MLflow for a run that does not report to it.
+    hide_unreported_trackers(sys.argv[1:])
 
 import argparse
 import importlib
 import logging
-import sys
 
 from components.distributed import global_rank
 from components.quick_exit import freeze_heap_at_exit
