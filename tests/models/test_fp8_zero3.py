@@ -19,10 +19,10 @@ from tests.helpers.repo import ROOT
 
 pytestmark = pytest.mark.slow
 
-# Each rank loads the model and writes what it holds of every parameter. ``how``: ``resolved`` loads the
-# trainer's base model (resolve_model_for_run: rank 0 builds the bf16 copy and records it, rank 1 waits for
-# the record) with the trainer's load_model; ``fp8-dequantize`` loads the FP8 snapshot with
-# FineGrainedFP8Config(dequantize=True), as the trainer did.
+# Each rank loads the model both ways, one after the other (one torchrun for both tests: issue 38, CI's time), and
+# writes what it holds of every parameter. ``resolved`` loads the trainer's base model (resolve_model_for_run: rank 0
+# builds the bf16 copy and records it, rank 1 waits for the record) with the trainer's load_model; ``fp8-dequantize``
+# loads the FP8 snapshot with FineGrainedFP8Config(dequantize=True), as the trainer did.
 RANK_SCRIPT = textwrap.dedent("""
     import json, os, sys
     import deepspeed, torch
@@ -32,28 +32,31 @@ RANK_SCRIPT = textwrap.dedent("""
     from components.train.config import deepspeed_config_path
     from components.train.trainer.common import init_deepspeed_comm, load_model
 
-    how, repo, cache_root, out = sys.argv[1:5]
+    repo, cache_root, out = sys.argv[1:4]
     rank = int(os.environ["RANK"])
     cfg = SFTConfig(output_dir=os.path.join(out, "trainer"), use_cpu=True, bf16=True, report_to=[],
                     deepspeed=deepspeed_config_path("zero3"))
     init_deepspeed_comm("gloo")  # as start_run does on CPU
-    if how == "resolved":
-        path = resolve_model_for_run(repo, cache_root, os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
-        model = load_model(cfg, path)
-    else:
-        from huggingface_hub import snapshot_download
-        path = snapshot_download(repo)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=torch.bfloat16, quantization_config=FineGrainedFP8Config(dequantize=True))
-    params = {}
-    for name, p in model.named_parameters():
-        params[name] = {"local": p.numel(), "ds_numel": getattr(p, "ds_numel", None),
-                        "ds_tensor": p.ds_tensor.numel() if hasattr(p, "ds_tensor") else None}
-    # The full values, gathered from the partitions: the load put the right weights in them.
-    with deepspeed.zero.GatheredParameters(list(model.parameters())) if how == "resolved" else torch.no_grad():
-        sums = {name: p.detach().double().sum().item() for name, p in model.named_parameters()}
-    json.dump({"path": path, "params": params, "sums": sums}, open(os.path.join(out, f"rank{rank}.json"), "w"))
-    torch.distributed.barrier()
+    for how in ("resolved", "fp8-dequantize"):
+        if how == "resolved":
+            path = resolve_model_for_run(repo, cache_root, os.path.join(cfg.output_dir, BASE_MODEL_RECORD))
+            model = load_model(cfg, path)
+        else:
+            from huggingface_hub import snapshot_download
+            path = snapshot_download(repo)
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=torch.bfloat16, quantization_config=FineGrainedFP8Config(dequantize=True))
+        params = {}
+        for name, p in model.named_parameters():
+            params[name] = {"local": p.numel(), "ds_numel": getattr(p, "ds_numel", None),
+                            "ds_tensor": p.ds_tensor.numel() if hasattr(p, "ds_tensor") else None}
+        # The full values, gathered from the partitions: the load put the right weights in them.
+        with deepspeed.zero.GatheredParameters(list(model.parameters())) if how == "resolved" else torch.no_grad():
+            sums = {name: p.detach().double().sum().item() for name, p in model.named_parameters()}
+        record = {"path": path, "params": params, "sums": sums}
+        json.dump(record, open(os.path.join(out, f"rank{rank}-{how}.json"), "w"))
+        del model
+        torch.distributed.barrier()
     torch.distributed.destroy_process_group()
 """)
 
@@ -67,7 +70,10 @@ def hub(tmp_path_factory):
     return root
 
 
-def _two_ranks(hub: Path, how: str, out: Path) -> dict:
+@pytest.fixture(scope="module")
+def loaded(hub) -> dict[str, dict]:
+    """What each of the two ranks held, by how it loaded the model: ``{how: {rank: record}}``."""
+    out = hub / "loaded"
     out.mkdir()
     script = out / "rank.py"
     script.write_text(RANK_SCRIPT)
@@ -82,7 +88,6 @@ def _two_ranks(hub: Path, how: str, out: Path) -> dict:
             "--nproc_per_node",
             "2",
             str(script),
-            how,
             TINY_FP8_REPO,
             str(hub / "cache"),
             str(out),
@@ -94,11 +99,14 @@ def _two_ranks(hub: Path, how: str, out: Path) -> dict:
         timeout=600,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    return {r: json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)}
+    return {
+        how: {r: json.loads((out / f"rank{r}-{how}.json").read_text()) for r in (0, 1)}
+        for how in ("resolved", "fp8-dequantize")
+    }
 
 
-def test_the_resolved_bf16_copy_is_partitioned_across_ranks_as_it_loads(hub):
-    ranks = _two_ranks(hub, "resolved", hub / "resolved")
+def test_the_resolved_bf16_copy_is_partitioned_across_ranks_as_it_loads(hub, loaded):
+    ranks = loaded["resolved"]
     path = ranks[0]["path"]
     assert ranks[1]["path"] == path and Path(path).parent == hub / "cache" / "models"
     assert "quantization_config" not in json.loads(Path(path, "config.json").read_text())
@@ -120,10 +128,10 @@ def test_the_resolved_bf16_copy_is_partitioned_across_ranks_as_it_loads(hub):
     assert ranks[0]["sums"] == pytest.approx(expected, rel=1e-6, abs=1e-6)
 
 
-def test_loading_the_fp8_original_dequantized_bypasses_zero3(hub):
+def test_loading_the_fp8_original_dequantized_bypasses_zero3(loaded):
     """Why the copy exists: transformers treats FineGrainedFP8Config(dequantize=True) as a quantized model
     and skips zero.Init, so every rank holds every parameter (for Qwen3-30B-A3B: ~61 GB per rank)."""
-    ranks = _two_ranks(hub, "fp8-dequantize", hub / "fp8")
+    ranks = loaded["fp8-dequantize"]
     for r in (0, 1):
         params = ranks[r]["params"]
         assert all(p["ds_numel"] is None for p in params.values()), "expected no ZeRO-3 partitioning"

@@ -178,6 +178,10 @@ def test_zero3_checkpoints_are_deepspeed_shards_resume_works_and_final_is_the_pa
     )
     run_torchrun(config, nproc_per_node=2)
     out = root / name
+    trained = capfd.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
+    if arch == "qwen3_moe":  # (was test_trainer_moe.py's own ZeRO-3 run of the same model: issue 38, CI's time)
+        assert "ZeRO-3 leaf modules: 2 x Qwen3MoeSparseMoeBlock" in trained  # one per layer
     _assert_deepspeed_shards_only(out / "checkpoint-3", 3)
     _assert_deepspeed_shards_only(out / "checkpoint-6", 6)
 
@@ -190,15 +194,16 @@ def test_zero3_checkpoints_are_deepspeed_shards_resume_works_and_final_is_the_pa
     start = AutoModelForCausalLM.from_pretrained(base).state_dict()
     q_proj = "model.layers.0.self_attn.q_proj.weight"
     assert not torch.equal(final[q_proj], start[q_proj])
-    # Under the names save_pretrained wrote for the base (per-expert tensors for the MoE).
+    # Under the names save_pretrained wrote for the base (per-expert tensors for the MoE), every parameter there.
     assert _tensors(out / "final").keys() == _tensors(base).keys()
+    loaded = AutoModelForCausalLM.from_pretrained(out / "final")
+    assert loaded.num_parameters() == AutoModelForCausalLM.from_pretrained(base).num_parameters()
     assert json.loads((out / "final" / "config.json").read_text())["use_cache"] is True
 
     # Resume from a sharded checkpoint: without the last one the run picks up at step 3 and ends the same.
     shutil.rmtree(out / "checkpoint-6")
     shutil.rmtree(out / "final")
     (out / "metrics.json").unlink()
-    capfd.readouterr()
     run_torchrun(config, nproc_per_node=2)
     assert "resuming from " + str(out / "checkpoint-3") in capfd.readouterr().out
     assert json.loads((out / "metrics.json").read_text())["global_step"] == 6
