@@ -39,10 +39,13 @@ def report_to(path: str) -> list[str] | None:
         if path.endswith((".yaml", ".yml")):
             import yaml  # only for a YAML config: the launcher writes JSON
 
-            cfg = yaml.safe_load(text)
+            try:
+                cfg = yaml.safe_load(text)
+            except yaml.YAMLError:  # not a ValueError: config_file.parse_config reports it after the imports
+                return None
         else:
             cfg = json.loads(text)
-    except (OSError, ValueError, ImportError):
+    except (OSError, ValueError):
         return None
     value = cfg.get("report_to") if isinstance(cfg, dict) else None
     if isinstance(value, str):

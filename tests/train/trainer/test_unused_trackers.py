@@ -46,6 +46,7 @@ def test_the_config_path_is_read_from_either_form_of_the_flag():
         ("report_to: mlflow\n", ".yaml", ["mlflow"]),
         ('{"stage": "sft"}', ".json", None),  # absent: transformers' default is left to decide
         ("{not json", ".json", None),
+        ("report_to: [mlflow\n", ".yaml", None),  # yaml's errors are not ValueErrors
     ],
 )
 def test_report_to_is_read_from_json_and_yaml_and_none_when_it_cannot_be(tmp_path, text, suffix, want):
