@@ -9,7 +9,9 @@ every rank's start on the 2-core CPU machine (``PYTHONPROFILEIMPORTTIME=1``, 202
 ``sys.modules[name] = None`` is Python's own mark for a module that is absent: ``import`` raises ImportError and
 ``importlib.util.find_spec`` returns None, which is what those checks call (they then take MLflow for uninstalled).
 Set before the trainer's imports (``__main__``), from the run's config file; a config that cannot be read here
-changes nothing (``config_file.parse_config`` reports it after the imports, as before).
+changes nothing (``config_file.parse_config`` reports it after the imports, as before). The one thing a user sees: a
+grpo reward function of their own that imports MLflow gets ImportError ("import of mlflow halted") unless report_to
+names mlflow.
 """
 
 from __future__ import annotations
