@@ -28,7 +28,9 @@ rows of ``seq`` per optimizer step (LEVERS below, in the order they run):
     ep8-share           one GPU's share under expert parallelism 8: 16 of the 128 experts, top-8 unchanged
     ep8-share-compiled  both
     varlen              attn_implementation varlen_attn (PyTorch's variable-length flash kernel: each packed document
-                        alone) in place of SDPA over the whole row under the block-causal mask
+                        alone), named (auto chooses it where flash-attn is absent)
+    sdpa                attn_implementation sdpa: SDPA over the whole row under the block-causal mask (auto's choice
+                        before 2026-11-29)
     ep8-share-compiled-varlen   the EP-8 share, compiled experts and varlen_attn
     recompute-off       activation_checkpointing false
     liger-experts       moe_experts_implementation liger (Liger's fused MoE, LIGER_FUSED_MOE_AUTOTUNE=0)
@@ -148,8 +150,8 @@ class Lever:
 
 
 COMPILED = {"moe_experts_implementation": "grouped_mm_compiled"}
-# PyTorch's variable-length flash kernel (each packed document alone) in place of the preset's attention: auto, which
-# is SDPA over the whole row under the block-causal mask where flash-attn is absent (the lent GPUs' image).
+# PyTorch's variable-length flash kernel (each packed document alone), named: the preset's auto chooses it where
+# flash-attn is absent (the lent GPUs' image) since 2026-11-29; before, auto there was SDPA (the sdpa lever).
 VARLEN = {"attn_implementation": "varlen_attn"}
 # In the order they run: when --budget-seconds runs out, the last ones are left out.
 LEVERS = [
@@ -158,6 +160,9 @@ LEVERS = [
     Lever("ep8-share", "one GPU's share under expert parallelism 8: 16 of 128 experts", {}, EP_SHARE, 2),
     Lever("ep8-share-compiled", "the EP-8 share, compiled experts", COMPILED, EP_SHARE, 2),
     Lever("varlen", "attn_implementation varlen_attn: each packed document alone", VARLEN),
+    Lever(
+        "sdpa", "attn_implementation sdpa: the whole row under the block-causal mask", {"attn_implementation": "sdpa"}
+    ),
     Lever(
         "ep8-share-compiled-varlen",
         "the EP-8 share, compiled experts, varlen_attn",

@@ -140,7 +140,7 @@ def run(kind: str, args, micro_batch: int, grad_accum: int, flops: float) -> dic
     examples = make_examples(args.examples, args.max_seq_length, MODELS[args.model]["vocab_size"])
     if kind == "ours":
         rows = pack(examples, args.max_seq_length)
-        attn = attn_implementation() if args.attn == "auto" else args.attn
+        attn = attn_implementation(model_type="qwen3") if args.attn == "auto" else args.attn
         if args.liger and not apply_liger_kernels("qwen3"):
             raise RuntimeError("--liger: Liger kernels were not applied (see the log)")
     else:

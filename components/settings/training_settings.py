@@ -104,10 +104,11 @@ class ComputeSettings:
     )
     attn_implementation: str = setting(
         "auto",
-        "How transformers runs attention: auto (flash_attention_2 where flash-attn imports, else sdpa), "
-        "flash_attention_2, varlen_attn (PyTorch's own variable-length flash kernel, PyTorch 2.10+ on a GPU: each "
-        "packed document alone, for images without flash-attn; not yet measured on a GPU), sdpa (packed rows under "
-        "a block-causal mask: the whole row's square computed) or eager.",
+        "How transformers runs attention: auto (flash_attention_2 where flash-attn imports, else varlen_attn for "
+        "Qwen3 and Qwen3-MoE on a GPU with PyTorch 2.10+, else sdpa), flash_attention_2, varlen_attn (PyTorch's own "
+        "variable-length flash kernel: each packed document alone, no flash-attn needed; Qwen3-30B-A3B's layers "
+        "10% faster than sdpa on an H200), sdpa (packed rows under a block-causal mask: the whole row's square "
+        "computed) or eager.",
         plain=False,
         choices=("auto", "flash_attention_2", "varlen_attn", "sdpa", "eager"),
     )

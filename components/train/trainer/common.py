@@ -81,7 +81,7 @@ def load_model(cfg, model_path: str):
     # DeepSpeed keeps fp32 master weights itself; plain DDP full fine-tuning needs fp32 weights for Adam.
     low_precision = cfg.bf16 and (cfg.deepspeed or cfg.method != "full")
     dtype = torch.bfloat16 if low_precision else torch.float32
-    kwargs = {"dtype": dtype, "attn_implementation": attn_implementation(cfg.attn_implementation)}
+    kwargs = {"dtype": dtype, "attn_implementation": attn_implementation(cfg.attn_implementation, config.model_type)}
     # hsdp / hsdp_ep: transformers shards the model while loading it (parallelism.py); fp32 weights, bf16 compute.
     if layout := distributed_config(cfg.parallelism, cfg.bf16):
         if getattr(config, "tie_word_embeddings", False):

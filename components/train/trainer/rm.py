@@ -26,7 +26,7 @@ import time
 
 import datasets
 import torch
-from transformers import AutoModelForSequenceClassification, AutoTokenizer
+from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
 from trl import RewardTrainer
 
 from components.distributed import global_rank
@@ -62,7 +62,9 @@ def load_reward_model(cfg, model_path: str, pad_token_id: int):
         model_path,
         num_labels=1,
         dtype=torch.bfloat16 if low_precision else torch.float32,
-        attn_implementation=attn_implementation(cfg.attn_implementation),
+        attn_implementation=attn_implementation(
+            cfg.attn_implementation, AutoConfig.from_pretrained(model_path).model_type
+        ),
     )
     # The head reads the last non-padding token of each row: the model must know which id pads.
     model.config.pad_token_id = pad_token_id

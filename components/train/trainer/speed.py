@@ -31,26 +31,27 @@ def _once(key: str, message: str, *args, warning: bool = False) -> None:
         (log.warning if warning else log.info)(message, *args)
 
 
-def attn_implementation(requested: str = "auto") -> str:
-    """The attention implementation to load the model with, for the ``attn_implementation`` setting.
+def attn_implementation(requested: str = "auto", model_type: str | None = None) -> str:
+    """The attention implementation to load a ``model_type`` model with, for the ``attn_implementation`` setting.
 
-    ``auto``: ``flash_attention_2`` when CUDA is present and flash-attn imports, else ``sdpa``. ``varlen_attn``
-    (PyTorch's own variable-length flash kernel, varlen.py) is named, not chosen: it joins ``auto`` once a GPU run has
-    shown its losses equal to SDPA's and its speed (tests/train/trainer/test_gpu_speed.py, the ``varlen`` levers of
-    benchmarks/moe_layer_bench.py; no GPU was lent after it was written). Packed rows carry ``position_ids`` and no
-    attention mask: flash-attention and ``varlen_attn`` then run each row's documents alone (no masked-out work);
-    SDPA gets the block-causal mask transformers builds from where the positions restart and computes the whole
-    row's square; all three score a packed row as its documents one by one. A flash-attn that is installed but does
-    not import (built against another torch or CUDA) is passed over with a warning, where naming it to transformers
-    would fail the run at model load. A named implementation is taken as it is, with one error where this machine
-    cannot run it.
+    ``auto``: ``flash_attention_2`` when CUDA is present and flash-attn imports; else ``varlen_attn`` (PyTorch's own
+    variable-length flash kernel, varlen.py) for the model types in ``varlen.MEASURED_MODEL_TYPES`` where this torch
+    has it and CUDA is present; else ``sdpa``. varlen_attn joined auto after a GPU showed it keeps SDPA's loss and
+    gradients (tests/train/trainer/test_gpu_speed.py) and is faster (an H200, 2026-11-29: Qwen3-30B-A3B's whole model
+    projected 6,212 -> 7,849 tokens/s per GPU, benchmarks/results/moe-layer-bench.md); other model types (sliding
+    windows, soft-capping) keep SDPA until one is measured. Packed rows carry ``position_ids`` and no attention mask:
+    flash-attention and ``varlen_attn`` then run each row's documents alone (no masked-out work); SDPA gets the
+    block-causal mask transformers builds from where the positions restart and computes the whole row's square; all
+    three score a packed row as its documents one by one. A flash-attn that is installed but does not import (built
+    against another torch or CUDA) is passed over with a warning, where naming it to transformers would fail the run
+    at model load. A named implementation is taken as it is, with one error where this machine cannot run it.
     """
-    chosen = _choose(requested)
+    chosen = _choose(requested, model_type)
     _once(f"attn:{chosen}", "attention: %s (attn_implementation %s)", chosen, requested)
     return chosen
 
 
-def _choose(requested: str) -> str:
+def _choose(requested: str, model_type: str | None) -> str:
     if requested == VARLEN_ATTN:
         if not varlen.available():
             raise ValueError(
@@ -62,7 +63,11 @@ def _choose(requested: str) -> str:
         raise ValueError("attn_implementation flash_attention_2: flash-attn does not import here; use auto")
     if requested != "auto":
         return requested
-    return _flash_attn() or "sdpa"
+    if flash := _flash_attn():
+        return flash
+    if model_type in varlen.MEASURED_MODEL_TYPES and varlen.available():
+        return varlen.register()
+    return "sdpa"
 
 
 def _flash_attn() -> str | None:

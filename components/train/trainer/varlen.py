@@ -24,6 +24,9 @@ from typing import NamedTuple
 import torch
 
 VARLEN_ATTN = "varlen_attn"
+# The model types a GPU has shown varlen_attn keeps SDPA's loss and gradients for (tests/train/trainer/
+# test_gpu_speed.py, an H200 on 2026-11-29): attn_implementation auto chooses it for these where flash-attn is absent.
+MEASURED_MODEL_TYPES = frozenset({"qwen3", "qwen3_moe"})
 
 
 class Sequences(NamedTuple):

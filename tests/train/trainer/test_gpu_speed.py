@@ -125,6 +125,8 @@ def test_varlen_attn_gives_packed_and_padded_rows_the_sdpa_loss(model_type):
     from components.train.trainer.varlen import VARLEN_ATTN
 
     assert attn_implementation(VARLEN_ATTN) == VARLEN_ATTN
+    if importlib.util.find_spec("flash_attn") is None:
+        assert attn_implementation(model_type=model_type) == VARLEN_ATTN  # auto's choice on an image without flash-attn
     model = _model(model_type)
     batch = pad_collator(PAD)(ROWS)
     padded = {
@@ -135,7 +137,7 @@ def test_varlen_attn_gives_packed_and_padded_rows_the_sdpa_loss(model_type):
     model.set_attn_implementation("sdpa")
     sdpa, sdpa_grad = _loss_and_gradient(model, batch)
     sdpa_padded, sdpa_padded_grad = _loss_and_gradient(model, padded)
-    leaky, _ = _loss_and_gradient(model, {k: v for k, v in batch.items() if k != "position_ids"})
+    leaky, leaky_grad = _loss_and_gradient(model, {k: v for k, v in batch.items() if k != "position_ids"})
     model.set_attn_implementation(VARLEN_ATTN)
     for name, rows, reference, reference_grad in (
         ("flattened", packed_collator(PAD, VARLEN_ATTN)(ROWS), sdpa, sdpa_grad),
@@ -145,7 +147,10 @@ def test_varlen_attn_gives_packed_and_padded_rows_the_sdpa_loss(model_type):
         loss, grad = _loss_and_gradient(model, rows)
         assert abs(loss - reference) <= LOSS_TOLERANCE, (name, loss, reference)
         assert _cosine(grad, reference_grad) >= MIN_GRADIENT_COSINE, name
-    assert abs(leaky - sdpa) > 3 * LOSS_TOLERANCE, (leaky, sdpa)  # the documents' bounds matter for these rows
+    # The documents' bounds matter for these rows: ignoring them fails the gradient check by far. (The loss alone is
+    # not enough for the MoE model: on an H200 the leak moved its loss by 0.007, under LOSS_TOLERANCE; on CPU in bf16
+    # the leaked gradients' cosine is 0.48 dense, 0.40 MoE.)
+    assert _cosine(leaky_grad, sdpa_grad) < 0.9, (leaky, sdpa)
 
 
 def _liger_against_plain(model_type: str) -> dict:

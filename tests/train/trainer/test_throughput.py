@@ -143,18 +143,27 @@ def fresh_speed_log(monkeypatch):
     monkeypatch.setattr(speed, "_said", set())
 
 
-def test_attention_is_sdpa_without_cuda_and_flash_attention_with_it(monkeypatch, tmp_path, fresh_speed_log):
+def test_attention_is_sdpa_without_cuda_and_flash_attention_or_varlen_attn_with_it(
+    monkeypatch, tmp_path, fresh_speed_log
+):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert speed.attn_implementation() == "sdpa"
+    assert speed.attn_implementation(model_type="qwen3_moe") == "sdpa"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed (varlen_attn is named, never chosen)
+    monkeypatch.setitem(sys.modules, "flash_attn", None)  # not installed: the lent GPUs' image
+    # PyTorch's own varlen kernel, for the model types a GPU has shown it keeps the loss of (test_gpu_speed.py)
+    assert speed.attn_implementation(model_type="qwen3_moe") == "varlen_attn"
+    assert speed.attn_implementation(model_type="qwen3") == "varlen_attn"
+    assert speed.attn_implementation(model_type="mistral") == "sdpa"  # sliding windows, not measured: SDPA
     assert speed.attn_implementation() == "sdpa"
+    monkeypatch.setitem(sys.modules, "torch.nn.attention.varlen", None)  # a torch before 2.10
+    assert speed.attn_implementation(model_type="qwen3") == "sdpa"
     monkeypatch.delitem(sys.modules, "flash_attn")
     fake = tmp_path / "ok"
     (fake / "flash_attn").mkdir(parents=True)
     (fake / "flash_attn" / "__init__.py").write_text("")
     monkeypatch.syspath_prepend(str(fake))
     assert speed.attn_implementation() == "flash_attention_2"
+    assert speed.attn_implementation(model_type="qwen3_moe") == "flash_attention_2"  # flash-attn first where it imports
 
 
 def test_a_flash_attn_that_does_not_import_is_passed_over_with_a_warning(
