@@ -46,10 +46,11 @@ DEADLINE=${DEADLINE:-470}
 TEST_BUDGET=${TEST_BUDGET:-75}
 GPU_TESTS=${GPU_TESTS-varlen}  # a pytest -k expression: only those gpu tests (set and empty: all of them)
 KERNEL_BUDGET=${KERNEL_BUDGET:-120}
-# The 2026-11-28 call measured grouped_mm, grouped_mm_compiled, liger and the levers preset, compiled-experts,
-# ep8-share-compiled (benchmarks/results/moe-layer-bench.md); next: attention by varlen_attn against them.
-KERNEL_VARIANTS=${KERNEL_VARIANTS:-grouped_mm_compiled,compiled-varlen,ep8-share-compiled-varlen}
-MOE_LEVERS=${MOE_LEVERS:-varlen,ep8-share-compiled-varlen,preset}
+# The 2026-11-29 calls (an H200) measured varlen_attn against SDPA (benchmarks/results/moe-layer-bench.md), and auto
+# now chooses it: next, the preset (varlen under auto) against the sdpa lever on an H100, the reference job's card, to
+# re-base achieved_tflops_per_gpu (the H100's SDPA figure), then the EP-8 share.
+KERNEL_VARIANTS=${KERNEL_VARIANTS:-grouped_mm_compiled,compiled-varlen}
+MOE_LEVERS=${MOE_LEVERS:-preset,sdpa,ep8-share-compiled-varlen}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 left() { echo $((DEADLINE - SECONDS)); }
 status=0
