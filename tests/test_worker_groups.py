@@ -58,3 +58,50 @@ def test_a_module_fixture_is_built_once_and_the_one_at_a_time_modules_share_a_wo
     assert len(workers["test_server"]) == 1
     assert {w for m, w in lines if m.startswith("test_netns")} == workers["test_netns_a"], "one-at-a-time split"
     assert len(workers["test_netns_a"]) == 1
+
+
+HANGS = """
+import signal, time, pytest
+
+@pytest.mark.timeout(2)
+def test_hangs_where_the_alarm_cannot_reach():
+    # A hang pytest-timeout's SIGALRM never interrupts (as a C call holding the GIL would): the alarm is blocked.
+    signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
+    time.sleep(120)
+
+@pytest.mark.parametrize("i", range(4))
+def test_the_rest_goes_on(i):
+    time.sleep(0.05)
+"""
+
+
+def test_a_hang_the_timeout_cannot_interrupt_ends_its_worker_and_the_run_goes_on(tmp_path):
+    """CI at 9bae7c2 ran past its 90 minutes with the tests at 97%: a test held its worker longer than
+    pytest-timeout's limit. The hard limit (tests/helpers/time_limits.py) ends that worker with the threads' stacks;
+    xdist reports the test as crashed and a fresh worker runs the rest."""
+    (tmp_path / "conftest.py").write_text(CONFTEST)
+    (tmp_path / "test_hangs.py").write_text(HANGS)
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"]
+        + ["-p", "tests.helpers.time_limits"],  # as pyproject.toml's addopts
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    report = out.stdout + out.stderr
+    assert out.returncode == 1, report[-3000:]
+    assert "4 passed" in report and "1 failed" in report, report[-3000:]
+    assert "crashed while running 'test_hangs.py::test_hangs_where_the_alarm_cannot_reach'" in report, report[-3000:]
+    assert "time.sleep(120)" in report or "in test_hangs_where_the_alarm_cannot_reach" in report, report[-3000:]
+
+
+def test_each_tier_gets_its_own_time_limit():
+    """A hung fast test costs CI 4 minutes, not the whole runs' 20 (tests/helpers/time_limits.py)."""
+    from tests.helpers.time_limits import limit_for
+
+    assert limit_for("tests/validate/test_settings.py", slow=False) == 240
+    assert limit_for("tests/train/trainer/test_hpz.py", slow=True) == 600
+    assert limit_for("tests/pipelines/test_local_run_rl.py", slow=True) == 1200
+    assert limit_for("tests/deploy/test_serving_rehearsal.py", slow=True) == 1200
