@@ -105,3 +105,4 @@ def test_each_tier_gets_its_own_time_limit():
     assert limit_for("tests/train/trainer/test_hpz.py", slow=True) == 600
     assert limit_for("tests/pipelines/test_local_run_rl.py", slow=True) == 1200
     assert limit_for("tests/deploy/test_serving_rehearsal.py", slow=True) == 1200
+    assert limit_for("tests/train/trainer/test_grpo_vllm_server.py", slow=True) == 1200  # may build the engine's venv

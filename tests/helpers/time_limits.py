@@ -38,9 +38,14 @@ WHOLE_RUN_SECONDS = 1200
 _STDERR = os.dup(2)
 
 
+# Slow modules outside ONE_AT_A_TIME whose first test builds the serving virtualenv where CI's .ci/run has not
+# (tests/fakes/serving_image.py: 3-4 minutes of pip on 2 idle cores) before its own work.
+BUILD_THE_SERVING_VENV = ("tests/deploy/test_lora_serving_local.py", "tests/train/trainer/test_grpo_vllm_server.py")
+
+
 def limit_for(module: str, *, slow: bool) -> int:
     """Seconds a test of ``module`` (its path from the repository root) may run, setup and teardown included."""
-    if module in ONE_AT_A_TIME or module.startswith(WHOLE_RUNS):
+    if module in ONE_AT_A_TIME or module in BUILD_THE_SERVING_VENV or module.startswith(WHOLE_RUNS):
         return WHOLE_RUN_SECONDS
     return SLOW_TIER_SECONDS if slow else FAST_TIER_SECONDS
 
