@@ -13,6 +13,9 @@ from tests.helpers.repo import REFERENCE
 from tests.helpers.s3_server import s3_server as start_s3_server
 from tests.helpers.worker_groups import group_and_order
 
+# Each tier's time limit, the hard limit behind it and xdist's scheduling after a crash (tests/helpers/time_limits.py).
+pytest_plugins = ["tests.helpers.time_limits"]
+
 # Every vLLM CPU engine a test starts (the local deploy step, the GRPO server, the judge) skips Inductor, as vLLM's
 # own CPU CI does (VLLM_CPU_CI_ENV, vllm/platforms/cpu.py): each start compiled for 40-80 s on two busy cores, and no
 # test measures the CPU engine's speed. `python -m pipelines.run` outside the tests keeps vLLM's default (the

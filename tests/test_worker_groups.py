@@ -13,6 +13,8 @@ CONFTEST = """
 import pytest
 from tests.helpers.worker_groups import group_and_order
 
+pytest_plugins = ["tests.helpers.time_limits"]
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     group_and_order(items, one_at_a_time=("test_netns_a.py", "test_netns_b.py"))
@@ -82,8 +84,7 @@ def test_a_hang_the_timeout_cannot_interrupt_ends_its_worker_and_the_run_goes_on
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_hangs.py").write_text(HANGS)
     out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"]
-        + ["-p", "tests.helpers.time_limits"],  # as pyproject.toml's addopts
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -97,9 +98,11 @@ def test_a_hang_the_timeout_cannot_interrupt_ends_its_worker_and_the_run_goes_on
     assert "time.sleep(120)" in report or "in test_hangs_where_the_alarm_cannot_reach" in report, report[-3000:]
 
 
-def test_each_tier_gets_its_own_time_limit():
+def test_each_tier_gets_its_own_time_limit(request):
     """A hung fast test costs CI 4 minutes, not the whole runs' 20 (tests/helpers/time_limits.py)."""
     from tests.helpers.time_limits import limit_for
+
+    assert request.node.get_closest_marker("timeout").args == (240,)  # this test's own, a fast one
 
     assert limit_for("tests/validate/test_settings.py", slow=False) == 240
     assert limit_for("tests/train/trainer/test_hpz.py", slow=True) == 600

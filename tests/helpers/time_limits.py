@@ -1,5 +1,5 @@
 """How long one test may hold its worker, by tier, and the hard limit behind pytest-timeout's: a pytest plugin,
-loaded by pyproject.toml's addopts (``-p tests.helpers.time_limits``) before pytest captures the output.
+named by tests/conftest.py's ``pytest_plugins``.
 
 pytest-timeout (pyproject.toml's ``timeout``) fails a test that runs too long by raising from a SIGALRM handler, which
 Python runs only between bytecodes: a test stuck in a C call that holds the interpreter (a deadlocked collective, a
@@ -33,9 +33,15 @@ FAST_TIER_SECONDS = 240
 SLOW_TIER_SECONDS = 600
 WHOLE_RUN_SECONDS = 1200
 
-# The process's stderr as it was before pytest captured it (a plugin named by -p is imported before the capture
-# starts): the stacks must reach CI's log, not a capture file that ends with the worker.
-_STDERR = os.dup(2)
+# The process's stderr, not pytest's capture of it: the stacks must reach CI's log, not a capture file that ends with
+# the worker. Copied in pytest_configure, when the capture that ran while the conftests loaded is suspended (as
+# pytest's own faulthandler plugin does).
+_stderr: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not _stderr:
+        _stderr.append(os.dup(2))
 
 
 # Slow modules outside ONE_AT_A_TIME whose first test builds the serving virtualenv where CI's .ci/run has not
@@ -73,7 +79,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
     most a minute) in which pytest-timeout's own failure would have ended it."""
     limit = _limit(item)
     if limit > 0:
-        faulthandler.dump_traceback_later(limit + min(limit, 60.0), file=_STDERR, exit=True)
+        faulthandler.dump_traceback_later(limit + min(limit, 60.0), file=_stderr[0], exit=True)
     try:
         return (yield)
     finally:
