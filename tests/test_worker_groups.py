@@ -65,7 +65,7 @@ def test_a_module_fixture_is_built_once_and_the_one_at_a_time_modules_share_a_wo
 HANGS = """
 import signal, time, pytest
 
-@pytest.mark.timeout(2)
+@pytest.mark.timeout(1)
 def test_hangs_where_the_alarm_cannot_reach():
     # A hang pytest-timeout's SIGALRM never interrupts (as a C call holding the GIL would): the alarm is blocked.
     signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGALRM])
