@@ -6,6 +6,7 @@ project. With pytest 9.2 the grouping silently stopped (pytest-dev/pytest-xdist#
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 from tests.helpers.repo import ROOT
 
@@ -39,20 +40,25 @@ def test_it(i, {fixture}):
 """
 
 
+def _pytest_n2(project: Path, timeout: float) -> subprocess.CompletedProcess:
+    """Real pytest with two xdist workers and ``--dist loadgroup`` (as pyproject.toml) on the small ``project``."""
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+
+
 def test_a_module_fixture_is_built_once_and_the_one_at_a_time_modules_share_a_worker(tmp_path):
     log = tmp_path / "log"
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_server.py").write_text(MODULE.format(log=str(log), fixture="server"))
     for name in ("test_netns_a", "test_netns_b", "test_plain"):
         (tmp_path / f"{name}.py").write_text(MODULE.format(log=str(log), fixture="tmp_path"))
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = _pytest_n2(tmp_path, timeout=120)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     lines = [line.split() for line in log.read_text().splitlines()]
     assert [w for what, w in lines if what == "build"] in (["gw0"], ["gw1"]), "the module fixture was built twice"
@@ -83,14 +89,7 @@ def test_a_hang_the_timeout_cannot_interrupt_ends_its_worker_and_the_run_goes_on
     xdist reports the test as crashed and a fresh worker runs the rest."""
     (tmp_path / "conftest.py").write_text(CONFTEST)
     (tmp_path / "test_hangs.py").write_text(HANGS)
-    out = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-n", "2", "--dist", "loadgroup", "-p", "no:cacheprovider"],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
+    out = _pytest_n2(tmp_path, timeout=60)
     report = out.stdout + out.stderr
     assert out.returncode == 1, report[-3000:]
     assert "4 passed" in report and "1 failed" in report, report[-3000:]
