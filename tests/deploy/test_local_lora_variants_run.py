@@ -2,6 +2,9 @@
 unmerged LoRA adapters of the tiny model (``lora_r`` 8 and 16), compares them and, with ``deploy_variants=all``,
 serves both from one real vLLM server (the CPU build in the serving virtualenv) with the adapters as LoRA modules;
 the deploy step smoke-tests the base and both adapters by name and checks each adapter against its own evaluation.
+With ``--keep-serving`` the server outlives the run: the test scores the same tokens under each name there (the
+adapters are applied: each name scores them differently; a test of its own with hand-built adapters before, issue 38:
+CI's time) and stops it.
 
     pytest -m slow tests/deploy/test_local_lora_variants_run.py     # measured: 213 s on 2 busy cores
 
@@ -9,10 +12,17 @@ The serving virtualenv is built first where it is absent; skipped where it canno
 """
 
 import json
+import os
 import re
+import signal
+import socket
+import time
+import urllib.parse
 
+import psutil
 import pytest
 
+from components.models.logprobs import read_reference, reference_path, server_logprobs
 from tests.helpers.repo import run_cli
 from tests.helpers.serving import serving_vllm
 
@@ -40,6 +50,7 @@ def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
         f"variants={VARIANTS}",
         "-p",
         "max_steps=20",  # what is asserted (adapters served together, each as evaluated) does not need the full recipe
+        "--keep-serving",
         timeout=1200,
     )
     out = result.stdout + result.stderr
@@ -62,3 +73,30 @@ def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
     )
     assert sorted(name for name, _ in checked) == ["tiny-qwen3-sft-r16", "tiny-qwen3-sft-r8"]
     assert all(float(diff) <= 0.05 for _, diff in checked), checked
+    # --keep-serving: the server outlives the run; the same tokens score differently under each name (the adapters
+    # are applied, each its own), then the server is stopped.
+    port = urllib.parse.urlparse(s["endpoint"]).port
+    (server,) = {c.pid for c in psutil.net_connections("tcp") if c.laddr.port == port and c.status == "LISTEN"}
+    try:
+        assert "still serving" in result.stdout and "0.32.0" in open(s["server_log"], errors="replace").read()
+        final = ws / "models" / "runs" / f"{run_id}-r8" / "train" / "final"
+        ids = read_reference(reference_path(str(final)))["examples"][0]["token_ids"]
+        scored = {
+            name: server_logprobs(s["endpoint"], f"tiny-qwen3-sft-{name}", ids)[1:] for name in ("base", "r8", "r16")
+        }
+        differ = {
+            (x, y): max(abs(p - q) for p, q in zip(scored[x], scored[y], strict=True))
+            for x, y in (("base", "r8"), ("base", "r16"), ("r8", "r16"))
+        }
+        assert all(d > 0.05 for d in differ.values()), differ
+    finally:
+        os.killpg(os.getpgid(server), signal.SIGTERM)
+    deadline = time.monotonic() + 60
+    while _listening(port):
+        assert time.monotonic() < deadline, "the kept server did not stop on SIGTERM"
+        time.sleep(0.5)
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -438,7 +438,7 @@ def test_the_local_deploy_step_runs_vllm_for_a_bases_adapters_and_transformers_s
     tmp_path, monkeypatch
 ):
     """deploy_backend=local: the two adapters of one base go to one vLLM server (serve_adapters_locally, run for
-    real by tests/deploy/test_lora_serving_local.py), the full variant to `transformers serve`, each with its own
+    real by tests/deploy/test_local_lora_variants_run.py), the full variant to `transformers serve`, each with its own
     evaluation's reference."""
     from components.deploy import local_server
     from components.deploy.component import deploy_model

@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 # Slow modules outside ONE_AT_A_TIME whose first test builds the serving virtualenv where CI's .ci/run has not
 # (tests/fakes/serving_image.py: 3-4 minutes of pip on 2 idle cores) before its own work.
-BUILD_THE_SERVING_VENV = ("tests/deploy/test_lora_serving_local.py", "tests/train/trainer/test_grpo_vllm_server.py")
+BUILD_THE_SERVING_VENV = ("tests/train/trainer/test_grpo_vllm_server.py",)
 
 
 def limit_for(module: str, *, slow: bool) -> int:

@@ -277,8 +277,19 @@ def test_lora_under_zero3_exports_a_merged_model_that_loads_and_generates(root):
 
 
 @pytest.mark.slow
-def test_moe_lora_on_attention_and_expert_tensors_under_zero3_exports_a_merged_model(root):
-    """The default MoE targets: attention projections and the fused expert tensors (PEFT ``target_parameters``)."""
+def test_moe_lora_on_attention_and_expert_tensors_under_zero3_trains_its_adapters_and_exports_a_merged_model(
+    root, capfd
+):
+    """The default MoE targets: attention projections and the fused expert tensors (PEFT ``target_parameters``), on
+    2 ranks under ZeRO-3. One run checks the adapters and the merged export (test_lora_moe.py's own run of the same
+    model before; issue 38, CI's time)."""
+    from peft import PeftModel
+    from peft.tuners.lora import ParamWrapper
+    from transformers import Qwen3MoeForCausalLM
+
+    from components.models.shape import model_shape
+    from components.train.trainer.lora import LORA_TARGETS_MOE
+
     base = _base(root, "qwen3_moe")
     run_torchrun(
         trainer_config(
@@ -287,17 +298,49 @@ def test_moe_lora_on_attention_and_expert_tensors_under_zero3_exports_a_merged_m
             model_name_or_path=str(base),
             method="lora",
             lora_target_modules="",
-            lora_r=8,
+            lora_r=16,
             lora_dropout=0.0,
             deepspeed=deepspeed_config_path("zero3"),
-            max_steps=6,
-            save_steps=6,
+            max_steps=8,
+            save_steps=8,
+            logging_steps=2,
             learning_rate=1e-2,
         ),
         nproc_per_node=2,
     )
     out = root / "z3-moe-lora"
-    _assert_deepspeed_shards_only(out / "checkpoint-6", 6)
+    config = json.loads((base / "config.json").read_text())
+    # The base was partitioned by zero.Init before PEFT wrapped it; the adapters still count as memory-fit says.
+    trainable = model_shape(config).lora_params(16, LORA_TARGETS_MOE.split(","))
+    assert f"LoRA r=16 on {LORA_TARGETS_MOE}: {trainable} trainable parameters" in capfd.readouterr().out
+    assert json.loads((out / "metrics.json").read_text())["world_size"] == 2
+    _assert_deepspeed_shards_only(out / "checkpoint-8", 8)
+    state = json.loads((out / "checkpoint-8" / "trainer_state.json").read_text())
+    losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+    assert len(losses) == 4 and losses[-1] < 0.95 * losses[0], losses
+
+    # The adapter gathered from the ZeRO-3 shards: full shapes (not the empty partitions ZeRO-3 holds per rank), and
+    # trained (B started at zero).
+    start = Qwen3MoeForCausalLM.from_pretrained(base)
+    ids = torch.arange(1, 17).unsqueeze(0)
+    with torch.no_grad():
+        base_logits = start(input_ids=ids).logits
+    tuned = PeftModel.from_pretrained(start, out / "adapter")
+    for layer in tuned.base_model.model.model.layers:
+        wrappers = {m.parameter_name: m for m in layer.mlp.modules() if isinstance(m, ParamWrapper)}
+        assert sorted(wrappers) == ["down_proj", "gate_up_proj"]
+        assert all(w.lora_B["default"].weight.abs().sum() > 0 for w in wrappers.values())
+        assert wrappers["gate_up_proj"].lora_A["default"].weight.shape == (
+            16 * config["num_experts"],
+            config["hidden_size"],
+        )
+        assert layer.self_attn.q_proj.lora_B["default"].weight.abs().sum() > 0
+    with torch.no_grad():
+        tuned_logits = tuned(input_ids=ids).logits
+        merged_logits = tuned.merge_and_unload()(input_ids=ids).logits
+    assert not torch.allclose(tuned_logits, base_logits, atol=1e-4)
+    torch.testing.assert_close(merged_logits, tuned_logits, atol=1e-4, rtol=1e-4)
+
     # Every expert's gate/up/down projection changes on disk, the router does not.
     _assert_merged_like_peft(base, out, MOE_ADAPTED, tolerance=1e-4)
 

@@ -278,22 +278,6 @@ def test_a_rerun_resumes_from_the_last_complete_checkpoint(workdir, run, capfd):
     assert resumed["global_step"] == 30 and (out / "final" / "model.safetensors").exists()
 
 
-@pytest.mark.slow
-def test_lora_grpo_keeps_the_trained_adapter_only(workdir):
-    """LoRA: TRL's reference is the model with a frozen copy of the adapter ("ref", GRPOTrainer.__init__); the export
-    holds the trained adapter and the merged model, never that copy."""
-    run_torchrun(
-        _config(
-            workdir, "lora", method="lora", lora_r=8, lora_alpha=32, learning_rate=1e-2, max_steps=10, save_steps=10
-        ),
-        nproc_per_node=2,
-    )
-    out = workdir / "lora"
-    assert json.loads((out / "metrics.json").read_text())["global_step"] == 10
-    assert (out / "adapter" / "adapter_model.safetensors").exists() and not (out / "adapter" / "ref").exists()
-    assert (out / "final" / "model.safetensors").exists()  # merged (merge_lora)
-
-
 # --- slow: rewards that are None or NaN ---------------------------------------------------------------------------
 
 # A user's reward that does not apply everywhere: None (TRL: "not applicable") for every completion of even steps,
@@ -315,13 +299,21 @@ def never(prompts, completions, **kwargs):
 
 
 @pytest.mark.slow
-def test_a_reward_that_returns_none_or_nan_is_counted_on_the_progress_line(workdir, capfd):
-    """Beside the format reward, a function that is None for whole steps and NaN for some completions: the run
-    finishes, each progress line says how many completions per step the function left unscored."""
+def test_lora_grpo_keeps_the_trained_adapter_only_and_a_reward_that_returns_none_or_nan_is_counted(workdir, capfd):
+    """One LoRA run (two tests before; issue 38, CI's time), rewarded beside the format reward by a function that is
+    None for whole steps and NaN for some completions.
+
+    - LoRA: TRL's reference is the model with a frozen copy of the adapter ("ref", GRPOTrainer.__init__); the export
+      holds the trained adapter and the merged model, never that copy.
+    - The run finishes; each progress line says how many completions per step the function left unscored."""
     (workdir / "patchy.py").write_text(PATCHY_REWARD)
     path = _config(
         workdir,
         "patchy",
+        method="lora",
+        lora_r=8,
+        lora_alpha=32,
+        learning_rate=1e-2,
         max_steps=4,
         logging_steps=1,
         save_steps=4,
@@ -332,6 +324,9 @@ def test_a_reward_that_returns_none_or_nan_is_counted_on_the_progress_line(workd
     out = capfd.readouterr()
     m = json.loads((workdir / "patchy" / "metrics.json").read_text())
     assert m["global_step"] == 4 and m["first_reward"] is not None, m
+    adapter = workdir / "patchy" / "adapter"
+    assert (adapter / "adapter_model.safetensors").exists() and not (adapter / "ref").exists()
+    assert (workdir / "patchy" / "final" / "model.safetensors").exists()  # merged (merge_lora)
     lines = [line for line in out.out.splitlines() if "| reward " in line and "rank0" in line]
     assert len(lines) == 4, out.out[-3000:]
     # 2 ranks x 8 completions per step: 16 unscored on the even steps (0, 2: the step TRL's state says), 2 on odd.
