@@ -331,7 +331,7 @@ def test_moe_lora_on_attention_and_expert_tensors_under_zero3_trains_its_adapter
         assert sorted(wrappers) == ["down_proj", "gate_up_proj"]
         assert all(w.lora_B["default"].weight.abs().sum() > 0 for w in wrappers.values())
         assert wrappers["gate_up_proj"].lora_A["default"].weight.shape == (
-            16 * config["num_experts"],
+            16 * config["num_local_experts"],
             config["hidden_size"],
         )
         assert layer.self_attn.q_proj.lora_B["default"].weight.abs().sum() > 0
