@@ -4,6 +4,7 @@ and what it shows: a short log, and a summary that says where everything is."""
 import io
 import json
 import logging
+import math
 import socket
 import urllib.parse
 from pathlib import Path
@@ -51,6 +52,13 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     # One number for one thing: the trainer's eval_loss (metrics.json) is the evaluate step's, same tokens, same way.
     trainer = json.loads((Path(s["model_uri"]).parent / "metrics.json").read_text())
     assert trainer["eval_loss"] == pytest.approx(m["eval_loss"], rel=1e-4), (trainer["eval_loss"], m["eval_loss"])
+    # Two torchrun ranks of 4 packed rows a step, 6 epochs (test_train_and_evaluate.py's own 2-rank run before; issue
+    # 38, CI's time); the evaluation's gate says what it required.
+    import datasets
+
+    rows = len(datasets.load_from_disk(str(Path(s["run_dir"]) / "dataset"))["train"])
+    assert trainer["world_size"] == 2 and trainer["global_step"] == 6 * math.ceil(rows / (2 * 4)), (rows, trainer)
+    assert s["reason"].endswith("required >= 0.0%"), s["reason"]
     assert s["model_uri"].startswith(str(tmp_path / "ws" / "models" / "runs"))
     assert s["model_uri"].endswith("/train/final")
     assert (tmp_path / "ws" / "models" / "runs").is_dir() and (tmp_path / "ws" / "data" / "runs").is_dir()
