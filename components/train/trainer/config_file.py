@@ -312,6 +312,7 @@ def _derive_rl_fields(path: str, stage: str, data: dict, fields: dict) -> None:
         )
     data.update(
         num_generations=value("grpo_num_generations"),
+        num_generations_eval=1,  # grpo_arguments.GRPO_DERIVED
         max_completion_length=value("grpo_max_completion_length"),
         beta=value("grpo_beta"),
         temperature=value("grpo_temperature"),

@@ -25,9 +25,9 @@ The same entry point as every stage (__main__.py), and the same model loading, c
 - Rewards that are None or NaN (TRL: "not applicable"): counted per source and step (``rewards/<source>/unscored``,
   the progress line, a warning naming the source's setting); a training step with no reward at all stops the run with
   NoRewardError naming each source's setting (GRPOCheckpointTrainer).
-- Metrics (metrics.json): TRL's sampled evaluation on the eval split (``eval_reward``, each reward's
-  ``eval_rewards/<name>/mean``), the first and last logged training rewards (``first_reward``, ``last_reward``), plus
-  what every stage reports (common.summary_metrics).
+- Metrics (metrics.json): TRL's sampled evaluation on the eval split, one completion per prompt (``eval_reward``, each
+  reward's ``eval_rewards/<name>/mean``), the first and last logged training rewards (``first_reward``,
+  ``last_reward``), plus what every stage reports (common.summary_metrics).
 """
 
 from __future__ import annotations

@@ -17,6 +17,11 @@ GRPO_DERIVED = {
     "beta": "grpo_beta",
     "temperature": "grpo_temperature",
     "reward_weights": "grpo_rewards",
+    # TRL's final evaluation samples num_generations_eval completions per held-out prompt (default: num_generations).
+    # Groups only matter for training's advantages; the held-out mean reward is a mean over prompts, so one completion
+    # each: an eighth of the generation at the default 8, on the cluster's GPUs as on a laptop's CPU (48 prompts x 8:
+    # 23 of the local RL run's 98 s of grpo). The evaluate step scores the greedy answers on its own.
+    "num_generations_eval": "the trainer (one completion per held-out prompt)",
     "use_vllm": "the machine (CUDA and vllm present; the trainer image has no vllm)",
     "vllm_mode": "the machine (vllm_colocate)",
 }

@@ -190,6 +190,8 @@ def test_a_grpo_config_is_trl_grpo_config_with_its_knobs_from_the_settings(workd
     )
     assert type(cfg) is GRPOStageConfig and isinstance(cfg, GRPOConfig) and cfg.stage == "grpo"
     assert (cfg.num_generations, cfg.max_completion_length, cfg.beta, cfg.temperature) == (4, 16, 0.1, 0.7)
+    # The final sampled evaluation: one completion per held-out prompt (groups matter only for training's advantages).
+    assert cfg.num_generations_eval == 1
     assert cfg.reward_weights == [1.0, 0.25]  # the sources with a non-zero weight, in order
     assert cfg.use_vllm is False  # no CUDA here: transformers' generate
     assert cfg.bf16 is False and cfg.train_sampling_strategy == "random"
