@@ -16,7 +16,7 @@ import os
 import signal
 import sys
 
-from components import parent_death
+from components import parent_death, quick_exit
 from components.train.trainer.unused_trackers import hide_unreported_trackers
 
 # torchrun starts every worker in a session of its own (torch's elastic SubprocessHandler: start_new_session=True),
@@ -29,18 +29,21 @@ if __name__ == "__main__":
     parent_death.request(signal.SIGKILL, os.getppid())
     # Before the imports below too: three of them would import MLflow for a run that does not report to it.
     hide_unreported_trackers(sys.argv[1:])
+    quick_exit.pause_collection()  # until the libraries are loaded, below and in train()
 
 import argparse
 import importlib
 import logging
 
 from components.distributed import global_rank
-from components.quick_exit import freeze_heap_at_exit
 from components.train.trainer.checkpoints import EXIT_SIGTERM
 from components.train.trainer.common import TrainingInterrupted
 from components.train.trainer.config_file import parse_config
 from components.train.trainer.metrics import serve as serve_metrics
 from components.train.trainer.process_exit import leave
+
+if __name__ == "__main__":
+    quick_exit.resume_collection()
 
 log = logging.getLogger("sft")
 
@@ -51,7 +54,10 @@ STAGE_MODULES = {"cpt": "sft", "sft": "sft", "dpo": "dpo", "rm": "rm", "grpo": "
 
 def train(cfg) -> dict:
     """Train ``cfg.stage`` according to ``cfg``; return the final metrics (also written to metrics.json)."""
-    return importlib.import_module(f"components.train.trainer.{STAGE_MODULES[cfg.stage]}").main(cfg)
+    quick_exit.pause_collection()  # the stage's module loads TRL's part for dpo, rm and grpo
+    stage = importlib.import_module(f"components.train.trainer.{STAGE_MODULES[cfg.stage]}")
+    quick_exit.resume_collection()
+    return stage.main(cfg)
 
 
 def make_parser() -> argparse.ArgumentParser:
@@ -63,7 +69,7 @@ def make_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     """Parse, train, exit: the process ends here (process_exit.leave), with the status the module docstring says."""
-    freeze_heap_at_exit()
+    quick_exit.freeze_heap_at_exit()
     args = make_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format=f"%(asctime)s rank{global_rank()} %(name)s: %(message)s")
     try:

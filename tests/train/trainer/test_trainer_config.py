@@ -217,13 +217,24 @@ def test_the_entry_point_trains_every_stage_with_a_module_of_its_own():
     assert all((folder / f"{module}.py").is_file() for module in STAGE_MODULES.values())
 
 
-def test_the_entry_point_skips_the_final_garbage_collection_from_its_start(tmp_path, monkeypatch):
+def test_the_entry_point_loads_its_libraries_without_collecting_and_skips_the_final_collection(tmp_path, monkeypatch):
+    import gc
+
     from components import quick_exit
 
-    frozen: list[bool] = []
-    monkeypatch.setattr(quick_exit, "freeze_heap_at_exit", lambda: frozen.append(True))
+    calls: list[str] = []
+    for name in ("pause_collection", "resume_collection", "freeze_heap_at_exit"):
+        monkeypatch.setattr(quick_exit, name, lambda name=name: calls.append(name))
     result = _run(tmp_path / "nowhere.json")
-    assert result.returncode == 2 and frozen == [True]  # before the config is read
+    # The collector paused while the libraries load and running again before the config is read (which ends here).
+    assert result.returncode == 2 and calls == ["pause_collection", "resume_collection", "freeze_heap_at_exit"]
+    monkeypatch.undo()
+    quick_exit.pause_collection()
+    assert not gc.isenabled()
+    quick_exit.resume_collection()
+    frozen = gc.get_freeze_count()
+    gc.unfreeze()  # this test process's objects: collected as before
+    assert gc.isenabled() and frozen > 0
 
 
 @pytest.mark.parametrize(
