@@ -1,7 +1,7 @@
 """``python -m components.quick_exit MODULE [ARG ...]``: ``python -m MODULE ARG ...`` in a process that skips
 CPython's final garbage collection at exit (``freeze_heap_at_exit``), as this package's own programs do; and the
 pause of the collector while an entry point loads its libraries (``pause_collection``, ``resume_collection``: the
-trainer's ranks).
+trainer's ranks, and here the module's packages, torch for torchrun).
 
 The local backends start the programs they do not own this way: torchrun (``torch.distributed.run``, which loads
 torch) and ``transformers serve`` (torch and transformers), each of which spent a second or more of the laptop run
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import gc
+import importlib
 import runpy
 import sys
 
@@ -59,6 +60,12 @@ def main(argv: list[str]) -> None:
         sys.exit(2)
     sys.argv = list(argv)
     freeze_heap_at_exit()
+    package = argv[0].rpartition(".")[0]
+    if package:
+        # run_module imports the module's packages first: here, with the collector paused (torchrun's torch).
+        pause_collection()
+        importlib.import_module(package)
+        resume_collection()
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
 

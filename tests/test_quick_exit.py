@@ -3,6 +3,7 @@
 ``transformers serve``)."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,28 @@ def test_quick_exit_runs_the_module_with_its_arguments_as_python_m_does():
     assert done.stdout == json.dumps({"a": 2, "b": 1}, indent=4) + "\n"
     failed = _python("-m", "components.quick_exit", "json.tool", "--no-such-option")
     assert failed.returncode == 2 and "usage: python -m json.tool" in failed.stderr  # the module's own exit code
+
+
+def test_quick_exit_loads_the_modules_packages_without_collecting_and_runs_it_collecting(tmp_path):
+    """The packages run_module imports first (torch for torchrun) load with the collector paused; the module itself
+    runs with it on again, those packages' objects frozen, and without runpy's warning about a module imported
+    twice (its own code runs once, as __main__)."""
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("import gc\nLOADING_COLLECTS = gc.isenabled()\n")
+    (tmp_path / "pkg" / "prog.py").write_text(
+        "import gc, sys, pkg\n"
+        "print(pkg.LOADING_COLLECTS, gc.isenabled(), gc.get_freeze_count() > 0, __name__, sys.argv[1:])\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-W", "error::RuntimeWarning", "-m", "components.quick_exit", "pkg.prog", "x"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "True", "True", "__main__", "['x']"]
 
 
 def test_quick_exit_without_a_module_says_how_to_call_it():
