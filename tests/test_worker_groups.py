@@ -108,3 +108,44 @@ def test_each_tier_gets_its_own_time_limit(request):
     assert limit_for("tests/pipelines/test_local_run_rl.py", slow=True) == 1200
     assert limit_for("tests/deploy/test_serving_rehearsal.py", slow=True) == 1200
     assert limit_for("tests/train/trainer/test_grpo_vllm_server.py", slow=True) == 1200  # may build the engine's venv
+
+
+def test_the_first_tests_of_each_worker_need_no_serving_image():
+    """CI builds vLLM's CPU build beside the first tests (.ci/run): the machine group and the whole local runs start
+    with the modules that do not serve on it, so that neither worker begins by waiting for the build."""
+    from types import SimpleNamespace
+
+    from tests.helpers.worker_groups import group_and_order
+
+    def item(module: str, slow: bool = True):
+        marks = {"slow": object()} if slow else {}
+        return SimpleNamespace(
+            nodeid=f"{module}::test_it",
+            get_closest_marker=marks.get,
+            add_marker=lambda mark: None,
+            _fixtureinfo=SimpleNamespace(name2fixturedefs={}),
+        )
+
+    collected = [  # pytest's collection order: by path
+        "tests/deploy/test_local_lora_variants_run.py",
+        "tests/deploy/test_lora_serving_rehearsal.py",
+        "tests/deploy/test_serving_rehearsal.py",
+        "tests/pipelines/test_local_run.py",
+        "tests/pipelines/test_local_variants.py",
+        "tests/train/launcher/test_rehearsal.py",
+        "tests/train/trainer/test_cross_pod_bytes.py",
+        "tests/train/trainer/test_hpz.py",
+    ]
+    items = [item(m) for m in collected] + [item("tests/test_fast.py", slow=False)]
+    group_and_order(items)
+    assert [i.nodeid.split("::")[0] for i in items] == [
+        "tests/train/launcher/test_rehearsal.py",
+        "tests/train/trainer/test_cross_pod_bytes.py",
+        "tests/deploy/test_serving_rehearsal.py",
+        "tests/deploy/test_lora_serving_rehearsal.py",
+        "tests/pipelines/test_local_run.py",
+        "tests/pipelines/test_local_variants.py",
+        "tests/deploy/test_local_lora_variants_run.py",
+        "tests/train/trainer/test_hpz.py",
+        "tests/test_fast.py",
+    ]
