@@ -21,9 +21,10 @@ pytest_plugins = ["tests.helpers.time_limits"]
 # test measures the CPU engine's speed. `python -m pipelines.run` outside the tests keeps vLLM's default (the
 # README's serving figures); the rehearsal's pods get it from tests/fakes/serving_image.py's CPU_ENV.
 os.environ.setdefault("VLLM_CPU_CI_ENV", "1")
-# And runs its worker inside the engine-core process (UniProcExecutor) rather than a process of its own, as the
-# rehearsal's stand-in image does (tests/fakes/serving_image.py CPU_ENV): one interpreter fewer to start, about 10 of
-# a start's 33 CPU-s. vLLM's CPU platform keeps the worker apart only to pin its OpenMP threads, which no test measures.
+# And runs its worker inside the engine-core process (UniProcExecutor, as a GPU engine at tensor parallel size 1 does)
+# rather than a process of its own, as the rehearsal's stand-in image does (tests/fakes/serving_image.py CPU_ENV): one
+# interpreter fewer to start, about 10 of a start's 33 CPU-s. vLLM's CPU platform keeps the worker apart only to pin its
+# OpenMP threads, which no test measures.
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 # Under `-n N` the workers share the machine's cores: each worker's processes (torch in the test itself, a local run's
 # steps, an engine) get their share of OpenMP threads rather than one per core each. OpenMP's threads spin at a

@@ -69,8 +69,10 @@ MODEL_MOUNT = "/mnt/models"  # where KServe mounts storageUri
 # CI (vllm/platforms/cpu.py: Dynamo with the eager backend instead of Inductor, which compiled for 40-80 s at each
 # engine start here; the GPU image compiles with CUDA's Inductor and CUDA graphs, which no CPU run exercises anyway),
 # and the engine's worker inside the engine-core process rather than a third process (VLLM_ENABLE_V1_MULTIPROCESSING
-# 0: UniProcExecutor; a start took 29 s and 33 CPU-s with the worker apart, 20 s and 23 CPU-s without, on the tiny
-# model here; vllm/platforms/cpu.py keeps the worker apart by default only to pin its OpenMP threads to cores).
+# 0: the API server still starts its EngineCore process, whose executor is then UniProcExecutor, as the GPU image's
+# is at tensor parallel size 1 (vllm/config/parallel.py: "uni" for a world size of 1); vllm/platforms/cpu.py turns
+# that into a worker process of its own only to pin its OpenMP threads. A start took 29 s and 33 CPU-s with the worker
+# apart, 20 s and 23 CPU-s without, on the tiny model here).
 CPU_ENV = {"VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_CPU_CI_ENV": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 CLONE_NEWNET = 0x40000000
 POD_LABEL = "serving.kserve.io/inferenceservice"
