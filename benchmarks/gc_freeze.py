@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -42,10 +43,10 @@ def rank_without_freeze(config: str) -> None:
 def run(config: str, freeze: bool) -> dict:
     """One 2-rank run of ``config`` (its output folder emptied first): wall seconds and the trainer's metrics."""
     out = Path(json.loads(Path(config).read_text())["output_dir"])
-    subprocess.run(["rm", "-rf", str(out)], check=True)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
-    cmd += ["-m", "components.train.trainer", "--config", config] if freeze else []
-    cmd += [] if freeze else [str(Path(__file__).resolve()), "--rank-without-freeze", "--config", config]
+    shutil.rmtree(out, ignore_errors=True)
+    program = ["-m", "components.train.trainer"] if freeze else [str(Path(__file__).resolve()), "--rank-without-freeze"]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *program]
+    cmd += ["--config", config]
     started = time.monotonic()
     subprocess.run(cmd, check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wall = time.monotonic() - started
@@ -86,7 +87,7 @@ def main() -> None:
                 r = run(config, freeze)
                 policy = "freeze" if freeze else "default"
                 print(f"{name:18s} {policy:10s} {r['wall_s']:8.2f} {r['train_runtime_s']:13.2f}", flush=True)
-    subprocess.run(["rm", "-rf", str(root)], check=True)
+    shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":

@@ -64,8 +64,10 @@ def main(argv: list[str]) -> None:
     if package:
         # run_module imports the module's packages first: here, with the collector paused (torchrun's torch).
         pause_collection()
-        importlib.import_module(package)
-        resume_collection()
+        try:
+            importlib.import_module(package)
+        finally:
+            resume_collection()
     runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
 
 

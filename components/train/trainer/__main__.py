@@ -55,8 +55,10 @@ STAGE_MODULES = {"cpt": "sft", "sft": "sft", "dpo": "dpo", "rm": "rm", "grpo": "
 def train(cfg) -> dict:
     """Train ``cfg.stage`` according to ``cfg``; return the final metrics (also written to metrics.json)."""
     quick_exit.pause_collection()  # the stage's module loads TRL's part for dpo, rm and grpo
-    stage = importlib.import_module(f"components.train.trainer.{STAGE_MODULES[cfg.stage]}")
-    quick_exit.resume_collection()
+    try:
+        stage = importlib.import_module(f"components.train.trainer.{STAGE_MODULES[cfg.stage]}")
+    finally:
+        quick_exit.resume_collection()
     return stage.main(cfg)
 
 
