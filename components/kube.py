@@ -296,6 +296,18 @@ class Cancelled(BaseException):
     """SIGTERM arrived: KFP cancelled the run (a BaseException so no ``except Exception`` swallows it)."""
 
 
+def _inside_logging(frame) -> bool:
+    """Whether ``frame`` (where a signal interrupted the main thread) is in the logging package's code. It takes its
+    locks outside its ``try`` blocks (``_acquireLock(); try:`` in CPython 3.11's logging/__init__.py): an exception
+    raised there can leave its module lock held for good, and every other thread that logs then waits forever (a W&B
+    client's event loop did, in a pytest worker after a SIGTERM test)."""
+    while frame is not None:
+        if frame.f_globals.get("__name__", "").partition(".")[0] == "logging":
+            return True
+        frame = frame.f_back
+    return False
+
+
 @contextmanager
 def sigterm_cancels():
     """Turn SIGTERM into ``Cancelled`` while the block runs, and set the ``threading.Event`` it yields; restore the
@@ -305,6 +317,7 @@ def sigterm_cancels():
     main thread is, and when that is a finalizer (a ``__del__`` the garbage collector runs, say a dropped
     connection's) Python reports the exception and drops it, while the handler has already set a second SIGTERM
     to be ignored. Without the Event the step would poll on and what it created would outlive the cancelled run.
+    Inside the logging package the handler only sets the Event (``_inside_logging``): the next poll raises.
     """
     received = threading.Event()
     if threading.current_thread() is not threading.main_thread():
@@ -314,7 +327,8 @@ def sigterm_cancels():
     def handler(signum, frame):
         received.set()
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not interrupt the clean-up or rollback
-        raise Cancelled()
+        if not _inside_logging(frame):
+            raise Cancelled()
 
     previous = signal.signal(signal.SIGTERM, handler)
     try:
@@ -365,8 +379,9 @@ class CustomResourceRunner:
     ``deletion_timeout_seconds`` is held by a finalizer nobody removes, and the error names it and ``controller``.
 
     Inside ``cancel_on_sigterm`` SIGTERM deletes the resource (or runs the step's own undo) and exits with 143,
-    also when the signal's exception was dropped inside a finalizer (``sigterm_cancels``): ``sleep``, between
-    polls, checks the Event as well. Every request goes through ``call_api`` (transient errors are retried).
+    also when the signal's exception was dropped inside a finalizer or not raised inside logging
+    (``sigterm_cancels``): ``sleep``, between polls, checks the Event as well, and so does the block's end. Every
+    request goes through ``call_api`` (transient errors are retried).
     """
 
     def __init__(
@@ -535,11 +550,13 @@ class CustomResourceRunner:
     @contextmanager
     def cancel_on_sigterm(self, on_cancel=None):
         """While the block runs, SIGTERM deletes the resource (``on_cancel()`` instead, when given) and raises
-        ``SystemExit(143)``."""
+        ``SystemExit(143)``: at once, at the next poll, or when the block ends (``sigterm_cancels``)."""
         with sigterm_cancels() as received:
             self._cancelled = received
             try:
                 yield self
+                if received.is_set():  # a SIGTERM not raised (inside logging) or dropped (a finalizer), no poll since
+                    raise Cancelled()
             except Cancelled:
                 if on_cancel is None:
                     self.delete("the run was cancelled (SIGTERM)")

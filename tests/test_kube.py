@@ -4,6 +4,7 @@ delete on SIGTERM, also when the signal's exception was dropped inside a finaliz
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import sys
@@ -218,6 +219,55 @@ def test_a_sigterm_whose_exception_a_finalizer_dropped_still_deletes_the_resourc
         assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
     # Python dropped the handler's exception inside the finalizer, and yet the step stopped at the next poll.
     assert dropped == [Cancelled] and len(polls) == 3
+    assert exit_.value.code == 128 + signal.SIGTERM
+
+
+class _SignalledWhileLogging(logging.Handler):
+    """A log handler that is running when SIGTERM arrives (CPython's logging holds a lock here)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emitted: list[str] = []
+
+    def emit(self, record):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(10_000):  # the Python handler runs at the next bytecode boundary: here, inside logging
+            pass
+        self.emitted.append(record.getMessage())
+
+
+def test_a_sigterm_inside_logging_is_not_raised_there_and_cancels_at_the_next_poll():
+    """Raising inside the logging package can leave its module lock held for good (it takes the lock outside its
+    ``try`` blocks: ``_acquireLock(); try:``); every other thread that logs then waits forever (a W&B client's event
+    loop did, in a later test of the same pytest worker). The cancel waits for the runner's next poll."""
+    log = logging.getLogger("test-kube-sigterm-in-logging")
+    log.propagate = False
+    handler = _SignalledWhileLogging()
+    log.addHandler(handler)
+    with FakeKubeAPI() as api:
+        r = runner(api)
+        with pytest.raises(SystemExit) as exit_, r.cancel_on_sigterm():
+            r.create(manifest())
+            log.warning("created")  # SIGTERM arrives inside the handler: the record is still emitted whole
+            r.sleep()
+        assert handler.emitted == ["created"]
+        assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
+    assert exit_.value.code == 128 + signal.SIGTERM
+    assert not handler.lock._is_owned()  # type: ignore[union-attr]
+
+
+def test_a_sigterm_deferred_past_the_last_poll_still_cancels_when_the_block_ends():
+    """A SIGTERM whose exception was not raised (inside logging) or was dropped (in a finalizer) after the last poll:
+    leaving the block cancels, rather than the step carrying on as though KFP had not stopped it."""
+    log = logging.getLogger("test-kube-sigterm-at-the-end")
+    log.propagate = False
+    log.addHandler(_SignalledWhileLogging())
+    with FakeKubeAPI() as api:
+        r = runner(api)
+        with pytest.raises(SystemExit) as exit_, r.cancel_on_sigterm():
+            r.create(manifest())
+            log.warning("done")
+        assert len(api.requests_for("DELETE", f"/experiments/{NAME}")) == 1
     assert exit_.value.code == 128 + signal.SIGTERM
 
 
