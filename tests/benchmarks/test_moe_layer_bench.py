@@ -136,7 +136,10 @@ def test_deepspeed_timer_lines_give_the_optimizer_time_per_token():
 
 @pytest.mark.slow
 def test_the_tiny_run_trains_levers_at_two_layer_counts_through_the_trainer_and_projects(tmp_path):
-    levers = ["preset", "ep8-share", "no-zero", "liger-experts"]
+    """ZeRO-3 (the preset), plain DDP (no-zero) and a GPU-only lever (skipped). ep8-share, ZeRO-3 on a model with
+    other expert counts, went the preset's way through the trainer: two launches fewer (issue 38, CI's time); its
+    model and optimizer shards are test_the_levers_set_what_they_say_over_the_reference_preset's."""
+    levers = ["preset", "no-zero", "liger-experts"]
     out = subprocess.run(
         [
             sys.executable,
@@ -179,8 +182,8 @@ def test_the_tiny_run_trains_levers_at_two_layer_counts_through_the_trainer_and_
         assert r["hw_tflops"] >= r["model_tflops"], r
         # DeepSpeed's timers were read wherever DeepSpeed ran
         assert (r["optimizer_s_per_token"] is None) == (name == "no-zero"), r
-    assert set(projected) == {"preset", "ep8-share", "no-zero"}
-    assert projected["preset"]["optimizer_shards"] == 16 and projected["ep8-share"]["optimizer_shards"] == 2
+    assert set(projected) == {"preset", "no-zero"}
+    assert projected["preset"]["optimizer_shards"] == 16
     assert projected["no-zero"]["optimizer_shards"] == 1
     assert all(p["tokens_per_s"] > 0 and p["what"] == "whole model (2 layers), projected" for p in projected.values())
     # Through the trainer's own entry point and model setup (ZeRO-3 makes each MoE block a leaf there).

@@ -28,6 +28,13 @@ def ok(i):
         ("auto", [OK, '{"instruction": "a", "output": "b"}'], "bad.jsonl:2: mixed formats: this row is 'alpaca' but"),
         ("auto", [OK, '{"foo": 1}'], "bad.jsonl:2: format 'messages' needs column(s) ['messages'] but found ['foo']"),
         ("auto", ['{"messages": [{"role": "robot", "content": "a"}]}'], "bad.jsonl:1: unknown role 'robot'"),
+        # ShareGPT's role in OpenAI rows (a whole local run's case before; issue 38, CI's time: the run's framing of
+        # a data error is tests/pipelines/test_local_run.py's)
+        (
+            "auto",
+            [OK, json.dumps({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "b"}]})],
+            "bad.jsonl:2: unknown role 'human'",
+        ),
         ("auto", ['{"messages": [{"role": "user", "content": "a"}]}'], "every row of"),
         (
             "auto",

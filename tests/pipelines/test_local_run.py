@@ -104,18 +104,11 @@ def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     assert "not valid" not in Path(s["server_log"]).read_text()
 
 
-BROKEN_ROWS = {
-    "not JSON": ("{not json", "rows.jsonl:3: not valid JSON"),
-    "ShareGPT's role in OpenAI rows": (
-        json.dumps({"messages": [{"role": "human", "content": "hi"}, {"role": "assistant", "content": "hello"}]}),
-        "rows.jsonl:3: unknown role 'human'",
-    ),
-}
-
-
 @pytest.mark.slow  # a real kfp.local run up to the failing step: 20 s
-@pytest.mark.parametrize("line, message", BROKEN_ROWS.values(), ids=BROKEN_ROWS)
-def test_bad_data_in_a_run_exits_2_with_one_error_line_naming_the_pipelines_settings(line, message, tmp_path):
+def test_bad_data_in_a_run_exits_2_with_one_error_line_naming_the_pipelines_settings(tmp_path):
+    """How a run reports a data error. Which errors there are is the data step's (tests/data/test_data_errors.py; a
+    second whole run here for ShareGPT's role in OpenAI rows moved there: issue 38, CI's time)."""
+    line, message = "{not json", "rows.jsonl:3: not valid JSON"
     rows = tmp_path / "rows.jsonl"
     sample = (ROOT / "components/data/sample/instructions.jsonl").read_text(encoding="utf-8").splitlines()
     rows.write_text("\n".join([*sample[:2], line, *sample[2:40]]), encoding="utf-8")  # the first row passes validation

@@ -165,8 +165,24 @@ def test_killing_the_runs_process_group_during_training_leaves_no_process(tmp_pa
 
 
 @pytest.mark.slow  # a real local run of 2 training steps, into evaluation (40-120 s)
-def test_sigterm_to_the_cli_during_evaluation_stops_the_step_and_writes_a_cancelled_summary(tmp_path):
-    with LocalRun(tmp_path, *NO_METRICS, *SHORT) as run:
+def test_a_metrics_port_taken_while_training_costs_nothing_and_sigterm_during_evaluation_cancels_the_run(tmp_path):
+    """Two faults of one run (two runs before; issue 38, CI's time). Another local run takes the metrics port after
+    this run's train step started and before its trainer binds it (15-30 s on a laptop): the trainer serves its
+    metrics on another port instead of failing the run. Then SIGTERM to the CLI during evaluation stops the step and
+    writes a cancelled summary."""
+    port = free_port()
+    with LocalRun(tmp_path, "-p", f"metrics_port={port}", *SHORT) as run:
+        run.wait_for(lambda: "torch.distributed.run" in run.output, "torchrun's command line")
+        with socket.socket() as other:
+            other.bind(("", port))
+            other.listen()
+            run.wait_for(
+                lambda: re.search(r"train-model: (succeeded|FAILED)", run.output) is not None, "the train step's end"
+            )
+        assert "train-model: succeeded" in run.output, run.output[-4000:]
+        served = re.findall(r"metrics at http://localhost:(\d+)/metrics", run.output)
+        assert served and int(served[0]) != port, run.output[-4000:]
+        assert f"metrics_port {port} is taken" in run.output
         run.wait_for(lambda: "evaluate-model: started" in run.output, "the evaluate step")
         time.sleep(1)  # into the step's work
         os.kill(run.proc.pid, signal.SIGTERM)  # the CLI's own process only, as `kill <pid>` sends it
@@ -211,25 +227,6 @@ def test_sigint_during_data_preparation_is_a_cancelled_run_with_exit_130(tmp_pat
     s = run.summary()
     assert s["status"] == "cancelled" and s["signal"] == "SIGINT", s
     assert "Traceback" not in run.output, run.output[-4000:]
-
-
-@pytest.mark.slow  # a real local run through training (2 steps: 30-90 s), stopped after it
-def test_the_metrics_port_taken_after_the_train_step_starts_costs_the_run_nothing(tmp_path):
-    # Another local run takes the port after this run's train step started and before its trainer binds it (15-30 s
-    # on a laptop): the trainer serves its metrics on another port instead of failing the run.
-    port = free_port()
-    with LocalRun(tmp_path, "-p", f"metrics_port={port}", *SHORT) as run:
-        run.wait_for(lambda: "torch.distributed.run" in run.output, "torchrun's command line")
-        with socket.socket() as other:
-            other.bind(("", port))
-            other.listen()
-            run.wait_for(
-                lambda: re.search(r"train-model: (succeeded|FAILED)", run.output) is not None, "the train step's end"
-            )
-        assert "train-model: succeeded" in run.output, run.output[-4000:]
-        served = re.findall(r"metrics at http://localhost:(\d+)/metrics", run.output)
-        assert served and int(served[0]) != port, run.output[-4000:]
-        assert f"metrics_port {port} is taken" in run.output
 
 
 def _tmpfs_unavailable() -> str | None:
