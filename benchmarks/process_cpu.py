@@ -74,10 +74,16 @@ def install(venv: Path, log: Path) -> None:
 
 
 def uninstall(venv: Path) -> None:
-    """Remove what ``install`` wrote."""
+    """Remove what ``install`` wrote, and the hook's bytecode the venv's processes wrote (``__pycache__`` too where
+    nothing else is left in it)."""
     site = site_packages(venv)
     for name in (f"{HOOK_MODULE}.py", PTH_FILE):
         (site / name).unlink(missing_ok=True)
+    cache = site / "__pycache__"
+    for compiled in cache.glob(f"{HOOK_MODULE}.*.pyc"):
+        compiled.unlink()
+    if cache.is_dir() and not any(cache.iterdir()):
+        cache.rmdir()
 
 
 def kind(argv: list[str]) -> str:
