@@ -31,6 +31,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import errno
+import getpass
 import io
 import json
 import logging
@@ -40,6 +41,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import warnings
@@ -82,21 +84,26 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
     The summary has ``status``, ``run_id``, ``run_dir``, ``model_uri``, ``metrics``, ``passed``, ``reason``,
     ``endpoint``, ``smoke_reply``, ``latency`` (the pre-deploy check's figures), ``reports`` (name -> file),
     ``tensorboard``, ``server_log``, ``kfp_dir``, ``training`` (the trainer's metrics.json), ``keep_serving``,
-    ``base_model`` and ``wall_seconds``; a failed step gives ``status: failed``, ``error`` and what exists of the
-    rest, and SIGTERM or SIGINT while the steps run ``status: cancelled`` with ``signal`` (``Cancellation``).
+    ``base_model``, ``wall_seconds`` and, where a server was kept, ``temp_dir`` (``RunTemp``); a failed step gives
+    ``status: failed``, ``error`` and what exists of the rest, and SIGTERM or SIGINT while the steps run
+    ``status: cancelled`` with ``signal`` (``Cancellation``).
     ``write_errors`` lists what could not be written (a full disk: ENOSPC, the file, the bytes free), and a failed run
     on a (nearly) full disk has ``disk``, which says so. ``verbose`` keeps every line kfp.local and the steps print.
     """
     started = time.time()
     steps = StepLines()
     summary: dict[str, Any]
-    with Cancellation(steps) as cancel:
+    # RunTemp outside Cancellation: its folder goes once the steps are stopped.
+    with RunTemp() as temp, Cancellation(steps) as cancel:
         try:
             workspace.mkdir(parents=True, exist_ok=True)
             # use_venv=False: the steps import this package from the current environment instead of pip-installing
-            # it.
+            # it. kfp.local's own workspace (removed by kfp after a run that succeeds) in the run's temporary folder.
             local.init(
-                runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(workspace / "kfp"), raise_on_error=True
+                runner=local.SubprocessRunner(use_venv=False),
+                pipeline_root=str(workspace / "kfp"),
+                workspace_root=temp.kfp_workspace(),
+                raise_on_error=True,
             )
             # kfp.local runs a loop's iterations at once up to its parallelism: variants share this machine's cores.
             pipeline = build_pipeline("local", str(workspace), variants_parallel=params.get("variants_parallel", 1))
@@ -120,8 +127,12 @@ def run_locally(params: dict, workspace: Path, verbose: bool = False) -> dict:
                 "endpoint": outputs["endpoint"],
                 "smoke_reply": outputs["smoke_reply"],
             }
+        # The server the deploy step kept running may still use the run's temporary folder.
+        temp.keep = params["keep_serving"] and summary["status"] == "succeeded"
     summary.update(collect_run(workspace, started, summary.get("model_uri")))
     summary["keep_serving"] = params["keep_serving"]
+    if temp.keep:
+        summary["temp_dir"] = temp.path
     summary["base_model"] = params["model_name_or_path"]
     summary["wall_seconds"] = round(time.time() - started, 1)
     if summary["run_dir"]:
@@ -307,6 +318,68 @@ class StepLines(logging.Filter):
     @staticmethod
     def _print(line: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {line}", flush=True)
+
+
+class RunTemp:
+    """The run's temporary folder: what its steps, their torchrun agents, trainer ranks and servers write to the
+    temporary folder goes there (``TMPDIR`` in their environment), and the folder goes when the run ends.
+
+    Without it every local run left its leftovers in the user's temporary folder: a folder per step (kfp's
+    lightweight components run ``mktemp -d``), one per torchrun agent (torch elastic's ``torchelastic_*`` log
+    folder), the job's DeepSpeed file (components/train/trainer/parallelism.py), vLLM's sockets, and kfp.local's
+    workspace after a failed run. On a cluster each pod's temporary folder ends with the pod; here the run is the pod.
+
+    The exception: a server kept running after the run (``keep_serving``) may still use it, so then it stays
+    (``keep``, set by the run; the summary's ``temp_dir``). torch's compile cache, which is meant to outlast runs,
+    stays where torch keeps it by default (``TORCHINDUCTOR_CACHE_DIR``, unless the user set it): a new run compiles
+    nothing again.
+    """
+
+    def __init__(self) -> None:
+        self.keep = False
+        self.path = ""
+        self._saved: dict[str, str | None] = {}
+
+    def __enter__(self) -> RunTemp:
+        # 0700: this user's alone. A short name: vLLM's sockets are files in it, and a socket's path holds 107 bytes.
+        self.path = tempfile.mkdtemp(prefix=f"{PIPELINE_NAME}-")
+        self._saved = {name: os.environ.get(name) for name in ("TMPDIR", INDUCTOR_CACHE_ENV)}
+        os.environ.setdefault(INDUCTOR_CACHE_ENV, inductor_cache_default())
+        os.environ["TMPDIR"] = self.path
+        return self
+
+    def kfp_workspace(self) -> str:
+        """kfp.local's workspace folder for this run (kfp.local makes one in the temporary folder otherwise)."""
+        path = os.path.join(self.path, "kfp-workspace")
+        os.makedirs(path, exist_ok=True)
+        return path
+
+    def __exit__(self, *exc) -> None:
+        for name, value in self._saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+        if self.keep:
+            return
+        # A process the run stopped may still be ending (a rank after its agent): what it writes now is not kept.
+        shutil.rmtree(self.path, ignore_errors=True)
+
+
+# torch's setting for where Inductor caches what it compiled, and its default (torch/_inductor/runtime/
+# cache_dir_utils.py::default_cache_dir: the temporary folder, then "torchinductor_" and the user's name with
+# the characters a path cannot hold replaced).
+INDUCTOR_CACHE_ENV = "TORCHINDUCTOR_CACHE_DIR"
+
+
+def inductor_cache_default() -> str:
+    """Where torch keeps its Inductor cache when ``TORCHINDUCTOR_CACHE_DIR`` is not set, as torch computes it."""
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):  # a container's user with no passwd entry
+        user = f"uid_{os.getuid()}"
+    user = re.sub(r'[\\/:*?"<>|]', "_", user)
+    return os.path.join(tempfile.gettempdir(), f"torchinductor_{user}")
 
 
 class Cancellation:

@@ -360,6 +360,8 @@ def print_summary(s: dict) -> None:
             "still serving" if s["keep_serving"] else "stopped after the smoke test; --keep-serving keeps it running"
         )
         print(f"endpoint:    {s['endpoint']} ({state})")
+        if s.get("temp_dir"):
+            print(f"temp files:  {s['temp_dir']} (the kept server's; remove the folder once the server is stopped)")
         print(f"smoke:       {s['smoke_reply']!r}")
         if lat := s.get("latency"):
             print(

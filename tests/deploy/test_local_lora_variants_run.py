@@ -14,15 +14,19 @@ The serving virtualenv is built first where it is absent; skipped where it canno
 import json
 import os
 import re
+import shutil
 import signal
 import socket
+import tempfile
 import time
 import urllib.parse
+from pathlib import Path
 
 import psutil
 import pytest
 
 from components.models.logprobs import read_reference, reference_path, server_logprobs
+from pipelines.local_runner import inductor_cache_default
 from tests.helpers.repo import run_cli
 from tests.helpers.serving import serving_vllm
 
@@ -34,6 +38,8 @@ def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
     serving_vllm()  # built first where a clean clone has none
     ws = tmp_path / "ws"
     summary_path = tmp_path / "summary.json"
+    # The user's temporary folder: short, as /tmp is (vLLM's sockets are files in it: 107 bytes a path at most).
+    user_tmp = Path(tempfile.mkdtemp(prefix="user-tmp-"))
     result = run_cli(
         "pipelines.run",
         "--workspace",
@@ -52,11 +58,19 @@ def test_two_lora_variants_are_trained_compared_and_served_together(tmp_path):
         "max_steps=20",  # what is asserted (adapters served together, each as evaluated) does not need the full recipe
         "--keep-serving",
         timeout=1200,
+        env={**os.environ, "TMPDIR": str(user_tmp)},
     )
     try:
         _assert_trained_compared_and_served(result, ws, summary_path)
+        # The kept server's temporary files (vLLM's sockets among them) stay with it in the run's temporary folder,
+        # named in the summary; nothing else of the run's is left there (pipelines/local_runner.py::RunTemp).
+        kept = Path(json.loads(summary_path.read_text())["temp_dir"])
+        assert kept.parent == user_tmp and kept.is_dir() and f"temp files:  {kept} " in result.stdout, kept
+        left = {p.name for p in user_tmp.iterdir()} - {Path(inductor_cache_default()).name}
+        assert left == {kept.name}, left
     finally:
         stopped = _stop_kept_server(summary_path)  # also when an assertion failed: no server outlives the test
+        shutil.rmtree(user_tmp, ignore_errors=True)
     assert stopped, "the kept server did not stop on SIGTERM"
 
 

@@ -5,13 +5,14 @@ import io
 import json
 import logging
 import math
+import os
 import socket
 import urllib.parse
 from pathlib import Path
 
 import pytest
 
-from pipelines.local_runner import ExecutorLineFilter, StepLines
+from pipelines.local_runner import ExecutorLineFilter, StepLines, inductor_cache_default
 from tests.helpers.load import wall_time_bound
 from tests.helpers.repo import ROOT, run_cli
 
@@ -34,10 +35,22 @@ LOSS_REL = 0.02
 @pytest.mark.slow
 def test_default_local_run_trains_evaluates_and_serves(tmp_path):
     summary_path = tmp_path / "summary.json"
+    # The user's temporary folder: the run's steps, torchrun and the trainer write theirs in a folder of the run's,
+    # which goes when the run ends (pipelines/local_runner.py::RunTemp); torch's compile cache alone is meant to stay.
+    user_tmp = tmp_path / "tmp"
+    user_tmp.mkdir()
     result = run_cli(
-        "pipelines.run", "--workspace", str(tmp_path / "ws"), "--summary-json", str(summary_path), timeout=600
+        "pipelines.run",
+        "--workspace",
+        str(tmp_path / "ws"),
+        "--summary-json",
+        str(summary_path),
+        timeout=600,
+        env={**os.environ, "TMPDIR": str(user_tmp)},
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    left = {p.name for p in user_tmp.iterdir()} - {Path(inductor_cache_default()).name}
+    assert left == set(), "the run left these in the user's temporary folder"
     first = result.stdout.splitlines()[0]
     assert first.startswith("Running pipeline llm-finetune locally") and str(tmp_path / "ws") in first
 

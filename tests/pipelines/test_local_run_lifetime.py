@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from pipelines.local_runner import inductor_cache_default
 from tests.helpers.repo import ROOT, in_ci, run_cli
 
 # Every slow test trains 2 optimizer steps where it trains at all; the machine's other work sets how long that takes.
@@ -66,6 +67,8 @@ class LocalRun:
     def __init__(self, tmp_path: Path, *args: str, prefix: tuple[str, ...] = ()):
         self.workspace = tmp_path / "ws"
         self.summary_path = tmp_path / "summary.json"
+        self.user_tmp = tmp_path / "tmp"  # the user's temporary folder (TMPDIR)
+        self.user_tmp.mkdir()
         self.lines: list[str] = []
         self.proc = subprocess.Popen(
             [
@@ -84,6 +87,7 @@ class LocalRun:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,
+            env={**os.environ, "TMPDIR": str(self.user_tmp)},
         )
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -127,6 +131,10 @@ class LocalRun:
 
     def summary(self) -> dict:
         return json.loads(self.summary_path.read_text())
+
+    def temp_left(self) -> set[str]:
+        """What the run left in the user's temporary folder, torch's compile cache (meant to stay) aside."""
+        return {p.name for p in self.user_tmp.iterdir()} - {Path(inductor_cache_default()).name}
 
     def __enter__(self) -> LocalRun:
         return self
@@ -196,6 +204,7 @@ def test_a_metrics_port_taken_while_training_costs_nothing_and_sigterm_during_ev
     assert json.loads(Path(s["run_dir"], "summary.json").read_text())["status"] == "cancelled"
     assert "evaluate-model: cancelled after " in run.output
     assert "status:      cancelled (SIGTERM) after " in run.output, run.output[-3000:]
+    assert run.temp_left() == set()  # the steps' temporary files went with the run (pipelines/local_runner.py::RunTemp)
 
 
 @pytest.mark.slow  # a real local run of 2 training steps, into deployment (45-140 s)
@@ -211,6 +220,7 @@ def test_sigterm_to_the_group_during_deployment_stops_the_local_server(tmp_path)
     assert left == {}, left
     assert code == 128 + signal.SIGTERM, run.output[-4000:]
     assert run.summary()["status"] == "cancelled"
+    assert run.temp_left() == set()
 
 
 @pytest.mark.slow  # a real local run into its data step (5-20 s)
@@ -227,6 +237,7 @@ def test_sigint_during_data_preparation_is_a_cancelled_run_with_exit_130(tmp_pat
     s = run.summary()
     assert s["status"] == "cancelled" and s["signal"] == "SIGINT", s
     assert "Traceback" not in run.output, run.output[-4000:]
+    assert run.temp_left() == set()
 
 
 def _tmpfs_unavailable() -> str | None:
