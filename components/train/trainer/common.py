@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig
+from transformers import AutoConfig, AutoModelForCausalLM, BitsAndBytesConfig, set_seed
 from transformers.models.qwen3_moe.modeling_qwen3_moe import Qwen3MoeSparseMoeBlock
 from transformers.trainer_callback import PrinterCallback
 from transformers.trainer_callback import ProgressCallback as HFProgressCallback
@@ -151,9 +151,15 @@ def summary_metrics(trainer, result, evaluation: dict, started: float) -> dict:
 def start_run(cfg) -> str:
     """What every stage does before loading anything: returns the base model's local path.
 
-    Resolves the base once per run, logs the config, points TensorBoard at the output folder and, for DeepSpeed
-    on CPU, wraps the process group.
+    Seeds the generators with the config's ``seed``, resolves the base once per run, logs the config, points
+    TensorBoard at the output folder and, for DeepSpeed on CPU, wraps the process group.
     """
+    # Before any model loads: what a stage adds to the base starts from random weights (the reward model's head, LoRA's
+    # A matrices), and the Trainer seeds only once it is built, after. Unseeded, they came from the state the
+    # libraries' imports left torch's generator in, different in every process: two runs of one config trained
+    # different reward models. (TrainingArguments.seed's docs: "To ensure reproducibility across runs, use the
+    # model_init function to instantiate the model if it has some randomly initialized parameters"; this does it.)
+    set_seed(cfg.seed)
     # Resolved once per run, by rank 0, and recorded in the output folder: the other ranks read the record
     # (never the Hub), and a re-run after an eviction resumes on the same base snapshot.
     model_path = resolve_model_for_run(

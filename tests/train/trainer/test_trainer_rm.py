@@ -119,6 +119,25 @@ def test_an_rm_config_is_trl_reward_config_with_max_length_from_the_settings(wor
         _parse(_config(workdir, "bad", max_length=64))
 
 
+def test_two_runs_of_one_config_start_from_the_same_reward_head(workdir):
+    """The one-label head is new: its first weights come from the config's ``seed`` (common.start_run), so two runs of
+    one config train the same reward model. Before, they came from whatever state torch's generator was in when the
+    model loaded, which the libraries' imports seed differently in every process: the local RL run's reward model, and
+    so the rewards GRPO chased, changed from run to run (a CI's RL test failed on it)."""
+    import torch
+
+    from components.train.trainer.common import start_run
+    from components.train.trainer.rm import load_reward_model
+
+    cfg = _parse(_config(workdir, "seeded"))
+    heads = []
+    for other_state in (1, 2):
+        torch.manual_seed(other_state)  # another process's generator, as the imports left it
+        model_path = start_run(cfg)
+        heads.append(load_reward_model(cfg, model_path, pad_token_id=0).score.weight.detach().clone())
+    assert torch.equal(heads[0], heads[1])
+
+
 def test_rm_checkpoints_are_the_sft_checkpoints():
     from transformers import Trainer
 
