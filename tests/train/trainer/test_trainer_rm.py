@@ -119,7 +119,7 @@ def test_an_rm_config_is_trl_reward_config_with_max_length_from_the_settings(wor
         _parse(_config(workdir, "bad", max_length=64))
 
 
-def test_two_runs_of_one_config_start_from_the_same_reward_head(workdir):
+def test_two_runs_of_one_config_start_from_the_same_reward_head(workdir, monkeypatch):
     """The one-label head is new: its first weights come from the config's ``seed`` (common.start_run), so two runs of
     one config train the same reward model. Before, they came from whatever state torch's generator was in when the
     model loaded, which the libraries' imports seed differently in every process: the local RL run's reward model, and
@@ -129,6 +129,10 @@ def test_two_runs_of_one_config_start_from_the_same_reward_head(workdir):
     from components.train.trainer.common import start_run
     from components.train.trainer.rm import load_reward_model
 
+    # start_run points TensorBoard at the config's folder through the environment (unless set): set here, so that
+    # monkeypatch takes it away after the test. Left in the worker's environment, it sent a local run that a later
+    # test started on this worker to write its TensorBoard files into this config's folder.
+    monkeypatch.setenv("TENSORBOARD_LOGGING_DIR", str(workdir / "seeded" / "tensorboard"))
     cfg = _parse(_config(workdir, "seeded"))
     heads = []
     for other_state in (1, 2):
